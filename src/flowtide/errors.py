@@ -1,0 +1,167 @@
+"""The one exception tree of flowtide.
+
+    FlowtideError
+    ├── PlaybookError        invalid playbook (file, line, column, step, field)
+    ├── TemplateError        a template failed to render (step, expression, missing name)
+    ├── ToolError            a tool call failed (kind, retryable, code, http_status)
+    ├── StoreError           event/command/catalog store failure
+    │   └── NotFoundError    no such execution / playbook / credential
+    ├── CredentialError      missing alias, bad master key
+    └── KVError              key-value port errors (see flowtide.kv)
+
+Errors carry their data as attributes; the message is for people.
+Nothing above an adapter sees a psycopg, sqlite3, httpx or duckdb exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FlowtideError(Exception):
+    """Root of every error flowtide raises on purpose."""
+
+
+class PlaybookError(FlowtideError):
+    """A playbook failed to load or validate. Nothing has run."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        step: str | None = None,
+        field: str | None = None,
+        expected: str | None = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.column = column
+        self.step = step
+        self.field = field
+        self.expected = expected
+        super().__init__(self.render())
+
+    def location(self) -> str:
+        parts = [self.file or "<playbook>"]
+        if self.line is not None:
+            parts.append(str(self.line))
+            if self.column is not None:
+                parts.append(str(self.column))
+        return ":".join(parts)
+
+    def render(self) -> str:
+        where = []
+        if self.step is not None:
+            where.append(f"step '{self.step}'")
+        if self.field is not None:
+            where.append(f"field '{self.field}'")
+        head = f"{self.location()}: "
+        if where:
+            head += ", ".join(where) + ": "
+        text = head + self.message
+        if self.expected:
+            text += f" (expected {self.expected})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "step": self.step,
+            "field": self.field,
+            "message": self.message,
+            "expected": self.expected,
+        }
+
+
+class PlaybookErrors(PlaybookError):
+    """Several validation errors found in one pass; `errors` lists them in file order."""
+
+    def __init__(self, errors: list[PlaybookError]) -> None:
+        self.errors = sorted(errors, key=lambda e: (e.line or 0, e.column or 0))
+        first = self.errors[0]
+        super().__init__(
+            first.message,
+            file=first.file,
+            line=first.line,
+            column=first.column,
+            step=first.step,
+            field=first.field,
+            expected=first.expected,
+        )
+
+    def render(self) -> str:
+        return "\n".join(e.render() for e in getattr(self, "errors", [])) or super().render()
+
+
+class TemplateError(FlowtideError):
+    """A template failed to render: names the step, the expression and the missing name."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        expression: str,
+        step: str | None = None,
+        field: str | None = None,
+        missing: str | None = None,
+    ) -> None:
+        self.message = message
+        self.expression = expression
+        self.step = step
+        self.field = field
+        self.missing = missing
+        where = f"step '{step}': " if step else ""
+        if field:
+            where += f"field '{field}': "
+        super().__init__(f"{where}cannot render {expression!r}: {message}")
+
+
+class ToolError(FlowtideError):
+    """A tool call failed. `kind` follows NoETL's error kinds (rate_limit, server_error, auth,
+    not_found, timeout, connection, client_error, sql_error, python_error, ...)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "error",
+        retryable: bool = False,
+        code: str | None = None,
+        http_status: int | None = None,
+        data: Any = None,
+    ) -> None:
+        self.message = message
+        self.kind = kind
+        self.retryable = retryable
+        self.code = code
+        self.http_status = http_status
+        self.data = data
+        super().__init__(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "retryable": self.retryable,
+            "code": self.code,
+            "message": self.message,
+            "http_status": self.http_status,
+            "status": self.http_status,
+        }
+
+
+class StoreError(FlowtideError):
+    """The event/command/catalog store failed."""
+
+
+class NotFoundError(StoreError):
+    """No such execution, playbook version or credential."""
+
+
+class CredentialError(FlowtideError):
+    """A credential alias is missing or cannot be decrypted."""

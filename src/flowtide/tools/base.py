@@ -1,0 +1,83 @@
+"""The tool port: what every tool kind implements, and what it is given.
+
+A tool receives its task configuration with every template already rendered, and a
+`ToolContext`. It returns a JSON-serialisable result or raises `flowtide.errors.ToolError`
+(never a driver's exception). Blocking tools run on a worker thread; a tool may also be
+async (`async def run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class CredentialResolver(Protocol):
+    def resolve(self, alias: str) -> dict[str, Any]:
+        """Return the decrypted body of credential `alias`.
+
+        Raises:
+            flowtide.errors.CredentialError: no such alias or it cannot be decrypted.
+        """
+        ...
+
+
+@dataclass
+class ToolContext:
+    execution_id: int
+    step: str
+    task: str | None = None
+    base_dir: Path = field(default_factory=Path.cwd)
+    credentials: CredentialResolver | None = None
+    # Values (passwords, DSNs) the tool touched; the runtime scrubs them from every
+    # result, error message and captured stdout before anything is recorded.
+    secrets: set[str] = field(default_factory=set)
+    # The full render context (workload, step results, ctx, iter, execution_id), exposed
+    # to python code as `context`.
+    render_context: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    stdout: list[str] = field(default_factory=list)
+
+    def add_secret(self, value: Any) -> None:
+        if isinstance(value, str) and len(value) >= 3:
+            self.secrets.add(value)
+
+
+class Tool(Protocol):
+    kind: str
+
+    def run(self, config: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run one task.
+
+        Args:
+            config: the task's fields, templates rendered (`kind`, `name` included).
+            ctx: execution, step and credential access.
+        Returns:
+            A JSON-serialisable result.
+        Raises:
+            flowtide.errors.ToolError: the call failed; `kind`/`retryable` drive policies.
+        """
+        ...
+
+
+def redact(text: str, secrets: set[str]) -> str:
+    """Replace each secret in `text` with '***'."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret and secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
+def redact_value(value: Any, secrets: set[str]) -> Any:
+    """`redact` applied to every string inside a JSON-like value."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, Mapping):
+        return {k: redact_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_value(v, secrets) for v in value]
+    return value

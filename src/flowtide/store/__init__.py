@@ -1,0 +1,33 @@
+"""The store port (event log, commands, executions, catalog, credentials).
+
+Adapters live side by side and are imported explicitly, so importing the port never
+pulls in a database driver: `from flowtide.store.sqlite import SQLiteStore`.
+"""
+
+from flowtide.store.base import (
+    COMMAND_STATUSES,
+    EXECUTION_CREATED,
+    PENDING_COMMAND_STATUSES,
+    UNSET,
+    CatalogRow,
+    CommandRow,
+    CommandUpdate,
+    ExecutionRow,
+    ExecutionUpdate,
+    Store,
+    Unset,
+)
+
+__all__ = [
+    "COMMAND_STATUSES",
+    "EXECUTION_CREATED",
+    "PENDING_COMMAND_STATUSES",
+    "UNSET",
+    "CatalogRow",
+    "CommandRow",
+    "CommandUpdate",
+    "ExecutionRow",
+    "ExecutionUpdate",
+    "Store",
+    "Unset",
+]

@@ -39,6 +39,10 @@ class ToolContext:
     render_context: Mapping[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     stdout: list[str] = field(default_factory=list)
+    # Set by the runtime: runs a sub-playbook (kind: playbook) and returns its result.
+    run_playbook: Any = None
+    # Set by the runtime: returns True once the execution is being cancelled.
+    cancelled: Any = None
 
     def add_secret(self, value: Any) -> None:
         if isinstance(value, str) and len(value) >= 3:

@@ -1,0 +1,115 @@
+"""Render contexts: what templates can see at each point of an execution.
+
+The execution's base context (workload, finished steps, ctx, execution_id) is rebuilt
+only when a step finishes or ctx changes, and never mutated afterwards, so worker
+threads can render against a snapshot while the engine moves on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import ChainMap
+from collections.abc import Mapping
+from typing import Any
+
+from flowtide.playbook.template import NotRun
+
+
+_ENV = dict(os.environ)
+
+
+class ResultDict(dict[str, Any]):
+    """A step's dict result as templates see it.
+
+    `.data` is the result itself unless the result has its own `data` key (NoETL), and
+    `.results.<task>` reaches the result of each task of a multi-task step.
+    """
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self, value: Mapping[str, Any], tasks: Mapping[str, Any] | None = None) -> None:
+        super().__init__(value)
+        self._tasks = tasks
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return dict.__getitem__(self, key)
+        except KeyError:
+            if key == "data":
+                return self
+            if key == "results" and self._tasks is not None:
+                return self._tasks
+            raise
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+class ResultList(list[Any]):
+    """A step's list result as templates see it: `.data` is the list itself."""
+
+    @property
+    def data(self) -> ResultList:
+        return self
+
+
+def result_view(value: Any, tasks: Mapping[str, Any] | None = None) -> Any:
+    if isinstance(value, dict):
+        return ResultDict(value, tasks)
+    if isinstance(value, list):
+        return ResultList(value)
+    return value
+
+
+def plain(value: Any) -> Any:
+    """Strip result views (for values leaving the template layer)."""
+    if isinstance(value, ResultDict | ResultList):
+        return value.copy() if isinstance(value, ResultList) else dict(value)
+    return value
+
+
+def envelope(status: str, data: Any, error: Mapping[str, Any] | None, attempt: int, duration_ms: float) -> dict[str, Any]:
+    """NoETL's `output` envelope seen by policy rules and step `set`/arcs."""
+    return {
+        "status": status,
+        "data": data,
+        "error": dict(error) if error else {"kind": None, "retryable": False, "code": None,
+                                           "message": None, "http_status": None, "status": None},
+        "meta": {"attempt": attempt, "duration_ms": duration_ms},
+        "http": {"status": (data or {}).get("status_code") if isinstance(data, dict) else None},
+    }
+
+
+def base_context(
+    execution_id: int,
+    workload: Mapping[str, Any],
+    step_names: list[str],
+    results: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Everything a template sees outside a loop iteration."""
+    out: dict[str, Any] = {}
+    for name in step_names:
+        out[name] = NotRun(name=name, hint=f"step '{name}' has not run")
+    out["execution_id"] = execution_id
+    out["job"] = {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id}
+    out["env"] = _ENV
+    out.update(workload)
+    out["workload"] = workload
+    out.update(results)
+    out["ctx"] = ctx
+    out["vars"] = ctx
+    return out
+
+
+def iteration_scope(iterator: str, element: Any, index: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    scope: dict[str, Any] = {"iter": {iterator: element, "index": index, **(extra or {})},
+                             iterator: element, "loop_index": index, "_index": index}
+    return scope
+
+
+def layered(*maps: Mapping[str, Any]) -> ChainMap[str, Any]:
+    return ChainMap(*maps)  # type: ignore[arg-type]

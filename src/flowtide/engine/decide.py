@@ -1,0 +1,328 @@
+"""decide(state, event, now, new_id) -> (events, commands). Pure: no I/O, no clock.
+
+The runtime applies an event to the state, then asks `decide` what follows from it;
+every event returned is applied and decided on in turn. Routing decisions (step `set`,
+arc `when`/`set`) are taken when a step finishes and recorded in its `step.exit`
+event, so replaying a log never re-evaluates a template.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flowtide.engine import events as ev
+from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
+from flowtide.engine.events import Command, Event
+from flowtide.engine.state import ExecutionState
+from flowtide.errors import TemplateError
+from flowtide.playbook.model import Step
+from flowtide.playbook.template import render, truthy
+
+DEFAULT_PARALLEL = 16
+
+Decision = tuple[list[Event], list[Command]]
+IdSource = Callable[[], int]
+
+
+class _Out:
+    def __init__(self, state: ExecutionState, cause: Event, now: float, new_id: IdSource) -> None:
+        self.state = state
+        self.cause = cause
+        self.now = now
+        self.new_id = new_id
+        self.events: list[Event] = []
+        self.commands: list[Command] = []
+
+    def emit(self, type_: str, step: str | None = None, *, status: str | None = None,
+             payload: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
+             command_id: int | None = None) -> Event:
+        event = Event(
+            event_id=self.new_id(),
+            execution_id=self.state.execution_id,
+            type=type_,
+            step=step,
+            status=status,
+            payload=payload,
+            error=error,
+            parent_event_id=self.cause.event_id,
+            command_id=command_id,
+            time=self.now,
+        )
+        self.events.append(event)
+        return event
+
+    def issue(self, step: str, *, instance: int | None = None, index: int | None = None, attempt: int = 1) -> None:
+        command_id = self.new_id()
+        payload: dict[str, Any] = {"command_id": command_id, "attempt": attempt}
+        if instance is not None:
+            payload["loop_instance"] = instance
+            payload["loop_index"] = index
+        issued = self.emit(ev.COMMAND_ISSUED, step, status="issued", payload=payload, command_id=command_id)
+        self.commands.append(
+            Command(command_id=command_id, execution_id=self.state.execution_id, step=step,
+                    attempt=attempt, loop_instance=instance, loop_index=index,
+                    issued_event_id=issued.event_id)
+        )
+
+    def result(self) -> Decision:
+        return self.events, self.commands
+
+
+def _template_error(exc: TemplateError) -> dict[str, Any]:
+    return {"kind": "template_error", "message": str(exc), "expression": exc.expression,
+            "missing": exc.missing, "retryable": False}
+
+
+def _assign(target: dict[str, Any], key: str, value: Any) -> None:
+    """Assign `ctx.a.b`-style keys (prefix already stripped) into a fresh ctx dict."""
+    parts = key.split(".")
+    cur = target
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        nxt = dict(nxt) if isinstance(nxt, dict) else {}
+        cur[part] = nxt
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def render_set(spec: Mapping[str, Any], context: Mapping[str, Any], ctx: Mapping[str, Any], *, step: str,
+               field: str) -> dict[str, Any]:
+    """Render a `set:` block into ctx updates (top-level ctx keys -> new values)."""
+    updated: dict[str, Any] = {}
+    merged = dict(ctx)
+    for key, raw in spec.items():
+        value = plain(render(raw, context, step=step, field=f"{field}.{key}"))
+        name = key[4:] if key.startswith("ctx.") else key[5:] if key.startswith("vars.") else key
+        if key.startswith("iter."):
+            continue  # iteration-local; only meaningful inside a loop iteration
+        _assign(merged, name, value)
+        top = name.split(".", 1)[0]
+        updated[top] = merged[top]
+    return updated
+
+
+def _collection(value: Any) -> list[Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"loop 'in' rendered to a string, expected a list: {value[:80]!r}") from exc
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        raise ValueError("loop 'in' rendered to a mapping, expected a list")
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise ValueError(f"loop 'in' rendered to {type(value).__name__}, expected a list")
+
+
+def _max_in_flight(step: Step, context: Mapping[str, Any]) -> int:
+    assert step.loop is not None
+    raw = step.loop.max_in_flight
+    if raw is None:
+        return 1 if step.loop.mode == "sequential" else DEFAULT_PARALLEL
+    if step.loop.mode == "sequential":
+        return 1
+    value = render(raw, context, step=step.name, field="loop.spec.max_in_flight")
+    try:
+        number = int(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"max_in_flight rendered to {value!r}, expected a positive integer") from exc
+    return max(1, number)
+
+
+def _exit(out: _Out, step: Step, status: str, error: dict[str, Any] | None = None,
+          jump_to: str | None = None) -> None:
+    """Finish `step`: apply its `set`, choose arcs, record both in `step.exit`."""
+    state = out.state
+    rec = state.steps[step.name]
+    if status != "completed":
+        out.emit(ev.STEP_EXIT, step.name, status="failed", error=error, payload={"next": []})
+        return
+    raw = rec.result
+    if rec.outcome == ev.CALL_ERROR:
+        output = envelope("error", raw, rec.error, 1, 0.0)
+    else:
+        output = envelope("ok", raw, None, 1, 0.0)
+    front: dict[str, Any] = {
+        "output": output,
+        "result": result_view(raw, rec.tasks),
+        "response": result_view(raw, rec.tasks),
+        "event": {"name": rec.outcome, "step": step.name},
+    }
+    base = state.context()
+    updates: dict[str, Any] = {}
+    targets: list[str] = []
+    try:
+        if step.set:
+            updates = render_set(step.set, layered(front, base), state.ctx, step=step.name, field="set")
+        ctx_now = {**state.ctx, **updates}
+        scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
+        if jump_to is not None:
+            targets = [jump_to]
+        else:
+            for arc in step.next.arcs:
+                if arc.when is None or (isinstance(arc.when, bool) and arc.when) or (
+                    not isinstance(arc.when, bool)
+                    and truthy(render(arc.when, scope, step=step.name, field="next.arcs.when"))
+                ):
+                    if arc.set:
+                        arc_updates = render_set(arc.set, scope, ctx_now, step=step.name, field="next.arcs.set")
+                        updates.update(arc_updates)
+                        ctx_now = {**ctx_now, **arc_updates}
+                        scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
+                    targets.append(arc.step)
+                    if step.next.mode == "exclusive":
+                        break
+    except TemplateError as exc:
+        out.emit(ev.STEP_EXIT, step.name, status="failed", error=_template_error(exc), payload={"next": []})
+        return
+    payload: dict[str, Any] = {"next": targets}
+    if updates:
+        payload["set"] = updates
+    out.emit(ev.STEP_EXIT, step.name, status="completed", payload=payload)
+
+
+def _enter_step(out: _Out, name: str) -> None:
+    state = out.state
+    step = state.playbook.steps[name]
+    if step.loop is not None:
+        base = state.context()
+        try:
+            collection = _collection(render(step.loop.collection, base, step=name, field="loop.in"))
+            mif = _max_in_flight(step, base)
+        except TemplateError as exc:
+            _exit(out, step, "failed", _template_error(exc))
+            return
+        except ValueError as exc:
+            _exit(out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False})
+            return
+        out.emit(ev.LOOP_STARTED, name, payload={
+            "instance": state.steps[name].runs,
+            "iterator": step.loop.iterator,
+            "mode": step.loop.mode,
+            "max_in_flight": mif,
+            "size": len(collection),
+            "collection": [plain(x) for x in collection],
+        })
+        return
+    if not step.tasks:
+        _exit(out, step, "completed")
+        return
+    out.issue(name)
+
+
+def _maybe_finish(out: _Out) -> None:
+    state = out.state
+    if state.terminal or state.status == "cancelling":
+        return
+    order = list(state.playbook.steps)
+    released = False
+    for join in sorted(state.waiting, key=order.index):
+        blockers = (state.active | state.waiting) - {join}
+        if any(join in state.playbook.reachable.get(b, ()) for b in blockers):
+            continue
+        out.emit(ev.STEP_ENTER, join, status="running")
+        released = True
+    if released:
+        return
+    if not state.active and not state.waiting and not state.commands:
+        result = state.result()
+        out.emit(ev.WORKFLOW_COMPLETED, status="completed")
+        out.emit(ev.PLAYBOOK_COMPLETED, status="completed",
+                 payload={"last_step": state.last_finished, "result": result})
+
+
+def _fail(out: _Out, step: str | None, error: dict[str, Any] | None) -> None:
+    err = dict(error or {})
+    err.setdefault("step", step)
+    out.emit(ev.WORKFLOW_FAILED, step, status="failed", error=err)
+    out.emit(ev.PLAYBOOK_FAILED, step, status="failed", error=err)
+
+
+def _advance_loop(out: _Out, name: str) -> None:
+    state = out.state
+    loop = state.loop_of(name)
+    if loop is None or loop.finished:
+        return
+    if loop.fail_error is not None:
+        step = state.playbook.steps[name]
+        _exit(out, step, "failed", loop.fail_error)
+        return
+    if not loop.broken:
+        in_flight = len(loop.in_flight)
+        next_index = loop.next_index
+        while in_flight < loop.max_in_flight and next_index < loop.size:
+            out.issue(name, instance=loop.instance, index=next_index)
+            next_index += 1
+            in_flight += 1
+    if not loop.in_flight and not any(c.step == name for c in out.commands) and (
+        loop.broken or loop.completed == loop.size
+    ):
+        out.emit(ev.LOOP_DONE, name, status="completed", payload={
+            "instance": loop.instance,
+            "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
+        })
+
+
+def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) -> Decision:
+    """What follows from `event`, which has already been applied to `state`."""
+    out = _Out(state, event, now, new_id)
+    kind = event.type
+    if state.terminal and kind not in (ev.PLAYBOOK_INITIALIZED,):
+        return out.result()
+    if kind == ev.PLAYBOOK_INITIALIZED:
+        out.emit(ev.WORKFLOW_INITIALIZED, status="running")
+    elif kind == ev.WORKFLOW_INITIALIZED:
+        out.emit(ev.STEP_ENTER, state.playbook.entry, status="running")
+    elif kind == ev.EXECUTION_CANCELLED:
+        out.emit(ev.PLAYBOOK_CANCELLED, status="cancelled", error=event.error or {"kind": "cancelled", "message": "cancelled"})
+    elif state.status == "cancelling":
+        pass
+    elif kind == ev.STEP_ENTER:
+        _enter_step(out, event.step or "")
+    elif kind == ev.LOOP_STARTED:
+        _advance_loop(out, event.step or "")
+    elif kind in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
+        _on_command_result(out, event)
+    elif kind == ev.LOOP_ITEM:
+        _advance_loop(out, event.step or "")
+    elif kind == ev.LOOP_DONE:
+        _exit(out, state.playbook.steps[event.step or ""], "completed")
+    elif kind == ev.STEP_EXIT:
+        if event.status == "failed":
+            _fail(out, event.step, event.error)
+        else:
+            for target in (event.payload or {}).get("next") or []:
+                if len(state.playbook.upstreams.get(target, ())) > 1:
+                    continue  # fan-in: entered by _maybe_finish once its upstreams settle
+                if target in state.active:
+                    continue
+                out.emit(ev.STEP_ENTER, target, status="running")
+            if not out.events:
+                _maybe_finish(out)
+    return out.result()
+
+
+def _on_command_result(out: _Out, event: Event) -> None:
+    state = out.state
+    payload = event.payload or {}
+    index = payload.get("loop_index")
+    step = state.playbook.steps.get(event.step or "")
+    if step is None:
+        return
+    if index is not None:
+        out.emit(ev.LOOP_ITEM, step.name, status=payload.get("status", "ok"), payload={
+            "instance": payload.get("loop_instance"), "index": index,
+        }, command_id=event.command_id)
+        return
+    rec = state.steps[step.name]
+    if rec.status != "running":
+        return  # the step already finished: a duplicate report
+    action = payload.get("action", "continue")
+    if action == "fail":
+        _exit(out, step, "failed", event.error or {"kind": "error", "message": "step failed"})
+        return
+    _exit(out, step, "completed", jump_to=payload.get("jump_to"))

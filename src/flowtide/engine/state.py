@@ -1,0 +1,296 @@
+"""Execution state and the fold that builds it from events.
+
+`fold(playbook, events)` rebuilds the state from a log; `state.apply(event)` applies one
+more event. Applying is the only way state changes, so the cached state of a running
+execution and the state re-folded from its log are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowtide.engine import events as ev
+from flowtide.engine.context import base_context, result_view
+from flowtide.engine.events import Event
+from flowtide.playbook.model import Playbook
+
+
+@dataclass
+class StepRecord:
+    status: str = "pending"  # pending | running | completed | failed | skipped
+    runs: int = 0
+    result: Any = None
+    error: dict[str, Any] | None = None
+    tasks: dict[str, Any] | None = None  # per-task results of a multi-task step
+    outcome: str = "call.done"  # event name seen by arcs: call.done | call.error | loop.done
+
+
+@dataclass
+class LoopRecord:
+    step: str
+    instance: int
+    iterator: str
+    collection: list[Any]
+    max_in_flight: int
+    next_index: int = 0
+    in_flight: set[int] = field(default_factory=set)
+    results: list[Any] = field(default_factory=list)
+    done: list[bool] = field(default_factory=list)
+    success: int = 0
+    failed: int = 0
+    broken: bool = False
+    fail_error: dict[str, Any] | None = None
+    finished: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.collection)
+
+    @property
+    def completed(self) -> int:
+        return self.success + self.failed
+
+    def aggregate(self) -> dict[str, Any]:
+        return {
+            "results": [r for r, d in zip(self.results, self.done, strict=True) if d],
+            "stats": {"total": self.size, "success": self.success, "failed": self.failed},
+        }
+
+
+@dataclass
+class CommandRecord:
+    command_id: int
+    step: str
+    attempt: int
+    loop_instance: int | None
+    loop_index: int | None
+    issued_event_id: int
+
+
+class ExecutionState:
+    """Everything the engine knows about one execution."""
+
+    def __init__(self, playbook: Playbook, execution_id: int) -> None:
+        self.playbook = playbook
+        self.execution_id = execution_id
+        self.status = "pending"  # pending | running | completed | failed | cancelled
+        self.workload: dict[str, Any] = {}
+        self.ctx: dict[str, Any] = {}
+        self.steps: dict[str, StepRecord] = {name: StepRecord() for name in playbook.steps}
+        self.active: set[str] = set()
+        self.waiting: set[str] = set()  # fan-in steps with at least one arrived arc
+        self.loops: dict[tuple[str, int], LoopRecord] = {}
+        self.current_loop: dict[str, int] = {}
+        self.commands: dict[int, CommandRecord] = {}
+        self.last_finished: str | None = None
+        self.error: dict[str, Any] | None = None
+        self.parent_execution_id: int | None = None
+        self.parent_command_id: int | None = None
+        self.last_event_id: int = 0
+        self.event_count: int = 0
+        self._base: dict[str, Any] | None = None
+
+    # -- reading -----------------------------------------------------------------------
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+    def context(self) -> dict[str, Any]:
+        """The base render context (a snapshot: never mutated once returned)."""
+        if self._base is None:
+            results = {
+                name: result_view(rec.result, rec.tasks)
+                for name, rec in self.steps.items()
+                if rec.status in ("completed", "failed") or rec.runs and rec.result is not None
+            }
+            self._base = base_context(
+                self.execution_id, self.workload, list(self.playbook.steps), results, self.ctx
+            )
+        return self._base
+
+    def loop_of(self, step: str) -> LoopRecord | None:
+        instance = self.current_loop.get(step)
+        return None if instance is None else self.loops.get((step, instance))
+
+    def result(self) -> Any:
+        if self.last_finished is None:
+            return None
+        return self.steps[self.last_finished].result
+
+    # -- applying ----------------------------------------------------------------------
+
+    def _touch(self) -> None:
+        self._base = None
+
+    def apply(self, event: Event) -> None:
+        """Apply one event. Events of other executions are a programming error."""
+        self.last_event_id = max(self.last_event_id, event.event_id)
+        self.event_count += 1
+        handler = _APPLY.get(event.type)
+        if handler is not None:
+            handler(self, event)
+
+    def _on_initialized(self, event: Event) -> None:
+        payload = event.payload or {}
+        self.workload = dict(payload.get("workload") or {})
+        self.parent_execution_id = payload.get("parent_execution_id")
+        self.parent_command_id = payload.get("parent_command_id")
+        self.status = "running"
+        self._touch()
+
+    def _on_step_enter(self, event: Event) -> None:
+        step = event.step or ""
+        rec = self.steps[step]
+        rec.runs += 1
+        rec.status = "running"
+        rec.error = None
+        self.active.add(step)
+        self.waiting.discard(step)
+
+    def _on_loop_started(self, event: Event) -> None:
+        payload = event.payload or {}
+        step = event.step or ""
+        instance = int(payload["instance"])
+        collection = list(payload.get("collection") or [])
+        self.loops[(step, instance)] = LoopRecord(
+            step=step,
+            instance=instance,
+            iterator=str(payload["iterator"]),
+            collection=collection,
+            max_in_flight=int(payload.get("max_in_flight") or 1),
+            results=[None] * len(collection),
+            done=[False] * len(collection),
+        )
+        self.current_loop[step] = instance
+
+    def _on_command_issued(self, event: Event) -> None:
+        payload = event.payload or {}
+        cid = int(event.command_id or payload["command_id"])
+        instance = payload.get("loop_instance")
+        index = payload.get("loop_index")
+        self.commands[cid] = CommandRecord(
+            command_id=cid,
+            step=event.step or "",
+            attempt=int(payload.get("attempt") or 1),
+            loop_instance=instance,
+            loop_index=index,
+            issued_event_id=event.event_id,
+        )
+        if instance is not None and index is not None:
+            loop = self.loops.get((event.step or "", int(instance)))
+            if loop is not None:
+                loop.in_flight.add(int(index))
+                loop.next_index = max(loop.next_index, int(index) + 1)
+
+    def _on_command_done(self, event: Event) -> None:
+        cid = event.command_id
+        cmd = self.commands.pop(cid, None) if cid is not None else None
+        if cmd is None:
+            return  # a duplicate or late report: the first one counted
+        payload = event.payload or {}
+        status = payload.get("status", "ok" if event.type == ev.COMMAND_COMPLETED else "error")
+        result = payload.get("result")
+        if payload.get("ctx"):
+            self.ctx = {**self.ctx, **payload["ctx"]}
+            self._touch()
+        if cmd.loop_instance is not None and cmd.loop_index is not None:
+            loop = self.loops.get((cmd.step, cmd.loop_instance))
+            if loop is None or loop.done[cmd.loop_index]:
+                return
+            index = cmd.loop_index
+            loop.in_flight.discard(index)
+            loop.done[index] = True
+            loop.results[index] = result
+            if status == "ok":
+                loop.success += 1
+            else:
+                loop.failed += 1
+            action = payload.get("action")
+            if action == "break":
+                loop.broken = True
+            elif action == "fail":
+                loop.broken = True
+                loop.fail_error = event.error or {"kind": "error", "message": "loop iteration failed"}
+            return
+        rec = self.steps[cmd.step]
+        rec.result = result
+        rec.tasks = payload.get("tasks")
+        rec.error = event.error
+        rec.outcome = ev.CALL_DONE if status == "ok" else ev.CALL_ERROR
+
+    def _on_loop_done(self, event: Event) -> None:
+        step = event.step or ""
+        loop = self.loop_of(step)
+        if loop is None:
+            return
+        loop.finished = True
+        rec = self.steps[step]
+        rec.result = loop.aggregate()
+        rec.tasks = None
+        rec.outcome = ev.LOOP_DONE
+
+    def _on_ctx_updated(self, event: Event) -> None:
+        updates = (event.payload or {}).get("set") or {}
+        if updates:
+            self.ctx = {**self.ctx, **updates}
+            self._touch()
+
+    def _on_step_exit(self, event: Event) -> None:
+        step = event.step or ""
+        payload = event.payload or {}
+        rec = self.steps[step]
+        rec.status = event.status or "completed"
+        if event.error:
+            rec.error = event.error
+        self.active.discard(step)
+        updates = payload.get("set") or {}
+        if updates:
+            self.ctx = {**self.ctx, **updates}
+        for target in payload.get("next") or []:
+            if len(self.playbook.upstreams.get(target, ())) > 1:
+                self.waiting.add(target)
+        if rec.status == "completed":
+            self.last_finished = step
+        self._touch()
+
+    def _on_terminal(self, event: Event) -> None:
+        if event.type == ev.PLAYBOOK_COMPLETED:
+            self.status = "completed"
+        elif event.type == ev.PLAYBOOK_FAILED:
+            self.status = "failed"
+            self.error = event.error
+        elif event.type == ev.PLAYBOOK_CANCELLED:
+            self.status = "cancelled"
+            self.error = event.error
+        self.commands.clear()
+
+    def _on_cancel(self, event: Event) -> None:
+        if not self.terminal:
+            self.status = "cancelling"
+
+
+_APPLY = {
+    ev.PLAYBOOK_INITIALIZED: ExecutionState._on_initialized,
+    ev.STEP_ENTER: ExecutionState._on_step_enter,
+    ev.LOOP_STARTED: ExecutionState._on_loop_started,
+    ev.COMMAND_ISSUED: ExecutionState._on_command_issued,
+    ev.COMMAND_COMPLETED: ExecutionState._on_command_done,
+    ev.COMMAND_FAILED: ExecutionState._on_command_done,
+    ev.LOOP_DONE: ExecutionState._on_loop_done,
+    ev.CTX_UPDATED: ExecutionState._on_ctx_updated,
+    ev.STEP_EXIT: ExecutionState._on_step_exit,
+    ev.PLAYBOOK_COMPLETED: ExecutionState._on_terminal,
+    ev.PLAYBOOK_FAILED: ExecutionState._on_terminal,
+    ev.PLAYBOOK_CANCELLED: ExecutionState._on_terminal,
+    ev.EXECUTION_CANCELLED: ExecutionState._on_cancel,
+}
+
+
+def fold(playbook: Playbook, execution_id: int, events: list[Event]) -> ExecutionState:
+    """Rebuild an execution's state from its event log."""
+    state = ExecutionState(playbook, execution_id)
+    for event in events:
+        state.apply(event)
+    return state

@@ -1,0 +1,105 @@
+"""Typed playbook model: what the loader produces and the engine reads.
+
+Values are frozen dataclasses. Tool configuration stays an open mapping (each kind has
+its own fields, and real playbooks carry many optional ones); the loader checks the
+required fields per kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOOL_KINDS = ("python", "http", "postgres", "duckdb", "playbook", "workbook", "noop")
+ACTIONS = ("continue", "retry", "jump", "break", "fail")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy rule: `when` (template or bool; None for `else`) -> `then` action."""
+
+    when: Any
+    is_else: bool
+    do: str = "continue"
+    attempts: int = 3
+    backoff: str = "fixed"
+    delay: float = 0.0
+    max_delay: float = 60.0
+    to: str | None = None
+    set: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class Task:
+    """One tool call. A step's `tool` is one task, or a list of named tasks run in order."""
+
+    name: str
+    kind: str
+    config: dict[str, Any]
+    input: dict[str, Any] | None = None
+    set: dict[str, Any] = field(default_factory=dict)
+    policy: Policy | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Arc:
+    step: str
+    when: Any = None  # None: always
+    set: dict[str, Any] = field(default_factory=dict)
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Next:
+    mode: str = "exclusive"  # exclusive: first matching arc; inclusive: every match
+    arcs: tuple[Arc, ...] = ()
+
+
+@dataclass(frozen=True)
+class Loop:
+    collection: Any  # template or literal list
+    iterator: str
+    mode: str = "sequential"  # sequential | parallel
+    max_in_flight: Any = None  # int, template, or None (default by mode)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    tasks: tuple[Task, ...] = ()
+    pipeline: bool = False  # `tool` was written as a list of tasks
+    loop: Loop | None = None
+    set: dict[str, Any] = field(default_factory=dict)
+    next: Next = field(default_factory=Next)
+    desc: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Playbook:
+    name: str
+    path: str | None
+    version: str | None
+    workload: dict[str, Any]
+    steps: dict[str, Step]
+    entry: str
+    workbook: dict[str, Task]
+    text: str
+    file: str | None = None
+    keychain: list[Any] = field(default_factory=list)
+    executor: dict[str, Any] = field(default_factory=dict)
+    # step -> the steps that have an arc into it
+    upstreams: dict[str, frozenset[str]] = field(default_factory=dict)
+    # step -> every step reachable from it by arcs (not including itself unless on a cycle)
+    reachable: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> Path:
+        return Path(self.file).resolve().parent if self.file else Path.cwd()

@@ -1,0 +1,94 @@
+"""YAML loading that remembers where every node came from.
+
+`load_yaml` returns plain Python data (dict/list/str/int/float/bool/None) and a
+`Positions` index from node path (a tuple of keys and list indexes) to the 1-based
+line and column of that node, so validation errors can point into the file.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from flowtide.errors import PlaybookError
+
+Path = tuple[str | int, ...]
+
+
+class Positions:
+    """Line/column of each node, by path. Lookups fall back to the nearest ancestor."""
+
+    def __init__(self) -> None:
+        self._at: dict[Path, tuple[int, int]] = {}
+
+    def set(self, path: Path, line: int, column: int) -> None:
+        self._at[path] = (line + 1, column + 1)
+
+    def get(self, path: Path) -> tuple[int | None, int | None]:
+        probe = tuple(path)
+        while True:
+            if probe in self._at:
+                return self._at[probe]
+            if not probe:
+                return None, None
+            probe = probe[:-1]
+
+
+def _plain(node: Any, path: Path, positions: Positions) -> Any:
+    if isinstance(node, CommentedMap):
+        out: dict[str, Any] = {}
+        for key in node:
+            child = (*path, key)
+            try:
+                line, col = node.lc.key(key)
+            except (KeyError, TypeError):
+                line, col = node.lc.line, node.lc.col
+            positions.set(child, line, col)
+            out[str(key) if not isinstance(key, str) else key] = _plain(node[key], child, positions)
+        return out
+    if isinstance(node, CommentedSeq):
+        items = []
+        for index, value in enumerate(node):
+            child = (*path, index)
+            try:
+                line, col = node.lc.item(index)
+            except (KeyError, TypeError, IndexError):
+                line, col = node.lc.line, node.lc.col
+            positions.set(child, line, col)
+            items.append(_plain(value, child, positions))
+        return items
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, datetime.datetime | datetime.date):
+        return node.isoformat()
+    return node
+
+
+def load_yaml(text: str, file: str | None = None) -> tuple[Any, Positions]:
+    """Parse `text`; raise PlaybookError with the file position on a syntax error."""
+    yaml = YAML(typ="rt")
+    try:
+        raw = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise PlaybookError(
+            f"YAML syntax error: {exc.problem or exc.context}",
+            file=file,
+            line=mark.line + 1 if mark else None,
+            column=mark.column + 1 if mark else None,
+        ) from exc
+    except YAMLError as exc:
+        raise PlaybookError(f"YAML syntax error: {exc}", file=file) from exc
+    positions = Positions()
+    positions.set((), 0, 0)
+    return _plain(raw, (), positions), positions

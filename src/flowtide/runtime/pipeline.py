@@ -1,0 +1,274 @@
+"""Run one command: a step's task(s), with policies, retries and task-level `set`.
+
+This is the worker side. It renders each task against the execution's context
+snapshot plus the pipeline's own variables, calls the tool, evaluates the policy on
+NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
+from flowtide.engine.decide import render_set
+from flowtide.engine.policy import retry_delay, select_rule
+from flowtide.errors import FlowtideError, TemplateError, ToolError
+from flowtide.playbook.model import Playbook, Step, Task
+from flowtide.playbook.template import render
+from flowtide.tools.base import ToolContext, redact, redact_value
+from flowtide.tools.registry import get_tool
+
+STDOUT_LIMIT = 16 * 1024
+
+
+@dataclass
+class Call:
+    """One attempt of one task (becomes a call.done / call.error event)."""
+
+    task: str
+    attempt: int
+    ok: bool
+    duration_ms: float
+    started: float
+    error: dict[str, Any] | None = None
+    stdout: str | None = None
+
+
+@dataclass
+class Outcome:
+    status: str  # ok | error
+    result: Any
+    action: str = "continue"  # continue | break | fail | jump
+    error: dict[str, Any] | None = None
+    jump_to: str | None = None
+    ctx: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, Any] | None = None
+    calls: list[Call] = field(default_factory=list)
+    started: float = 0.0
+
+
+def _error_dict(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, ToolError):
+        return exc.to_dict()
+    if isinstance(exc, TemplateError):
+        return {"kind": "template_error", "retryable": False, "code": None, "message": str(exc),
+                "http_status": None, "status": None, "missing": exc.missing}
+    if isinstance(exc, FlowtideError):
+        return {"kind": "error", "retryable": False, "code": type(exc).__name__, "message": str(exc),
+                "http_status": None, "status": None}
+    return {"kind": "internal_error", "retryable": False, "code": type(exc).__name__,
+            "message": f"{type(exc).__name__}: {exc}", "http_status": None, "status": None}
+
+
+def _render_code(code: Any, scope: Mapping[str, Any]) -> Any:
+    """Jinja inside python `code` is rendered when it can be; code that merely contains
+    `{{` (f-string escapes, dict literals) runs as written."""
+    if not isinstance(code, str) or ("{{" not in code and "{%" not in code):
+        return code
+    try:
+        rendered = render(code, scope)
+    except TemplateError:
+        return code
+    return rendered if isinstance(rendered, str) else code
+
+
+class StepRunner:
+    """Executes commands for one playbook. Thread-safe: one instance serves all workers."""
+
+    def __init__(
+        self,
+        playbook: Playbook,
+        *,
+        credentials: Any = None,
+        run_playbook: Callable[..., Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.playbook = playbook
+        self.credentials = credentials
+        self.run_playbook = run_playbook
+        self.sleep = sleep
+
+    def _resolve(self, task: Task, scope: Mapping[str, Any], step: Step) -> tuple[Task, dict[str, Any], dict[str, Any] | None]:
+        """Rendered (config, input) of `task`, following `kind: workbook` to its action."""
+        raw_input = task.input
+        rendered_input = render(raw_input, scope, step=step.name, field="input") if raw_input is not None else None
+        if task.kind == "workbook":
+            action = self.playbook.workbook[str(task.config.get("name"))]
+            defaults = action.input or {}
+            merged = {**defaults, **(rendered_input or {})}
+            inner_scope = layered(merged, scope)
+            config = {k: (_render_code(v, inner_scope) if k == "code" else render(v, inner_scope, step=step.name, field=k))
+                      for k, v in action.config.items()}
+            return action, config, merged
+        config = {k: (_render_code(v, scope) if k == "code" else render(v, scope, step=step.name, field=k))
+                  for k, v in task.config.items()}
+        return task, config, rendered_input
+
+    def run(
+        self,
+        step: Step,
+        base: Mapping[str, Any],
+        ctx: Mapping[str, Any],
+        *,
+        execution_id: int,
+        iterator: str | None = None,
+        element: Any = None,
+        index: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Outcome:
+        started = time.time()
+        ctx_local = dict(ctx)
+        ctx_updates: dict[str, Any] = {}
+        pipe: dict[str, Any] = {}
+        iter_extra: dict[str, Any] = {}
+        results: dict[str, Any] = {}
+        calls: list[Call] = []
+        last_result: Any = None
+        last_status = "ok"
+        last_error: dict[str, Any] | None = None
+        action = "continue"
+        jump_to: str | None = None
+        names = [t.name for t in step.tasks]
+        i = 0
+        jumps = 0
+        while i < len(step.tasks):
+            if cancelled is not None and cancelled():
+                return Outcome("error", None, action="fail", error={"kind": "cancelled", "message": "execution cancelled"},
+                               ctx=ctx_updates, calls=calls, started=started)
+            task = step.tasks[i]
+            layers: list[Mapping[str, Any]] = [pipe]
+            if iterator is not None and index is not None:
+                layers.append(iteration_scope(iterator, element, index, iter_extra))
+            layers.append({"ctx": ctx_local, "vars": ctx_local})
+            layers.append(base)
+            scope = layered(*layers)
+            secrets: set[str] = set()
+            attempt = 0
+            while True:
+                attempt += 1
+                t0 = time.perf_counter()
+                tctx = ToolContext(
+                    execution_id=execution_id, step=step.name, task=task.name,
+                    base_dir=self.playbook.base_dir, credentials=self.credentials,
+                    secrets=secrets, render_context=scope, run_playbook=self.run_playbook,
+                    cancelled=cancelled,
+                )
+                error: dict[str, Any] | None = None
+                result: Any = None
+                try:
+                    effective, config, tool_input = self._resolve(task, scope, step)
+                    if tool_input is not None:
+                        config = {**config, "input": tool_input}
+                    tctx.timeout = _timeout(config)
+                    if effective.kind == "playbook":
+                        result = self._run_playbook(config, tctx)
+                    else:
+                        result = get_tool(effective.kind).run(config, tctx)
+                    status = "ok"
+                except ToolError as exc:
+                    status, error = "error", _error_dict(exc)
+                    result = exc.data
+                except TemplateError as exc:
+                    status, error = "error", _error_dict(exc)
+                except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
+                    status, error = "error", _error_dict(exc)
+                duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+                if secrets:
+                    result = redact_value(result, secrets)
+                    if error:
+                        error = redact_value(error, secrets)
+                out_text = "".join(tctx.stdout)
+                if secrets and out_text:
+                    out_text = redact(out_text, secrets)
+                calls.append(Call(task.name, attempt, status == "ok", duration_ms, time.time(), error,
+                                  out_text[:STDOUT_LIMIT] or None))
+                output = envelope(status, result if status == "ok" else result, error, attempt, duration_ms)
+                policy_scope = layered({"output": output, "result": result_view(result)}, scope)
+                try:
+                    rule = select_rule(task.policy, output, policy_scope, step=step.name)
+                except TemplateError as exc:
+                    if status == "ok":
+                        status, error = "error", _error_dict(exc)
+                    rule = select_rule(None, {"status": status}, policy_scope, step=step.name)
+                if rule.do == "retry" and status == "error":
+                    if attempt < rule.attempts and not (cancelled is not None and cancelled()):
+                        self.sleep(retry_delay(rule, attempt))
+                        continue
+                    # retries exhausted: the error stands and fails the step
+                    rule_do = "fail"
+                elif rule.do == "retry":
+                    rule_do = "continue"  # a retry rule matching a success: nothing to retry
+                else:
+                    rule_do = rule.do
+                break
+            # policy `then.set` sees the envelope; task-level `set` sees the raw result
+            try:
+                if rule.set:
+                    self._apply_set(rule.set, policy_scope, ctx_local, ctx_updates, iter_extra, pipe, step)
+                    ctx_local = {**ctx_local, **ctx_updates}
+                if task.set:
+                    set_scope = layered({"output": result}, scope)
+                    self._apply_set(task.set, set_scope, ctx_local, ctx_updates, iter_extra, pipe, step)
+                    ctx_local = {**ctx_local, **ctx_updates}
+            except TemplateError as exc:
+                return Outcome("error", None, action="fail", error=_error_dict(exc), ctx=ctx_updates,
+                               calls=calls, started=started)
+            results[task.name] = result
+            pipe[task.name] = result_view(result)
+            last_result, last_status, last_error = result, status, error
+            if rule_do == "fail":
+                return Outcome("error", result, action="fail", error=error or {"kind": "policy", "message": f"policy failed task '{task.name}'"},
+                               ctx=ctx_updates, tasks=results if step.pipeline else None, calls=calls, started=started)
+            if rule_do == "break":
+                action = "break"
+                break
+            if rule_do == "jump":
+                target = rule.to or ""
+                if target in names and jumps < 10_000:
+                    jumps += 1
+                    i = names.index(target)
+                    continue
+                action, jump_to = "jump", target
+                break
+            i += 1
+        if last_status == "error" and last_result is None:
+            last_result = {"status": "error", "error": last_error}
+        return Outcome(
+            last_status, plain(last_result), action=action, error=last_error, jump_to=jump_to,
+            ctx=ctx_updates, tasks={k: plain(v) for k, v in results.items()} if step.pipeline and len(step.tasks) > 1 else None,
+            calls=calls, started=started,
+        )
+
+    def _apply_set(self, spec: Mapping[str, Any], scope: Mapping[str, Any], ctx_local: dict[str, Any],
+                   ctx_updates: dict[str, Any], iter_extra: dict[str, Any], pipe: dict[str, Any], step: Step) -> None:
+        for key, raw in spec.items():
+            value = plain(render(raw, scope, step=step.name, field=f"set.{key}"))
+            if key.startswith("ctx.") or key.startswith("vars."):
+                ctx_updates.update(render_set({key: value}, scope, {**ctx_local, **ctx_updates}, step=step.name, field="set"))
+            elif key.startswith("iter."):
+                iter_extra[key[5:]] = value
+            else:
+                pipe[key] = value
+
+    def _run_playbook(self, config: dict[str, Any], tctx: ToolContext) -> Any:
+        if self.run_playbook is None:
+            raise ToolError("sub-playbooks are not available in this runtime", kind="config_error")
+        path = config.get("path")
+        if not path:
+            raise ToolError("playbook tool needs 'path'", kind="config_error")
+        child_input = config.get("input") or config.get("payload") or {}
+        return self.run_playbook(
+            path=str(path), workload=dict(child_input), return_step=config.get("return_step"),
+            parent_execution_id=tctx.execution_id, base_dir=tctx.base_dir,
+        )
+
+
+def _timeout(config: Mapping[str, Any]) -> float | None:
+    value = config.get("timeout")
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

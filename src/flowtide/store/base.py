@@ -1,0 +1,467 @@
+"""The store port: event log, commands, execution projection, catalog and credentials.
+
+The port is synchronous: the runtime calls it from a dedicated writer thread, and readers
+(API, CLI) call it from their own threads. Every adapter is usable from several threads.
+
+Per-execution data (executions, events, commands) is always addressed by execution_id so a
+sharded router can forward each call to the owning shard; catalog and credentials are
+cluster-wide. Adapters raise only `flowtide.errors.StoreError` / `NotFoundError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+from flowtide.engine.events import Command, Event
+
+__all__ = [
+    "COMMAND_STATUSES",
+    "EXECUTION_CREATED",
+    "PENDING_COMMAND_STATUSES",
+    "UNSET",
+    "CatalogRow",
+    "CommandRow",
+    "CommandUpdate",
+    "ExecutionRow",
+    "ExecutionUpdate",
+    "Store",
+    "Unset",
+]
+
+#: Status of an execution row right after `create_execution`.
+EXECUTION_CREATED: Final = "created"
+
+COMMAND_STATUSES: Final = frozenset({"issued", "claimed", "completed", "failed", "cancelled"})
+#: Statuses of commands a worker still has to finish (`pending_commands`).
+PENDING_COMMAND_STATUSES: Final = ("issued", "claimed")
+
+
+class Unset(enum.Enum):
+    """Type of `UNSET`: "leave this column as it is" (distinct from None, which clears)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = Unset.UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRow:
+    """The projection of one execution (the event log stays the source of truth)."""
+
+    execution_id: int
+    parent_execution_id: int | None
+    parent_command_id: int | None
+    playbook_path: str | None
+    playbook_version: int | None
+    playbook_file: str | None
+    playbook_text: str
+    workload: dict[str, Any]
+    status: str
+    result: Any
+    error: dict[str, Any] | None
+    created: float
+    updated: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionUpdate:
+    """A change to an execution row, applied inside an `append` batch.
+
+    `result` / `error` left as `UNSET` keep their stored value; `error=None` clears it.
+    """
+
+    execution_id: int
+    status: str
+    updated: float
+    result: Any | Unset = UNSET
+    error: dict[str, Any] | None | Unset = UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRow:
+    """One command as stored: its identity plus its latest status."""
+
+    command_id: int
+    execution_id: int
+    step: str
+    status: str
+    attempt: int
+    loop_instance: int | None
+    loop_index: int | None
+    worker_id: str | None
+    payload: dict[str, Any] | None
+    created: float
+    updated: float
+
+    def to_command(self) -> Command:
+        """Rebuild the engine's `Command` (payload as written by `CommandUpdate.from_command`)."""
+        payload = self.payload or {}
+        return Command(
+            command_id=self.command_id,
+            execution_id=self.execution_id,
+            step=self.step,
+            attempt=self.attempt,
+            loop_instance=self.loop_instance,
+            loop_index=self.loop_index,
+            issued_event_id=payload.get("issued_event_id"),
+            extra=dict(payload.get("extra") or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CommandUpdate:
+    """Insert-or-update of one command, keyed by `command_id`.
+
+    On insert every field is taken (`attempt` None means 1) and `created = updated = time`.
+    On update the command's identity (execution_id, step, loop_instance, loop_index,
+    created) is kept; `status` and `updated` are overwritten; `attempt`, `worker_id` and
+    `payload` are overwritten only when not None, except that going back to `issued`
+    (a re-issue after a lease expired) clears `worker_id` unless one is given.
+    Several updates of one command in a batch apply in order: the last one wins.
+    """
+
+    command_id: int
+    execution_id: int
+    step: str
+    status: str
+    time: float
+    attempt: int | None = None
+    loop_instance: int | None = None
+    loop_index: int | None = None
+    worker_id: str | None = None
+    payload: dict[str, Any] | None = None
+
+    @classmethod
+    def from_command(
+        cls,
+        command: Command,
+        *,
+        status: str = "issued",
+        time: float,
+        worker_id: str | None = None,
+    ) -> CommandUpdate:
+        """Build the update recording `command` with `status` (default: just issued)."""
+        return cls(
+            command_id=command.command_id,
+            execution_id=command.execution_id,
+            step=command.step,
+            status=status,
+            time=time,
+            attempt=command.attempt,
+            loop_instance=command.loop_instance,
+            loop_index=command.loop_index,
+            worker_id=worker_id,
+            payload={"issued_event_id": command.issued_event_id, "extra": command.extra},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogRow:
+    """One registered playbook version; `versions` counts every version of `path`."""
+
+    path: str
+    version: int
+    text: str
+    source_file: str | None
+    created: float
+    versions: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Event log, commands, execution projection, playbook catalog and credentials."""
+
+    # -- executions ------------------------------------------------------------------
+
+    def create_execution(
+        self,
+        execution_id: int,
+        *,
+        playbook_path: str | None,
+        playbook_version: int | None,
+        playbook_file: str | None,
+        playbook_text: str,
+        workload: dict[str, Any],
+        parent_execution_id: int | None = None,
+        parent_command_id: int | None = None,
+        created: float,
+    ) -> None:
+        """Record a new execution with status `EXECUTION_CREATED` and `updated = created`.
+
+        Args:
+            execution_id: snowflake id of the execution.
+            playbook_path: catalog path, when the playbook came from the catalog.
+            playbook_version: catalog version, when the playbook came from the catalog.
+            playbook_file: file the playbook was read from, when it came from a file.
+            playbook_text: the exact YAML that runs (executions never follow catalog edits).
+            workload: the merged workload (JSON-serialisable).
+            parent_execution_id: the execution whose `playbook` step started this one.
+            parent_command_id: the command of that step.
+            created: Unix seconds.
+        Raises:
+            StoreError: the execution already exists, or the store failed.
+        """
+        ...
+
+    def get_execution(self, execution_id: int) -> ExecutionRow:
+        """Return one execution.
+
+        Args:
+            execution_id: the execution to read.
+        Returns:
+            Its row.
+        Raises:
+            NotFoundError: no such execution.
+            StoreError: the store failed.
+        """
+        ...
+
+    def list_executions(
+        self,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[ExecutionRow]:
+        """Return executions newest first (execution_id descending).
+
+        Args:
+            status: only executions with this status.
+            limit: at most this many rows (>= 0).
+            before_id: only executions with an id below this one (next page).
+        Returns:
+            The rows, newest first.
+        Raises:
+            StoreError: negative limit, or the store failed.
+        """
+        ...
+
+    def update_execution(
+        self,
+        execution_id: int,
+        *,
+        status: str,
+        result: Any | Unset = UNSET,
+        error: dict[str, Any] | None | Unset = UNSET,
+        updated: float,
+    ) -> None:
+        """Change an execution's status, and its result or error when given.
+
+        Args:
+            execution_id: the execution to change.
+            status: the new status.
+            result: the new result (any JSON value); `UNSET` keeps the stored one.
+            error: the new error; None clears it; `UNSET` keeps the stored one.
+            updated: Unix seconds.
+        Raises:
+            NotFoundError: no such execution.
+            StoreError: a value is not JSON-serialisable, or the store failed.
+        """
+        ...
+
+    # -- events ----------------------------------------------------------------------
+
+    def append(
+        self,
+        events: Sequence[Event],
+        *,
+        commands: Sequence[CommandUpdate] = (),
+        execution_updates: Sequence[ExecutionUpdate] = (),
+    ) -> None:
+        """Write a batch in one transaction: all of it becomes visible, or none of it.
+
+        This is the hot path (group commit): the runtime hands over everything one engine
+        step produced. Events are applied first, then command upserts, then execution
+        updates, each in the given order.
+
+        Args:
+            events: events to add to the log; (execution_id, event_id) must be new.
+            commands: command upserts (see `CommandUpdate`).
+            execution_updates: execution row changes (see `ExecutionUpdate`).
+        Raises:
+            NotFoundError: an execution update names a missing execution.
+            StoreError: a duplicate event, an unknown command status, a value that is not
+                JSON-serialisable, or a store failure. Nothing of the batch is written.
+        """
+        ...
+
+    def events(
+        self,
+        execution_id: int,
+        *,
+        after_event_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Return an execution's events in event_id order.
+
+        Args:
+            execution_id: whose log to read.
+            after_event_id: only events with a greater event_id (resume a tail).
+            limit: at most this many events (>= 0); None for all.
+        Returns:
+            The events; empty for an unknown execution.
+        Raises:
+            StoreError: negative limit, or the store failed.
+        """
+        ...
+
+    def count_events(self, execution_id: int) -> int:
+        """Return how many events an execution has (0 for an unknown execution).
+
+        Args:
+            execution_id: whose log to count.
+        Returns:
+            The number of events.
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
+    # -- commands --------------------------------------------------------------------
+
+    def pending_commands(self, execution_id: int) -> list[CommandRow]:
+        """Return an execution's commands that are issued or claimed, by command_id.
+
+        Args:
+            execution_id: whose commands to read.
+        Returns:
+            The pending commands in command_id order.
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
+    def get_command(self, command_id: int) -> CommandRow:
+        """Return one command.
+
+        Args:
+            command_id: the command to read.
+        Returns:
+            Its row.
+        Raises:
+            NotFoundError: no such command.
+            StoreError: the store failed.
+        """
+        ...
+
+    # -- catalog (cluster-wide) ------------------------------------------------------
+
+    def register_playbook(
+        self,
+        path: str,
+        text: str,
+        *,
+        source_file: str | None,
+        created: float,
+        version: int | None = None,
+    ) -> int:
+        """Add a playbook version to the catalog.
+
+        With `version=None` the new version is the path's highest + 1, unless `text` is
+        identical to the path's latest version: then that version is returned and nothing
+        is added (re-registering an unchanged file is a no-op). With an explicit version,
+        registering the same text again is a no-op and different text is an error.
+
+        Args:
+            path: catalog path (e.g. `examples/hello`).
+            text: the playbook YAML.
+            source_file: file it was read from, if any.
+            created: Unix seconds.
+            version: the version to register (>= 1), or None for the next one.
+        Returns:
+            The version that holds `text`.
+        Raises:
+            StoreError: the explicit version exists with other text, is below 1, or the
+                store failed.
+        """
+        ...
+
+    def get_playbook(self, path: str, version: int | None = None) -> CatalogRow:
+        """Return one playbook version.
+
+        Args:
+            path: catalog path.
+            version: the version; None for the latest.
+        Returns:
+            Its row.
+        Raises:
+            NotFoundError: no such path or version (the message names the path).
+            StoreError: the store failed.
+        """
+        ...
+
+    def list_playbooks(self) -> list[CatalogRow]:
+        """Return the latest version of every path, ordered by path.
+
+        Returns:
+            One row per path; `versions` counts the path's versions.
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
+    # -- credentials (cluster-wide; values arrive encrypted) -------------------------
+
+    def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
+        """Create or replace a credential (its `created` time survives a replace).
+
+        Args:
+            name: credential name.
+            kind: credential type (postgres, http_bearer, ...).
+            ciphertext: the encrypted body; the store never sees plaintext.
+            updated: Unix seconds.
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
+    def get_credential(self, name: str) -> tuple[str, bytes]:
+        """Return a credential's kind and ciphertext.
+
+        Args:
+            name: credential name.
+        Returns:
+            (kind, ciphertext).
+        Raises:
+            NotFoundError: no such credential.
+            StoreError: the store failed.
+        """
+        ...
+
+    def list_credentials(self) -> list[dict[str, Any]]:
+        """Return every credential's name, kind, created and updated, ordered by name.
+
+        Returns:
+            Dicts with keys name, kind, created, updated (never the ciphertext).
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
+    def delete_credential(self, name: str) -> None:
+        """Delete a credential.
+
+        Args:
+            name: credential name.
+        Raises:
+            NotFoundError: no such credential.
+            StoreError: the store failed.
+        """
+        ...
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the store's resources. Idempotent; any other call afterwards fails.
+
+        Raises:
+            StoreError: the store failed while closing.
+        """
+        ...

@@ -216,6 +216,7 @@ class ExecutionState:
             return
         rec = self.steps[cmd.step]
         rec.result = result
+        self._touch()
         rec.tasks = payload.get("tasks")
         rec.error = event.error
         rec.outcome = ev.CALL_DONE if status == "ok" else ev.CALL_ERROR
@@ -228,6 +229,7 @@ class ExecutionState:
         loop.finished = True
         rec = self.steps[step]
         rec.result = loop.aggregate()
+        self._touch()
         rec.tasks = None
         rec.outcome = ev.LOOP_DONE
 

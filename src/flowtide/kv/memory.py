@@ -1,0 +1,668 @@
+"""In-process KV adapter with ADR-8 semantics (`memory://`).
+
+Buckets live in a process-wide registry keyed by bucket name, so every `connect` to the
+same name shares the data until `destroy()`. A bucket is used from the engine's event
+loop and from worker threads that run their own loops, so its state sits behind one
+`threading.Lock`; the methods are coroutines for the port's sake but never wait, except a
+watcher waiting for the next update.
+
+Watchers are bound to the event loop that starts them. Writes hand them entries with
+`loop.call_soon_threadsafe` while still holding the bucket lock, so every watcher sees
+updates in revision order whatever thread wrote them, and the snapshot of initial data
+and the registration for live updates happen under the same lock (no gap, no duplicate).
+
+TTL expiry is lazy: every operation first drops the messages older than the TTL (by the
+monotonic clock), oldest revision first. As on JetStream, expiry does not notify
+watchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Final, Self
+
+from flowtide.kv.base import (
+    BucketConfig,
+    BucketNotFoundError,
+    Entry,
+    KeyExistsError,
+    KeyFilter,
+    KeyNotFoundError,
+    KVError,
+    Operation,
+    Status,
+    ValueTooLargeError,
+    WrongRevisionError,
+    validate_key,
+)
+
+__all__ = ["MemoryKeyValue", "MemoryWatcher", "open_memory"]
+
+
+class _Msg:
+    """One stored message; `mono` is the monotonic time used for TTL expiry."""
+
+    __slots__ = ("key", "value", "revision", "created", "mono", "operation")
+
+    def __init__(
+        self,
+        key: str,
+        value: bytes,
+        revision: int,
+        created: float,
+        mono: float,
+        operation: Operation,
+    ) -> None:
+        self.key = key
+        self.value = value
+        self.revision = revision
+        self.created = created
+        self.mono = mono
+        self.operation = operation
+
+
+class _Bucket:
+    """The shared state of one bucket. Every attribute is guarded by `lock`."""
+
+    def __init__(self, config: BucketConfig) -> None:
+        self.config = config
+        self.name = config.bucket
+        self.lock = threading.Lock()
+        self.seq = 0
+        # Per key, its stored messages in revision order (at most `history` of them).
+        self.by_key: dict[str, list[_Msg]] = {}
+        # Messages in revision order for TTL expiry; may hold messages already dropped
+        # by a purge or the history limit, which expiry then skips.
+        self.expiry: deque[_Msg] = deque()
+        self.count = 0
+        self.nbytes = 0
+        self.destroyed = False
+        # Weak, so a watcher its owner dropped without stop() does not stay registered.
+        self.watchers: weakref.WeakSet[MemoryWatcher] = weakref.WeakSet()
+
+    # All methods below expect `lock` to be held.
+
+    def expire(self) -> None:
+        ttl = self.config.ttl
+        if ttl is None:
+            return
+        cutoff = time.monotonic() - ttl
+        expiry = self.expiry
+        while expiry and expiry[0].mono <= cutoff:
+            msg = expiry.popleft()
+            msgs = self.by_key.get(msg.key)
+            # Older messages of the key expired before this one, so if it is still
+            # stored it is the key's first.
+            if msgs and msgs[0] is msg:
+                del msgs[0]
+                self._forget(msg)
+                if not msgs:
+                    del self.by_key[msg.key]
+
+    def _forget(self, msg: _Msg) -> None:
+        self.count -= 1
+        self.nbytes -= len(msg.key) + len(msg.value)
+
+    def current_revision(self, key: str) -> int:
+        msgs = self.by_key.get(key)
+        return msgs[-1].revision if msgs else 0
+
+    def append(self, key: str, value: bytes, operation: Operation) -> _Msg:
+        self.seq += 1
+        msg = _Msg(key, value, self.seq, time.time(), time.monotonic(), operation)
+        msgs = self.by_key.setdefault(key, [])
+        if operation is Operation.PURGE:
+            for old in msgs:
+                self._forget(old)
+            msgs.clear()
+        msgs.append(msg)
+        self.count += 1
+        self.nbytes += len(key) + len(value)
+        if len(msgs) > self.config.history:
+            self._forget(msgs.pop(0))
+        if self.config.ttl is not None:
+            self.expiry.append(msg)
+        self._notify(msg)
+        return msg
+
+    def _notify(self, msg: _Msg) -> None:
+        if not self.watchers:
+            return
+        entry = Entry(self.name, msg.key, msg.value, msg.revision, msg.created, 0, msg.operation)
+        for watcher in list(self.watchers):
+            watcher._offer(entry)
+
+    def entry(self, msg: _Msg, msgs: list[_Msg], index: int) -> Entry:
+        return Entry(
+            self.name,
+            msg.key,
+            msg.value,
+            msg.revision,
+            msg.created,
+            len(msgs) - index - 1,
+            msg.operation,
+        )
+
+    def matching(self, keys: KeyFilter) -> list[tuple[str, list[_Msg]]]:
+        if keys.literal_only:
+            return [(k, self.by_key[k]) for k in keys.literals if k in self.by_key]
+        return [(k, msgs) for k, msgs in self.by_key.items() if keys.matches(k)]
+
+
+_REGISTRY: dict[str, _Bucket] = {}
+# Lock order: _REGISTRY_LOCK before any bucket lock.
+_REGISTRY_LOCK: Final = threading.Lock()
+
+
+def open_memory(url: str, config: BucketConfig) -> MemoryKeyValue:
+    """Open (creating it if needed) the in-process bucket `config.bucket`.
+
+    An existing bucket is bound as it is: its configuration was fixed when it was
+    created, as when binding to an existing JetStream bucket.
+
+    Args:
+        url: the `memory://` URL (kept for repr only; all memory URLs share one registry).
+        config: the validated bucket configuration.
+    Returns:
+        A new handle on the bucket.
+    """
+    with _REGISTRY_LOCK:
+        state = _REGISTRY.get(config.bucket)
+        if state is None:
+            state = _Bucket(config)
+            _REGISTRY[config.bucket] = state
+    return MemoryKeyValue(state, url)
+
+
+def _as_bytes(value: bytes) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"KV values are bytes, got {type(value).__name__}")
+
+
+class MemoryKeyValue:
+    """A handle on an in-process bucket; implements `flowtide.kv.KeyValue`."""
+
+    def __init__(self, state: _Bucket, url: str = "memory://") -> None:
+        self._state = state
+        self._url = url
+        self._closed = False
+        self._watchers: weakref.WeakSet[MemoryWatcher] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return f"MemoryKeyValue(bucket={self._state.name!r}, url={self._url!r})"
+
+    @property
+    def bucket(self) -> str:
+        """The bucket name."""
+        return self._state.name
+
+    def _check(self) -> _Bucket:
+        """Return the bucket state; call with its lock held."""
+        state = self._state
+        if self._closed:
+            raise KVError(f"KV handle on bucket {state.name!r} is closed", bucket=state.name)
+        if state.destroyed:
+            raise BucketNotFoundError(state.name)
+        state.expire()
+        return state
+
+    def _check_size(self, key: str, value: bytes) -> None:
+        limit = self._state.config.max_value_size
+        if limit is not None and len(value) > limit:
+            raise ValueTooLargeError(self._state.name, key, size=len(value), max_size=limit)
+
+    async def get(self, key: str, revision: int | None = None) -> Entry:
+        """Read the newest value of `key`, or the message at `revision`.
+
+        Args:
+            key: a valid key.
+            revision: a revision of this key that is still stored; None for the newest.
+        Returns:
+            The entry (operation PUT).
+        Raises:
+            KeyNotFoundError: no such key or revision, or it is a delete/purge marker.
+            InvalidKeyError: the key is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        with self._state.lock:
+            state = self._check()
+            msgs = state.by_key.get(key)
+            if not msgs:
+                raise KeyNotFoundError(state.name, key, revision=revision)
+            if revision is None:
+                index = len(msgs) - 1
+            else:
+                revisions = [m.revision for m in msgs]
+                index = bisect.bisect_left(revisions, revision)
+                if index == len(msgs) or revisions[index] != revision:
+                    raise KeyNotFoundError(state.name, key, revision=revision)
+            msg = msgs[index]
+            if msg.operation is not Operation.PUT:
+                raise KeyNotFoundError(state.name, key, revision=revision, operation=msg.operation)
+            return state.entry(msg, msgs, index)
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Write `value` under `key` unconditionally.
+
+        Args:
+            key: a valid key (no wildcards).
+            value: the bytes to store.
+        Returns:
+            The new revision.
+        Raises:
+            InvalidKeyError: the key is invalid.
+            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        data = _as_bytes(value)
+        self._check_size(key, data)
+        with self._state.lock:
+            return self._check().append(key, data, Operation.PUT).revision
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Write `value` only if `key` does not exist or its newest message is a
+        delete or purge marker.
+
+        Args:
+            key: a valid key.
+            value: the bytes to store.
+        Returns:
+            The new revision.
+        Raises:
+            KeyExistsError: the key exists (`revision` is its current revision).
+            InvalidKeyError: the key is invalid.
+            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        data = _as_bytes(value)
+        self._check_size(key, data)
+        with self._state.lock:
+            state = self._check()
+            msgs = state.by_key.get(key)
+            if msgs and msgs[-1].operation is Operation.PUT:
+                raise KeyExistsError(state.name, key, revision=msgs[-1].revision)
+            return state.append(key, data, Operation.PUT).revision
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        """Write `value` only if the newest message of `key` has revision `last`.
+
+        Args:
+            key: a valid key.
+            value: the bytes to store.
+            last: the revision the caller last saw (0: the key has no stored message).
+        Returns:
+            The new revision.
+        Raises:
+            WrongRevisionError: the key is at another revision (`current`).
+            InvalidKeyError: the key is invalid.
+            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        data = _as_bytes(value)
+        self._check_size(key, data)
+        with self._state.lock:
+            state = self._check()
+            current = state.current_revision(key)
+            if current != last:
+                raise WrongRevisionError(state.name, key, expected=last, current=current)
+            return state.append(key, data, Operation.PUT).revision
+
+    async def delete(self, key: str, last: int | None = None) -> None:
+        """Append a DEL marker for `key`, keeping its history.
+
+        Args:
+            key: a valid key.
+            last: if given, delete only if the key's newest message has this revision.
+        Raises:
+            WrongRevisionError: `last` was given and the key is at another revision.
+            InvalidKeyError: the key is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        with self._state.lock:
+            state = self._check()
+            if last is not None:
+                current = state.current_revision(key)
+                if current != last:
+                    raise WrongRevisionError(state.name, key, expected=last, current=current)
+            state.append(key, b"", Operation.DEL)
+
+    async def purge(self, key: str) -> None:
+        """Remove every message of `key`, leaving one PURGE marker.
+
+        Args:
+            key: a valid key.
+        Raises:
+            InvalidKeyError: the key is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        with self._state.lock:
+            self._check().append(key, b"", Operation.PURGE)
+
+    async def history(self, key: str) -> list[Entry]:
+        """Every stored message of `key`, oldest first, markers included.
+
+        Args:
+            key: a valid key.
+        Returns:
+            The entries; `delta` counts down to 0 for the newest.
+        Raises:
+            KeyNotFoundError: the key has no stored message.
+            InvalidKeyError: the key is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        validate_key(key, bucket=self.bucket)
+        with self._state.lock:
+            state = self._check()
+            msgs = state.by_key.get(key)
+            if not msgs:
+                raise KeyNotFoundError(state.name, key)
+            return [state.entry(m, msgs, i) for i, m in enumerate(msgs)]
+
+    async def keys(self, filter: str | Sequence[str] = ">") -> list[str]:
+        """The live keys (newest message is a PUT) matching any of the filters.
+
+        Args:
+            filter: a filter or a sequence of filters (`*` and `>` wildcards).
+        Returns:
+            The keys, sorted; empty when none matches.
+        Raises:
+            InvalidKeyError: a filter is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        wanted = KeyFilter(filter, bucket=self.bucket)
+        with self._state.lock:
+            state = self._check()
+            found = [k for k, msgs in state.matching(wanted) if msgs[-1].operation is Operation.PUT]
+        found.sort()
+        return found
+
+    def watch(
+        self,
+        keys: str | Sequence[str] = ">",
+        *,
+        include_history: bool = False,
+        ignore_deletes: bool = False,
+        meta_only: bool = False,
+        updates_only: bool = False,
+    ) -> MemoryWatcher:
+        """Watch keys matching the filters (see `flowtide.kv.KeyWatcher`).
+
+        Args:
+            keys: a filter or a sequence of filters.
+            include_history: initial data holds every stored message, not just the
+                newest per key.
+            ignore_deletes: never deliver DEL or PURGE entries.
+            meta_only: deliver entries with an empty value.
+            updates_only: no initial data; the marker comes first.
+        Returns:
+            A watcher, started on `async with` or the first iteration.
+        Raises:
+            InvalidKeyError: a filter is invalid.
+        """
+        return MemoryWatcher(
+            self,
+            KeyFilter(keys, bucket=self.bucket),
+            include_history=include_history,
+            ignore_deletes=ignore_deletes,
+            meta_only=meta_only,
+            updates_only=updates_only,
+        )
+
+    async def get_last_many(
+        self, filters: str | Sequence[str], up_to_revision: int | None = None
+    ) -> dict[str, Entry]:
+        """Read many keys at one point in time (ADR-31 multi-last direct get).
+
+        Args:
+            filters: a filter or a sequence of filters.
+            up_to_revision: the point in time, as a bucket revision (None: now).
+        Returns:
+            Key -> newest PUT entry at or before that revision, in key order.
+        Raises:
+            InvalidKeyError: a filter is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+            KVError: `up_to_revision` is negative.
+        """
+        wanted = KeyFilter(filters, bucket=self.bucket)
+        if up_to_revision is not None and up_to_revision < 0:
+            raise KVError(f"up_to_revision must be >= 0, got {up_to_revision}", bucket=self.bucket)
+        out: list[tuple[str, Entry]] = []
+        with self._state.lock:
+            state = self._check()
+            for key, msgs in state.matching(wanted):
+                if up_to_revision is None:
+                    index = len(msgs) - 1
+                else:
+                    index = len(msgs) - 1
+                    # History is at most 64 long: a backwards scan beats building keys.
+                    while index >= 0 and msgs[index].revision > up_to_revision:
+                        index -= 1
+                    if index < 0:
+                        continue
+                if msgs[index].operation is Operation.PUT:
+                    out.append((key, state.entry(msgs[index], msgs, index)))
+        out.sort(key=lambda item: item[0])
+        return dict(out)
+
+    async def status(self) -> Status:
+        """Report the bucket's state and configuration.
+
+        Returns:
+            The status; `bytes` is the sum of key and value lengths of stored messages
+            and `backing_store` is "memory".
+        Raises:
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        with self._state.lock:
+            state = self._check()
+            cfg = state.config
+            return Status(
+                bucket=state.name,
+                values=state.count,
+                history=cfg.history,
+                ttl=cfg.ttl,
+                max_value_size=cfg.max_value_size,
+                storage=cfg.storage,
+                replicas=cfg.replicas,
+                compression=cfg.compression,
+                bytes=state.nbytes,
+                backing_store="memory",
+            )
+
+    async def destroy(self) -> None:
+        """Delete the bucket and all its data; every handle on it stops working and
+        every watcher on it ends.
+
+        Raises:
+            BucketNotFoundError: the bucket was already destroyed.
+            KVError: this handle is closed.
+        """
+        with _REGISTRY_LOCK, self._state.lock:
+            state = self._state
+            if self._closed:
+                raise KVError(f"KV handle on bucket {state.name!r} is closed", bucket=state.name)
+            if state.destroyed:
+                raise BucketNotFoundError(state.name)
+            state.destroyed = True
+            if _REGISTRY.get(state.name) is state:
+                del _REGISTRY[state.name]
+            state.by_key.clear()
+            state.expiry.clear()
+            state.count = state.nbytes = 0
+            watchers = list(state.watchers)
+            state.watchers.clear()
+        for watcher in watchers:
+            watcher._finish()
+
+    async def close(self) -> None:
+        """Release this handle and end its watchers; the bucket and its data stay.
+        Idempotent."""
+        with self._state.lock:
+            if self._closed:
+                return
+            self._closed = True
+            watchers = list(self._watchers)
+            self._watchers.clear()
+            for watcher in watchers:
+                self._state.watchers.discard(watcher)
+        for watcher in watchers:
+            watcher._finish()
+
+
+class _End:
+    """Queued after the last live update of a watcher whose bucket or handle went away."""
+
+
+_END: Final = _End()
+
+
+class MemoryWatcher:
+    """A watch on an in-process bucket; implements `flowtide.kv.KeyWatcher`."""
+
+    def __init__(
+        self,
+        handle: MemoryKeyValue,
+        keys: KeyFilter,
+        *,
+        include_history: bool,
+        ignore_deletes: bool,
+        meta_only: bool,
+        updates_only: bool,
+    ) -> None:
+        self._handle = handle
+        self._keys = keys
+        self._include_history = include_history
+        self._ignore_deletes = ignore_deletes
+        self._meta_only = meta_only
+        self._updates_only = updates_only
+        self._started = False
+        self._stopped = False
+        self._marker_sent = False
+        self._initial: deque[Entry] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[Entry | _End] = asyncio.Queue()
+
+    async def start(self) -> None:
+        """Take the initial data and register for live updates (idempotent).
+
+        Raises:
+            BucketNotFoundError: the bucket was destroyed.
+            KVError: the handle is closed.
+        """
+        if self._started or self._stopped:
+            return
+        self._loop = asyncio.get_running_loop()
+        handle = self._handle
+        with handle._state.lock:
+            state = handle._check()
+            if not self._updates_only:
+                self._initial.extend(self._snapshot(state))
+            state.watchers.add(self)
+            handle._watchers.add(self)
+            self._started = True
+
+    def _snapshot(self, state: _Bucket) -> list[Entry]:
+        if self._include_history:
+            msgs = [m for _, key_msgs in state.matching(self._keys) for m in key_msgs]
+        else:
+            msgs = [key_msgs[-1] for _, key_msgs in state.matching(self._keys)]
+        if self._ignore_deletes:
+            msgs = [m for m in msgs if m.operation is Operation.PUT]
+        msgs.sort(key=lambda m: m.revision)
+        total = len(msgs)
+        return [
+            Entry(
+                state.name,
+                m.key,
+                b"" if self._meta_only else m.value,
+                m.revision,
+                m.created,
+                total - i - 1,
+                m.operation,
+            )
+            for i, m in enumerate(msgs)
+        ]
+
+    def _offer(self, entry: Entry) -> None:
+        """Queue a live update; called by writers, from any thread, under the bucket lock."""
+        if not self._keys.matches(entry.key):
+            return
+        if self._ignore_deletes and entry.operation is not Operation.PUT:
+            return
+        if self._meta_only:
+            entry = replace(entry, value=b"")
+        if not self._post(entry):
+            # The watcher's loop is closed: nobody can read it any more.
+            self._handle._state.watchers.discard(self)
+
+    def _post(self, item: Entry | _End) -> bool:
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:
+            return False
+        return True
+
+    def _finish(self) -> None:
+        """End iteration after the updates already queued (bucket destroyed, handle closed)."""
+        self._post(_END)
+
+    def _unregister(self) -> None:
+        handle = self._handle
+        with handle._state.lock:
+            handle._state.watchers.discard(self)
+            handle._watchers.discard(self)
+
+    async def stop(self) -> None:
+        """Stop watching; iteration ends at once (queued updates are dropped)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._unregister()
+        # Wakes a task blocked in __anext__ on this loop.
+        self._queue.put_nowait(_END)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Entry | None:
+        if self._stopped:
+            raise StopAsyncIteration
+        if not self._started:
+            await self.start()
+        if self._initial:
+            return self._initial.popleft()
+        if not self._marker_sent:
+            self._marker_sent = True
+            return None
+        item = await self._queue.get()
+        if isinstance(item, _End) or self._stopped:
+            self._stopped = True
+            self._unregister()
+            raise StopAsyncIteration
+        return item

@@ -1,0 +1,75 @@
+"""Loop state in the KV bucket (DESIGN.md "Loop state").
+
+    exec.<eid>.loop.<step>.<instance>.meta      collection size, iterator, mode, max_in_flight
+    exec.<eid>.loop.<step>.<instance>.r.<index> one key per finished iteration, written with create
+    exec.<eid>.loop.<step>.<instance>.done      create claims completion exactly once
+
+`create` makes a duplicate delivery of an iteration result count once, whichever
+process sees it; `done` makes the loop's continuation fire once. Keys of a loop are
+removed when it finishes and every `exec.<eid>.>` key when the execution ends; the
+bucket TTL is the backstop for executions that never end.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flowtide.kv import KeyExistsError, KeyValue, KVError, encode_key_token
+
+DEFAULT_BUCKET = "flowtide_state"
+DEFAULT_TTL = 3600.0
+
+
+def loop_prefix(execution_id: int, step: str, instance: int) -> str:
+    return f"exec.{execution_id}.loop.{encode_key_token(step)}.{instance}"
+
+
+class LoopState:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def start(self, execution_id: int, step: str, instance: int, meta: dict[str, Any]) -> None:
+        """Record the loop's shape once (a second start of the same instance is a no-op)."""
+        try:
+            await self.kv.create(f"{loop_prefix(execution_id, step, instance)}.meta",
+                                 json.dumps(meta, separators=(",", ":")).encode())
+        except KeyExistsError:
+            pass
+
+    async def record(self, execution_id: int, step: str, instance: int, index: int, status: str) -> bool:
+        """Record iteration `index` as finished. False when it was already recorded."""
+        try:
+            await self.kv.create(f"{loop_prefix(execution_id, step, instance)}.r.{index}", status.encode())
+        except KeyExistsError:
+            return False
+        return True
+
+    async def claim_done(self, execution_id: int, step: str, instance: int) -> bool:
+        """Claim the loop's completion. True for exactly one caller."""
+        try:
+            await self.kv.create(f"{loop_prefix(execution_id, step, instance)}.done", b"1")
+        except KeyExistsError:
+            return False
+        return True
+
+    async def finished_count(self, execution_id: int, step: str, instance: int) -> int:
+        return len(await self.kv.keys(f"{loop_prefix(execution_id, step, instance)}.r.*"))
+
+    async def drop_loop(self, execution_id: int, step: str, instance: int) -> None:
+        await self._purge(f"{loop_prefix(execution_id, step, instance)}.>")
+
+    async def cleanup(self, execution_id: int) -> None:
+        """Remove every key of the execution."""
+        await self._purge(f"exec.{execution_id}.>")
+
+    async def _purge(self, pattern: str) -> None:
+        try:
+            keys = await self.kv.keys(pattern)
+        except KVError:
+            return
+        for key in keys:
+            try:
+                await self.kv.purge(key)
+            except KVError:
+                pass

@@ -1,0 +1,483 @@
+"""The embedded runtime: engine, store, KV and workers in one process.
+
+One asyncio loop owns every execution's state. Workers are threads (blocking tools must
+not serialise a parallel loop: the pool is sized well above any max_in_flight) that run
+a command and post its events back to the loop. The loop applies events, asks the engine
+what follows, writes the whole batch to the store in one transaction (group commit) and
+only then dispatches the new commands, so a crash never loses a decision that a worker
+acted on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowtide.engine import events as ev
+from flowtide.engine.decide import decide
+from flowtide.engine.events import Command, Event
+from flowtide.engine.state import ExecutionState, fold
+from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
+from flowtide.ids import Snowflake
+from flowtide.loopstate import LoopState
+from flowtide.playbook.loader import load_playbook, parse_playbook
+from flowtide.playbook.model import Playbook
+from flowtide.playbook.template import render
+from flowtide.runtime.pipeline import Outcome, StepRunner
+from flowtide.store.base import CommandUpdate, ExecutionUpdate, Store
+
+Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
+
+
+@dataclass
+class _Execution:
+    state: ExecutionState
+    runner: StepRunner
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+def render_workload(playbook: Playbook, execution_id: int, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The workload with overrides applied and its own templates rendered.
+
+    Raises:
+        TemplateError: a workload value refers to something that does not exist.
+    """
+    raw = {**playbook.workload, **overrides}
+    scope = {
+        **raw,
+        "workload": raw,
+        "payload": dict(overrides),
+        "input": dict(overrides),
+        "execution_id": execution_id,
+        "job": {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id},
+        "env": {},
+    }
+    import os
+
+    scope["env"] = dict(os.environ)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        out[key] = render(value, scope, field=f"workload.{key}")
+    return out
+
+
+class LocalRuntime:
+    """Runs playbooks in this process. Use as `async with LocalRuntime(...) as rt:`."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        kv: Any = None,
+        credentials: Any = None,
+        max_workers: int = 64,
+        worker_id: str = "local",
+        listener: Listener | None = None,
+    ) -> None:
+        self.store = store
+        self.kv = kv
+        self.loopstate = LoopState(kv) if kv is not None else None
+        self.credentials = credentials
+        self.worker_id = worker_id
+        self.listener = listener
+        self.ids = Snowflake()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flowtide-worker")
+        self._executions: dict[int, _Execution] = {}
+        self._states: dict[int, ExecutionState] = {}
+        self._inbox: asyncio.Queue[list[Event]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> LocalRuntime:
+        self._loop = asyncio.get_running_loop()
+        self._inbox = asyncio.Queue()
+        if self.kv is None:
+            from flowtide.kv import connect
+
+            self.kv = await connect("memory://", "flowtide_state", ttl=3600)
+            self.loopstate = LoopState(self.kv)
+        self._pump_task = asyncio.create_task(self._pump(), name="flowtide-engine")
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for execution in self._executions.values():
+            execution.cancelled.set()
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            try:
+                await self._pump_task
+            except asyncio.CancelledError:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- public API --------------------------------------------------------------------
+
+    async def start(
+        self,
+        playbook: Playbook,
+        *,
+        workload: Mapping[str, Any] | None = None,
+        catalog_version: int | None = None,
+        parent_execution_id: int | None = None,
+        parent_command_id: int | None = None,
+    ) -> int:
+        """Create an execution of `playbook` and start it. Returns its execution_id.
+
+        Raises:
+            TemplateError: the workload does not render.
+        """
+        execution_id = self.ids.next_id()
+        rendered = render_workload(playbook, execution_id, workload or {})
+        now = time.time()
+        self.store.create_execution(
+            execution_id,
+            playbook_path=playbook.path,
+            playbook_version=catalog_version,
+            playbook_file=playbook.file,
+            playbook_text=playbook.text,
+            workload=rendered,
+            parent_execution_id=parent_execution_id,
+            parent_command_id=parent_command_id,
+            created=now,
+        )
+        self._register(playbook, execution_id)
+        first = Event(
+            event_id=self.ids.next_id(),
+            execution_id=execution_id,
+            type=ev.PLAYBOOK_INITIALIZED,
+            status="running",
+            payload={
+                "workload": rendered,
+                "playbook": {"name": playbook.name, "path": playbook.path, "version": playbook.version,
+                             "file": playbook.file},
+                "parent_execution_id": parent_execution_id,
+                "parent_command_id": parent_command_id,
+            },
+            time=now,
+        )
+        await self._post([first])
+        return execution_id
+
+    async def resume(self, execution_id: int) -> ExecutionState:
+        """Load a stopped execution from its event log and carry on where it stopped.
+
+        Completed steps and loop iterations are not run again; commands that were issued
+        but never reported are issued to workers again (at-least-once).
+        """
+        row = self.store.get_execution(execution_id)
+        playbook = parse_playbook(row.playbook_text, row.playbook_file)
+        state = fold(playbook, execution_id, self.store.events(execution_id))
+        execution = self._register(playbook, execution_id, state)
+        if state.terminal:
+            execution.done.set()
+            return state
+        for record in list(state.commands.values()):
+            command = Command(
+                command_id=record.command_id, execution_id=execution_id, step=record.step,
+                attempt=record.attempt + 1, loop_instance=record.loop_instance,
+                loop_index=record.loop_index, issued_event_id=record.issued_event_id,
+            )
+            self._dispatch(execution, command)
+        if not state.commands:
+            # Nothing in flight: the log ended right after a decision with no command
+            # (e.g. a fan-in waiting on settled upstreams). Nudge the engine.
+            await self._post([])
+        return state
+
+    async def wait(self, execution_id: int, timeout: float | None = None) -> ExecutionState:
+        execution = self._executions[execution_id]
+        if timeout is None:
+            await execution.done.wait()
+        else:
+            await asyncio.wait_for(execution.done.wait(), timeout)
+        return execution.state
+
+    async def run(self, playbook: Playbook, **kwargs: Any) -> ExecutionState:
+        execution_id = await self.start(playbook, **kwargs)
+        return await self.wait(execution_id)
+
+    async def cancel(self, execution_id: int, reason: str = "cancelled by user") -> None:
+        execution = self._executions.get(execution_id)
+        if execution is None or execution.state.terminal:
+            return
+        execution.cancelled.set()
+        await self._post([Event(event_id=self.ids.next_id(), execution_id=execution_id,
+                                type=ev.EXECUTION_CANCELLED, status="cancelled",
+                                error={"kind": "cancelled", "message": reason}, time=time.time())])
+
+    def state(self, execution_id: int) -> ExecutionState:
+        return self._states[execution_id]
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _register(self, playbook: Playbook, execution_id: int, state: ExecutionState | None = None) -> _Execution:
+        state = state or ExecutionState(playbook, execution_id)
+        runner = StepRunner(playbook, credentials=self.credentials, run_playbook=self._run_child_blocking)
+        execution = _Execution(state=state, runner=runner)
+        self._executions[execution_id] = execution
+        self._states[execution_id] = state
+        return execution
+
+    async def _post(self, events: list[Event]) -> None:
+        assert self._inbox is not None
+        await self._inbox.put(events)
+
+    def _post_threadsafe(self, events: list[Event]) -> None:
+        assert self._loop is not None and self._inbox is not None
+        try:
+            self._loop.call_soon_threadsafe(self._inbox.put_nowait, events)
+        except RuntimeError:
+            pass  # the loop is closed: the runtime is shutting down
+
+    async def _pump(self) -> None:
+        assert self._inbox is not None
+        while True:
+            batch = list(await self._inbox.get())
+            # Group commit: take everything that has arrived, up to a bound.
+            while len(batch) < 2048:
+                try:
+                    batch.extend(self._inbox.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            try:
+                await self._process(batch)
+            except Exception as exc:  # noqa: BLE001 - a bug here must not hang waiters
+                for execution in self._executions.values():
+                    if not execution.done.is_set():
+                        execution.state.error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                        execution.done.set()
+                raise
+
+    async def _accept(self, state: ExecutionState, event: Event) -> bool:
+        """Filter worker reports and completion claims through the loop state in the KV."""
+        if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
+            record = state.commands.get(event.command_id or -1)
+            if record is None:
+                return False  # late or duplicate report
+            if record.loop_index is not None and self.loopstate is not None:
+                return await self.loopstate.record(
+                    state.execution_id, record.step, record.loop_instance or 0, record.loop_index,
+                    (event.payload or {}).get("status", "ok"),
+                )
+        elif event.type == ev.LOOP_DONE and self.loopstate is not None:
+            instance = (event.payload or {}).get("instance", 0)
+            claimed = await self.loopstate.claim_done(state.execution_id, event.step or "", instance)
+            if claimed:
+                await self.loopstate.drop_loop(state.execution_id, event.step or "", instance)
+            return claimed
+        elif event.type == ev.LOOP_STARTED and self.loopstate is not None:
+            payload = event.payload or {}
+            await self.loopstate.start(state.execution_id, event.step or "", payload["instance"], {
+                "size": payload["size"], "iterator": payload["iterator"], "mode": payload["mode"],
+                "max_in_flight": payload["max_in_flight"],
+            })
+        return True
+
+    async def _process(self, batch: list[Event]) -> None:
+        now = time.time()
+        pending = deque(batch)
+        recorded: list[Event] = []
+        commands: list[tuple[_Execution, Command]] = []
+        command_rows: list[CommandUpdate] = []
+        execution_rows: list[ExecutionUpdate] = []
+        finished: list[_Execution] = []
+        while pending:
+            event = pending.popleft()
+            execution = self._executions.get(event.execution_id)
+            if execution is None:
+                continue
+            state = execution.state
+            if not await self._accept(state, event):
+                continue
+            if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
+                record = state.commands.get(event.command_id or -1)
+                if record is not None:
+                    command_rows.append(CommandUpdate(
+                        command_id=record.command_id, execution_id=state.execution_id, step=record.step,
+                        status="completed" if event.type == ev.COMMAND_COMPLETED else "failed", time=now,
+                        worker_id=event.worker_id,
+                    ))
+            was_terminal = state.terminal
+            state.apply(event)
+            recorded.append(event)
+            new_events, new_commands = decide(state, event, now, self.ids.next_id)
+            pending.extend(new_events)
+            for command in new_commands:
+                commands.append((execution, command))
+                command_rows.append(CommandUpdate.from_command(command, status="issued", time=now))
+            if event.type == ev.PLAYBOOK_INITIALIZED:
+                execution_rows.append(ExecutionUpdate(state.execution_id, "running", now))
+            if state.terminal and not was_terminal:
+                execution_rows.append(ExecutionUpdate(
+                    state.execution_id, state.status, now, result=state.result(), error=state.error,
+                ))
+                for cid in list(state.commands):
+                    state.commands.pop(cid, None)
+                finished.append(execution)
+        if recorded or command_rows:
+            self.store.append(recorded, commands=command_rows, execution_updates=execution_rows)
+        for execution, command in commands:
+            if not execution.state.terminal:
+                self._dispatch(execution, command)
+        for execution in finished:
+            execution.cancelled.set()
+            if self.loopstate is not None:
+                await self.loopstate.cleanup(execution.state.execution_id)
+            execution.done.set()
+        if self.listener is not None and recorded:
+            self.listener(recorded, self._states)
+
+    def _dispatch(self, execution: _Execution, command: Command) -> None:
+        state = execution.state
+        step = state.playbook.steps[command.step]
+        base = state.context()
+        ctx = state.ctx
+        iterator = element = None
+        if command.loop_index is not None:
+            loop = state.loops[(command.step, command.loop_instance or 0)]
+            iterator = loop.iterator
+            element = loop.collection[command.loop_index]
+        self._pool.submit(self._work, execution, command, step, base, ctx, iterator, element)
+
+    def _work(self, execution: _Execution, command: Command, step: Any, base: Mapping[str, Any],
+              ctx: Mapping[str, Any], iterator: str | None, element: Any) -> None:
+        """Worker thread: run the command and post its events."""
+        try:
+            outcome = execution.runner.run(
+                step, base, ctx, execution_id=command.execution_id, iterator=iterator, element=element,
+                index=command.loop_index, cancelled=execution.cancelled.is_set,
+            )
+        except Exception as exc:  # noqa: BLE001 - report, never lose a command
+            outcome = Outcome("error", None, action="fail",
+                              error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
+                              started=time.time())
+        self._post_threadsafe(self._outcome_events(command, outcome))
+
+    def _outcome_events(self, command: Command, outcome: Outcome) -> list[Event]:
+        new_id = self.ids.next_id
+        eid = command.execution_id
+        worker = threading.current_thread().name
+        base = {"attempt": command.attempt}
+        if command.loop_index is not None:
+            base["loop_instance"] = command.loop_instance
+            base["loop_index"] = command.loop_index
+        out = [Event(event_id=new_id(), execution_id=eid, type=ev.COMMAND_STARTED, step=command.step,
+                     status="running", payload=dict(base), parent_event_id=command.issued_event_id,
+                     command_id=command.command_id, worker_id=worker, time=outcome.started)]
+        for call in outcome.calls:
+            payload: dict[str, Any] = {"task": call.task, "attempt": call.attempt, "duration_ms": call.duration_ms}
+            if call.stdout:
+                payload["stdout"] = call.stdout
+            out.append(Event(event_id=new_id(), execution_id=eid,
+                             type=ev.CALL_DONE if call.ok else ev.CALL_ERROR, step=command.step,
+                             status="ok" if call.ok else "error", payload=payload, error=call.error,
+                             parent_event_id=command.issued_event_id, command_id=command.command_id,
+                             worker_id=worker, time=call.started))
+        payload = dict(base)
+        payload.update({"status": outcome.status, "result": outcome.result, "action": outcome.action})
+        if outcome.jump_to:
+            payload["jump_to"] = outcome.jump_to
+        if outcome.ctx:
+            payload["ctx"] = outcome.ctx
+        if outcome.tasks:
+            payload["tasks"] = outcome.tasks
+        completed = outcome.action != "fail"
+        out.append(Event(event_id=new_id(), execution_id=eid,
+                         type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED, step=command.step,
+                         status=outcome.status, payload=payload, error=outcome.error,
+                         parent_event_id=command.issued_event_id, command_id=command.command_id,
+                         worker_id=worker, time=time.time()))
+        return out
+
+    # -- sub-playbooks -----------------------------------------------------------------
+
+    def resolve_playbook(self, path: str, base_dir: Path | None = None, version: int | None = None) -> tuple[Playbook, int | None]:
+        """Find a playbook by catalog path: the catalog first, then files near the parent.
+
+        Raises:
+            NotFoundError: no catalog entry and no file with that metadata.path.
+        """
+        try:
+            row = self.store.get_playbook(path, version)
+            return parse_playbook(row.text, row.source_file), row.version
+        except NotFoundError:
+            pass
+        candidates: list[Path] = []
+        direct = Path(path)
+        for suffix in ("", ".yaml", ".yml"):
+            p = Path(str(direct) + suffix)
+            if p.is_file():
+                candidates.append(p)
+        if base_dir is not None:
+            leaf = path.rstrip("/").rsplit("/", 1)[-1]
+            for suffix in (".yaml", ".yml"):
+                p = base_dir / f"{leaf}{suffix}"
+                if p.is_file():
+                    candidates.append(p)
+            candidates.extend(sorted(base_dir.rglob("*.y*ml"))[:500])
+        seen: set[Path] = set()
+        for candidate in candidates:
+            if candidate in seen:
+                continue
+            seen.add(candidate)
+            try:
+                playbook = load_playbook(candidate)
+            except PlaybookError:
+                continue
+            if playbook.path == path or candidate == direct or str(candidate) == path:
+                return playbook, None
+        raise NotFoundError(
+            f"no playbook with path '{path}' in the catalog"
+            + (f" or under {base_dir}" if base_dir else "")
+            + "; register it with `flowtide catalog register FILE`"
+        )
+
+    def _run_child_blocking(self, *, path: str, workload: dict[str, Any], return_step: str | None,
+                            parent_execution_id: int, base_dir: Path) -> Any:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(
+            self._run_child(path, workload, return_step, parent_execution_id, base_dir), self._loop
+        )
+        return future.result()
+
+    async def _run_child(self, path: str, workload: dict[str, Any], return_step: str | None,
+                         parent_execution_id: int, base_dir: Path) -> Any:
+        try:
+            playbook, version = self.resolve_playbook(path, base_dir)
+        except NotFoundError as exc:
+            raise ToolError(str(exc), kind="not_found") from exc
+        try:
+            child_id = await self.start(playbook, workload=workload, catalog_version=version,
+                                        parent_execution_id=parent_execution_id)
+        except (TemplateError, FlowtideError) as exc:
+            raise ToolError(f"sub-playbook '{path}': {exc}", kind="playbook_error") from exc
+        state = await self.wait(child_id)
+        if state.status != "completed":
+            err = state.error or {}
+            raise ToolError(
+                f"sub-playbook '{path}' (execution {child_id}) {state.status}: {err.get('message', '')}",
+                kind="playbook_error", data={"execution_id": child_id, "error": err},
+            )
+        if return_step:
+            rec = state.steps.get(return_step)
+            if rec is None:
+                raise ToolError(f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error")
+            return rec.result
+        return state.result()

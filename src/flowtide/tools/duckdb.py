@@ -1,0 +1,157 @@
+"""The `duckdb` tool: run a SQL script on an in-memory or file DuckDB database.
+
+The result is the rows of the last statement that returned rows, as a list of row dicts
+(`duckdb_test.yaml` reads `{{ start }}` as that list); a script whose statements return no
+rows gives `[]`. duckdb is imported inside `run`: it is a heavy import and most playbooks
+never touch it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flowtide.errors import ToolError
+from flowtide.tools.base import ToolContext, redact
+from flowtide.tools.postgres import to_jsonable
+
+__all__ = ["DuckDBTool"]
+
+_MEMORY = frozenset({"", ":memory:", "memory"})
+# Statement kinds whose result is real rows even when shaped like a bare count.
+_ROW_TYPES = frozenset({"SELECT", "EXPLAIN", "PRAGMA", "CALL", "EXECUTE", "RELATION"})
+
+
+def _scripts(config: Mapping[str, Any]) -> list[str]:
+    source = None
+    for key in ("query", "command", "commands", "sql"):
+        if config.get(key) not in (None, "", []):
+            source = config[key]
+            break
+    if source is None:
+        raise ToolError(
+            "duckdb task has no SQL: set `query`, `command` or `commands`", kind="config_error"
+        )
+    scripts = source if isinstance(source, list) else [source]
+    for script in scripts:
+        if not isinstance(script, str):
+            raise ToolError(
+                f"duckdb SQL must be a string or a list of strings, not {type(script).__name__}",
+                kind="config_error",
+            )
+    return scripts
+
+
+def _database_path(config: Mapping[str, Any], ctx: ToolContext) -> str:
+    database = config.get("database")
+    if database is None or str(database).strip() in _MEMORY:
+        return ":memory:"
+    text = str(database).strip()
+    if text.startswith(":memory:") or text.startswith(("md:", "motherduck:")):
+        return text  # named in-memory databases and remote URLs are not paths
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        path = Path(ctx.base_dir) / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def _returns_rows(statement_type: str, description: list[Any] | None) -> bool:
+    if not description:
+        return False
+    if statement_type in _ROW_TYPES:
+        return True
+    # DDL and DML without RETURNING report a single BIGINT column named "Count"; that is a
+    # status, not a result set the playbook asked for.
+    return not (len(description) == 1 and description[0][0] == "Count")
+
+
+class DuckDBTool:
+    """Run SQL on DuckDB (tool kind `duckdb`)."""
+
+    kind = "duckdb"
+
+    def run(self, config: dict[str, Any], ctx: ToolContext) -> list[dict[str, Any]]:
+        """Execute `query` | `command` | `commands` (str or list of str) on `database`.
+
+        `database` is ':memory:' (default) or a file path relative to ctx.base_dir.
+        Returns the last row-returning statement's rows as a list of dicts.
+        Raises ToolError kind `sql_error` (statement index in the message), `timeout` when
+        ctx.timeout elapses, or `config_error`.
+        """
+        scripts = _scripts(config)
+        database = _database_path(config, ctx)
+        import duckdb
+
+        try:
+            connection = duckdb.connect(database)
+        except Exception as exc:  # duckdb raises several unrelated classes on open
+            raise ToolError(
+                f"duckdb: cannot open database {database!r}: {redact(str(exc), ctx.secrets)}",
+                kind="sql_error",
+            ) from None
+
+        # DuckDB has no statement timeout setting; interrupt() from a timer thread is the
+        # supported way to abort a running query.
+        timer: threading.Timer | None = None
+        timed_out = threading.Event()
+        if ctx.timeout:
+
+            def interrupt() -> None:
+                timed_out.set()
+                connection.interrupt()
+
+            timer = threading.Timer(ctx.timeout, interrupt)
+            timer.daemon = True
+            timer.start()
+
+        rows: list[dict[str, Any]] | None = None
+        index = -1
+        statement_text = ""
+        try:
+            for script in scripts:
+                try:
+                    statements = connection.extract_statements(script)
+                except Exception as exc:
+                    raise ToolError(
+                        f"duckdb: cannot parse SQL: {redact(str(exc), ctx.secrets)}",
+                        kind="sql_error",
+                    ) from None
+                for statement in statements:
+                    index += 1
+                    statement_text = statement.query
+                    try:
+                        cursor = connection.execute(statement)
+                        description = cursor.description
+                        if description and _returns_rows(statement.type.name, description):
+                            columns = [column[0] for column in description]
+                            rows = [
+                                {
+                                    name: to_jsonable(value)
+                                    for name, value in zip(columns, record, strict=True)
+                                }
+                                for record in cursor.fetchall()
+                            ]
+                    except Exception as exc:  # every duckdb failure becomes a ToolError
+                        if timed_out.is_set():
+                            raise ToolError(
+                                f"duckdb statement {index} interrupted after {ctx.timeout:g} s",
+                                kind="timeout",
+                                retryable=True,
+                            ) from None
+                        snippet = " ".join(statement_text.split())[:160]
+                        raise ToolError(
+                            redact(
+                                f"duckdb statement {index} failed: {exc}\nstatement: {snippet}",
+                                ctx.secrets,
+                            ),
+                            kind="sql_error",
+                            code=type(exc).__name__,
+                        ) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            connection.close()
+        return rows if rows is not None else []

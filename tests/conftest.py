@@ -1,0 +1,89 @@
+"""Session-wide real dependencies: a PostgreSQL server (initdb/pg_ctl on loopback) and the
+HTTP stubs the NoETL fixtures need. Each is started once per test session, on demand."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pgserver import PgServer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+NOETL_E2E = Path(os.environ.get("FLOWTIDE_NOETL_E2E", SHARED / "noetl-e2e"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2.0).status_code < 500:
+                return
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up: {last}")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    server = PgServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _serve(app_dir: Path, module: str, port: int) -> subprocess.Popen[bytes]:
+    """Run `module:app` with uvicorn on 127.0.0.1:port in a child process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", f"{module}:app", "--app-dir", str(app_dir),
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="session")
+def paginated_api() -> Iterator[str]:
+    """NoETL's own stub server (servers/paginated_api.py), unchanged, on loopback."""
+    port = free_port()
+    proc = _serve(NOETL_E2E / "servers", "paginated_api", port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def posts_api() -> Iterator[str]:
+    """A jsonplaceholder stand-in: GET /posts -> 100 posts."""
+    port = free_port()
+    proc = _serve(Path(__file__).resolve().parent / "stubs", "posts_api", port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/posts")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -57,7 +57,11 @@ class LoopState:
         return len(await self.kv.keys(f"{loop_prefix(execution_id, step, instance)}.r.*"))
 
     async def drop_loop(self, execution_id: int, step: str, instance: int) -> None:
-        await self._purge(f"{loop_prefix(execution_id, step, instance)}.>")
+        """Drop a finished loop's per-iteration keys. `done` stays until the execution's
+        cleanup, so a late duplicate cannot claim completion a second time."""
+        prefix = loop_prefix(execution_id, step, instance)
+        await self._purge(f"{prefix}.r.*")
+        await self._purge(f"{prefix}.meta")
 
     async def cleanup(self, execution_id: int) -> None:
         """Remove every key of the execution."""

@@ -318,7 +318,9 @@ class LocalRuntime:
             state.apply(event)
             recorded.append(event)
             new_events, new_commands = decide(state, event, now, self.ids.next_id)
-            pending.extend(new_events)
+            # Depth first: what follows from an event is applied before the next input
+            # event is looked at, so every decision sees the state it caused.
+            pending.extendleft(reversed(new_events))
             for command in new_commands:
                 commands.append((execution, command))
                 command_rows.append(CommandUpdate.from_command(command, status="issued", time=now))

@@ -26,6 +26,8 @@ run: install
 
 test: install
 	@bash scripts/ensure-postgres.sh
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 lint: install

@@ -26,18 +26,32 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-catalog_app = typer.Typer(help="Register and list playbooks by their metadata.path.", no_args_is_help=True)
-credential_app = typer.Typer(help="Store credential aliases (encrypted at rest).", no_args_is_help=True)
+catalog_app = typer.Typer(
+    help="Register and list playbooks by their metadata.path.", no_args_is_help=True
+)
+credential_app = typer.Typer(
+    help="Store credential aliases (encrypted at rest).", no_args_is_help=True
+)
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 
 HomeOpt = Annotated[
     Path | None,
-    typer.Option("--home", envvar="FLOWTIDE_HOME", help="State folder (default: ./.flowtide).", show_default=False),
+    typer.Option(
+        "--home",
+        envvar="FLOWTIDE_HOME",
+        help="State folder (default: ./.flowtide).",
+        show_default=False,
+    ),
 ]
 DbOpt = Annotated[
     Path | None,
-    typer.Option("--db", envvar="FLOWTIDE_DB", help="SQLite event store (default: HOME/flowtide.db).", show_default=False),
+    typer.Option(
+        "--db",
+        envvar="FLOWTIDE_DB",
+        help="SQLite event store (default: HOME/flowtide.db).",
+        show_default=False,
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
@@ -101,7 +115,9 @@ def _print_summary(doc: dict[str, Any]) -> None:
     console.print(f"execution [bold]{doc['execution_id']}[/] [{style}]{doc['status']}[/]")
     if doc["error"]:
         err = doc["error"]
-        console.print(f"[red]error[/] in step [bold]{err.get('step')}[/] ({err.get('kind')}): {err.get('message')}")
+        console.print(
+            f"[red]error[/] in step [bold]{err.get('step')}[/] ({err.get('kind')}): {err.get('message')}"
+        )
     console.print("result:")
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
 
@@ -147,7 +163,9 @@ def _execute(
 
     store = _store(home, db)
     vault = CredentialVault(store, _home(home))
-    show_progress = not as_json and sys.stderr.isatty() and os.environ.get("FLOWTIDE_NO_PROGRESS") is None
+    show_progress = (
+        not as_json and sys.stderr.isatty() and os.environ.get("FLOWTIDE_NO_PROGRESS") is None
+    )
     view = None
     started_id: list[int] = []
 
@@ -165,7 +183,9 @@ def _execute(
             if action == "run":
                 assert target is not None
                 playbook, version = _load_target(target, store)
-                eid = await runtime.start(playbook, workload=overrides or {}, catalog_version=version)
+                eid = await runtime.start(
+                    playbook, workload=overrides or {}, catalog_version=version
+                )
             else:
                 assert execution_id is not None
                 eid = execution_id
@@ -189,7 +209,9 @@ def _execute(
         return EXIT_INVALID
     except KeyboardInterrupt:
         if started_id:
-            _err(f"\ninterrupted: execution {started_id[0]} can continue with `flowtide resume {started_id[0]}`")
+            _err(
+                f"\ninterrupted: execution {started_id[0]} can continue with `flowtide resume {started_id[0]}`"
+            )
         return 130
     finally:
         store.close()
@@ -202,12 +224,20 @@ def _execute(
 
 @app.command()
 def run(
-    target: Annotated[str, typer.Argument(help="Playbook file, or a catalog path (PATH or PATH@VERSION).")],
+    target: Annotated[
+        str, typer.Argument(help="Playbook file, or a catalog path (PATH or PATH@VERSION).")
+    ],
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a workload key: KEY=VALUE (VALUE parsed as JSON when it can be)."),
+        typer.Option(
+            "--set",
+            help="Override a workload key: KEY=VALUE (VALUE parsed as JSON when it can be).",
+        ),
     ] = None,
-    payload: Annotated[str | None, typer.Option("--payload", help="Workload overrides as a JSON object (or @file).")] = None,
+    payload: Annotated[
+        str | None,
+        typer.Option("--payload", help="Workload overrides as a JSON object (or @file)."),
+    ] = None,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
@@ -222,7 +252,9 @@ def run(
     except typer.BadParameter as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    raise typer.Exit(_execute("run", target=target, overrides=overrides, home=home, db=db, as_json=as_json))
+    raise typer.Exit(
+        _execute("run", target=target, overrides=overrides, home=home, db=db, as_json=as_json)
+    )
 
 
 @app.command()
@@ -233,7 +265,9 @@ def resume(
     db: DbOpt = None,
 ) -> None:
     """Continue a stopped run from its event log (completed steps and iterations are kept)."""
-    raise typer.Exit(_execute("resume", execution_id=execution_id, home=home, db=db, as_json=as_json))
+    raise typer.Exit(
+        _execute("resume", execution_id=execution_id, home=home, db=db, as_json=as_json)
+    )
 
 
 @app.command()
@@ -250,13 +284,22 @@ def validate(
     for file in files:
         try:
             playbook = load_playbook(file)
-            report.append({"file": str(file), "valid": True, "name": playbook.name, "steps": len(playbook.steps)})
+            report.append(
+                {
+                    "file": str(file),
+                    "valid": True,
+                    "name": playbook.name,
+                    "steps": len(playbook.steps),
+                }
+            )
             if not as_json:
                 typer.echo(f"{file}: ok ({len(playbook.steps)} steps, entry '{playbook.entry}')")
         except PlaybookError as exc:
             bad = True
             errors = exc.errors if isinstance(exc, PlaybookErrors) else [exc]
-            report.append({"file": str(file), "valid": False, "errors": [e.to_dict() for e in errors]})
+            report.append(
+                {"file": str(file), "valid": False, "errors": [e.to_dict() for e in errors]}
+            )
             if not as_json:
                 for e in errors:
                     _err(e.render())
@@ -284,7 +327,11 @@ def status(
     except NotFoundError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    state = fold(parse_playbook(row.playbook_text, row.playbook_file), execution_id, store.events(execution_id))
+    state = fold(
+        parse_playbook(row.playbook_text, row.playbook_file),
+        execution_id,
+        store.events(execution_id),
+    )
     doc = execution_document(state)
     if not state.terminal:
         doc["status"] = "running" if row.status == "running" else row.status
@@ -296,7 +343,9 @@ def status(
     from rich.table import Table
 
     console = Console()
-    console.print(f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {row.playbook_path or row.playbook_file}")
+    console.print(
+        f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {row.playbook_path or row.playbook_file}"
+    )
     table = Table(box=None)
     for col in ("step", "status", "runs", "error"):
         table.add_column(col)
@@ -329,14 +378,23 @@ def events(
     log = store.events(execution_id)
     store.close()
     if as_json:
-        _print_json([e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)} for e in log])
+        _print_json(
+            [
+                e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
+                for e in log
+            ]
+        )
         return
     for e in log:
         ts = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S.%f")[:-3]
         extra = ""
         if e.error:
             extra = f" error={e.error.get('kind')}: {str(e.error.get('message'))[:100]}"
-        elif e.payload and e.type in ("loop.item", "command.issued") and "loop_index" in (e.payload or {}):
+        elif (
+            e.payload
+            and e.type in ("loop.item", "command.issued")
+            and "loop_index" in (e.payload or {})
+        ):
             extra = f" index={e.payload.get('loop_index')}"
         elif e.type == "loop.item":
             extra = f" index={(e.payload or {}).get('index')}"
@@ -358,8 +416,18 @@ def list_executions(
     rows = store.list_executions(status=status_filter, limit=limit)
     store.close()
     if as_json:
-        _print_json([{"execution_id": str(r.execution_id), "status": r.status, "playbook": r.playbook_path,
-                      "created": r.created, "updated": r.updated} for r in rows])
+        _print_json(
+            [
+                {
+                    "execution_id": str(r.execution_id),
+                    "status": r.status,
+                    "playbook": r.playbook_path,
+                    "created": r.created,
+                    "updated": r.updated,
+                }
+                for r in rows
+            ]
+        )
         return
     for r in rows:
         ts = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
@@ -368,7 +436,9 @@ def list_executions(
 
 @catalog_app.command("register")
 def catalog_register(
-    paths: Annotated[list[Path], typer.Argument(help="Playbook files or folders (searched for *.yaml).")],
+    paths: Annotated[
+        list[Path], typer.Argument(help="Playbook files or folders (searched for *.yaml).")
+    ],
     home: HomeOpt = None,
     db: DbOpt = None,
 ) -> None:
@@ -397,7 +467,9 @@ def catalog_register(
             bad += 1
             _err(f"skipped: {file}: playbook has no metadata.path")
             continue
-        version = store.register_playbook(playbook.path, playbook.text, source_file=str(file.resolve()), created=time.time())
+        version = store.register_playbook(
+            playbook.path, playbook.text, source_file=str(file.resolve()), created=time.time()
+        )
         typer.echo(f"{playbook.path} v{version}  ({file})")
     store.close()
     raise typer.Exit(EXIT_INVALID if bad and bad == len(files) else EXIT_OK)
@@ -410,8 +482,17 @@ def catalog_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = Non
     rows = store.list_playbooks()
     store.close()
     if as_json:
-        _print_json([{"path": r.path, "version": r.version, "versions": r.versions, "source_file": r.source_file}
-                     for r in rows])
+        _print_json(
+            [
+                {
+                    "path": r.path,
+                    "version": r.version,
+                    "versions": r.versions,
+                    "source_file": r.source_file,
+                }
+                for r in rows
+            ]
+        )
         return
     for r in rows:
         typer.echo(f"{r.path}  v{r.version}  ({r.versions} versions)  {r.source_file or ''}")
@@ -420,7 +501,9 @@ def catalog_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = Non
 @credential_app.command("set")
 def credential_set(
     name: Annotated[str, typer.Argument(help="Alias used in playbooks (auth: NAME).")],
-    body: Annotated[str, typer.Option("--json", help="Credential body as a JSON object (or @file).")],
+    body: Annotated[
+        str, typer.Option("--json", help="Credential body as a JSON object (or @file).")
+    ],
     kind: Annotated[str, typer.Option(help="Credential kind, e.g. postgres, http.")] = "generic",
     home: HomeOpt = None,
     db: DbOpt = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 import time
 
 import xxhash
@@ -30,7 +31,7 @@ def machine_id(worker_id: str | None = None) -> int:
 class Snowflake:
     """Thread-safe snowflake generator."""
 
-    def __init__(self, worker_id: str | None = None, clock=time.time) -> None:
+    def __init__(self, worker_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.machine = machine_id(worker_id)
         self._clock = clock
         self._lock = threading.Lock()
@@ -49,7 +50,11 @@ class Snowflake:
             else:
                 self._seq = 0
             self._last_ms = now
-            return (now << (_MACHINE_BITS + _SEQUENCE_BITS)) | (self.machine << _SEQUENCE_BITS) | self._seq
+            return (
+                (now << (_MACHINE_BITS + _SEQUENCE_BITS))
+                | (self.machine << _SEQUENCE_BITS)
+                | self._seq
+            )
 
 
 def timestamp_ms(snowflake: int) -> int:

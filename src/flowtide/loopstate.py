@@ -29,18 +29,26 @@ class LoopState:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
 
-    async def start(self, execution_id: int, step: str, instance: int, meta: dict[str, Any]) -> None:
+    async def start(
+        self, execution_id: int, step: str, instance: int, meta: dict[str, Any]
+    ) -> None:
         """Record the loop's shape once (a second start of the same instance is a no-op)."""
         try:
-            await self.kv.create(f"{loop_prefix(execution_id, step, instance)}.meta",
-                                 json.dumps(meta, separators=(",", ":")).encode())
+            await self.kv.create(
+                f"{loop_prefix(execution_id, step, instance)}.meta",
+                json.dumps(meta, separators=(",", ":")).encode(),
+            )
         except KeyExistsError:
             pass
 
-    async def record(self, execution_id: int, step: str, instance: int, index: int, status: str) -> bool:
+    async def record(
+        self, execution_id: int, step: str, instance: int, index: int, status: str
+    ) -> bool:
         """Record iteration `index` as finished. False when it was already recorded."""
         try:
-            await self.kv.create(f"{loop_prefix(execution_id, step, instance)}.r.{index}", status.encode())
+            await self.kv.create(
+                f"{loop_prefix(execution_id, step, instance)}.r.{index}", status.encode()
+            )
         except KeyExistsError:
             return False
         return True

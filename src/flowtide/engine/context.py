@@ -14,7 +14,6 @@ from typing import Any
 
 from flowtide.playbook.template import NotRun
 
-
 _ENV = dict(os.environ)
 
 
@@ -41,7 +40,7 @@ class ResultDict(dict[str, Any]):
                 return self._tasks
             raise
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         try:
             return self[key]
         except KeyError:
@@ -71,13 +70,23 @@ def plain(value: Any) -> Any:
     return value
 
 
-def envelope(status: str, data: Any, error: Mapping[str, Any] | None, attempt: int, duration_ms: float) -> dict[str, Any]:
+def envelope(
+    status: str, data: Any, error: Mapping[str, Any] | None, attempt: int, duration_ms: float
+) -> dict[str, Any]:
     """NoETL's `output` envelope seen by policy rules and step `set`/arcs."""
     return {
         "status": status,
         "data": data,
-        "error": dict(error) if error else {"kind": None, "retryable": False, "code": None,
-                                           "message": None, "http_status": None, "status": None},
+        "error": dict(error)
+        if error
+        else {
+            "kind": None,
+            "retryable": False,
+            "code": None,
+            "message": None,
+            "http_status": None,
+            "status": None,
+        },
         "meta": {"attempt": attempt, "duration_ms": duration_ms},
         "http": {"status": (data or {}).get("status_code") if isinstance(data, dict) else None},
     }
@@ -105,9 +114,15 @@ def base_context(
     return out
 
 
-def iteration_scope(iterator: str, element: Any, index: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    scope: dict[str, Any] = {"iter": {iterator: element, "index": index, **(extra or {})},
-                             iterator: element, "loop_index": index, "_index": index}
+def iteration_scope(
+    iterator: str, element: Any, index: int, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    scope: dict[str, Any] = {
+        "iter": {iterator: element, "index": index, **(extra or {})},
+        iterator: element,
+        "loop_index": index,
+        "_index": index,
+    }
     return scope
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
+from flowtide.engine.context import envelope, layered, plain, result_view
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
 from flowtide.errors import TemplateError
@@ -35,9 +35,16 @@ class _Out:
         self.events: list[Event] = []
         self.commands: list[Command] = []
 
-    def emit(self, type_: str, step: str | None = None, *, status: str | None = None,
-             payload: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
-             command_id: int | None = None) -> Event:
+    def emit(
+        self,
+        type_: str,
+        step: str | None = None,
+        *,
+        status: str | None = None,
+        payload: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        command_id: int | None = None,
+    ) -> Event:
         event = Event(
             event_id=self.new_id(),
             execution_id=self.state.execution_id,
@@ -53,17 +60,27 @@ class _Out:
         self.events.append(event)
         return event
 
-    def issue(self, step: str, *, instance: int | None = None, index: int | None = None, attempt: int = 1) -> None:
+    def issue(
+        self, step: str, *, instance: int | None = None, index: int | None = None, attempt: int = 1
+    ) -> None:
         command_id = self.new_id()
         payload: dict[str, Any] = {"command_id": command_id, "attempt": attempt}
         if instance is not None:
             payload["loop_instance"] = instance
             payload["loop_index"] = index
-        issued = self.emit(ev.COMMAND_ISSUED, step, status="issued", payload=payload, command_id=command_id)
+        issued = self.emit(
+            ev.COMMAND_ISSUED, step, status="issued", payload=payload, command_id=command_id
+        )
         self.commands.append(
-            Command(command_id=command_id, execution_id=self.state.execution_id, step=step,
-                    attempt=attempt, loop_instance=instance, loop_index=index,
-                    issued_event_id=issued.event_id)
+            Command(
+                command_id=command_id,
+                execution_id=self.state.execution_id,
+                step=step,
+                attempt=attempt,
+                loop_instance=instance,
+                loop_index=index,
+                issued_event_id=issued.event_id,
+            )
         )
 
     def result(self) -> Decision:
@@ -71,8 +88,13 @@ class _Out:
 
 
 def _template_error(exc: TemplateError) -> dict[str, Any]:
-    return {"kind": "template_error", "message": str(exc), "expression": exc.expression,
-            "missing": exc.missing, "retryable": False}
+    return {
+        "kind": "template_error",
+        "message": str(exc),
+        "expression": exc.expression,
+        "missing": exc.missing,
+        "retryable": False,
+    }
 
 
 def _assign(target: dict[str, Any], key: str, value: Any) -> None:
@@ -87,8 +109,14 @@ def _assign(target: dict[str, Any], key: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-def render_set(spec: Mapping[str, Any], context: Mapping[str, Any], ctx: Mapping[str, Any], *, step: str,
-               field: str) -> dict[str, Any]:
+def render_set(
+    spec: Mapping[str, Any],
+    context: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    *,
+    step: str,
+    field: str,
+) -> dict[str, Any]:
     """Render a `set:` block into ctx updates (top-level ctx keys -> new values)."""
     updated: dict[str, Any] = {}
     merged = dict(ctx)
@@ -108,7 +136,9 @@ def _collection(value: Any) -> list[Any]:
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise ValueError(f"loop 'in' rendered to a string, expected a list: {value[:80]!r}") from exc
+            raise ValueError(
+                f"loop 'in' rendered to a string, expected a list: {value[:80]!r}"
+            ) from exc
     if value is None:
         return []
     if isinstance(value, dict):
@@ -129,12 +159,19 @@ def _max_in_flight(step: Step, context: Mapping[str, Any]) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"max_in_flight rendered to {value!r}, expected a positive integer") from exc
+        raise ValueError(
+            f"max_in_flight rendered to {value!r}, expected a positive integer"
+        ) from exc
     return max(1, number)
 
 
-def _exit(out: _Out, step: Step, status: str, error: dict[str, Any] | None = None,
-          jump_to: str | None = None) -> None:
+def _exit(
+    out: _Out,
+    step: Step,
+    status: str,
+    error: dict[str, Any] | None = None,
+    jump_to: str | None = None,
+) -> None:
     """Finish `step`: apply its `set`, choose arcs, record both in `step.exit`."""
     state = out.state
     rec = state.steps[step.name]
@@ -157,19 +194,27 @@ def _exit(out: _Out, step: Step, status: str, error: dict[str, Any] | None = Non
     targets: list[str] = []
     try:
         if step.set:
-            updates = render_set(step.set, layered(front, base), state.ctx, step=step.name, field="set")
+            updates = render_set(
+                step.set, layered(front, base), state.ctx, step=step.name, field="set"
+            )
         ctx_now = {**state.ctx, **updates}
         scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
         if jump_to is not None:
             targets = [jump_to]
         else:
             for arc in step.next.arcs:
-                if arc.when is None or (isinstance(arc.when, bool) and arc.when) or (
-                    not isinstance(arc.when, bool)
-                    and truthy(render(arc.when, scope, step=step.name, field="next.arcs.when"))
+                if (
+                    arc.when is None
+                    or (isinstance(arc.when, bool) and arc.when)
+                    or (
+                        not isinstance(arc.when, bool)
+                        and truthy(render(arc.when, scope, step=step.name, field="next.arcs.when"))
+                    )
                 ):
                     if arc.set:
-                        arc_updates = render_set(arc.set, scope, ctx_now, step=step.name, field="next.arcs.set")
+                        arc_updates = render_set(
+                            arc.set, scope, ctx_now, step=step.name, field="next.arcs.set"
+                        )
                         updates.update(arc_updates)
                         ctx_now = {**ctx_now, **arc_updates}
                         scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
@@ -177,7 +222,13 @@ def _exit(out: _Out, step: Step, status: str, error: dict[str, Any] | None = Non
                     if step.next.mode == "exclusive":
                         break
     except TemplateError as exc:
-        out.emit(ev.STEP_EXIT, step.name, status="failed", error=_template_error(exc), payload={"next": []})
+        out.emit(
+            ev.STEP_EXIT,
+            step.name,
+            status="failed",
+            error=_template_error(exc),
+            payload={"next": []},
+        )
         return
     payload: dict[str, Any] = {"next": targets}
     if updates:
@@ -197,16 +248,22 @@ def _enter_step(out: _Out, name: str) -> None:
             _exit(out, step, "failed", _template_error(exc))
             return
         except ValueError as exc:
-            _exit(out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False})
+            _exit(
+                out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False}
+            )
             return
-        out.emit(ev.LOOP_STARTED, name, payload={
-            "instance": state.steps[name].runs,
-            "iterator": step.loop.iterator,
-            "mode": step.loop.mode,
-            "max_in_flight": mif,
-            "size": len(collection),
-            "collection": [plain(x) for x in collection],
-        })
+        out.emit(
+            ev.LOOP_STARTED,
+            name,
+            payload={
+                "instance": state.steps[name].runs,
+                "iterator": step.loop.iterator,
+                "mode": step.loop.mode,
+                "max_in_flight": mif,
+                "size": len(collection),
+                "collection": [plain(x) for x in collection],
+            },
+        )
         return
     if not step.tasks:
         _exit(out, step, "completed")
@@ -231,8 +288,11 @@ def _maybe_finish(out: _Out) -> None:
     if not state.active and not state.waiting and not state.commands:
         result = state.result()
         out.emit(ev.WORKFLOW_COMPLETED, status="completed")
-        out.emit(ev.PLAYBOOK_COMPLETED, status="completed",
-                 payload={"last_step": state.last_finished, "result": result})
+        out.emit(
+            ev.PLAYBOOK_COMPLETED,
+            status="completed",
+            payload={"last_step": state.last_finished, "result": result},
+        )
 
 
 def _fail(out: _Out, step: str | None, error: dict[str, Any] | None) -> None:
@@ -258,13 +318,20 @@ def _advance_loop(out: _Out, name: str) -> None:
             out.issue(name, instance=loop.instance, index=next_index)
             next_index += 1
             in_flight += 1
-    if not loop.in_flight and not any(c.step == name for c in out.commands) and (
-        loop.broken or loop.completed == loop.size
+    if (
+        not loop.in_flight
+        and not any(c.step == name for c in out.commands)
+        and (loop.broken or loop.completed == loop.size)
     ):
-        out.emit(ev.LOOP_DONE, name, status="completed", payload={
-            "instance": loop.instance,
-            "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
-        })
+        out.emit(
+            ev.LOOP_DONE,
+            name,
+            status="completed",
+            payload={
+                "instance": loop.instance,
+                "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
+            },
+        )
 
 
 def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) -> Decision:
@@ -278,7 +345,11 @@ def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) ->
     elif kind == ev.WORKFLOW_INITIALIZED:
         out.emit(ev.STEP_ENTER, state.playbook.entry, status="running")
     elif kind == ev.EXECUTION_CANCELLED:
-        out.emit(ev.PLAYBOOK_CANCELLED, status="cancelled", error=event.error or {"kind": "cancelled", "message": "cancelled"})
+        out.emit(
+            ev.PLAYBOOK_CANCELLED,
+            status="cancelled",
+            error=event.error or {"kind": "cancelled", "message": "cancelled"},
+        )
     elif state.status == "cancelling":
         pass
     elif kind == ev.STEP_ENTER:
@@ -314,9 +385,16 @@ def _on_command_result(out: _Out, event: Event) -> None:
     if step is None:
         return
     if index is not None:
-        out.emit(ev.LOOP_ITEM, step.name, status=payload.get("status", "ok"), payload={
-            "instance": payload.get("loop_instance"), "index": index,
-        }, command_id=event.command_id)
+        out.emit(
+            ev.LOOP_ITEM,
+            step.name,
+            status=payload.get("status", "ok"),
+            payload={
+                "instance": payload.get("loop_instance"),
+                "index": index,
+            },
+            command_id=event.command_id,
+        )
         return
     rec = state.steps[step.name]
     if rec.status != "running":

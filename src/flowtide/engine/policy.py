@@ -12,7 +12,9 @@ _DEFAULT_OK = Rule(when=None, is_else=True, do="continue")
 _DEFAULT_ERROR = Rule(when=None, is_else=True, do="fail")
 
 
-def select_rule(policy: Policy | None, output: Mapping[str, Any], context: Mapping[str, Any], *, step: str) -> Rule:
+def select_rule(
+    policy: Policy | None, output: Mapping[str, Any], context: Mapping[str, Any], *, step: str
+) -> Rule:
     """The first rule whose `when` holds (or the `else` rule); NoETL defaults otherwise:
     ok -> continue, error -> fail.
 
@@ -44,4 +46,4 @@ def retry_delay(rule: Rule, attempt: int) -> float:
         delay = 0.0
     else:
         delay = base
-    return min(delay, rule.max_delay)
+    return float(min(delay, rule.max_delay))

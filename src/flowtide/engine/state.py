@@ -212,7 +212,10 @@ class ExecutionState:
                 loop.broken = True
             elif action == "fail":
                 loop.broken = True
-                loop.fail_error = event.error or {"kind": "error", "message": "loop iteration failed"}
+                loop.fail_error = event.error or {
+                    "kind": "error",
+                    "message": "loop iteration failed",
+                }
             return
         rec = self.steps[cmd.step]
         rec.result = result

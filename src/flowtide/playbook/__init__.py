@@ -3,4 +3,15 @@
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Arc, Loop, Next, Playbook, Policy, Rule, Step, Task
 
-__all__ = ["Arc", "Loop", "Next", "Playbook", "Policy", "Rule", "Step", "Task", "load_playbook", "parse_playbook"]
+__all__ = [
+    "Arc",
+    "Loop",
+    "Next",
+    "Playbook",
+    "Policy",
+    "Rule",
+    "Step",
+    "Task",
+    "load_playbook",
+    "parse_playbook",
+]

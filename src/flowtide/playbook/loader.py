@@ -118,18 +118,31 @@ def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | 
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        c.error(path, "policy must be a mapping", step=step, field="spec.policy", expected="{rules: [...]}")
+        c.error(
+            path,
+            "policy must be a mapping",
+            step=step,
+            field="spec.policy",
+            expected="{rules: [...]}",
+        )
         return None
     rules_raw = raw.get("rules") or []
     if not isinstance(rules_raw, list):
-        c.error((*path, "rules"), "policy rules must be a list", step=step, field="spec.policy.rules")
+        c.error(
+            (*path, "rules"), "policy rules must be a list", step=step, field="spec.policy.rules"
+        )
         return None
     rules: list[Rule] = []
     for i, item in enumerate(rules_raw):
         rpath = (*path, "rules", i)
         if not isinstance(item, dict):
-            c.error(rpath, "a policy rule must be a mapping", step=step, field=f"spec.policy.rules[{i}]",
-                    expected="{when: ..., then: {do: ...}} or {else: {then: {...}}}")
+            c.error(
+                rpath,
+                "a policy rule must be a mapping",
+                step=step,
+                field=f"spec.policy.rules[{i}]",
+                expected="{when: ..., then: {do: ...}} or {else: {then: {...}}}",
+            )
             continue
         if "else" in item:
             body = item["else"] or {}
@@ -140,23 +153,41 @@ def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | 
             tpath: NodePath = (*rpath, "else")
         else:
             if "when" not in item:
-                c.error(rpath, "policy rule needs 'when' (or 'else')", step=step,
-                        field=f"spec.policy.rules[{i}]")
+                c.error(
+                    rpath,
+                    "policy rule needs 'when' (or 'else')",
+                    step=step,
+                    field=f"spec.policy.rules[{i}]",
+                )
                 continue
             then = item.get("then") or {}
             if not isinstance(then, dict):
-                c.error((*rpath, "then"), "'then' must be a mapping", step=step,
-                        field=f"spec.policy.rules[{i}].then", expected="{do: continue|retry|jump|break|fail}")
+                c.error(
+                    (*rpath, "then"),
+                    "'then' must be a mapping",
+                    step=step,
+                    field=f"spec.policy.rules[{i}].then",
+                    expected="{do: continue|retry|jump|break|fail}",
+                )
                 continue
             rule = _parse_then(then, item["when"], False)
             tpath = (*rpath, "then")
             c.templates(item["when"], (*rpath, "when"), step, f"spec.policy.rules[{i}].when")
         if rule.do not in ACTIONS:
-            c.error((*tpath, "do"), f"unknown policy action '{rule.do}'{_suggest(rule.do, ACTIONS)}",
-                    step=step, field=f"spec.policy.rules[{i}].then.do", expected=" | ".join(ACTIONS))
+            c.error(
+                (*tpath, "do"),
+                f"unknown policy action '{rule.do}'{_suggest(rule.do, ACTIONS)}",
+                step=step,
+                field=f"spec.policy.rules[{i}].then.do",
+                expected=" | ".join(ACTIONS),
+            )
         if rule.do == "jump" and not rule.to:
-            c.error(tpath, "'do: jump' needs 'to' (a task or step name)", step=step,
-                    field=f"spec.policy.rules[{i}].then.to")
+            c.error(
+                tpath,
+                "'do: jump' needs 'to' (a task or step name)",
+                step=step,
+                field=f"spec.policy.rules[{i}].then.to",
+            )
         rules.append(rule)
     return Policy(tuple(rules))
 
@@ -202,18 +233,33 @@ def _parse_task(
 ) -> Task | None:
     label = "tool" if index is None else f"tool[{index}]"
     if not isinstance(raw, dict):
-        c.error(path, f"'{label}' must be a mapping with 'kind'", step=step, field=label,
-                expected="{kind: python|http|postgres|duckdb|playbook|workbook|noop, ...}")
+        c.error(
+            path,
+            f"'{label}' must be a mapping with 'kind'",
+            step=step,
+            field=label,
+            expected="{kind: python|http|postgres|duckdb|playbook|workbook|noop, ...}",
+        )
         return None
     kind = raw.get("kind")
     if kind is None:
-        c.error(path, "tool has no 'kind'", step=step, field=f"{label}.kind",
-                expected=" | ".join(TOOL_KINDS))
+        c.error(
+            path,
+            "tool has no 'kind'",
+            step=step,
+            field=f"{label}.kind",
+            expected=" | ".join(TOOL_KINDS),
+        )
         return None
     kind = str(kind)
     if kind not in TOOL_KINDS:
-        c.error((*path, "kind"), f"unknown tool kind '{kind}'{_suggest(kind, TOOL_KINDS)}", step=step,
-                field=f"{label}.kind", expected=" | ".join(TOOL_KINDS))
+        c.error(
+            (*path, "kind"),
+            f"unknown tool kind '{kind}'{_suggest(kind, TOOL_KINDS)}",
+            step=step,
+            field=f"{label}.kind",
+            expected=" | ".join(TOOL_KINDS),
+        )
         return None
     spec = raw.get("spec") or {}
     if not isinstance(spec, dict):
@@ -241,9 +287,16 @@ def _parse_task(
         hint = ""
         if misplaced and index is None:
             line = c.line((*path[:-1], misplaced[0]))
-            hint = f"; '{misplaced[0]}' is written on the step (line {line}), it belongs under 'tool'"
-        c.error(path, f"{kind} tool requires {expected}{hint}", step=step,
-                field=f"{label}.{names[0]}", expected=expected)
+            hint = (
+                f"; '{misplaced[0]}' is written on the step (line {line}), it belongs under 'tool'"
+            )
+        c.error(
+            path,
+            f"{kind} tool requires {expected}{hint}",
+            step=step,
+            field=f"{label}.{names[0]}",
+            expected=expected,
+        )
 
     policy = _parse_policy(c, spec.get("policy"), (*path, "spec", "policy"), step)
     if policy is None and "retry" in raw:
@@ -257,7 +310,11 @@ def _parse_task(
     c.templates(task_set, (*path, "set"), step, f"{label}.set")
     name = str(raw.get("name") or (step if index is None else f"task_{index}"))
     if kind == "workbook":
-        name = str(raw.get("task") or step) if index is None else str(raw.get("task") or f"task_{index}")
+        name = (
+            str(raw.get("task") or step)
+            if index is None
+            else str(raw.get("task") or f"task_{index}")
+        )
     return Task(
         name=name,
         kind=kind,
@@ -276,7 +333,9 @@ def _parse_next(c: _Checker, raw: Any, path: NodePath, step: str) -> Next:
     arcs_raw: Any
     if isinstance(raw, dict):
         spec = raw.get("spec") or {}
-        mode = str((spec.get("mode") if isinstance(spec, dict) else None) or raw.get("mode") or "exclusive")
+        mode = str(
+            (spec.get("mode") if isinstance(spec, dict) else None) or raw.get("mode") or "exclusive"
+        )
         if "arcs" in raw:
             arcs_raw = raw.get("arcs") or []
             arcs_path: NodePath = (*path, "arcs")
@@ -293,12 +352,21 @@ def _parse_next(c: _Checker, raw: Any, path: NodePath, step: str) -> Next:
         arcs_raw = [raw]
         arcs_path = path
     else:
-        c.error(path, "'next' must be a mapping with 'arcs', a list of arcs, or a step name",
-                step=step, field="next")
+        c.error(
+            path,
+            "'next' must be a mapping with 'arcs', a list of arcs, or a step name",
+            step=step,
+            field="next",
+        )
         return Next()
     if mode not in ("exclusive", "inclusive"):
-        c.error((*path, "spec", "mode"), f"unknown routing mode '{mode}'", step=step,
-                field="next.spec.mode", expected="exclusive | inclusive")
+        c.error(
+            (*path, "spec", "mode"),
+            f"unknown routing mode '{mode}'",
+            step=step,
+            field="next.spec.mode",
+            expected="exclusive | inclusive",
+        )
     if not isinstance(arcs_raw, list):
         c.error(arcs_path, "'arcs' must be a list", step=step, field="next.arcs")
         return Next(mode=mode)
@@ -309,21 +377,37 @@ def _parse_next(c: _Checker, raw: Any, path: NodePath, step: str) -> Next:
             arcs.append(Arc(step=item, line=c.line(apath)))
             continue
         if not isinstance(item, dict) or "step" not in item:
-            c.error(apath, "an arc needs 'step'", step=step, field=f"next.arcs[{i}]",
-                    expected="{step: NAME, when: TEMPLATE, set: {...}}")
+            c.error(
+                apath,
+                "an arc needs 'step'",
+                step=step,
+                field=f"next.arcs[{i}]",
+                expected="{step: NAME, when: TEMPLATE, set: {...}}",
+            )
             continue
         arc_set = item.get("set") or {}
         c.templates(item.get("when"), (*apath, "when"), step, f"next.arcs[{i}].when")
         c.templates(arc_set, (*apath, "set"), step, f"next.arcs[{i}].set")
-        arcs.append(Arc(step=str(item["step"]), when=item.get("when"), set=dict(arc_set),
-                        line=c.line((*apath, "step"))))
+        arcs.append(
+            Arc(
+                step=str(item["step"]),
+                when=item.get("when"),
+                set=dict(arc_set),
+                line=c.line((*apath, "step")),
+            )
+        )
     return Next(mode=mode, arcs=tuple(arcs))
 
 
 def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None:
     if not isinstance(raw, dict):
-        c.error(path, "'loop' must be a mapping", step=step, field="loop",
-                expected="{in: TEMPLATE, iterator: NAME, spec: {mode: sequential|parallel}}")
+        c.error(
+            path,
+            "'loop' must be a mapping",
+            step=step,
+            field="loop",
+            expected="{in: TEMPLATE, iterator: NAME, spec: {mode: sequential|parallel}}",
+        )
         return None
     spec = raw.get("spec") or {}
     if "in" not in raw and "collection" not in raw:
@@ -331,19 +415,33 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
         return None
     iterator = raw.get("iterator") or raw.get("element")
     if not iterator:
-        c.error(path, "loop needs 'iterator' (the name of the current element)", step=step,
-                field="loop.iterator")
+        c.error(
+            path,
+            "loop needs 'iterator' (the name of the current element)",
+            step=step,
+            field="loop.iterator",
+        )
         return None
     mode = str(spec.get("mode") or raw.get("mode") or "sequential")
     if mode not in ("sequential", "parallel"):
-        c.error((*path, "spec", "mode"), f"unsupported loop mode '{mode}'", step=step,
-                field="loop.spec.mode", expected="sequential | parallel")
+        c.error(
+            (*path, "spec", "mode"),
+            f"unsupported loop mode '{mode}'",
+            step=step,
+            field="loop.spec.mode",
+            expected="sequential | parallel",
+        )
     collection = raw.get("in", raw.get("collection"))
     c.templates(collection, (*path, "in"), step, "loop.in")
     mif = spec.get("max_in_flight", raw.get("max_in_flight"))
     if mif is not None and not isinstance(mif, int) and not is_template(mif):
-        c.error((*path, "spec", "max_in_flight"), f"max_in_flight must be an integer, got {mif!r}",
-                step=step, field="loop.spec.max_in_flight", expected="a positive integer or a template")
+        c.error(
+            (*path, "spec", "max_in_flight"),
+            f"max_in_flight must be an integer, got {mif!r}",
+            step=step,
+            field="loop.spec.max_in_flight",
+            expected="a positive integer or a template",
+        )
     return Loop(collection=collection, iterator=str(iterator), mode=mode, max_in_flight=mif)
 
 
@@ -373,7 +471,9 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         seen: set[str] = set()
         for task in tasks:
             if task.name in seen:
-                c.error((*path, "tool"), f"duplicate task name '{task.name}'", step=name, field="tool")
+                c.error(
+                    (*path, "tool"), f"duplicate task name '{task.name}'", step=name, field="tool"
+                )
             seen.add(task.name)
     elif tool is not None:
         task = _parse_task(c, tool, (*path, "tool"), name, None, step_input, raw)
@@ -381,9 +481,16 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
             tasks.append(task)
     elif "command" in raw or "query" in raw or "code" in raw:
         field = next(k for k in ("command", "query", "code") if k in raw)
-        c.error((*path, field), f"'{field}' is written on the step but the step has no 'tool'",
-                step=name, field=field, expected="tool: {kind: ..., " + field + ": ...}")
-    loop = _parse_loop(c, raw["loop"], (*path, "loop"), name) if raw.get("loop") is not None else None
+        c.error(
+            (*path, field),
+            f"'{field}' is written on the step but the step has no 'tool'",
+            step=name,
+            field=field,
+            expected="tool: {kind: ..., " + field + ": ...}",
+        )
+    loop = (
+        _parse_loop(c, raw["loop"], (*path, "loop"), name) if raw.get("loop") is not None else None
+    )
     step_set = raw.get("set") or {}
     if not isinstance(step_set, dict):
         c.error((*path, "set"), "'set' must be a mapping", step=name, field="set")
@@ -427,8 +534,13 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
     data, positions = load_yaml(text, file)
     c = _Checker(file, positions)
     if not isinstance(data, dict):
-        raise PlaybookError("a playbook must be a YAML mapping", file=file, line=1, column=1,
-                            expected="apiVersion/kind/metadata/workflow")
+        raise PlaybookError(
+            "a playbook must be a YAML mapping",
+            file=file,
+            line=1,
+            column=1,
+            expected="apiVersion/kind/metadata/workflow",
+        )
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict):
         c.error(("metadata",), "'metadata' must be a mapping", field="metadata")
@@ -441,8 +553,12 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         workload = {}
     workflow = data.get("workflow")
     if not isinstance(workflow, list) or not workflow:
-        c.error(("workflow",) if "workflow" in data else (), "playbook has no steps", field="workflow",
-                expected="workflow: a list of steps")
+        c.error(
+            ("workflow",) if "workflow" in data else (),
+            "playbook has no steps",
+            field="workflow",
+            expected="workflow: a list of steps",
+        )
         raise PlaybookErrors(c.errors)
 
     workbook: dict[str, Task] = {}
@@ -462,8 +578,15 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                 tpath = (*wpath, "tool")
             task = _parse_task(c, tool_raw, tpath, f"workbook:{name}", None, None, item)
             if task:
-                workbook[name] = Task(name=name, kind=task.kind, config=task.config, input=task.input,
-                                      set=task.set, policy=task.policy, line=task.line)
+                workbook[name] = Task(
+                    name=name,
+                    kind=task.kind,
+                    config=task.config,
+                    input=task.input,
+                    set=task.set,
+                    policy=task.policy,
+                    line=task.line,
+                )
     elif wb_raw:
         c.error(("workbook",), "'workbook' must be a list of actions", field="workbook")
 
@@ -473,8 +596,13 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         if step is None:
             continue
         if step.name in steps:
-            c.error(("workflow", i, "step"), f"duplicate step name '{step.name}'", step=step.name,
-                    field="step", expected="unique step names")
+            c.error(
+                ("workflow", i, "step"),
+                f"duplicate step name '{step.name}'",
+                step=step.name,
+                field="step",
+                expected="unique step names",
+            )
             continue
         steps[step.name] = step
 
@@ -487,18 +615,30 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                 line, column = positions.get(("workflow", i, "next", "arcs", j))
                 if line is None or line == c.line(("workflow", i)):
                     line, column = positions.get(("workflow", i, "next"))
-                c.errors.append(PlaybookError(
-                    f"arc to unknown step '{arc.step}'{_suggest(arc.step, steps)}",
-                    file=file, line=arc.line or line, column=column, step=step.name,
-                    field=f"next.arcs[{j}].step", expected="the name of a step in this workflow"))
+                c.errors.append(
+                    PlaybookError(
+                        f"arc to unknown step '{arc.step}'{_suggest(arc.step, steps)}",
+                        file=file,
+                        line=arc.line or line,
+                        column=column,
+                        step=step.name,
+                        field=f"next.arcs[{j}].step",
+                        expected="the name of a step in this workflow",
+                    )
+                )
         for k, task in enumerate(step.tasks):
             if task.kind == "workbook":
                 action = str(task.config.get("name"))
                 if action not in workbook:
                     where: NodePath = ("workflow", i, "tool") + ((k,) if step.pipeline else ())
-                    c.error((*where, "name"), f"unknown workbook action '{action}'{_suggest(action, workbook)}",
-                            step=step.name, field="tool.name",
-                            expected="one of: " + (", ".join(workbook) or "(the playbook has no workbook)"))
+                    c.error(
+                        (*where, "name"),
+                        f"unknown workbook action '{action}'{_suggest(action, workbook)}",
+                        step=step.name,
+                        field="tool.name",
+                        expected="one of: "
+                        + (", ".join(workbook) or "(the playbook has no workbook)"),
+                    )
 
     executor = data.get("executor") or {}
     entry = None
@@ -509,8 +649,11 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
     if entry is None:
         entry = "start" if "start" in steps else next(iter(steps), None)
     if entry is not None and entry not in steps:
-        c.error(("executor",), f"entry step '{entry}' does not exist{_suggest(str(entry), steps)}",
-                field="executor.spec.entry_step")
+        c.error(
+            ("executor",),
+            f"entry step '{entry}' does not exist{_suggest(str(entry), steps)}",
+            field="executor.spec.entry_step",
+        )
     c.templates(workload, ("workload",), None, "workload")
 
     if c.errors:

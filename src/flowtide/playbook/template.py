@@ -35,7 +35,7 @@ class NotRun(StrictUndefined):
 
     __slots__ = ()
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> bool:  # type: ignore[override]
         return False
 
 
@@ -48,7 +48,9 @@ def _now() -> str:
 
 
 def _make_env() -> SandboxedEnvironment:
-    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env = SandboxedEnvironment(
+        undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True
+    )
     env.filters["tojson"] = _tojson
     env.filters["to_json"] = _tojson
     env.filters["from_json"] = json.loads
@@ -132,7 +134,9 @@ def _missing_name(exc: UndefinedError) -> str | None:
     return match.group(1) if match else None
 
 
-def render_string(source: str, context: Mapping[str, Any], *, step: str | None = None, field: str | None = None) -> Any:
+def render_string(
+    source: str, context: Mapping[str, Any], *, step: str | None = None, field: str | None = None
+) -> Any:
     """Render one template string; native value when it is a single `{{ expr }}`.
 
     Raises:
@@ -154,18 +158,26 @@ def render_string(source: str, context: Mapping[str, Any], *, step: str | None =
             return value
         tmpl = _compile_text(source)
         ctx = tmpl.new_context(_Scope(context), shared=True)
-        return ENV.concat(tmpl.root_render_func(ctx))  # type: ignore[attr-defined]
+        return ENV.concat(tmpl.root_render_func(ctx))
     except UndefinedError as exc:
-        raise TemplateError(str(exc), expression=source, step=step, field=field, missing=_missing_name(exc)) from exc
+        raise TemplateError(
+            str(exc), expression=source, step=step, field=field, missing=_missing_name(exc)
+        ) from exc
     except TemplateSyntaxError as exc:
-        raise TemplateError(f"syntax error: {exc.message}", expression=source, step=step, field=field) from exc
+        raise TemplateError(
+            f"syntax error: {exc.message}", expression=source, step=step, field=field
+        ) from exc
     except TemplateError:
         raise
     except Exception as exc:  # noqa: BLE001 - any error inside an expression fails the render
-        raise TemplateError(f"{type(exc).__name__}: {exc}", expression=source, step=step, field=field) from exc
+        raise TemplateError(
+            f"{type(exc).__name__}: {exc}", expression=source, step=step, field=field
+        ) from exc
 
 
-def render(value: Any, context: Mapping[str, Any], *, step: str | None = None, field: str | None = None) -> Any:
+def render(
+    value: Any, context: Mapping[str, Any], *, step: str | None = None, field: str | None = None
+) -> Any:
     """Render every template string inside `value` (dicts and lists recursively)."""
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
@@ -204,4 +216,13 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
-__all__ = ["ENV", "NotRun", "TemplateNode", "check_syntax", "is_template", "render", "render_string", "truthy"]
+__all__ = [
+    "ENV",
+    "NotRun",
+    "TemplateNode",
+    "check_syntax",
+    "is_template",
+    "render",
+    "render_string",
+    "truthy",
+]

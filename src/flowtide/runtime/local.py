@@ -44,7 +44,9 @@ class _Execution:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
-def render_workload(playbook: Playbook, execution_id: int, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def render_workload(
+    playbook: Playbook, execution_id: int, overrides: Mapping[str, Any]
+) -> dict[str, Any]:
     """The workload with overrides applied and its own templates rendered.
 
     Raises:
@@ -89,7 +91,9 @@ class LocalRuntime:
         self.worker_id = worker_id
         self.listener = listener
         self.ids = Snowflake()
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flowtide-worker")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="flowtide-worker"
+        )
         self._executions: dict[int, _Execution] = {}
         self._states: dict[int, ExecutionState] = {}
         self._inbox: asyncio.Queue[list[Event]] | None = None
@@ -165,8 +169,12 @@ class LocalRuntime:
             status="running",
             payload={
                 "workload": rendered,
-                "playbook": {"name": playbook.name, "path": playbook.path, "version": playbook.version,
-                             "file": playbook.file},
+                "playbook": {
+                    "name": playbook.name,
+                    "path": playbook.path,
+                    "version": playbook.version,
+                    "file": playbook.file,
+                },
                 "parent_execution_id": parent_execution_id,
                 "parent_command_id": parent_command_id,
             },
@@ -190,9 +198,13 @@ class LocalRuntime:
             return state
         for record in list(state.commands.values()):
             command = Command(
-                command_id=record.command_id, execution_id=execution_id, step=record.step,
-                attempt=record.attempt + 1, loop_instance=record.loop_instance,
-                loop_index=record.loop_index, issued_event_id=record.issued_event_id,
+                command_id=record.command_id,
+                execution_id=execution_id,
+                step=record.step,
+                attempt=record.attempt + 1,
+                loop_instance=record.loop_instance,
+                loop_index=record.loop_index,
+                issued_event_id=record.issued_event_id,
             )
             self._dispatch(execution, command)
         if not state.commands:
@@ -218,18 +230,31 @@ class LocalRuntime:
         if execution is None or execution.state.terminal:
             return
         execution.cancelled.set()
-        await self._post([Event(event_id=self.ids.next_id(), execution_id=execution_id,
-                                type=ev.EXECUTION_CANCELLED, status="cancelled",
-                                error={"kind": "cancelled", "message": reason}, time=time.time())])
+        await self._post(
+            [
+                Event(
+                    event_id=self.ids.next_id(),
+                    execution_id=execution_id,
+                    type=ev.EXECUTION_CANCELLED,
+                    status="cancelled",
+                    error={"kind": "cancelled", "message": reason},
+                    time=time.time(),
+                )
+            ]
+        )
 
     def state(self, execution_id: int) -> ExecutionState:
         return self._states[execution_id]
 
     # -- internals ---------------------------------------------------------------------
 
-    def _register(self, playbook: Playbook, execution_id: int, state: ExecutionState | None = None) -> _Execution:
+    def _register(
+        self, playbook: Playbook, execution_id: int, state: ExecutionState | None = None
+    ) -> _Execution:
         state = state or ExecutionState(playbook, execution_id)
-        runner = StepRunner(playbook, credentials=self.credentials, run_playbook=self._run_child_blocking)
+        runner = StepRunner(
+            playbook, credentials=self.credentials, run_playbook=self._run_child_blocking
+        )
         execution = _Execution(state=state, runner=runner)
         self._executions[execution_id] = execution
         self._states[execution_id] = state
@@ -261,7 +286,10 @@ class LocalRuntime:
             except Exception as exc:  # noqa: BLE001 - a bug here must not hang waiters
                 for execution in self._executions.values():
                     if not execution.done.is_set():
-                        execution.state.error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                        execution.state.error = {
+                            "kind": "internal_error",
+                            "message": f"{type(exc).__name__}: {exc}",
+                        }
                         execution.done.set()
                 raise
 
@@ -273,21 +301,33 @@ class LocalRuntime:
                 return False  # late or duplicate report
             if record.loop_index is not None and self.loopstate is not None:
                 return await self.loopstate.record(
-                    state.execution_id, record.step, record.loop_instance or 0, record.loop_index,
+                    state.execution_id,
+                    record.step,
+                    record.loop_instance or 0,
+                    record.loop_index,
                     (event.payload or {}).get("status", "ok"),
                 )
         elif event.type == ev.LOOP_DONE and self.loopstate is not None:
             instance = (event.payload or {}).get("instance", 0)
-            claimed = await self.loopstate.claim_done(state.execution_id, event.step or "", instance)
+            claimed = await self.loopstate.claim_done(
+                state.execution_id, event.step or "", instance
+            )
             if claimed:
                 await self.loopstate.drop_loop(state.execution_id, event.step or "", instance)
             return claimed
         elif event.type == ev.LOOP_STARTED and self.loopstate is not None:
             payload = event.payload or {}
-            await self.loopstate.start(state.execution_id, event.step or "", payload["instance"], {
-                "size": payload["size"], "iterator": payload["iterator"], "mode": payload["mode"],
-                "max_in_flight": payload["max_in_flight"],
-            })
+            await self.loopstate.start(
+                state.execution_id,
+                event.step or "",
+                payload["instance"],
+                {
+                    "size": payload["size"],
+                    "iterator": payload["iterator"],
+                    "mode": payload["mode"],
+                    "max_in_flight": payload["max_in_flight"],
+                },
+            )
         return True
 
     async def _process(self, batch: list[Event]) -> None:
@@ -309,11 +349,16 @@ class LocalRuntime:
             if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
                 record = state.commands.get(event.command_id or -1)
                 if record is not None:
-                    command_rows.append(CommandUpdate(
-                        command_id=record.command_id, execution_id=state.execution_id, step=record.step,
-                        status="completed" if event.type == ev.COMMAND_COMPLETED else "failed", time=now,
-                        worker_id=event.worker_id,
-                    ))
+                    command_rows.append(
+                        CommandUpdate(
+                            command_id=record.command_id,
+                            execution_id=state.execution_id,
+                            step=record.step,
+                            status="completed" if event.type == ev.COMMAND_COMPLETED else "failed",
+                            time=now,
+                            worker_id=event.worker_id,
+                        )
+                    )
             was_terminal = state.terminal
             state.apply(event)
             recorded.append(event)
@@ -327,9 +372,15 @@ class LocalRuntime:
             if event.type == ev.PLAYBOOK_INITIALIZED:
                 execution_rows.append(ExecutionUpdate(state.execution_id, "running", now))
             if state.terminal and not was_terminal:
-                execution_rows.append(ExecutionUpdate(
-                    state.execution_id, state.status, now, result=state.result(), error=state.error,
-                ))
+                execution_rows.append(
+                    ExecutionUpdate(
+                        state.execution_id,
+                        state.status,
+                        now,
+                        result=state.result(),
+                        error=state.error,
+                    )
+                )
                 for cid in list(state.commands):
                     state.commands.pop(cid, None)
                 finished.append(execution)
@@ -358,42 +409,87 @@ class LocalRuntime:
             element = loop.collection[command.loop_index]
         self._pool.submit(self._work, execution, command, step, base, ctx, iterator, element)
 
-    def _work(self, execution: _Execution, command: Command, step: Any, base: Mapping[str, Any],
-              ctx: Mapping[str, Any], iterator: str | None, element: Any) -> None:
+    def _work(
+        self,
+        execution: _Execution,
+        command: Command,
+        step: Any,
+        base: Mapping[str, Any],
+        ctx: Mapping[str, Any],
+        iterator: str | None,
+        element: Any,
+    ) -> None:
         """Worker thread: run the command and post its events."""
         try:
             outcome = execution.runner.run(
-                step, base, ctx, execution_id=command.execution_id, iterator=iterator, element=element,
-                index=command.loop_index, cancelled=execution.cancelled.is_set,
+                step,
+                base,
+                ctx,
+                execution_id=command.execution_id,
+                iterator=iterator,
+                element=element,
+                index=command.loop_index,
+                cancelled=execution.cancelled.is_set,
             )
         except Exception as exc:  # noqa: BLE001 - report, never lose a command
-            outcome = Outcome("error", None, action="fail",
-                              error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
-                              started=time.time())
+            outcome = Outcome(
+                "error",
+                None,
+                action="fail",
+                error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
+                started=time.time(),
+            )
         self._post_threadsafe(self._outcome_events(command, outcome))
 
     def _outcome_events(self, command: Command, outcome: Outcome) -> list[Event]:
         new_id = self.ids.next_id
         eid = command.execution_id
         worker = threading.current_thread().name
-        base = {"attempt": command.attempt}
+        base: dict[str, Any] = {"attempt": command.attempt}
         if command.loop_index is not None:
             base["loop_instance"] = command.loop_instance
             base["loop_index"] = command.loop_index
-        out = [Event(event_id=new_id(), execution_id=eid, type=ev.COMMAND_STARTED, step=command.step,
-                     status="running", payload=dict(base), parent_event_id=command.issued_event_id,
-                     command_id=command.command_id, worker_id=worker, time=outcome.started)]
+        out = [
+            Event(
+                event_id=new_id(),
+                execution_id=eid,
+                type=ev.COMMAND_STARTED,
+                step=command.step,
+                status="running",
+                payload=dict(base),
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=worker,
+                time=outcome.started,
+            )
+        ]
         for call in outcome.calls:
-            payload: dict[str, Any] = {"task": call.task, "attempt": call.attempt, "duration_ms": call.duration_ms}
+            payload: dict[str, Any] = {
+                "task": call.task,
+                "attempt": call.attempt,
+                "duration_ms": call.duration_ms,
+            }
             if call.stdout:
                 payload["stdout"] = call.stdout
-            out.append(Event(event_id=new_id(), execution_id=eid,
-                             type=ev.CALL_DONE if call.ok else ev.CALL_ERROR, step=command.step,
-                             status="ok" if call.ok else "error", payload=payload, error=call.error,
-                             parent_event_id=command.issued_event_id, command_id=command.command_id,
-                             worker_id=worker, time=call.started))
+            out.append(
+                Event(
+                    event_id=new_id(),
+                    execution_id=eid,
+                    type=ev.CALL_DONE if call.ok else ev.CALL_ERROR,
+                    step=command.step,
+                    status="ok" if call.ok else "error",
+                    payload=payload,
+                    error=call.error,
+                    parent_event_id=command.issued_event_id,
+                    command_id=command.command_id,
+                    worker_id=worker,
+                    time=call.started,
+                )
+            )
         payload = dict(base)
-        payload.update({"status": outcome.status, "result": outcome.result, "action": outcome.action})
+        payload.update(
+            {"status": outcome.status, "result": outcome.result, "action": outcome.action}
+        )
         if outcome.jump_to:
             payload["jump_to"] = outcome.jump_to
         if outcome.ctx:
@@ -401,16 +497,28 @@ class LocalRuntime:
         if outcome.tasks:
             payload["tasks"] = outcome.tasks
         completed = outcome.action != "fail"
-        out.append(Event(event_id=new_id(), execution_id=eid,
-                         type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED, step=command.step,
-                         status=outcome.status, payload=payload, error=outcome.error,
-                         parent_event_id=command.issued_event_id, command_id=command.command_id,
-                         worker_id=worker, time=time.time()))
+        out.append(
+            Event(
+                event_id=new_id(),
+                execution_id=eid,
+                type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED,
+                step=command.step,
+                status=outcome.status,
+                payload=payload,
+                error=outcome.error,
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=worker,
+                time=time.time(),
+            )
+        )
         return out
 
     # -- sub-playbooks -----------------------------------------------------------------
 
-    def resolve_playbook(self, path: str, base_dir: Path | None = None, version: int | None = None) -> tuple[Playbook, int | None]:
+    def resolve_playbook(
+        self, path: str, base_dir: Path | None = None, version: int | None = None
+    ) -> tuple[Playbook, int | None]:
         """Find a playbook by catalog path: the catalog first, then files near the parent.
 
         Raises:
@@ -451,23 +559,40 @@ class LocalRuntime:
             + "; register it with `flowtide catalog register FILE`"
         )
 
-    def _run_child_blocking(self, *, path: str, workload: dict[str, Any], return_step: str | None,
-                            parent_execution_id: int, base_dir: Path) -> Any:
+    def _run_child_blocking(
+        self,
+        *,
+        path: str,
+        workload: dict[str, Any],
+        return_step: str | None,
+        parent_execution_id: int,
+        base_dir: Path,
+    ) -> Any:
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(
             self._run_child(path, workload, return_step, parent_execution_id, base_dir), self._loop
         )
         return future.result()
 
-    async def _run_child(self, path: str, workload: dict[str, Any], return_step: str | None,
-                         parent_execution_id: int, base_dir: Path) -> Any:
+    async def _run_child(
+        self,
+        path: str,
+        workload: dict[str, Any],
+        return_step: str | None,
+        parent_execution_id: int,
+        base_dir: Path,
+    ) -> Any:
         try:
             playbook, version = self.resolve_playbook(path, base_dir)
         except NotFoundError as exc:
             raise ToolError(str(exc), kind="not_found") from exc
         try:
-            child_id = await self.start(playbook, workload=workload, catalog_version=version,
-                                        parent_execution_id=parent_execution_id)
+            child_id = await self.start(
+                playbook,
+                workload=workload,
+                catalog_version=version,
+                parent_execution_id=parent_execution_id,
+            )
         except (TemplateError, FlowtideError) as exc:
             raise ToolError(f"sub-playbook '{path}': {exc}", kind="playbook_error") from exc
         state = await self.wait(child_id)
@@ -475,11 +600,14 @@ class LocalRuntime:
             err = state.error or {}
             raise ToolError(
                 f"sub-playbook '{path}' (execution {child_id}) {state.status}: {err.get('message', '')}",
-                kind="playbook_error", data={"execution_id": child_id, "error": err},
+                kind="playbook_error",
+                data={"execution_id": child_id, "error": err},
             )
         if return_step:
             rec = state.steps.get(return_step)
             if rec is None:
-                raise ToolError(f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error")
+                raise ToolError(
+                    f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error"
+                )
             return rec.result
         return state.result()

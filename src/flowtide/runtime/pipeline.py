@@ -54,13 +54,32 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ToolError):
         return exc.to_dict()
     if isinstance(exc, TemplateError):
-        return {"kind": "template_error", "retryable": False, "code": None, "message": str(exc),
-                "http_status": None, "status": None, "missing": exc.missing}
+        return {
+            "kind": "template_error",
+            "retryable": False,
+            "code": None,
+            "message": str(exc),
+            "http_status": None,
+            "status": None,
+            "missing": exc.missing,
+        }
     if isinstance(exc, FlowtideError):
-        return {"kind": "error", "retryable": False, "code": type(exc).__name__, "message": str(exc),
-                "http_status": None, "status": None}
-    return {"kind": "internal_error", "retryable": False, "code": type(exc).__name__,
-            "message": f"{type(exc).__name__}: {exc}", "http_status": None, "status": None}
+        return {
+            "kind": "error",
+            "retryable": False,
+            "code": type(exc).__name__,
+            "message": str(exc),
+            "http_status": None,
+            "status": None,
+        }
+    return {
+        "kind": "internal_error",
+        "retryable": False,
+        "code": type(exc).__name__,
+        "message": f"{type(exc).__name__}: {exc}",
+        "http_status": None,
+        "status": None,
+    }
 
 
 def _render_code(code: Any, scope: Mapping[str, Any]) -> Any:
@@ -91,20 +110,36 @@ class StepRunner:
         self.run_playbook = run_playbook
         self.sleep = sleep
 
-    def _resolve(self, task: Task, scope: Mapping[str, Any], step: Step) -> tuple[Task, dict[str, Any], dict[str, Any] | None]:
+    def _resolve(
+        self, task: Task, scope: Mapping[str, Any], step: Step
+    ) -> tuple[Task, dict[str, Any], dict[str, Any] | None]:
         """Rendered (config, input) of `task`, following `kind: workbook` to its action."""
         raw_input = task.input
-        rendered_input = render(raw_input, scope, step=step.name, field="input") if raw_input is not None else None
+        rendered_input = (
+            render(raw_input, scope, step=step.name, field="input")
+            if raw_input is not None
+            else None
+        )
         if task.kind == "workbook":
             action = self.playbook.workbook[str(task.config.get("name"))]
             defaults = action.input or {}
             merged = {**defaults, **(rendered_input or {})}
             inner_scope = layered(merged, scope)
-            config = {k: (_render_code(v, inner_scope) if k == "code" else render(v, inner_scope, step=step.name, field=k))
-                      for k, v in action.config.items()}
+            config = {
+                k: (
+                    _render_code(v, inner_scope)
+                    if k == "code"
+                    else render(v, inner_scope, step=step.name, field=k)
+                )
+                for k, v in action.config.items()
+            }
             return action, config, merged
-        config = {k: (_render_code(v, scope) if k == "code" else render(v, scope, step=step.name, field=k))
-                  for k, v in task.config.items()}
+        config = {
+            k: (
+                _render_code(v, scope) if k == "code" else render(v, scope, step=step.name, field=k)
+            )
+            for k, v in task.config.items()
+        }
         return task, config, rendered_input
 
     def run(
@@ -136,8 +171,15 @@ class StepRunner:
         jumps = 0
         while i < len(step.tasks):
             if cancelled is not None and cancelled():
-                return Outcome("error", None, action="fail", error={"kind": "cancelled", "message": "execution cancelled"},
-                               ctx=ctx_updates, calls=calls, started=started)
+                return Outcome(
+                    "error",
+                    None,
+                    action="fail",
+                    error={"kind": "cancelled", "message": "execution cancelled"},
+                    ctx=ctx_updates,
+                    calls=calls,
+                    started=started,
+                )
             task = step.tasks[i]
             layers: list[Mapping[str, Any]] = [pipe]
             if iterator is not None and index is not None:
@@ -151,9 +193,14 @@ class StepRunner:
                 attempt += 1
                 t0 = time.perf_counter()
                 tctx = ToolContext(
-                    execution_id=execution_id, step=step.name, task=task.name,
-                    base_dir=self.playbook.base_dir, credentials=self.credentials,
-                    secrets=secrets, render_context=scope, run_playbook=self.run_playbook,
+                    execution_id=execution_id,
+                    step=step.name,
+                    task=task.name,
+                    base_dir=self.playbook.base_dir,
+                    credentials=self.credentials,
+                    secrets=secrets,
+                    render_context=scope,
+                    run_playbook=self.run_playbook,
                     cancelled=cancelled,
                 )
                 error: dict[str, Any] | None = None
@@ -183,9 +230,20 @@ class StepRunner:
                 out_text = "".join(tctx.stdout)
                 if secrets and out_text:
                     out_text = redact(out_text, secrets)
-                calls.append(Call(task.name, attempt, status == "ok", duration_ms, time.time(), error,
-                                  out_text[:STDOUT_LIMIT] or None))
-                output = envelope(status, result if status == "ok" else result, error, attempt, duration_ms)
+                calls.append(
+                    Call(
+                        task.name,
+                        attempt,
+                        status == "ok",
+                        duration_ms,
+                        time.time(),
+                        error,
+                        out_text[:STDOUT_LIMIT] or None,
+                    )
+                )
+                output = envelope(
+                    status, result if status == "ok" else result, error, attempt, duration_ms
+                )
                 policy_scope = layered({"output": output, "result": result_view(result)}, scope)
                 try:
                     rule = select_rule(task.policy, output, policy_scope, step=step.name)
@@ -207,21 +265,41 @@ class StepRunner:
             # policy `then.set` sees the envelope; task-level `set` sees the raw result
             try:
                 if rule.set:
-                    self._apply_set(rule.set, policy_scope, ctx_local, ctx_updates, iter_extra, pipe, step)
+                    self._apply_set(
+                        rule.set, policy_scope, ctx_local, ctx_updates, iter_extra, pipe, step
+                    )
                     ctx_local = {**ctx_local, **ctx_updates}
                 if task.set:
                     set_scope = layered({"output": result}, scope)
-                    self._apply_set(task.set, set_scope, ctx_local, ctx_updates, iter_extra, pipe, step)
+                    self._apply_set(
+                        task.set, set_scope, ctx_local, ctx_updates, iter_extra, pipe, step
+                    )
                     ctx_local = {**ctx_local, **ctx_updates}
             except TemplateError as exc:
-                return Outcome("error", None, action="fail", error=_error_dict(exc), ctx=ctx_updates,
-                               calls=calls, started=started)
+                return Outcome(
+                    "error",
+                    None,
+                    action="fail",
+                    error=_error_dict(exc),
+                    ctx=ctx_updates,
+                    calls=calls,
+                    started=started,
+                )
             results[task.name] = result
             pipe[task.name] = result_view(result)
             last_result, last_status, last_error = result, status, error
             if rule_do == "fail":
-                return Outcome("error", result, action="fail", error=error or {"kind": "policy", "message": f"policy failed task '{task.name}'"},
-                               ctx=ctx_updates, tasks=results if step.pipeline else None, calls=calls, started=started)
+                return Outcome(
+                    "error",
+                    result,
+                    action="fail",
+                    error=error
+                    or {"kind": "policy", "message": f"policy failed task '{task.name}'"},
+                    ctx=ctx_updates,
+                    tasks=results if step.pipeline else None,
+                    calls=calls,
+                    started=started,
+                )
             if rule_do == "break":
                 action = "break"
                 break
@@ -237,17 +315,41 @@ class StepRunner:
         if last_status == "error" and last_result is None:
             last_result = {"status": "error", "error": last_error}
         return Outcome(
-            last_status, plain(last_result), action=action, error=last_error, jump_to=jump_to,
-            ctx=ctx_updates, tasks={k: plain(v) for k, v in results.items()} if step.pipeline and len(step.tasks) > 1 else None,
-            calls=calls, started=started,
+            last_status,
+            plain(last_result),
+            action=action,
+            error=last_error,
+            jump_to=jump_to,
+            ctx=ctx_updates,
+            tasks={k: plain(v) for k, v in results.items()}
+            if step.pipeline and len(step.tasks) > 1
+            else None,
+            calls=calls,
+            started=started,
         )
 
-    def _apply_set(self, spec: Mapping[str, Any], scope: Mapping[str, Any], ctx_local: dict[str, Any],
-                   ctx_updates: dict[str, Any], iter_extra: dict[str, Any], pipe: dict[str, Any], step: Step) -> None:
+    def _apply_set(
+        self,
+        spec: Mapping[str, Any],
+        scope: Mapping[str, Any],
+        ctx_local: dict[str, Any],
+        ctx_updates: dict[str, Any],
+        iter_extra: dict[str, Any],
+        pipe: dict[str, Any],
+        step: Step,
+    ) -> None:
         for key, raw in spec.items():
             value = plain(render(raw, scope, step=step.name, field=f"set.{key}"))
             if key.startswith("ctx.") or key.startswith("vars."):
-                ctx_updates.update(render_set({key: value}, scope, {**ctx_local, **ctx_updates}, step=step.name, field="set"))
+                ctx_updates.update(
+                    render_set(
+                        {key: value},
+                        scope,
+                        {**ctx_local, **ctx_updates},
+                        step=step.name,
+                        field="set",
+                    )
+                )
             elif key.startswith("iter."):
                 iter_extra[key[5:]] = value
             else:
@@ -261,8 +363,11 @@ class StepRunner:
             raise ToolError("playbook tool needs 'path'", kind="config_error")
         child_input = config.get("input") or config.get("payload") or {}
         return self.run_playbook(
-            path=str(path), workload=dict(child_input), return_step=config.get("return_step"),
-            parent_execution_id=tctx.execution_id, base_dir=tctx.base_dir,
+            path=str(path),
+            workload=dict(child_input),
+            return_step=config.get("return_step"),
+            parent_execution_id=tctx.execution_id,
+            base_dir=tctx.base_dir,
         )
 
 

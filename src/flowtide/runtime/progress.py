@@ -16,7 +16,13 @@ from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.engine.state import ExecutionState
 
-_STYLE = {"completed": "green", "failed": "red", "running": "yellow", "pending": "dim", "skipped": "dim"}
+_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "running": "yellow",
+    "pending": "dim",
+    "skipped": "dim",
+}
 
 
 class ProgressView:
@@ -30,8 +36,13 @@ class ProgressView:
         self._state: ExecutionState | None = None
         self._last_step_time: dict[str, float] = {}
         self._events = 0
-        self._live = Live(console=console, refresh_per_second=8, transient=False, auto_refresh=True,
-                          get_renderable=self.render)
+        self._live = Live(
+            console=console,
+            refresh_per_second=8,
+            transient=False,
+            auto_refresh=True,
+            get_renderable=self.render,
+        )
 
     def __enter__(self) -> ProgressView:
         self._live.__enter__()
@@ -55,7 +66,9 @@ class ProgressView:
     def render(self) -> Any:
         state = self._state
         elapsed = time.monotonic() - self.started
-        header = Text.assemble((self.title, "bold"), f"  {elapsed:5.1f}s  ", (f"{self._events} events", "dim"))
+        header = Text.assemble(
+            (self.title, "bold"), f"  {elapsed:5.1f}s  ", (f"{self._events} events", "dim")
+        )
         if state is None:
             return header
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -70,9 +83,14 @@ class ProgressView:
             loop = state.loop_of(name)
             if loop is not None and loop.size:
                 bar = ProgressBar(total=loop.size, completed=loop.completed, width=30)
-                label = Text(f" {loop.completed}/{loop.size}" + (f" ({loop.failed} failed)" if loop.failed else ""))
+                label = Text(
+                    f" {loop.completed}/{loop.size}"
+                    + (f" ({loop.failed} failed)" if loop.failed else "")
+                )
                 grid = Table.grid()
                 grid.add_row(bar, label)
                 progress = grid
-            table.add_row(name, Text(rec.status, style=_STYLE.get(rec.status, "")), str(rec.runs), progress)
+            table.add_row(
+                name, Text(rec.status, style=_STYLE.get(rec.status, "")), str(rec.runs), progress
+            )
         return Group(header, table)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 
 import xxhash
 

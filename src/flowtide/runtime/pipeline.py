@@ -207,6 +207,10 @@ class StepRunner:
                 result: Any = None
                 try:
                     effective, config, tool_input = self._resolve(task, scope, step)
+                    if effective.kind == "python" and iterator is not None:
+                        # Python code inside a loop sees the element by its iterator name
+                        # and `loop_index`, as templates do; explicit inputs win.
+                        tool_input = {iterator: element, "loop_index": index, **(tool_input or {})}
                     if tool_input is not None:
                         config = {**config, "input": tool_input}
                     tctx.timeout = _timeout(config)

@@ -295,7 +295,6 @@ def _parse_task(
             f"{kind} tool requires {expected}{hint}",
             step=step,
             field=f"{label}.{names[0]}",
-            expected=expected,
         )
 
     policy = _parse_policy(c, spec.get("policy"), (*path, "spec", "policy"), step)

@@ -81,8 +81,11 @@ def load_yaml(text: str, file: str | None = None) -> tuple[Any, Positions]:
         raw = yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        message = f"YAML syntax error: {exc.problem or exc.context}"
+        if exc.context and exc.context_mark and exc.problem_mark and exc.context_mark.line != mark.line:
+            message += f" ({exc.context} that starts at line {exc.context_mark.line + 1})"
         raise PlaybookError(
-            f"YAML syntax error: {exc.problem or exc.context}",
+            message,
             file=file,
             line=mark.line + 1 if mark else None,
             column=mark.column + 1 if mark else None,

@@ -81,8 +81,11 @@ def _overrides(sets: list[str] | None, payload: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if payload:
         source = payload
-        if payload.startswith("@"):
-            source = Path(payload[1:]).read_text(encoding="utf-8")
+        try:
+            if payload.startswith("@"):
+                source = Path(payload[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise typer.BadParameter(f"--payload {payload}: cannot read file: {exc.strerror}") from exc
         try:
             data = json.loads(source)
         except ValueError as exc:
@@ -511,7 +514,11 @@ def credential_set(
     """Store (or replace) a credential alias, encrypted with the master key."""
     from flowtide.credentials import CredentialVault
 
-    text = Path(body[1:]).read_text(encoding="utf-8") if body.startswith("@") else body
+    try:
+        text = Path(body[1:]).read_text(encoding="utf-8") if body.startswith("@") else body
+    except OSError as exc:
+        _err(f"error: --json {body}: cannot read file: {exc.strerror}")
+        raise typer.Exit(EXIT_INVALID) from None
     try:
         data = json.loads(text)
     except ValueError as exc:

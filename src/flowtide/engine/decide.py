@@ -218,7 +218,8 @@ def _exit(
                         updates.update(arc_updates)
                         ctx_now = {**ctx_now, **arc_updates}
                         scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
-                    targets.append(arc.step)
+                    if arc.step not in targets:
+                        targets.append(arc.step)
                     if step.next.mode == "exclusive":
                         break
     except TemplateError as exc:
@@ -271,19 +272,21 @@ def _enter_step(out: _Out, name: str) -> None:
     out.issue(name)
 
 
-def _maybe_finish(out: _Out) -> None:
+def _maybe_finish(out: _Out, entering: set[str] | None = None) -> None:
+    """Release fan-in steps no running (or just entered) step can still reach; finish the
+    workflow when nothing is left to do."""
     state = out.state
     if state.terminal or state.status == "cancelling":
         return
     order = list(state.playbook.steps)
     released = False
     for join in sorted(state.waiting, key=order.index):
-        blockers = (state.active | state.waiting) - {join}
+        blockers = (state.active | state.waiting | (entering or set())) - {join}
         if any(join in state.playbook.reachable.get(b, ()) for b in blockers):
             continue
         out.emit(ev.STEP_ENTER, join, status="running")
         released = True
-    if released:
+    if released or entering:
         return
     if not state.active and not state.waiting and not state.commands:
         result = state.result()
@@ -366,19 +369,22 @@ def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) ->
         if event.status == "failed":
             _fail(out, event.step, event.error)
         else:
+            entering: list[str] = []
             for target in (event.payload or {}).get("next") or []:
                 if len(state.playbook.upstreams.get(target, ())) > 1:
                     continue  # fan-in: entered by _maybe_finish once its upstreams settle
-                if target in state.active:
+                if target in state.active or target in entering:
                     continue
+                entering.append(target)
                 out.emit(ev.STEP_ENTER, target, status="running")
-            if not out.events:
-                _maybe_finish(out)
+            _maybe_finish(out, entering=set(entering))
     return out.result()
 
 
 def _on_command_result(out: _Out, event: Event) -> None:
     state = out.state
+    if not state.last_report_counted:
+        return  # apply ignored it (late or duplicate): nothing follows from it
     payload = event.payload or {}
     index = payload.get("loop_index")
     step = state.playbook.steps.get(event.step or "")

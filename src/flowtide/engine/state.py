@@ -89,6 +89,9 @@ class ExecutionState:
         self.parent_command_id: int | None = None
         self.last_event_id: int = 0
         self.event_count: int = 0
+        # False when the last command report applied was a late or duplicate one
+        # (decide must not act on it either).
+        self.last_report_counted = True
         self._base: dict[str, Any] | None = None
 
     # -- reading -----------------------------------------------------------------------
@@ -187,6 +190,7 @@ class ExecutionState:
     def _on_command_done(self, event: Event) -> None:
         cid = event.command_id
         cmd = self.commands.pop(cid, None) if cid is not None else None
+        self.last_report_counted = cmd is not None
         if cmd is None:
             return  # a duplicate or late report: the first one counted
         payload = event.payload or {}
@@ -198,6 +202,7 @@ class ExecutionState:
         if cmd.loop_instance is not None and cmd.loop_index is not None:
             loop = self.loops.get((cmd.step, cmd.loop_instance))
             if loop is None or loop.done[cmd.loop_index]:
+                self.last_report_counted = False
                 return
             index = cmd.loop_index
             loop.in_flight.discard(index)

@@ -605,20 +605,28 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
             continue
         steps[step.name] = step
 
+    checked: set[str] = set()
     for i, raw in enumerate(workflow):
         if not isinstance(raw, dict) or str(raw.get("step")) not in steps:
             continue
+        if str(raw["step"]) in checked:
+            continue  # a duplicate name: reported above, its arcs are not this step's
+        checked.add(str(raw["step"]))
         step = steps[str(raw["step"])]
         for j, arc in enumerate(step.next.arcs):
             if arc.step not in steps:
-                line, column = positions.get(("workflow", i, "next", "arcs", j))
-                if line is None or line == c.line(("workflow", i)):
+                line, column = None, None
+                for arc_at in (("workflow", i, "next", "arcs", j), ("workflow", i, "next", j)):
+                    if positions.has(arc_at):
+                        line, column = positions.get(arc_at)
+                        break
+                else:
                     line, column = positions.get(("workflow", i, "next"))
                 c.errors.append(
                     PlaybookError(
                         f"arc to unknown step '{arc.step}'{_suggest(arc.step, steps)}",
                         file=file,
-                        line=arc.line or line,
+                        line=line,
                         column=column,
                         step=step.name,
                         field=f"next.arcs[{j}].step",
@@ -649,7 +657,7 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         entry = "start" if "start" in steps else next(iter(steps), None)
     if entry is not None and entry not in steps:
         c.error(
-            ("executor",),
+            ("executor", "spec", "entry_step"),
             f"entry step '{entry}' does not exist{_suggest(str(entry), steps)}",
             field="executor.spec.entry_step",
         )

@@ -28,6 +28,9 @@ class Positions:
     def set(self, path: Path, line: int, column: int) -> None:
         self._at[path] = (line + 1, column + 1)
 
+    def has(self, path: Path) -> bool:
+        return tuple(path) in self._at
+
     def get(self, path: Path) -> tuple[int | None, int | None]:
         probe = tuple(path)
         while True:

@@ -19,7 +19,7 @@ from typing import Any
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
 from jinja2.nodes import Template as TemplateNode
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from flowtide.errors import TemplateError
 
@@ -47,8 +47,24 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat()
 
 
-def _make_env() -> SandboxedEnvironment:
-    env = SandboxedEnvironment(
+class _Environment(ImmutableSandboxedEnvironment):
+    """Sandboxed, and templates cannot mutate the values they render against.
+
+    `a.b` on a mapping prefers the key `b` over an attribute of the same name, so
+    `{{ start.items }}` is the step's `items` field, not `dict.items`.
+    """
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, Mapping):
+            try:
+                return obj[attribute]
+            except (KeyError, TypeError):
+                pass
+        return super().getattr(obj, attribute)
+
+
+def _make_env() -> _Environment:
+    env = _Environment(
         undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True
     )
     env.filters["tojson"] = _tojson
@@ -127,7 +143,7 @@ class _Scope(Mapping[str, Any]):
 
 
 def _missing_name(exc: UndefinedError) -> str | None:
-    match = re.search(r"'([^']+)' is undefined", str(exc))
+    match = re.search(r"step '([^']+)' has not run", str(exc)) or re.search(r"'([^']+)' is undefined", str(exc))
     if match:
         return match.group(1)
     match = re.search(r"has no attribute '([^']+)'", str(exc))

@@ -32,6 +32,7 @@ from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
 from flowtide.runtime.pipeline import Outcome, StepRunner
 from flowtide.store.base import CommandUpdate, ExecutionUpdate, Store
+from flowtide.tools.registry import warm_tools
 
 Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
 
@@ -44,6 +45,17 @@ class _Execution:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
+def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`overrides` over `base`, mapping into mapping (`--set a.b=1` keeps `a.c`)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def render_workload(
     playbook: Playbook, execution_id: int, overrides: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -52,7 +64,7 @@ def render_workload(
     Raises:
         TemplateError: a workload value refers to something that does not exist.
     """
-    raw = {**playbook.workload, **overrides}
+    raw = _merge(playbook.workload, overrides)
     scope = {
         **raw,
         "workload": raw,
@@ -100,6 +112,7 @@ class LocalRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._warmed: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -162,6 +175,7 @@ class LocalRuntime:
             created=now,
         )
         self._register(playbook, execution_id)
+        await self._warm(playbook)
         first = Event(
             event_id=self.ids.next_id(),
             execution_id=execution_id,
@@ -193,6 +207,7 @@ class LocalRuntime:
         playbook = parse_playbook(row.playbook_text, row.playbook_file)
         state = fold(playbook, execution_id, self.store.events(execution_id))
         execution = self._register(playbook, execution_id, state)
+        await self._warm(playbook)
         if state.terminal:
             execution.done.set()
             return state
@@ -242,6 +257,15 @@ class LocalRuntime:
                 )
             ]
         )
+
+    async def _warm(self, playbook: Playbook) -> None:
+        kinds = {t.kind for s in playbook.steps.values() for t in s.tasks}
+        kinds |= {t.kind for t in playbook.workbook.values()}
+        kinds -= self._warmed
+        if kinds:
+            self._warmed |= kinds
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._pool, warm_tools, kinds)
 
     def state(self, execution_id: int) -> ExecutionState:
         return self._states[execution_id]

@@ -322,6 +322,12 @@ class HttpTool:
 
     kind = "http"
 
+    def warm(self) -> None:
+        """Import httpx and open the shared client before the first request, so the
+        first requests of a parallel loop go out in the order they were issued instead
+        of piling up behind the import."""
+        _shared_client(True)
+
     def run(self, config: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Send the request described by `config` and return the response as a dict.
 

@@ -20,6 +20,20 @@ _instances: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
+def warm_tools(kinds: set[str]) -> None:
+    """Import (and let prepare) the tools of `kinds` ahead of the first command."""
+    for kind in kinds:
+        if kind not in _KINDS:
+            continue
+        try:
+            tool = get_tool(kind)
+        except ToolError:
+            continue  # reported when a step actually uses it
+        warm = getattr(tool, "warm", None)
+        if warm is not None:
+            warm()
+
+
 def get_tool(kind: str) -> Any:
     """The shared instance of tool `kind`.
 

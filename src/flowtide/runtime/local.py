@@ -11,6 +11,7 @@ acted on.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import deque
@@ -72,11 +73,8 @@ def render_workload(
         "input": dict(overrides),
         "execution_id": execution_id,
         "job": {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id},
-        "env": {},
+        "env": dict(os.environ),
     }
-    import os
-
-    scope["env"] = dict(os.environ)
     out: dict[str, Any] = {}
     for key, value in raw.items():
         out[key] = render(value, scope, field=f"workload.{key}")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from flowtide.errors import CredentialError, ToolError
+
 
 class CredentialResolver(Protocol):
     def resolve(self, alias: str) -> dict[str, Any]:
@@ -43,6 +45,25 @@ class ToolContext:
     run_playbook: Any = None
     # Set by the runtime: returns True once the execution is being cancelled.
     cancelled: Any = None
+
+    def resolve_credential(self, alias: str) -> dict[str, Any]:
+        """The body of credential `alias`, as a tool error when it cannot be had.
+
+        Raises:
+            ToolError: kind "credential" (no store, unknown alias, not a mapping).
+        """
+        if self.credentials is None:
+            raise ToolError(
+                f"credential '{alias}' cannot be resolved: no credential store is configured",
+                kind="credential",
+            )
+        try:
+            body = self.credentials.resolve(alias)
+        except CredentialError as exc:
+            raise ToolError(str(exc), kind="credential") from None
+        if not isinstance(body, Mapping):
+            raise ToolError(f"credential '{alias}' is not a mapping", kind="credential")
+        return dict(body)
 
     def add_secret(self, value: Any) -> None:
         if isinstance(value, str) and len(value) >= 3:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from flowtide.errors import CredentialError, ToolError
+from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, redact
 
 if TYPE_CHECKING:
@@ -144,18 +144,7 @@ def _query_value(value: Any) -> Any:
 
 
 def _resolve_alias(alias: str, ctx: ToolContext) -> dict[str, Any]:
-    if ctx.credentials is None:
-        raise ToolError(
-            f"credential '{alias}' cannot be resolved: no credential store is configured",
-            kind="credential",
-        )
-    try:
-        body = ctx.credentials.resolve(alias)
-    except CredentialError as exc:
-        raise ToolError(str(exc), kind="credential") from None
-    if not isinstance(body, Mapping):
-        raise ToolError(f"credential '{alias}' is not a mapping", kind="credential")
-    return dict(body)
+    return ctx.resolve_credential(alias)
 
 
 def _auth_headers(auth: Any, ctx: ToolContext) -> dict[str, str]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
-from flowtide.errors import CredentialError, ToolError
+from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, redact
 
 if TYPE_CHECKING:
@@ -210,18 +210,7 @@ def _looks_like_dsn(text: str) -> bool:
 
 
 def _resolve_alias(alias: str, ctx: ToolContext) -> dict[str, Any]:
-    if ctx.credentials is None:
-        raise ToolError(
-            f"credential '{alias}' cannot be resolved: no credential store is configured",
-            kind="credential",
-        )
-    try:
-        body = ctx.credentials.resolve(alias)
-    except CredentialError as exc:
-        raise ToolError(str(exc), kind="credential") from None
-    if not isinstance(body, Mapping):
-        raise ToolError(f"credential '{alias}' is not a mapping", kind="credential")
-    return dict(body)
+    return ctx.resolve_credential(alias)
 
 
 def _connection_source(config: Mapping[str, Any], ctx: ToolContext) -> str | dict[str, Any]:

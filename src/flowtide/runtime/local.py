@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
 from flowtide.runtime.pipeline import Outcome, StepRunner
+from flowtide.runtime.workers import WorkerPool
 from flowtide.store.base import CommandUpdate, ExecutionUpdate, Store
 from flowtide.tools.registry import warm_tools
 
@@ -101,9 +101,9 @@ class LocalRuntime:
         self.worker_id = worker_id
         self.listener = listener
         self.ids = Snowflake()
-        self._pool = ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="flowtide-worker"
-        )
+        self._pool = WorkerPool(max_workers=max_workers)
+        self._outbox: list[list[Event]] = []
+        self._outbox_lock = threading.Lock()
         self._executions: dict[int, _Execution] = {}
         self._states: dict[int, ExecutionState] = {}
         self._inbox: asyncio.Queue[list[Event]] | None = None
@@ -140,7 +140,7 @@ class LocalRuntime:
                 await self._pump_task
             except asyncio.CancelledError:
                 pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
     # -- public API --------------------------------------------------------------------
 
@@ -263,7 +263,7 @@ class LocalRuntime:
         if kinds:
             self._warmed |= kinds
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._pool, warm_tools, kinds)
+            await loop.run_in_executor(None, warm_tools, kinds)
 
     def state(self, execution_id: int) -> ExecutionState:
         return self._states[execution_id]
@@ -287,11 +287,24 @@ class LocalRuntime:
         await self._inbox.put(events)
 
     def _post_threadsafe(self, events: list[Event]) -> None:
-        assert self._loop is not None and self._inbox is not None
-        try:
-            self._loop.call_soon_threadsafe(self._inbox.put_nowait, events)
-        except RuntimeError:
-            pass  # the loop is closed: the runtime is shutting down
+        """Hand a worker's events to the engine loop. Only the worker that finds the
+        outbox empty wakes the loop; the others ride along (one wake-up per batch)."""
+        assert self._loop is not None
+        with self._outbox_lock:
+            wake = not self._outbox
+            self._outbox.append(events)
+        if wake:
+            try:
+                self._loop.call_soon_threadsafe(self._drain_outbox)
+            except RuntimeError:
+                pass  # the loop is closed: the runtime is shutting down
+
+    def _drain_outbox(self) -> None:
+        assert self._inbox is not None
+        with self._outbox_lock:
+            batches, self._outbox = self._outbox, []
+        merged = [event for batch in batches for event in batch]
+        self._inbox.put_nowait(merged)
 
     async def _pump(self) -> None:
         assert self._inbox is not None
@@ -314,6 +327,8 @@ class LocalRuntime:
                         }
                         execution.done.set()
                 raise
+
+    _FILTERED = frozenset({ev.COMMAND_COMPLETED, ev.COMMAND_FAILED, ev.LOOP_DONE, ev.LOOP_STARTED})
 
     async def _accept(self, state: ExecutionState, event: Event) -> bool:
         """Filter worker reports and completion claims through the loop state in the KV."""
@@ -366,7 +381,7 @@ class LocalRuntime:
             if execution is None:
                 continue
             state = execution.state
-            if not await self._accept(state, event):
+            if event.type in self._FILTERED and not await self._accept(state, event):
                 continue
             if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
                 record = state.commands.get(event.command_id or -1)
@@ -413,9 +428,9 @@ class LocalRuntime:
                 self._dispatch(execution, command)
         for execution in finished:
             execution.cancelled.set()
+            execution.done.set()
             if self.loopstate is not None:
                 await self.loopstate.cleanup(execution.state.execution_id)
-            execution.done.set()
         if self.listener is not None and recorded:
             self.listener(recorded, self._states)
 

@@ -106,6 +106,7 @@ class StepRunner:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.playbook = playbook
+        self.base_dir = playbook.base_dir  # resolved once: Path.resolve() stats the disk
         self.credentials = credentials
         self.run_playbook = run_playbook
         self.sleep = sleep
@@ -196,7 +197,7 @@ class StepRunner:
                     execution_id=execution_id,
                     step=step.name,
                     task=task.name,
-                    base_dir=self.playbook.base_dir,
+                    base_dir=self.base_dir,
                     credentials=self.credentials,
                     secrets=secrets,
                     render_context=scope,

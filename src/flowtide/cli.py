@@ -85,7 +85,9 @@ def _overrides(sets: list[str] | None, payload: str | None) -> dict[str, Any]:
             if payload.startswith("@"):
                 source = Path(payload[1:]).read_text(encoding="utf-8")
         except OSError as exc:
-            raise typer.BadParameter(f"--payload {payload}: cannot read file: {exc.strerror}") from exc
+            raise typer.BadParameter(
+                f"--payload {payload}: cannot read file: {exc.strerror}"
+            ) from exc
         try:
             data = json.loads(source)
         except ValueError as exc:

@@ -31,7 +31,9 @@ def machine_id(worker_id: str | None = None) -> int:
 class Snowflake:
     """Thread-safe snowflake generator."""
 
-    def __init__(self, worker_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, worker_id: str | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.machine = machine_id(worker_id)
         self._clock = clock
         self._lock = threading.Lock()

@@ -237,9 +237,31 @@ def _exit(
     out.emit(ev.STEP_EXIT, step.name, status="completed", payload=payload)
 
 
+def _admitted(step: Step, context: Mapping[str, Any]) -> bool:
+    for when, allow in step.admit:
+        if when is None or (isinstance(when, bool) and when):
+            return allow
+        if not isinstance(when, bool) and truthy(
+            render(when, context, step=step.name, field="spec.policy.admit")
+        ):
+            return allow
+    return True
+
+
 def _enter_step(out: _Out, name: str) -> None:
     state = out.state
     step = state.playbook.steps[name]
+    if step.admit:
+        try:
+            admitted = _admitted(step, state.context())
+        except TemplateError as exc:
+            _exit(out, step, "failed", _template_error(exc))
+            return
+        if not admitted:
+            out.emit(
+                ev.STEP_EXIT, name, status="skipped", payload={"next": [], "reason": "not admitted"}
+            )
+            return
     if step.loop is not None:
         base = state.context()
         try:

@@ -505,7 +505,40 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         next=nxt,
         desc=raw.get("desc"),
         line=c.line(path),
+        admit=_parse_admit(c, raw, path, name),
     )
+
+
+def _parse_admit(
+    c: _Checker, raw: dict[str, Any], path: NodePath, step: str
+) -> tuple[tuple[Any, bool], ...]:
+    spec = raw.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    admit = policy.get("admit") if isinstance(policy, dict) else None
+    if admit is None:
+        return ()
+    apath: NodePath = (*path, "spec", "policy", "admit")
+    rules = admit.get("rules") if isinstance(admit, dict) else None
+    if not isinstance(rules, list):
+        c.error(
+            apath,
+            "admit needs a list of 'rules'",
+            step=step,
+            field="spec.policy.admit.rules",
+            expected="[{when: ..., then: {allow: true|false}}, {else: {then: {allow: ...}}}]",
+        )
+        return ()
+    out: list[tuple[Any, bool]] = []
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            continue
+        body = rule.get("else") if "else" in rule else rule
+        then = (body or {}).get("then", body) if isinstance(body, dict) else {}
+        allow = then.get("allow", True) if isinstance(then, dict) else True
+        when = None if "else" in rule else rule.get("when", True)
+        c.templates(when, (*apath, "rules", i, "when"), step, f"spec.policy.admit.rules[{i}].when")
+        out.append((when, bool(allow)))
+    return tuple(out)
 
 
 def _reachability(steps: dict[str, Step]) -> dict[str, frozenset[str]]:

@@ -80,6 +80,9 @@ class Step:
     next: Next = field(default_factory=Next)
     desc: str | None = None
     line: int | None = None
+    # `spec.policy.admit` rules: (when, allow) pairs, `when` None for `else`. A step
+    # whose first matching rule says allow: false is skipped (its branch ends).
+    admit: tuple[tuple[Any, bool], ...] = ()
 
 
 @dataclass(frozen=True)

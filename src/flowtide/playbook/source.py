@@ -85,7 +85,12 @@ def load_yaml(text: str, file: str | None = None) -> tuple[Any, Positions]:
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = f"YAML syntax error: {exc.problem or exc.context}"
-        if exc.context and exc.context_mark and exc.problem_mark and exc.context_mark.line != mark.line:
+        if (
+            exc.context
+            and exc.context_mark
+            and exc.problem_mark
+            and exc.context_mark.line != mark.line
+        ):
             message += f" ({exc.context} that starts at line {exc.context_mark.line + 1})"
         raise PlaybookError(
             message,

@@ -64,9 +64,7 @@ class _Environment(ImmutableSandboxedEnvironment):
 
 
 def _make_env() -> _Environment:
-    env = _Environment(
-        undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True
-    )
+    env = _Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
     env.filters["tojson"] = _tojson
     env.filters["to_json"] = _tojson
     env.filters["from_json"] = json.loads
@@ -143,7 +141,9 @@ class _Scope(Mapping[str, Any]):
 
 
 def _missing_name(exc: UndefinedError) -> str | None:
-    match = re.search(r"step '([^']+)' has not run", str(exc)) or re.search(r"'([^']+)' is undefined", str(exc))
+    match = re.search(r"step '([^']+)' has not run", str(exc)) or re.search(
+        r"'([^']+)' is undefined", str(exc)
+    )
     if match:
         return match.group(1)
     match = re.search(r"has no attribute '([^']+)'", str(exc))

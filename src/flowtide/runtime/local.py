@@ -209,6 +209,7 @@ class LocalRuntime:
         if state.terminal:
             execution.done.set()
             return state
+        self._abandon_children(execution_id)
         for record in list(state.commands.values()):
             command = Command(
                 command_id=record.command_id,
@@ -225,6 +226,29 @@ class LocalRuntime:
             # (e.g. a fan-in waiting on settled upstreams). Nudge the engine.
             await self._post([])
         return state
+
+    def _abandon_children(self, execution_id: int) -> None:
+        """Sub-playbook runs that were in flight when the parent stopped: the parent's
+        command runs again and starts new ones, so the old ones are closed as cancelled."""
+        now = time.time()
+        for row in self.store.list_executions(status="running", limit=10_000):
+            if row.parent_execution_id != execution_id:
+                continue
+            error = {"kind": "abandoned", "message": f"parent execution {execution_id} was resumed"}
+            event = Event(
+                event_id=self.ids.next_id(),
+                execution_id=row.execution_id,
+                type=ev.PLAYBOOK_CANCELLED,
+                status="cancelled",
+                error=error,
+                time=now,
+            )
+            self.store.append(
+                [event],
+                execution_updates=[
+                    ExecutionUpdate(row.execution_id, "cancelled", now, error=error)
+                ],
+            )
 
     async def wait(self, execution_id: int, timeout: float | None = None) -> ExecutionState:
         execution = self._executions[execution_id]

@@ -54,8 +54,20 @@ def pg_server() -> Iterator[PgServer]:
 def _serve(app_dir: Path, module: str, port: int) -> subprocess.Popen[bytes]:
     """Run `module:app` with uvicorn on 127.0.0.1:port in a child process."""
     return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", f"{module}:app", "--app-dir", str(app_dir),
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            f"{module}:app",
+            "--app-dir",
+            str(app_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

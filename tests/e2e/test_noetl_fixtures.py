@@ -22,17 +22,27 @@ PLAYBOOKS = NOETL_E2E / "playbooks"
 pytestmark = pytest.mark.skipif(not PLAYBOOKS.is_dir(), reason="noetl-e2e fixtures not found")
 
 
-def flowtide(*args: str, home: Path, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def flowtide(
+    *args: str, home: Path, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, FLOWTIDE_HOME=str(home), FLOWTIDE_NO_PROGRESS="1")
     return subprocess.run(
         [sys.executable, "-m", "flowtide.cli", *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
     )
 
 
-def run_json(path: Path, home: Path, *extra: str, cwd: Path | None = None, expect: int = 0) -> dict[str, Any]:
+def run_json(
+    path: Path, home: Path, *extra: str, cwd: Path | None = None, expect: int = 0
+) -> dict[str, Any]:
     proc = flowtide("run", str(path), "--json", *extra, home=home, cwd=cwd)
-    assert proc.returncode == expect, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == expect, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
     doc = json.loads(proc.stdout)
     return doc
 
@@ -67,7 +77,10 @@ def pg_rows(pg_server: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 def test_hello_world(home: Path) -> None:
     doc = run_json(PLAYBOOKS / "hello_world/hello_world.yaml", home)
     assert doc["status"] == "completed"
-    assert doc["steps"]["test_step"]["result"] == {"status": "ok", "data": {"message": "Hello World"}}
+    assert doc["steps"]["test_step"]["result"] == {
+        "status": "ok",
+        "data": {"message": "Hello World"},
+    }
     assert doc["error"] is None
 
 
@@ -90,7 +103,12 @@ def test_control_flow_workbook(home: Path) -> None:
 
 
 def test_control_flow_cold_path(home: Path) -> None:
-    doc = run_json(PLAYBOOKS / "control_flow_workbook/control_flow_workbook.yaml", home, "--set", "temperature_c=10")
+    doc = run_json(
+        PLAYBOOKS / "control_flow_workbook/control_flow_workbook.yaml",
+        home,
+        "--set",
+        "temperature_c=10",
+    )
     steps = doc["steps"]
     assert steps["eval_flag"]["result"]["is_hot"] is False
     assert steps["cold_task"]["result"] == {"who": "C"}
@@ -105,7 +123,10 @@ def test_loop_instance_isolation(home: Path) -> None:
     users = doc["steps"]["process_items_users"]["result"]
     assert [r["name"] for r in users["results"]] == ["Alice", "Bob"]
     assert users["stats"] == {"total": 2, "success": 2, "failed": 0}
-    assert [r["id"] for r in doc["steps"]["process_items_products"]["result"]["results"]] == [101, 102]
+    assert [r["id"] for r in doc["steps"]["process_items_products"]["result"]["results"]] == [
+        101,
+        102,
+    ]
 
 
 def test_vars_transient(home: Path) -> None:
@@ -117,7 +138,10 @@ def test_vars_transient(home: Path) -> None:
 def test_duckdb(home: Path) -> None:
     doc = run_json(PLAYBOOKS / "duckdb_test.yaml", home)
     assert doc["status"] == "completed"
-    assert doc["steps"]["start"]["result"] == [{"name": "Alice", "age": 30}, {"name": "Charlie", "age": 35}]
+    assert doc["steps"]["start"]["result"] == [
+        {"name": "Alice", "age": 30},
+        {"name": "Charlie", "age": 35},
+    ]
     assert doc["steps"]["verify"]["result"]["verified"] is True
 
 
@@ -127,7 +151,9 @@ def test_python_file_script(home: Path, tmp_path: Path) -> None:
     root = tmp_path / "e2e-root"
     root.mkdir()
     (root / "fixtures").symlink_to(NOETL_E2E)
-    doc = run_json(root / "fixtures/playbooks/script_execution/python_file_example.yaml", home, cwd=root)
+    doc = run_json(
+        root / "fixtures/playbooks/script_execution/python_file_example.yaml", home, cwd=root
+    )
     assert doc["status"] == "completed"
     result = doc["steps"]["verify_result"]["result"]
     assert result["status"] == "verified" and result["checks_passed"] == 4
@@ -154,54 +180,95 @@ def test_playbook_composition(pg_home: Path, pg_server: Any) -> None:
     assert "fixtures/playbooks/playbook_composition/user_profile_scorer" in reg.stdout
     doc = run_json(folder / "playbook_composition.yaml", pg_home)
     assert doc["status"] == "completed", doc["error"]
-    rows = pg_rows(pg_server, "SELECT user_name, profile_score, score_category FROM public.user_profile_results "
-                   "WHERE execution_id = %s ORDER BY user_name", doc["execution_id"])
-    assert rows == [("Alice", 16.2, "Junior"), ("Bob", 16.7, "Junior"), ("Charlie", 15.6, "Junior"),
-                    ("Diana", 21.2, "Junior")]
-    assert doc["steps"]["process_users"]["result"]["stats"] == {"total": 4, "success": 4, "failed": 0}
+    rows = pg_rows(
+        pg_server,
+        "SELECT user_name, profile_score, score_category FROM public.user_profile_results "
+        "WHERE execution_id = %s ORDER BY user_name",
+        doc["execution_id"],
+    )
+    assert rows == [
+        ("Alice", 16.2, "Junior"),
+        ("Bob", 16.7, "Junior"),
+        ("Charlie", 15.6, "Junior"),
+        ("Diana", 21.2, "Junior"),
+    ]
+    assert doc["steps"]["process_users"]["result"]["stats"] == {
+        "total": 4,
+        "success": 4,
+        "failed": 0,
+    }
 
 
 @pytest.mark.postgres
 def test_iterator_save(pg_home: Path, pg_server: Any) -> None:
     doc = run_json(PLAYBOOKS / "iterator_save_test/iterator_save_test.yaml", pg_home)
     assert doc["status"] == "completed", doc["error"]
-    rows = pg_rows(pg_server, "SELECT item_name, item_value FROM public.iterator_save_test "
-                   "WHERE execution_id = %s ORDER BY item_name", doc["execution_id"])
+    rows = pg_rows(
+        pg_server,
+        "SELECT item_name, item_value FROM public.iterator_save_test "
+        "WHERE execution_id = %s ORDER BY item_name",
+        doc["execution_id"],
+    )
     assert rows == [("item1", 100), ("item2", 200), ("item3", 300)]
 
 
 @pytest.mark.postgres
 def test_postgres_jsonb(pg_home: Path, pg_server: Any) -> None:
-    doc = run_json(PLAYBOOKS / "data_transfer/postgres_jsonb_test/postgres_jsonb_test.yaml", pg_home)
+    doc = run_json(
+        PLAYBOOKS / "data_transfer/postgres_jsonb_test/postgres_jsonb_test.yaml", pg_home
+    )
     assert doc["status"] == "completed", doc["error"]
     query = doc["steps"]["query_jsonb_data"]["result"]
     assert query["command_0"]["row_count"] == 3
-    assert [r["name"] for r in query["command_0"]["rows"]] == ["Alice Johnson", "Bob Smith", "Carol Davis"]
+    assert [r["name"] for r in query["command_0"]["rows"]] == [
+        "Alice Johnson",
+        "Bob Smith",
+        "Carol Davis",
+    ]
     assert query["command_0"]["rows"][0]["profile"]["preferences"]["theme"] == "dark"
     assert doc["steps"]["validate_and_cleanup"]["result"]["status"] == "completed"
     assert doc["steps"]["cleanup"]["runs"] == 0  # unreachable step tolerated, never run
-    assert pg_rows(pg_server, "SELECT count(*) FROM public.postgres_jsonb_test WHERE user_id < 99") == [(3,)]
+    assert pg_rows(
+        pg_server, "SELECT count(*) FROM public.postgres_jsonb_test WHERE user_id < 99"
+    ) == [(3,)]
 
 
 @pytest.mark.postgres
 def test_http_to_postgres_iterator(pg_home: Path, pg_server: Any, posts_api: str) -> None:
-    doc = run_json(PLAYBOOKS / "data_transfer/http_to_postgres_iterator/http_to_postgres_iterator.yaml", pg_home,
-                   "--set", f"api_url={posts_api}/posts")
+    doc = run_json(
+        PLAYBOOKS / "data_transfer/http_to_postgres_iterator/http_to_postgres_iterator.yaml",
+        pg_home,
+        "--set",
+        f"api_url={posts_api}/posts",
+    )
     assert doc["status"] == "completed", doc["error"]
     assert doc["steps"]["show_count"]["result"]["rows"] == [{"records": 100}]
-    assert doc["steps"]["insert_posts"]["result"]["stats"] == {"total": 100, "success": 100, "failed": 0}
+    assert doc["steps"]["insert_posts"]["result"]["stats"] == {
+        "total": 100,
+        "success": 100,
+        "failed": 0,
+    }
 
 
 def test_pagination_max_iterations(home: Path, paginated_api: str) -> None:
-    doc = run_json(PLAYBOOKS / "pagination/max_iterations/test_pagination_max_iterations.yaml", home,
-                   "--set", f"api_url={paginated_api}")
+    doc = run_json(
+        PLAYBOOKS / "pagination/max_iterations/test_pagination_max_iterations.yaml",
+        home,
+        "--set",
+        f"api_url={paginated_api}",
+    )
     assert doc["status"] == "completed", doc["error"]
     assert doc["steps"]["validate_results"]["result"]["total_items"] == 20
     assert doc["steps"]["fetch_with_limit"]["runs"] == 2
 
 
 def test_pagination_basic_overlaps(home: Path, paginated_api: str) -> None:
-    doc = run_json(PLAYBOOKS / "pagination/basic/test_pagination_basic.yaml", home, "--set", f"api_url={paginated_api}")
+    doc = run_json(
+        PLAYBOOKS / "pagination/basic/test_pagination_basic.yaml",
+        home,
+        "--set",
+        f"api_url={paginated_api}",
+    )
     assert doc["status"] == "completed", doc["error"]
     result = doc["steps"]["validate_results"]["result"]
     assert result["max_active"] >= 2
@@ -209,8 +276,13 @@ def test_pagination_basic_overlaps(home: Path, paginated_api: str) -> None:
 
 
 def test_pipeline_error_handling(home: Path, paginated_api: str) -> None:
-    doc = run_json(PLAYBOOKS / "pagination/pipeline/test_pipeline_error_handling.yaml", home,
-                   "--set", f"api_url={paginated_api}", expect=1)
+    doc = run_json(
+        PLAYBOOKS / "pagination/pipeline/test_pipeline_error_handling.yaml",
+        home,
+        "--set",
+        f"api_url={paginated_api}",
+        expect=1,
+    )
     assert doc["status"] == "failed"
     assert doc["error"]["step"] == "test_fail_auth"
     assert doc["error"]["kind"] == "auth"
@@ -220,12 +292,21 @@ def test_pipeline_error_handling(home: Path, paginated_api: str) -> None:
     assert steps["test_skip_transform"]["result"]["status"] == "passed"
     assert steps["generate_report"]["runs"] == 0
     log = events_of(doc["execution_id"], home)
-    calls = [(e["step"], e["payload"]["task"], e["type"], (e["error"] or {})) for e in log
-             if e["type"] in ("call.done", "call.error")]
-    flaky = [(t, err.get("kind"), err.get("retryable")) for s, task, t, err in calls if task == "fetch_flaky"]
+    calls = [
+        (e["step"], e["payload"]["task"], e["type"], (e["error"] or {}))
+        for e in log
+        if e["type"] in ("call.done", "call.error")
+    ]
+    flaky = [
+        (t, err.get("kind"), err.get("retryable"))
+        for s, task, t, err in calls
+        if task == "fetch_flaky"
+    ]
     assert flaky[0] == ("call.error", "server_error", True) and flaky[-1][0] == "call.done"
     auth = [err for s, task, t, err in calls if task == "fetch_auth_error"]
     assert auth and auth[0]["kind"] == "auth" and auth[0]["http_status"] == 401
     assert not [c for c in calls if c[1] == "should_not_reach"]
-    rate = [err.get("kind") for s, task, t, err in calls if s == "test_rate_limit" and t == "call.error"]
+    rate = [
+        err.get("kind") for s, task, t, err in calls if s == "test_rate_limit" and t == "call.error"
+    ]
     assert set(rate) <= {"rate_limit"}

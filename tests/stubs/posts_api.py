@@ -6,7 +6,18 @@ from fastapi import FastAPI
 
 app = FastAPI()
 
-_WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do"]
+_WORDS = [
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+]
 
 
 def _text(seed: int, n: int) -> str:

@@ -27,6 +27,7 @@ run: install
 test: install
 	@bash scripts/ensure-postgres.sh
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/pytest
 

@@ -132,3 +132,33 @@ def test_resume_after_sigkill_parallel(ft: Flowtide, tmp_path: Path) -> None:
         ft, eid, out_file, total=200, max_in_flight=8,
         value=lambda i: {"index": i, "cube": i**3},
     )  # fmt: skip
+
+
+def test_resume_closes_sub_playbook_runs_the_kill_abandoned(ft: Flowtide, tmp_path: Path) -> None:
+    out_file = tmp_path / "children.txt"
+    with (tmp_path / "run.out").open("wb") as stdout, (tmp_path / "run.err").open("wb") as stderr:
+        proc = ft.popen(
+            "run", PLAYBOOKS / "slow_parent.yaml", "--json", "--set", f"out_file={out_file}",
+            stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: len(lines(out_file)) >= 2, timeout=30, what="2 children", proc=proc)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    rows = ft.executions()
+    parent = next(r for r in rows if r["playbook"] == "tests/cli/slow_parent")
+    orphans = [r["execution_id"] for r in rows if r["status"] == "running" and r is not parent]
+    assert orphans, "the kill did not land while a child was running"
+
+    doc = ft.json("resume", parent["execution_id"])
+    assert doc["status"] == "completed", doc["error"]
+    assert [r["value"] for r in doc["steps"]["start"]["result"]["results"]] == [0, 1, 2, 3]
+    after = {r["execution_id"]: r["status"] for r in ft.executions()}
+    for orphan in orphans:
+        assert after[orphan] == "cancelled"
+        assert ft.status(orphan)["status"] == "cancelled"
+    assert "running" not in after.values()

@@ -107,6 +107,18 @@ def _overrides(sets: list[str] | None, payload: str | None) -> dict[str, Any]:
     return out
 
 
+def _execution_or_exit(store: Store, execution_id: int) -> Any:
+    """The execution's row; exit 2 with a message when there is no such execution."""
+    from flowtide.errors import NotFoundError
+
+    try:
+        return store.get_execution(execution_id)
+    except NotFoundError as exc:
+        store.close()
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -322,16 +334,11 @@ def status(
 ) -> None:
     """Show an execution's status, steps and result (rebuilt from its event log)."""
     from flowtide.engine.state import fold
-    from flowtide.errors import NotFoundError
     from flowtide.playbook.loader import parse_playbook
     from flowtide.runtime.report import execution_document
 
     store = _store(home, db)
-    try:
-        row = store.get_execution(execution_id)
-    except NotFoundError as exc:
-        _err(f"error: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
+    row = _execution_or_exit(store, execution_id)
     state = fold(
         parse_playbook(row.playbook_text, row.playbook_file),
         execution_id,
@@ -372,14 +379,9 @@ def events(
     """Print an execution's event log in order."""
     import datetime
 
-    from flowtide.errors import NotFoundError
 
     store = _store(home, db)
-    try:
-        store.get_execution(execution_id)
-    except NotFoundError as exc:
-        _err(f"error: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
+    _execution_or_exit(store, execution_id)
     log = store.events(execution_id)
     store.close()
     if as_json:

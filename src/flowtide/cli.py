@@ -379,7 +379,6 @@ def events(
     """Print an execution's event log in order."""
     import datetime
 
-
     store = _store(home, db)
     _execution_or_exit(store, execution_id)
     log = store.events(execution_id)

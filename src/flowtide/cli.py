@@ -123,7 +123,7 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def _print_summary(doc: dict[str, Any]) -> None:
+def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
     from rich.console import Console
     from rich.pretty import Pretty
 
@@ -132,8 +132,10 @@ def _print_summary(doc: dict[str, Any]) -> None:
     console.print(f"execution [bold]{doc['execution_id']}[/] [{style}]{doc['status']}[/]")
     if doc["error"]:
         err = doc["error"]
+        where = f" ({location})" if location else ""
         console.print(
-            f"[red]error[/] in step [bold]{err.get('step')}[/] ({err.get('kind')}): {err.get('message')}"
+            f"[red]error[/] in step [bold]{err.get('step')}[/]{where} ({err.get('kind')}): "
+            f"{err.get('message')}"
         )
     console.print("result:")
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
@@ -176,7 +178,7 @@ def _execute(
     from flowtide.credentials import CredentialVault
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
     from flowtide.runtime.local import LocalRuntime
-    from flowtide.runtime.report import execution_document
+    from flowtide.runtime.report import error_location, execution_document
 
     store = _store(home, db)
     vault = CredentialVault(store, _home(home))
@@ -185,6 +187,7 @@ def _execute(
     )
     view = None
     started_id: list[int] = []
+    location: list[str | None] = []
 
     async def main() -> dict[str, Any]:
         nonlocal view
@@ -214,6 +217,7 @@ def _execute(
                     state = await runtime.wait(eid)
             else:
                 state = await runtime.wait(eid)
+            location.append(error_location(state))
             return execution_document(state)
 
     try:
@@ -235,7 +239,7 @@ def _execute(
     if as_json:
         _print_json(doc)
     else:
-        _print_summary(doc)
+        _print_summary(doc, location[0] if location else None)
     return EXIT_OK if doc["status"] == "completed" else EXIT_FAILED
 
 

@@ -429,6 +429,7 @@ workflow:
         "kind": "python_error",
         "message": "ZeroDivisionError: division by zero",
         "step": "work",
+        "line": 6,  # where step `work` is written
     }
     assert driver.types()[-2:] == [ev.WORKFLOW_FAILED, ev.PLAYBOOK_FAILED]
     assert statuses(driver) == {"start": "completed", "work": "failed", "after": "pending"}
@@ -885,6 +886,7 @@ def test_fail_in_a_loop_iteration_fails_the_execution() -> None:
         "kind": "sql_error",
         "message": "relation does not exist",
         "step": "each",
+        "line": 9,  # where step `each` is written
     }
     assert driver.state.steps["each"].status == "failed"
     assert "after" not in driver.entered()

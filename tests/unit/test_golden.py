@@ -260,7 +260,7 @@ def failure_respond(driver: Driver, command: Command) -> dict[str, Any]:
 
 def failure_check(state: dict[str, Any], events: list[Event]) -> None:
     assert state["status"] == "failed"
-    assert state["error"] == {**FAILURE_ERROR, "step": "load"}
+    assert state["error"] == {**FAILURE_ERROR, "step": "load", "line": 10}
     assert state["ctx"] == {"rows": 10}
     assert {name: s["status"] for name, s in state["steps"].items()} == {
         "start": "completed",

@@ -323,6 +323,10 @@ def _maybe_finish(out: _Out, entering: set[str] | None = None) -> None:
 def _fail(out: _Out, step: str | None, error: dict[str, Any] | None) -> None:
     err = dict(error or {})
     err.setdefault("step", step)
+    definition = out.state.playbook.steps.get(step or "")
+    if definition is not None and definition.line is not None:
+        # where the failing step is written, so the message can point into the file
+        err.setdefault("line", definition.line)
     out.emit(ev.WORKFLOW_FAILED, step, status="failed", error=err)
     out.emit(ev.PLAYBOOK_FAILED, step, status="failed", error=err)
 

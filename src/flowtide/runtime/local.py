@@ -442,8 +442,6 @@ class LocalRuntime:
                         error=state.error,
                     )
                 )
-                for cid in list(state.commands):
-                    state.commands.pop(cid, None)
                 finished.append(execution)
         if recorded or command_rows:
             self.store.append(recorded, commands=command_rows, execution_updates=execution_rows)

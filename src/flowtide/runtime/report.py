@@ -17,6 +17,14 @@ def step_view(state: ExecutionState) -> dict[str, dict[str, Any]]:
     return steps
 
 
+def error_location(state: ExecutionState) -> str | None:
+    """`file:line` of the step an execution failed in, when known."""
+    err = state.error or {}
+    if err.get("line") is None:
+        return None
+    return f"{state.playbook.file or '<playbook>'}:{err['line']}"
+
+
 def execution_document(state: ExecutionState) -> dict[str, Any]:
     """The one JSON document `flowtide run --json` prints."""
     error = None
@@ -27,6 +35,7 @@ def execution_document(state: ExecutionState) -> dict[str, Any]:
             "kind": err.get("kind", state.status),
             "message": err.get("message", state.status),
         }
+
     return {
         "execution_id": str(state.execution_id),
         "status": state.status if state.terminal else "running",

@@ -61,11 +61,20 @@ class _Out:
         return event
 
     def issue(
-        self, step: str, *, instance: int | None = None, index: int | None = None, attempt: int = 1
+        self,
+        step: str,
+        *,
+        instance: int | None = None,
+        index: int | None = None,
+        attempt: int = 1,
+        cursor: bool = False,
     ) -> None:
         command_id = self.new_id()
         payload: dict[str, Any] = {"command_id": command_id, "attempt": attempt}
-        if instance is not None:
+        if cursor:
+            payload["loop_instance"] = instance
+            payload["cursor"] = True
+        elif instance is not None:
             payload["loop_instance"] = instance
             payload["loop_index"] = index
         issued = self.emit(
@@ -80,6 +89,7 @@ class _Out:
                 loop_instance=instance,
                 loop_index=index,
                 issued_event_id=issued.event_id,
+                extra={"cursor": True} if cursor else {},
             )
         )
 
@@ -152,7 +162,7 @@ def _max_in_flight(step: Step, context: Mapping[str, Any]) -> int:
     assert step.loop is not None
     raw = step.loop.max_in_flight
     if raw is None:
-        return 1 if step.loop.mode == "sequential" else DEFAULT_PARALLEL
+        return 1 if step.loop.mode in ("sequential", "cursor") else DEFAULT_PARALLEL
     if step.loop.mode == "sequential":
         return 1
     value = render(raw, context, step=step.name, field="loop.spec.max_in_flight")
@@ -262,6 +272,33 @@ def _enter_step(out: _Out, name: str) -> None:
                 ev.STEP_EXIT, name, status="skipped", payload={"next": [], "reason": "not admitted"}
             )
             return
+    if step.loop is not None and step.loop.mode == "cursor":
+        try:
+            mif = _max_in_flight(step, state.context())
+        except TemplateError as exc:
+            _exit(out, step, "failed", _template_error(exc))
+            return
+        except ValueError as exc:
+            _exit(
+                out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False}
+            )
+            return
+        out.emit(
+            ev.LOOP_STARTED,
+            name,
+            payload={
+                "instance": state.steps[name].runs,
+                "iterator": step.loop.iterator,
+                "mode": step.loop.mode,
+                "max_in_flight": mif,
+                "size": 0,
+                "collection": [],
+                "cursor": True,
+                "process": step.loop.frame_process,
+                "max_rows": step.loop.frame_max_rows,
+            },
+        )
+        return
     if step.loop is not None:
         base = state.context()
         try:
@@ -340,6 +377,9 @@ def _advance_loop(out: _Out, name: str) -> None:
         step = state.playbook.steps[name]
         _exit(out, step, "failed", loop.fail_error)
         return
+    if loop.cursor:
+        _advance_cursor(out, name)
+        return
     if not loop.broken:
         in_flight = len(loop.in_flight)
         next_index = loop.next_index
@@ -361,6 +401,55 @@ def _advance_loop(out: _Out, name: str) -> None:
                 "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
             },
         )
+
+
+def _advance_cursor(out: _Out, name: str) -> None:
+    """A cursor loop: issue claimed items up to max_in_flight; claim again (one claim at a
+    time) when every claimed item is issued, there is room and no claim came back empty;
+    finish once a claim came back empty and nothing is in flight."""
+    state = out.state
+    loop = state.loop_of(name)
+    assert loop is not None
+    in_flight = len(loop.in_flight)
+    next_index = loop.next_index
+    claiming = loop.claiming
+    if not loop.broken:
+        while in_flight < loop.max_in_flight and next_index < loop.size:
+            out.issue(name, instance=loop.instance, index=next_index)
+            next_index += 1
+            in_flight += 1
+        if (
+            not claiming
+            and not loop.exhausted
+            and next_index >= loop.size
+            and in_flight < loop.max_in_flight
+        ):
+            out.issue(name, instance=loop.instance, cursor=True)
+            claiming = True
+    if (
+        not loop.in_flight
+        and not claiming
+        and not any(c.step == name for c in out.commands)
+        and (loop.broken or (loop.exhausted and loop.completed == loop.size))
+    ):
+        out.emit(
+            ev.LOOP_DONE,
+            name,
+            status="completed",
+            payload={
+                "instance": loop.instance,
+                "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
+            },
+        )
+
+
+def _rows_of(result: Any) -> list[Any]:
+    """The rows a claim returned: a postgres result's `rows`, or a plain list."""
+    if isinstance(result, dict):
+        result = result.get("rows")
+    if isinstance(result, list | tuple):
+        return [plain(row) for row in result]
+    return []
 
 
 def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) -> Decision:
@@ -387,7 +476,7 @@ def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) ->
         _advance_loop(out, event.step or "")
     elif kind in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
         _on_command_result(out, event)
-    elif kind == ev.LOOP_ITEM:
+    elif kind in (ev.LOOP_ITEM, ev.LOOP_CLAIMED):
         _advance_loop(out, event.step or "")
     elif kind == ev.LOOP_DONE:
         _exit(out, state.playbook.steps[event.step or ""], "completed")
@@ -415,6 +504,26 @@ def _on_command_result(out: _Out, event: Event) -> None:
     index = payload.get("loop_index")
     step = state.playbook.steps.get(event.step or "")
     if step is None:
+        return
+    claim = state.last_report
+    if claim is not None and claim.cursor:
+        loop = state.loops.get((step.name, claim.loop_instance or 0))
+        if loop is not None and loop.fail_error is not None:
+            _advance_loop(out, step.name)  # the claim failed: so does the step
+            return
+        rows = _rows_of(payload.get("result"))
+        out.emit(
+            ev.LOOP_CLAIMED,
+            step.name,
+            status="ok",
+            payload={
+                "instance": claim.loop_instance,
+                "rows": rows,
+                "count": len(rows),
+                "exhausted": not rows,
+            },
+            command_id=event.command_id,
+        )
         return
     if index is not None:
         out.emit(

@@ -15,6 +15,7 @@ STEP_EXIT = "step.exit"
 STEP_SKIPPED = "step.skipped"
 LOOP_STARTED = "loop.started"
 LOOP_ITEM = "loop.item"
+LOOP_CLAIMED = "loop.claimed"  # a cursor loop's claim returned rows (or none: exhausted)
 LOOP_DONE = "loop.done"
 COMMAND_ISSUED = "command.issued"
 COMMAND_CLAIMED = "command.claimed"

@@ -42,6 +42,12 @@ class LoopRecord:
     broken: bool = False
     fail_error: dict[str, Any] | None = None
     finished: bool = False
+    # cursor loops: the collection grows with each `loop.claimed`
+    cursor: bool = False
+    process: str = "row"  # row: one iteration per row; frame: one per claimed batch
+    claiming: bool = False  # a claim command is outstanding
+    claims: int = 0  # claims reported so far
+    exhausted: bool = False  # a claim returned no rows
 
     @property
     def size(self) -> int:
@@ -66,6 +72,7 @@ class CommandRecord:
     loop_instance: int | None
     loop_index: int | None
     issued_event_id: int
+    cursor: bool = False  # a cursor loop's claim, not an iteration
 
 
 class ExecutionState:
@@ -92,6 +99,8 @@ class ExecutionState:
         # False when the last command report applied was a late or duplicate one
         # (decide must not act on it either).
         self.last_report_counted = True
+        # The command record the last counted report closed (None when not counted).
+        self.last_report: CommandRecord | None = None
         self._base: dict[str, Any] | None = None
 
     # -- reading -----------------------------------------------------------------------
@@ -165,8 +174,24 @@ class ExecutionState:
             max_in_flight=int(payload.get("max_in_flight") or 1),
             results=[None] * len(collection),
             done=[False] * len(collection),
+            cursor=bool(payload.get("cursor")),
+            process=str(payload.get("process") or "row"),
         )
         self.current_loop[step] = instance
+
+    def _on_loop_claimed(self, event: Event) -> None:
+        payload = event.payload or {}
+        loop = self.loops.get((event.step or "", int(payload.get("instance") or 0)))
+        if loop is None:
+            return
+        rows = list(payload.get("rows") or [])
+        items: list[Any] = [rows] if loop.process == "frame" and rows else rows
+        loop.collection.extend(items)
+        loop.results.extend([None] * len(items))
+        loop.done.extend([False] * len(items))
+        loop.claims += 1
+        if payload.get("exhausted"):
+            loop.exhausted = True
 
     def _on_command_issued(self, event: Event) -> None:
         payload = event.payload or {}
@@ -180,8 +205,13 @@ class ExecutionState:
             loop_instance=instance,
             loop_index=index,
             issued_event_id=event.event_id,
+            cursor=bool(payload.get("cursor")),
         )
-        if instance is not None and index is not None:
+        if payload.get("cursor") and instance is not None:
+            loop = self.loops.get((event.step or "", int(instance)))
+            if loop is not None:
+                loop.claiming = True
+        elif instance is not None and index is not None:
             loop = self.loops.get((event.step or "", int(instance)))
             if loop is not None:
                 loop.in_flight.add(int(index))
@@ -191,11 +221,26 @@ class ExecutionState:
         cid = event.command_id
         cmd = self.commands.pop(cid, None) if cid is not None else None
         self.last_report_counted = cmd is not None
+        self.last_report = cmd
         if cmd is None:
             return  # a duplicate or late report: the first one counted
         payload = event.payload or {}
         status = payload.get("status", "ok" if event.type == ev.COMMAND_COMPLETED else "error")
         result = payload.get("result")
+        if cmd.cursor:
+            # A claim: its rows join the loop through the `loop.claimed` that follows.
+            loop = self.loops.get((cmd.step, cmd.loop_instance or 0))
+            if loop is None or loop.finished:
+                self.last_report_counted = False
+                return
+            loop.claiming = False
+            if event.type == ev.COMMAND_FAILED or status != "ok":
+                loop.broken = True
+                loop.fail_error = event.error or {
+                    "kind": "error",
+                    "message": "cursor claim failed",
+                }
+            return
         if payload.get("ctx"):
             self.ctx = {**self.ctx, **payload["ctx"]}
             self._touch()
@@ -288,6 +333,7 @@ _APPLY = {
     ev.COMMAND_ISSUED: ExecutionState._on_command_issued,
     ev.COMMAND_COMPLETED: ExecutionState._on_command_done,
     ev.COMMAND_FAILED: ExecutionState._on_command_done,
+    ev.LOOP_CLAIMED: ExecutionState._on_loop_claimed,
     ev.LOOP_DONE: ExecutionState._on_loop_done,
     ev.CTX_UPDATED: ExecutionState._on_ctx_updated,
     ev.STEP_EXIT: ExecutionState._on_step_exit,

@@ -64,10 +64,16 @@ class Next:
 
 @dataclass(frozen=True)
 class Loop:
-    collection: Any  # template or literal list
+    collection: Any  # template or literal list (None for a cursor loop)
     iterator: str
-    mode: str = "sequential"  # sequential | parallel
+    mode: str = "sequential"  # sequential | parallel | cursor
     max_in_flight: Any = None  # int, template, or None (default by mode)
+    # `mode: cursor`: the claim query, run as a task (config holds `claim`, `auth`, ...);
+    # each claim takes up to `frame_max_rows` rows, and each row (`frame_process: row`)
+    # or each claimed batch (`frame`) becomes one iteration.
+    cursor: Task | None = None
+    frame_max_rows: int = 1
+    frame_process: str = "row"  # row | frame
 
 
 @dataclass(frozen=True)

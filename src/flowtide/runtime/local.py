@@ -219,6 +219,7 @@ class LocalRuntime:
                 loop_instance=record.loop_instance,
                 loop_index=record.loop_index,
                 issued_event_id=record.issued_event_id,
+                extra={"cursor": True} if record.cursor else {},
             )
             self._dispatch(execution, command)
         if not state.commands:
@@ -282,6 +283,7 @@ class LocalRuntime:
 
     async def _warm(self, playbook: Playbook) -> None:
         kinds = {t.kind for s in playbook.steps.values() for t in s.tasks}
+        kinds |= {s.loop.cursor.kind for s in playbook.steps.values() if s.loop and s.loop.cursor}
         kinds |= {t.kind for t in playbook.workbook.values()}
         kinds -= self._warmed
         if kinds:
@@ -461,6 +463,9 @@ class LocalRuntime:
         step = state.playbook.steps[command.step]
         base = state.context()
         ctx = state.ctx
+        if command.extra.get("cursor"):
+            self._pool.submit(self._claim_work, execution, command, step, base, ctx)
+            return
         iterator = element = None
         if command.loop_index is not None:
             loop = state.loops[(command.step, command.loop_instance or 0)]
@@ -500,12 +505,36 @@ class LocalRuntime:
             )
         self._post_threadsafe(self._outcome_events(command, outcome))
 
+    def _claim_work(
+        self,
+        execution: _Execution,
+        command: Command,
+        step: Any,
+        base: Mapping[str, Any],
+        ctx: Mapping[str, Any],
+    ) -> None:
+        """Worker thread: run a cursor loop's claim query and post its rows."""
+        try:
+            outcome = execution.runner.claim(step, base, ctx, execution_id=command.execution_id)
+        except Exception as exc:  # noqa: BLE001 - report, never lose a command
+            outcome = Outcome(
+                "error",
+                None,
+                action="fail",
+                error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
+                started=time.time(),
+            )
+        self._post_threadsafe(self._outcome_events(command, outcome))
+
     def _outcome_events(self, command: Command, outcome: Outcome) -> list[Event]:
         new_id = self.ids.next_id
         eid = command.execution_id
         worker = threading.current_thread().name
         base: dict[str, Any] = {"attempt": command.attempt}
-        if command.loop_index is not None:
+        if command.extra.get("cursor"):
+            base["loop_instance"] = command.loop_instance
+            base["cursor"] = True
+        elif command.loop_index is not None:
             base["loop_instance"] = command.loop_instance
             base["loop_index"] = command.loop_index
         out = [

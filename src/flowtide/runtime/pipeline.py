@@ -333,6 +333,60 @@ class StepRunner:
             started=started,
         )
 
+    def claim(
+        self,
+        step: Step,
+        base: Mapping[str, Any],
+        ctx: Mapping[str, Any],
+        *,
+        execution_id: int,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Outcome:
+        """Run a cursor loop's claim query. The result is `{rows, row_count}`; templates
+        in the cursor see `__frame_max_rows` (the loop's `spec.frame.max_rows`)."""
+        assert step.loop is not None and step.loop.cursor is not None
+        cursor = step.loop.cursor
+        started = time.time()
+        scope = layered(
+            {"__frame_max_rows": step.loop.frame_max_rows},
+            {"ctx": ctx, "vars": ctx},
+            base,
+        )
+        secrets: set[str] = set()
+        tctx = ToolContext(
+            execution_id=execution_id,
+            step=step.name,
+            task=cursor.name,
+            base_dir=self.base_dir,
+            credentials=self.credentials,
+            secrets=secrets,
+            render_context=scope,
+            run_playbook=self.run_playbook,
+            cancelled=cancelled,
+        )
+        t0 = time.perf_counter()
+        error: dict[str, Any] | None = None
+        result: Any = None
+        try:
+            config = {
+                k: render(v, scope, step=step.name, field=f"loop.cursor.{k}")
+                for k, v in cursor.config.items()
+            }
+            config["command"] = config.pop("claim")
+            tctx.timeout = _timeout(config)
+            raw = get_tool(cursor.kind).run(config, tctx)
+            rows = list(raw.get("rows") or []) if isinstance(raw, Mapping) else []
+            result = {"rows": rows, "row_count": len(rows)}
+        except Exception as exc:  # noqa: BLE001 - a failed claim fails the loop, not the worker
+            error = _error_dict(exc)
+        duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+        if secrets and error:
+            error = redact_value(error, secrets)
+        call = Call(cursor.name, 1, error is None, duration_ms, time.time(), error)
+        if error is not None:
+            return Outcome("error", None, action="fail", error=error, calls=[call], started=started)
+        return Outcome("ok", result, calls=[call], started=started)
+
     def _apply_set(
         self,
         spec: Mapping[str, Any],

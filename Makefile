@@ -16,7 +16,7 @@ $(BIN)/python:
 	@$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[postgres,dev]'
+	$(BIN)/pip install -q -e '.[postgres,spark,dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -199,7 +199,9 @@ def _execute(
 
             view = ProgressView(Console(stderr=True), title=target or f"execution {execution_id}")
             listener = view.on_events
-        async with LocalRuntime(store, credentials=vault, listener=listener) as runtime:
+        async with LocalRuntime(
+            store, credentials=vault, listener=listener, data_dir=_home(home) / "data"
+        ) as runtime:
             if action == "run":
                 assert target is not None
                 playbook, version = _load_target(target, store)

@@ -41,7 +41,9 @@ def run(
     store = SQLiteStore(Path(db) if db is not None else home_path / "flowtide.db")
 
     async def main() -> dict[str, Any]:
-        async with LocalRuntime(store, credentials=CredentialVault(store, home_path)) as runtime:
+        async with LocalRuntime(
+            store, credentials=CredentialVault(store, home_path), data_dir=home_path / "data"
+        ) as runtime:
             state = await runtime.run(loaded, workload=dict(workload or {}))
             return execution_document(state)
 

@@ -33,7 +33,7 @@ from flowtide.playbook.template import render
 from flowtide.runtime.pipeline import Outcome, StepRunner
 from flowtide.runtime.workers import WorkerPool
 from flowtide.store.base import CommandUpdate, ExecutionUpdate, Store
-from flowtide.tools.registry import warm_tools
+from flowtide.tools.registry import cancel_running, warm_tools
 
 Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
 
@@ -93,8 +93,12 @@ class LocalRuntime:
         max_workers: int = 64,
         worker_id: str = "local",
         listener: Listener | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.store = store
+        # Datasets that tools write (spark results without a sink) live here, one folder
+        # per execution; absolute, because a Spark Connect server or cluster reads it too.
+        self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
         self.kv = kv
         self.loopstate = LoopState(kv) if kv is not None else None
         self.credentials = credentials
@@ -132,8 +136,14 @@ class LocalRuntime:
         if self._closed:
             return
         self._closed = True
+        unfinished = False
         for execution in self._executions.values():
+            unfinished = unfinished or not execution.done.is_set()
             execution.cancelled.set()
+        if unfinished:
+            # Ctrl-C or an abandoned run: Spark jobs keep running on a Connect server or
+            # cluster unless they are stopped before this process goes away.
+            cancel_running()
         if self._pump_task is not None:
             self._pump_task.cancel()
             try:
@@ -268,6 +278,7 @@ class LocalRuntime:
         if execution is None or execution.state.terminal:
             return
         execution.cancelled.set()
+        cancel_running(execution_id)
         await self._post(
             [
                 Event(
@@ -289,7 +300,10 @@ class LocalRuntime:
         if kinds:
             self._warmed |= kinds
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, warm_tools, kinds)
+            await loop.run_in_executor(
+                None,
+                lambda: warm_tools(kinds, executor=playbook.executor, data_dir=self.data_dir),
+            )
 
     def state(self, execution_id: int) -> ExecutionState:
         return self._states[execution_id]
@@ -301,7 +315,10 @@ class LocalRuntime:
     ) -> _Execution:
         state = state or ExecutionState(playbook, execution_id)
         runner = StepRunner(
-            playbook, credentials=self.credentials, run_playbook=self._run_child_blocking
+            playbook,
+            credentials=self.credentials,
+            run_playbook=self._run_child_blocking,
+            data_dir=self.data_dir,
         )
         execution = _Execution(state=state, runner=runner)
         self._executions[execution_id] = execution
@@ -559,6 +576,8 @@ class LocalRuntime:
             }
             if call.stdout:
                 payload["stdout"] = call.stdout
+            if call.meta:
+                payload.update(call.meta)
             out.append(
                 Event(
                     event_id=new_id(),

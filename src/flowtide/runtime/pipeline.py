@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
@@ -35,6 +36,7 @@ class Call:
     started: float
     error: dict[str, Any] | None = None
     stdout: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # the tool's call_meta
 
 
 @dataclass
@@ -104,9 +106,11 @@ class StepRunner:
         credentials: Any = None,
         run_playbook: Callable[..., Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        data_dir: Path | None = None,
     ) -> None:
         self.playbook = playbook
         self.base_dir = playbook.base_dir  # resolved once: Path.resolve() stats the disk
+        self.data_dir = data_dir
         self.credentials = credentials
         self.run_playbook = run_playbook
         self.sleep = sleep
@@ -203,6 +207,10 @@ class StepRunner:
                     render_context=scope,
                     run_playbook=self.run_playbook,
                     cancelled=cancelled,
+                    executor=self.playbook.executor,
+                    data_dir=self.data_dir,
+                    loop_index=index,
+                    attempt=attempt,
                 )
                 error: dict[str, Any] | None = None
                 result: Any = None
@@ -244,6 +252,7 @@ class StepRunner:
                         time.time(),
                         error,
                         out_text[:STDOUT_LIMIT] or None,
+                        redact_value(tctx.call_meta, secrets) if tctx.call_meta else {},
                     )
                 )
                 output = envelope(

@@ -45,6 +45,15 @@ class ToolContext:
     run_playbook: Any = None
     # Set by the runtime: returns True once the execution is being cancelled.
     cancelled: Any = None
+    # The playbook's `executor:` block (runtime hints such as `executor.spark`).
+    executor: Mapping[str, Any] = field(default_factory=dict)
+    # Where tools keep an execution's datasets (`<data_dir>/<execution_id>/<step>/`).
+    data_dir: Path | None = None
+    loop_index: int | None = None
+    attempt: int = 1
+    # Facts about the call (spark job ids, rows written...) that the runtime records in
+    # the call.done / call.error event; never results, never secrets.
+    call_meta: dict[str, Any] = field(default_factory=dict)
 
     def resolve_credential(self, alias: str) -> dict[str, Any]:
         """The body of credential `alias`, as a tool error when it cannot be had.

@@ -67,7 +67,13 @@ from typing import Any
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 
-__all__ = ["DEFAULT_OUTPUT_LIMIT", "PythonTool", "compile_cache_clear", "compile_cache_info"]
+__all__ = [
+    "DEFAULT_OUTPUT_LIMIT",
+    "PythonTool",
+    "compile_cache_clear",
+    "compile_cache_info",
+    "run_user_code",
+]
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 """Characters of captured output kept per call; the rest is counted and dropped."""
@@ -988,3 +994,46 @@ class PythonTool:
         # Last, so no input key can break output capture.
         ns["print"] = _make_print(capture)
         return ns
+
+
+def run_user_code(
+    source: str,
+    ctx: ToolContext,
+    *,
+    inputs: Mapping[str, Any],
+    extra_globals: Mapping[str, Any] | None = None,
+    filename: str = _CODE_FILENAME,
+) -> Any:
+    """Run `source` the way the python tool does and return its raw result (not converted
+    to JSON): `main(...)` called with the values of `inputs` its signature names, else a
+    module-level `return`, else the global `result`. `inputs` keys are also globals;
+    `extra_globals` are globals that `main` can name as parameters too. Printed output goes
+    to `ctx.stdout`. Other tools (spark `code:`) embed user Python through this.
+
+    Raises:
+        ToolError: kind "python_error" (syntax error, or an exception from the code, with
+            the user's line).
+    """
+    error: ToolError | None = None
+    try:
+        unit = _compile_unit(source, filename)
+    except (SyntaxError, ValueError) as exc:
+        error = _syntax_error(exc, filename)
+    if error is not None:
+        raise error
+    merged = {**(extra_globals or {}), **inputs}
+    capture = _Capture(DEFAULT_OUTPUT_LIMIT)
+    ns = PythonTool._namespace(unit, dict(inputs), {}, ctx, capture)
+    ns.update({k: v for k, v in (extra_globals or {}).items() if k not in inputs})
+    _ensure_routing()
+    value: Any = None
+    try:
+        try:
+            value = _execute(unit, ns, merged, capture)
+        except (Exception, SystemExit) as exc:
+            error = _user_error(exc, unit)
+        if error is not None:
+            raise error
+    finally:
+        capture.drain_into(ctx.stdout)
+    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import threading
 from typing import Any
 
@@ -14,14 +15,19 @@ _KINDS = {
     "postgres": ("flowtide.tools.postgres", "PostgresTool"),
     "duckdb": ("flowtide.tools.duckdb", "DuckDBTool"),
     "noop": ("flowtide.tools.noop", "NoopTool"),
+    "spark": ("flowtide.tools.spark", "SparkTool"),
 }
 
 _instances: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def warm_tools(kinds: set[str]) -> None:
-    """Import (and let prepare) the tools of `kinds` ahead of the first command."""
+def warm_tools(kinds: set[str], **hints: Any) -> None:
+    """Import (and let prepare) the tools of `kinds` ahead of the first command.
+
+    `hints` (the playbook's `executor`, the runtime's `data_dir`) reach the `warm` methods
+    that name them as parameters.
+    """
     for kind in kinds:
         if kind not in _KINDS:
             continue
@@ -31,7 +37,22 @@ def warm_tools(kinds: set[str]) -> None:
             continue  # reported when a step actually uses it
         warm = getattr(tool, "warm", None)
         if warm is not None:
-            warm()
+            accepted = inspect.signature(warm).parameters
+            warm(**{k: v for k, v in hints.items() if k in accepted})
+
+
+def cancel_running(execution_id: int | None = None) -> None:
+    """Ask the tools in use to stop the work they run for `execution_id` (every execution
+    when None) now: work that runs outside Python (Spark jobs) does not stop by itself
+    when the process stops waiting for it."""
+    for tool in list(_instances.values()):
+        cancel = getattr(tool, "cancel", None)
+        if cancel is None:
+            continue
+        try:
+            cancel(execution_id)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            continue
 
 
 def get_tool(kind: str) -> Any:

@@ -1,0 +1,208 @@
+"""Spark work in flight, by step run: progress for the display, cancellation, job ids.
+
+Every spark step run registers a `SparkRun` under a tag unique to it. In classic mode
+the tag is the thread's Spark job group, so the status tracker lists the run's jobs and
+`cancelJobGroup` stops them; with Spark Connect it is an operation tag (`addTag`,
+`interruptTag`) and progress arrives through the session's progress handler, which the
+client calls on the thread that started the query.
+
+A monitor thread (started with the first run) interrupts runs whose execution is being
+cancelled (`ToolContext.cancelled`) or whose `timeout` has passed. `cancel_execution` and
+`cancel_all` do the same at once, for the runtime's shutdown on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SparkRun", "begin", "cancel_all", "cancel_execution", "end", "snapshot"]
+
+_POLL_SECONDS = 0.2
+_SNAPSHOT_TTL = 0.25
+
+
+@dataclass
+class SparkRun:
+    tag: str
+    execution_id: int
+    step: str
+    session: Any  # the run's child session
+    connect: bool
+    cancelled: Callable[[], bool] | None = None
+    deadline: float | None = None  # time.monotonic() after which the run is interrupted
+    started: float = field(default_factory=time.monotonic)
+    reason: str | None = None  # "cancelled" | "timeout" once interrupted
+    # Spark Connect: what the progress handler reported.
+    operations: list[str] = field(default_factory=list)
+    stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (done, total)
+    stages_done: set[int] = field(default_factory=set)
+    inflight: int = 0
+
+
+_lock = threading.Lock()
+_runs: dict[str, SparkRun] = {}
+_current = threading.local()
+_monitor: threading.Thread | None = None
+_cache: tuple[float, list[dict[str, Any]]] = (0.0, [])
+
+
+def begin(run: SparkRun) -> None:
+    """Register `run` and mark this thread's Spark work with its tag."""
+    global _monitor
+    if run.connect:
+        run.session.addTag(run.tag)
+        run.session.registerProgressHandler(_on_progress)
+    else:
+        sc = run.session.sparkContext
+        sc.setJobGroup(run.tag, f"flowtide {run.execution_id} {run.step}", interruptOnCancel=True)
+    _current.run = run
+    with _lock:
+        _runs[run.tag] = run
+        if _monitor is None or not _monitor.is_alive():
+            _monitor = threading.Thread(target=_watch, name="flowtide-spark-monitor", daemon=True)
+            _monitor.start()
+
+
+def end(run: SparkRun) -> list[Any]:
+    """Unregister `run`; returns its job ids (classic) or operation ids (Connect)."""
+    with _lock:
+        _runs.pop(run.tag, None)
+    _current.run = None
+    if run.connect:
+        try:
+            run.session.removeTag(run.tag)
+        except Exception:
+            pass
+        return list(dict.fromkeys(run.operations))
+    try:
+        sc = run.session.sparkContext
+        jobs = sorted(int(j) for j in sc.statusTracker().getJobIdsForGroup(run.tag))
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        return jobs
+    except Exception:
+        return []
+
+
+def _on_progress(*args: Any, **kwargs: Any) -> None:
+    """Spark Connect progress handler: (stages, inflight_tasks, operation_id, done)."""
+    run = getattr(_current, "run", None)
+    if run is None:
+        return
+    stages = kwargs.get("stages", args[0] if args else [])
+    inflight = kwargs.get("inflight_tasks", args[1] if len(args) > 1 else 0)
+    operation = kwargs.get("operation_id", args[2] if len(args) > 2 else None)
+    if operation and (not run.operations or run.operations[-1] != operation):
+        run.operations.append(str(operation))
+    run.inflight = int(inflight or 0)
+    for stage in stages or []:
+        sid = int(getattr(stage, "stage_id", -1))
+        run.stages[sid] = (
+            int(getattr(stage, "num_completed_tasks", 0)),
+            int(getattr(stage, "num_tasks", 0)),
+        )
+        if getattr(stage, "done", False):
+            run.stages_done.add(sid)
+
+
+def interrupt(run: SparkRun, reason: str) -> None:
+    """Stop the run's Spark jobs; the step then fails with kind `reason`."""
+    if run.reason is not None:
+        return
+    run.reason = reason
+    try:
+        if run.connect:
+            run.session.interruptTag(run.tag)
+        else:
+            run.session.sparkContext.cancelJobGroup(run.tag)
+    except Exception:
+        pass  # the session is going away anyway
+
+
+def cancel_execution(execution_id: int, reason: str = "cancelled") -> int:
+    """Interrupt every run of `execution_id`; returns how many were running."""
+    with _lock:
+        runs = [r for r in _runs.values() if r.execution_id == execution_id]
+    for run in runs:
+        interrupt(run, reason)
+    return len(runs)
+
+
+def cancel_all(reason: str = "cancelled") -> int:
+    """Interrupt every run in the process (the runtime is shutting down)."""
+    with _lock:
+        runs = list(_runs.values())
+    for run in runs:
+        interrupt(run, reason)
+    return len(runs)
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(_POLL_SECONDS)
+        now = time.monotonic()
+        with _lock:
+            runs = list(_runs.values())
+        for run in runs:
+            if run.reason is not None:
+                continue
+            try:
+                if run.cancelled is not None and run.cancelled():
+                    interrupt(run, "cancelled")
+                elif run.deadline is not None and now >= run.deadline:
+                    interrupt(run, "timeout")
+            except Exception:
+                continue
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """Runs in flight with their active stages: `[{execution_id, step, seconds, jobs,
+    stages: [{id, done, total}], tasks_done, tasks_total}]`. Cached for a quarter second:
+    the display calls it several times a second and classic mode asks the JVM."""
+    global _cache
+    now = time.monotonic()
+    if now - _cache[0] < _SNAPSHOT_TTL:
+        return _cache[1]
+    with _lock:
+        runs = list(_runs.values())
+    out = [_describe(run, now) for run in runs]
+    _cache = (now, out)
+    return out
+
+
+def _describe(run: SparkRun, now: float) -> dict[str, Any]:
+    stages: list[dict[str, int]] = []
+    jobs: list[int] = []
+    if run.connect:
+        for sid, (done, total) in sorted(run.stages.items()):
+            if sid not in run.stages_done:
+                stages.append({"id": sid, "done": done, "total": total})
+    else:
+        try:
+            tracker = run.session.sparkContext.statusTracker()
+            for job_id in tracker.getJobIdsForGroup(run.tag):
+                info = tracker.getJobInfo(job_id)
+                if info is None or info.status != "RUNNING":
+                    continue
+                jobs.append(int(job_id))
+                for sid in info.stageIds:
+                    stage = tracker.getStageInfo(sid)
+                    if stage is None or stage.numTasks == stage.numCompletedTasks:
+                        continue
+                    stages.append(
+                        {"id": int(sid), "done": stage.numCompletedTasks, "total": stage.numTasks}
+                    )
+        except Exception:
+            pass  # the JVM is busy stopping: show what we have
+    return {
+        "execution_id": run.execution_id,
+        "step": run.step,
+        "seconds": round(now - run.started, 1),
+        "jobs": sorted(jobs),
+        "stages": stages,
+        "tasks_done": sum(s["done"] for s in stages),
+        "tasks_total": sum(s["total"] for s in stages),
+    }

@@ -1,6 +1,8 @@
 # flowtide — the two commands the README starts with:
-#   make run    install into .venv and run examples/quickstart.yaml embedded
-#   make test   install what the tests need (PostgreSQL server included) and run them all
+#   make run    install into .venv (Java too, for Spark) and run examples/quickstart.yaml and
+#               examples/spark_etl.yaml embedded
+#   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver) and run
+#               them all
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -23,9 +25,12 @@ install: $(STAMP)
 
 run: install
 	$(BIN)/flowtide run examples/quickstart.yaml
+	@bash scripts/ensure-spark.sh
+	$(BIN)/flowtide run examples/spark_etl.yaml
 
 test: install
 	@bash scripts/ensure-postgres.sh
+	@bash scripts/ensure-spark.sh
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
@@ -40,6 +45,7 @@ typecheck: install
 
 bench: install
 	$(BIN)/python bench/loop.py
+	$(BIN)/python bench/spark.py
 
 clean:
-	rm -rf $(VENV) .flowtide .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .flowtide examples/.flowtide examples/out .pytest_cache .mypy_cache .ruff_cache

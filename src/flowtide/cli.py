@@ -17,10 +17,11 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 app = typer.Typer(
     help=(
-        "flowtide runs NoETL-style YAML playbooks: HTTP, SQL, Python and DuckDB steps wired by "
-        "conditional arcs, loops and fan-in barriers.\n\n"
+        "flowtide runs NoETL-style YAML playbooks: HTTP, SQL, Python, DuckDB and Spark steps "
+        "wired by conditional arcs, loops and fan-in barriers.\n\n"
         "Everything runs embedded by default: events in a SQLite file under .flowtide/, loop "
-        "state in an in-process key-value store, workers as threads."
+        "state in an in-process key-value store, workers as threads, Spark in local mode "
+        "(started on the first spark step)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -54,6 +55,18 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+SparkMasterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--spark-master",
+        envvar="FLOWTIDE_SPARK_MASTER",
+        help=(
+            "Where spark steps run: local[*] (default), sc://HOST:PORT (Spark Connect), "
+            "spark://HOST:PORT, k8s://..., yarn. Wins over the playbook's executor.spark.master."
+        ),
+        show_default=False,
+    ),
+]
 
 
 def _home(home: Path | None) -> Path:
@@ -171,9 +184,15 @@ def _execute(
     home: Path | None,
     db: Path | None,
     as_json: bool,
+    spark_master: str | None = None,
 ) -> int:
     """Run (or resume) one execution embedded and report it. Returns the exit code."""
     import asyncio
+
+    if spark_master:
+        from flowtide.spark.session import set_master
+
+        set_master(spark_master)
 
     from flowtide.credentials import CredentialVault
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
@@ -264,6 +283,7 @@ def run(
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
+    spark_master: SparkMasterOpt = None,
 ) -> None:
     """Run a playbook embedded, to the end.
 
@@ -276,7 +296,15 @@ def run(
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     raise typer.Exit(
-        _execute("run", target=target, overrides=overrides, home=home, db=db, as_json=as_json)
+        _execute(
+            "run",
+            target=target,
+            overrides=overrides,
+            home=home,
+            db=db,
+            as_json=as_json,
+            spark_master=spark_master,
+        )
     )
 
 
@@ -286,10 +314,18 @@ def resume(
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
+    spark_master: SparkMasterOpt = None,
 ) -> None:
     """Continue a stopped run from its event log (completed steps and iterations are kept)."""
     raise typer.Exit(
-        _execute("resume", execution_id=execution_id, home=home, db=db, as_json=as_json)
+        _execute(
+            "resume",
+            execution_id=execution_id,
+            home=home,
+            db=db,
+            as_json=as_json,
+            spark_master=spark_master,
+        )
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -428,3 +429,47 @@ def test_jdbc_round_trip_through_postgres(run_playbook: Runner, pg_server: Any) 
     assert rows == [(1, 21.0), (2, 8.0)]
     # the password reached Spark, never the log
     assert pg_server.password not in result.dumped()
+
+
+def test_progress_view_shows_the_running_spark_job(tmp_path: Path) -> None:
+    import asyncio
+
+    from rich.console import Console
+
+    from flowtide.playbook.loader import parse_playbook
+    from flowtide.runtime.local import LocalRuntime
+    from flowtide.runtime.progress import ProgressView
+    from flowtide.store.sqlite import SQLiteStore
+
+    from .conftest import HEADER
+
+    text = HEADER + f'workflow:\n  - step: crunch\n    tool: {{kind: spark, sql: "{SLOW_SQL}"}}\n'
+    playbook = parse_playbook(text, str(tmp_path / "pb.yaml"))
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    console = Console(record=True, width=120, force_terminal=False)
+    view = ProgressView(console, title="pb.yaml")
+    seen: list[str] = []
+
+    async def main() -> None:
+        async with LocalRuntime(store, listener=view.on_events, data_dir=tmp_path / "data") as rt:
+            eid = await rt.start(playbook)
+            view.track(eid)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                runs = [r for r in activity.snapshot() if r["tasks_total"]]
+                if runs:
+                    console.print(view.render())
+                    seen.append(console.export_text())
+                    break
+                await asyncio.sleep(0.1)
+            await rt.cancel(eid)
+            await rt.wait(eid, timeout=60)
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert seen, "the spark job never showed up in the activity snapshot"
+    screen = seen[0]
+    assert "spark step" in screen and "crunch" in screen
+    assert re.search(r"\d+/\d+", screen.split("spark step", 1)[1])  # tasks done/total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -93,4 +94,39 @@ class ProgressView:
             table.add_row(
                 name, Text(rec.status, style=_STYLE.get(rec.status, "")), str(rec.runs), progress
             )
-        return Group(header, table)
+        spark = self._spark(state)
+        return Group(header, table, spark) if spark is not None else Group(header, table)
+
+    @staticmethod
+    def _spark(state: ExecutionState) -> Any:
+        """Spark jobs of this execution's running steps: stages and tasks done/total."""
+        activity = sys.modules.get("flowtide.spark.activity")
+        if activity is None:  # no spark step ran: never import pyspark for the display
+            return None
+        runs = [r for r in activity.snapshot() if r["execution_id"] == state.execution_id]
+        if not runs:
+            return None
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        table.add_column("spark step")
+        table.add_column("jobs")
+        table.add_column("stages")
+        table.add_column("tasks")
+        for run in runs:
+            stages = ", ".join(f"{s['id']} ({s['done']}/{s['total']})" for s in run["stages"])
+            grid = Table.grid()
+            if run["tasks_total"]:
+                grid.add_row(
+                    ProgressBar(total=run["tasks_total"], completed=run["tasks_done"], width=20),
+                    Text(f" {run['tasks_done']}/{run['tasks_total']}"),
+                )
+            table.add_row(
+                f"{run['step']} ({run['seconds']:.0f}s)",
+                ", ".join(map(str, run["jobs"])) or "-",
+                stages or "-",
+                grid,
+            )
+        session = sys.modules.get("flowtide.spark.session")
+        info = getattr(getattr(session, "sessions", None), "info", None)
+        if info is not None and info.ui_url:
+            return Group(table, Text(f"Spark UI {info.ui_url}", style="dim"))
+        return table

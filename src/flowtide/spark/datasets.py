@@ -41,9 +41,6 @@ FILE_FORMATS = ("parquet", "csv", "json", "orc", "text")
 SOURCE_FORMATS = (*FILE_FORMATS, "jdbc")
 SINK_MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
 PREVIEW_ROWS = 20
-# Formats whose row count Spark reads from file footers: reading the output back is
-# cheaper than caching it.
-_FOOTER_COUNTED = ("parquet", "orc")
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]")
 
 
@@ -274,23 +271,35 @@ class Written:
 
     uri: str
     format: str
-    frame: Any  # a DataFrame to describe (read back from the sink, or the cached result)
-    cached: Any = None  # a persisted DataFrame to unpersist once described
+    schema: list[dict[str, str]]
+    rows: int
+    preview: Any  # a DataFrame of at most PREVIEW_ROWS rows, read back from the sink
     table: str | None = None
     auth: str | None = None
     options: dict[str, str] | None = None
 
 
+def _schema(df: Any) -> list[dict[str, str]]:
+    return [{"name": f.name, "type": f.dataType.simpleString()} for f in df.schema.fields]
+
+
+def _counted(df: Any) -> tuple[Any, Any]:
+    """`df` with a row counter that the write itself fills in (an observed metric): no
+    second pass over the data to learn how many rows were written."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation()
+    return df.observe(observation, F.count(F.lit(1)).alias("rows")), observation
+
+
 def write(df: Any, sink: Mapping[str, Any] | None, ctx: ToolContext) -> Written:
-    """Write `df` to `sink` (or to the execution's data folder as parquet).
+    """Write `df` to `sink` (or to the execution's data folder as parquet) and describe it.
 
     Raises:
         ToolError: kind "config_error" for a malformed sink; Spark errors propagate.
     """
-    if sink is None:
-        uri = default_location(ctx)
-        df.write.mode("overwrite").parquet(uri)
-        return Written(uri, "parquet", df.sparkSession.read.parquet(uri))
+    sink = sink or {"format": "parquet", "path": default_location(ctx), "mode": "overwrite"}
     fmt = str(sink.get("format") or "parquet").lower()
     mode = str(sink.get("mode") or "error").lower()
     if mode not in SINK_MODES:
@@ -301,21 +310,31 @@ def write(df: Any, sink: Mapping[str, Any] | None, ctx: ToolContext) -> Written:
     partition_by = sink.get("partition_by") or []
     if isinstance(partition_by, str):
         partition_by = [partition_by]
+    schema = _schema(df)
+    # `ignore` onto existing data runs nothing, so the counter would never be filled.
+    counted, observation = (df, None) if mode == "ignore" else _counted(df)
+    session = df.sparkSession
     if fmt == "jdbc":
         table = sink.get("table")
         if not table:
             raise ToolError("a jdbc sink needs `table`", kind="config_error")
         url, props = jdbc_connection(sink, ctx)
-        cached = df.persist()
-        writer = cached.write.format("jdbc").mode(mode).option("url", url)
+        writer = counted.write.format("jdbc").mode(mode).option("url", url)
         writer = writer.option("dbtable", str(table))
         for key, value in {**props, **options}.items():
             writer = writer.option(key, value)
         writer.save()
+        reader = session.read.format("jdbc").option("url", url).option("dbtable", str(table))
+        for key, value in props.items():
+            reader = reader.option(key, value)
+        back = reader.load()
         auth = sink.get("auth") if isinstance(sink.get("auth"), str) else None
         if auth and auth.startswith(("postgresql://", "postgres://")):
             auth = None  # a DSN is a secret: never part of a result
-        return Written(url, "jdbc", cached, cached=cached, table=str(table), auth=auth)
+        rows = _rows(observation, back)
+        return Written(
+            url, "jdbc", schema, rows, back.limit(PREVIEW_ROWS), table=str(table), auth=auth
+        )
     if fmt not in FILE_FORMATS:
         raise ToolError(
             f"sink format {fmt!r}; expected one of {', '.join((*FILE_FORMATS, 'jdbc'))}",
@@ -327,18 +346,28 @@ def write(df: Any, sink: Mapping[str, Any] | None, ctx: ToolContext) -> Written:
     uri = resolve_path(str(location), ctx.base_dir)
     if fmt == "csv":
         options.setdefault("header", "true")
-    footer = fmt in _FOOTER_COUNTED and mode in ("overwrite", "error", "errorifexists")
-    target = df if footer else df.persist()
-    writer = target.write.format(fmt).mode(mode)
+    writer = counted.write.format(fmt).mode(mode)
     if partition_by:
         writer = writer.partitionBy(*[str(c) for c in partition_by])
     for key, value in options.items():
         writer = writer.option(key, value)
     writer.save(uri)
     read_options = {"header": options["header"]} if fmt == "csv" else None
-    if footer:
-        return Written(uri, fmt, df.sparkSession.read.format(fmt).load(uri), options=read_options)
-    return Written(uri, fmt, target, cached=target, options=read_options)
+    reader = _apply_options(session.read.format(fmt), read_options or {})
+    if fmt in ("csv", "json") or (fmt in ("parquet", "orc") and not partition_by):
+        # The schema is known: reading it back from the files would cost a Spark job.
+        # (Partitioned outputs keep inference: partition columns come from folder names.)
+        reader = reader.schema(df.schema)
+    back = reader.load(uri)
+    return Written(
+        uri, fmt, schema, _rows(observation, back), back.limit(PREVIEW_ROWS), options=read_options
+    )
+
+
+def _rows(observation: Any, written: Any) -> int:
+    if observation is not None:
+        return int(observation.get["rows"])
+    return int(written.count())
 
 
 def _row(row: Any) -> dict[str, Any]:
@@ -347,23 +376,12 @@ def _row(row: Any) -> dict[str, Any]:
 
 def reference(written: Written) -> dict[str, Any]:
     """The step result for `written`: uri, format, schema, row_count, preview."""
-    frame = written.frame
-    try:
-        schema = [{"name": f.name, "type": f.dataType.simpleString()} for f in frame.schema.fields]
-        row_count = int(frame.count())
-        preview = [_row(r) for r in frame.limit(PREVIEW_ROWS).collect()]
-    finally:
-        if written.cached is not None:
-            try:
-                written.cached.unpersist()
-            except Exception:
-                pass
     out: dict[str, Any] = {
         "uri": written.uri,
         "format": written.format,
-        "schema": schema,
-        "row_count": row_count,
-        "preview": preview,
+        "schema": written.schema,
+        "row_count": written.rows,
+        "preview": [_row(r) for r in written.preview.collect()],
     }
     if written.table:
         out["table"] = written.table

@@ -231,7 +231,14 @@ class SparkTool:
         write: Any,
         reference: Any,
     ) -> dict[str, Any] | None:
-        def checkpoint() -> None:
+        phases: dict[str, float] = {}
+        ctx.call_meta["spark"]["phases_ms"] = phases
+        mark = [time.monotonic()]
+
+        def checkpoint(phase: str) -> None:
+            now = time.monotonic()
+            phases[phase] = round((now - mark[0]) * 1000, 1)
+            mark[0] = now
             # Cancellation stops running jobs; this stops the next one from starting.
             if run.reason is not None:
                 raise ToolError(f"spark step '{ctx.step}' {run.reason}", kind=run.reason)
@@ -240,7 +247,7 @@ class SparkTool:
             str(name): load_input(spark, str(name), spec, ctx)
             for name, spec in (config.get("inputs") or {}).items()
         }
-        checkpoint()
+        checkpoint("inputs")
         if config.get("sql") not in (None, ""):
             from flowtide.tools.postgres import split_sql
 
@@ -251,11 +258,10 @@ class SparkTool:
                 raise ToolError("spark `sql` holds no statement", kind="config_error")
             df = None
             for statement in statements:
-                checkpoint()
                 df = spark.sql(statement)
         else:
             df = SparkTool._run_code(spark, config, ctx, frames)
-        checkpoint()
+        checkpoint("plan")
         sink = config.get("sink")
         if df is None:
             if sink:
@@ -265,8 +271,10 @@ class SparkTool:
                 )
             return None
         written = write(df, sink, ctx)
-        checkpoint()
-        return reference(written)  # type: ignore[no-any-return]
+        checkpoint("write")
+        result: dict[str, Any] = reference(written)
+        checkpoint("preview")
+        return result
 
     @staticmethod
     def _run_code(

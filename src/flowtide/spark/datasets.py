@@ -15,6 +15,7 @@ add `table` and the credential alias `auth`, never the password).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,14 +63,31 @@ def resolve_path(path: str, base_dir: Path) -> str:
     return str(p)
 
 
+ENV_DATA_DIR = "FLOWTIDE_SPARK_DATA_DIR"
+
+
 def default_location(ctx: ToolContext) -> str:
     """Where a step's result goes when it has no sink:
-    `<data_dir>/<execution_id>/<step>/` (plus `i<index>/` inside a loop)."""
-    root = ctx.data_dir or Path(".flowtide") / "data"
-    folder = Path(root).absolute() / str(ctx.execution_id) / _SAFE.sub("_", ctx.step)
+    `<data_dir>/<execution_id>/<step>/` (plus `i<index>/` inside a loop).
+
+    `data_dir` is `FLOWTIDE_SPARK_DATA_DIR`, else the playbook's `executor.spark.data_dir`,
+    else the runtime's data folder (`.flowtide/data`). A cluster or a remote Spark Connect
+    server needs storage every node sees: set it to an `s3a://`, `hdfs://` or shared path.
+    """
+    spark = (ctx.executor or {}).get("spark") or {}
+    configured = os.environ.get(ENV_DATA_DIR) or (
+        spark.get("data_dir") if isinstance(spark, Mapping) else None
+    )
+    leaf = f"{ctx.execution_id}/{_SAFE.sub('_', ctx.step)}"
     if ctx.loop_index is not None:
-        folder = folder / f"i{ctx.loop_index}"
-    return folder.as_uri()
+        leaf += f"/i{ctx.loop_index}"
+    if configured and "://" in str(configured):
+        return f"{str(configured).rstrip('/')}/{leaf}"
+    if configured:
+        root = Path(resolve_path(str(configured), ctx.base_dir))
+    else:
+        root = Path(ctx.data_dir or Path(".flowtide") / "data").absolute()
+    return (root / leaf).as_uri()
 
 
 # -- credentials --------------------------------------------------------------------------

@@ -247,7 +247,7 @@ def _parse_task(
             f"'{label}' must be a mapping with 'kind'",
             step=step,
             field=label,
-            expected="{kind: python|http|postgres|duckdb|playbook|workbook|noop, ...}",
+            expected="{kind: " + "|".join(TOOL_KINDS) + ", ...}",
         )
         return None
     kind = raw.get("kind")

@@ -69,8 +69,10 @@ def begin(run: SparkRun) -> None:
 
 def end(run: SparkRun) -> list[Any]:
     """Unregister `run`; returns its job ids (classic) or operation ids (Connect)."""
+    global _cache
     with _lock:
         _runs.pop(run.tag, None)
+        _cache = (0.0, [])  # the display must not show a finished run from the cache
     _current.run = None
     if run.connect:
         try:

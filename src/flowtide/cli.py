@@ -449,6 +449,89 @@ def events(
         typer.echo(f"{ts} {e.type:<20} {e.step or '':<24} {e.status or '':<10}{extra}")
 
 
+@app.command()
+def data(
+    execution_id: Annotated[int, typer.Argument(help="Execution id.")],
+    step: Annotated[str, typer.Argument(help="A spark step of that execution.")],
+    limit: Annotated[int, typer.Option(help="Rows to print (0: all).")] = 20,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Print the rows a spark step wrote (its result reference), read with DuckDB: no JVM.
+
+    Works for parquet, csv and json results on this machine's disk (the default for steps
+    without a sink: .flowtide/data/<execution_id>/<step>/). A loop step prints iteration 0;
+    use `flowtide status` for the references of the others.
+    """
+    from flowtide.engine.state import fold
+    from flowtide.playbook.loader import parse_playbook
+
+    store = _store(home, db)
+    row = _execution_or_exit(store, execution_id)
+    state = fold(
+        parse_playbook(row.playbook_text, row.playbook_file),
+        execution_id,
+        store.events(execution_id),
+    )
+    store.close()
+    record = state.steps.get(step)
+    if record is None or record.runs == 0:
+        _err(f"error: execution {execution_id} has no step '{step}' that ran")
+        raise typer.Exit(EXIT_INVALID)
+    ref = record.result
+    if isinstance(ref, dict) and isinstance(ref.get("results"), list) and ref["results"]:
+        ref = ref["results"][0]  # a loop of spark steps
+    if not (isinstance(ref, dict) and "uri" in ref and "format" in ref):
+        _err(f"error: step '{step}' did not produce a dataset reference (not a spark step?)")
+        raise typer.Exit(EXIT_INVALID)
+    uri, fmt = ref.get("uri"), str(ref.get("format"))
+    readers = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}
+    if not isinstance(uri, str) or not uri.startswith(("file:", "/")) or fmt not in readers:
+        _err(
+            f"error: step '{step}' wrote {fmt} to {uri}: only parquet, csv and json on this "
+            "machine's disk can be read here; read it with Spark"
+        )
+        raise typer.Exit(EXIT_INVALID)
+    import duckdb
+
+    path = Path(uri.removeprefix("file://"))
+    pattern = str(path / "**" / "*") if path.is_dir() else str(path)
+    if fmt == "parquet" and path.is_dir():
+        pattern = str(path / "**" / "*.parquet")
+    options = ", hive_partitioning = true" if fmt == "parquet" else ""
+    source = f"{readers[fmt]}('{pattern.replace(chr(39), chr(39) * 2)}'{options})"
+    con = duckdb.connect()
+    try:
+        total = con.execute(f"SELECT count(*) FROM {source}").fetchone()
+        cursor = con.execute(f"SELECT * FROM {source}" + (f" LIMIT {limit}" if limit else ""))
+        columns = [d[0] for d in cursor.description]
+        rows = cursor.fetchall()
+    except duckdb.Error as exc:
+        _err(f"error: cannot read {uri}: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        con.close()
+    from flowtide.tools.postgres import to_jsonable
+
+    records = [{c: to_jsonable(v) for c, v in zip(columns, r, strict=True)} for r in rows]
+    count = int(total[0]) if total else len(records)
+    if as_json:
+        _print_json({"uri": uri, "format": fmt, "row_count": count, "rows": records})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{step}: {uri} ({fmt}, {count} rows)", title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for record_row in records:
+        table.add_row(*("" if v is None else str(v) for v in record_row.values()))
+    Console().print(table)
+    if limit and count > len(records):
+        typer.echo(f"... {count - len(records)} more rows (--limit 0 for all)")
+
+
 @app.command("list")
 def list_executions(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,

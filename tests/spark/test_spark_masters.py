@@ -82,7 +82,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("embedded")
     home = tmp / ".flowtide"
     doc = run_example(home, tmp / "out")
-    return {"doc": doc, "calls": spark_calls(doc["execution_id"], home)}
+    return {"doc": doc, "calls": spark_calls(doc["execution_id"], home), "home": home}
 
 
 def test_example_runs_embedded_on_one_local_session(embedded: dict[str, Any]) -> None:
@@ -94,6 +94,24 @@ def test_example_runs_embedded_on_one_local_session(embedded: dict[str, Any]) ->
     assert len({c["app_id"] for c in calls}) == 1
     assert {c["mode"] for c in calls} == {"classic"}
     assert {c["master"] for c in calls} == {"local[*]"}
+
+
+def test_flowtide_data_reads_a_spark_steps_output(embedded: dict[str, Any]) -> None:
+    home, eid = embedded["home"], embedded["doc"]["execution_id"]
+    proc = flowtide_cli("data", eid, "summary", "--limit", "0", "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["row_count"] == len(out["rows"]) == 36
+    by_country: dict[str, float] = defaultdict(float)
+    for row in out["rows"]:  # the partition column comes back from the folder names
+        by_country[row["country"]] += row["revenue_usd"]
+    for r in embedded["doc"]["result"]["by_country"]:
+        assert by_country[r["country"]] == pytest.approx(r["revenue_usd"], abs=0.01)
+    # a step without a dataset, and one that never existed: exit 2 with a reason
+    proc = flowtide_cli("data", eid, "rates", home=home)
+    assert proc.returncode == 2 and "did not produce a dataset" in proc.stderr
+    proc = flowtide_cli("data", eid, "nope", home=home)
+    assert proc.returncode == 2 and "no step 'nope'" in proc.stderr
 
 
 @pytest.mark.postgres

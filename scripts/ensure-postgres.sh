@@ -26,27 +26,7 @@ if found="$(find_initdb)"; then
     exit 0
 fi
 
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "ensure-postgres: initdb not found and apt-get is unavailable;" \
-         "install PostgreSQL server binaries by hand" >&2
-    exit 1
-fi
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO="sudo"
-    else
-        echo "ensure-postgres: need root (or sudo) to install postgresql" >&2
-        exit 1
-    fi
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-echo "ensure-postgres: initdb not found; running: ${SUDO:+$SUDO }apt-get update"
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update
-echo "ensure-postgres: running: ${SUDO:+$SUDO }apt-get install -y postgresql"
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql
+bash "$(dirname "$0")/apt-install.sh" ensure-postgres postgresql
 
 if found="$(find_initdb)"; then
     echo "ensure-postgres: initdb installed at $found"

@@ -25,31 +25,9 @@ if [ -z "$packages" ]; then
     exit 0
 fi
 
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "ensure-spark: missing $packages and apt-get is unavailable;" \
-         "install a Java runtime and the PostgreSQL JDBC driver by hand" >&2
-    exit 1
-fi
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO="sudo"
-    else
-        echo "ensure-spark: need root (or sudo) to install: $packages" >&2
-        exit 1
-    fi
-fi
-
-echo "ensure-spark: installing $packages with ${SUDO:+$SUDO }apt-get"
-# Word splitting of $packages is intended: it is a space-separated list of package names.
+# Word splitting of $packages is intended: a space-separated list of package names.
 # shellcheck disable=SC2086
-if ! $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-    || ! $SUDO env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq -o Dpkg::Use-Pty=0 --no-install-recommends $packages; then
-    echo "ensure-spark: apt-get could not install: $packages" >&2
-    exit 1
-fi
+bash "$(dirname "$0")/apt-install.sh" ensure-spark $packages
 
 packages="$(missing_packages)"
 if [ -n "$packages" ]; then

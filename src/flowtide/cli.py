@@ -132,6 +132,16 @@ def _execution_or_exit(store: Store, execution_id: int) -> Any:
         raise typer.Exit(EXIT_INVALID) from None
 
 
+def _folded(store: Store, execution_id: int) -> tuple[Any, Any]:
+    """(execution row, state rebuilt from its event log); exit 2 when there is none."""
+    from flowtide.engine.state import fold
+    from flowtide.playbook.loader import parse_playbook
+
+    row = _execution_or_exit(store, execution_id)
+    playbook = parse_playbook(row.playbook_text, row.playbook_file)
+    return row, fold(playbook, execution_id, store.events(execution_id))
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -375,17 +385,10 @@ def status(
     db: DbOpt = None,
 ) -> None:
     """Show an execution's status, steps and result (rebuilt from its event log)."""
-    from flowtide.engine.state import fold
-    from flowtide.playbook.loader import parse_playbook
     from flowtide.runtime.report import execution_document
 
     store = _store(home, db)
-    row = _execution_or_exit(store, execution_id)
-    state = fold(
-        parse_playbook(row.playbook_text, row.playbook_file),
-        execution_id,
-        store.events(execution_id),
-    )
+    row, state = _folded(store, execution_id)
     doc = execution_document(state)
     if not state.terminal:
         doc["status"] = "running" if row.status == "running" else row.status
@@ -464,16 +467,8 @@ def data(
     without a sink: .flowtide/data/<execution_id>/<step>/). A loop step prints iteration 0;
     use `flowtide status` for the references of the others.
     """
-    from flowtide.engine.state import fold
-    from flowtide.playbook.loader import parse_playbook
-
     store = _store(home, db)
-    row = _execution_or_exit(store, execution_id)
-    state = fold(
-        parse_playbook(row.playbook_text, row.playbook_file),
-        execution_id,
-        store.events(execution_id),
-    )
+    _, state = _folded(store, execution_id)
     store.close()
     record = state.steps.get(step)
     if record is None or record.runs == 0:

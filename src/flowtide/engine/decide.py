@@ -15,7 +15,7 @@ from typing import Any
 from flowtide.engine import events as ev
 from flowtide.engine.context import envelope, layered, plain, result_view
 from flowtide.engine.events import Command, Event
-from flowtide.engine.state import ExecutionState
+from flowtide.engine.state import ExecutionState, LoopRecord
 from flowtide.errors import TemplateError
 from flowtide.playbook.model import Step
 from flowtide.playbook.template import render, truthy
@@ -272,37 +272,16 @@ def _enter_step(out: _Out, name: str) -> None:
                 ev.STEP_EXIT, name, status="skipped", payload={"next": [], "reason": "not admitted"}
             )
             return
-    if step.loop is not None and step.loop.mode == "cursor":
-        try:
-            mif = _max_in_flight(step, state.context())
-        except TemplateError as exc:
-            _exit(out, step, "failed", _template_error(exc))
-            return
-        except ValueError as exc:
-            _exit(
-                out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False}
-            )
-            return
-        out.emit(
-            ev.LOOP_STARTED,
-            name,
-            payload={
-                "instance": state.steps[name].runs,
-                "iterator": step.loop.iterator,
-                "mode": step.loop.mode,
-                "max_in_flight": mif,
-                "size": 0,
-                "collection": [],
-                "cursor": True,
-                "process": step.loop.frame_process,
-                "max_rows": step.loop.frame_max_rows,
-            },
-        )
-        return
     if step.loop is not None:
         base = state.context()
+        # A cursor loop's collection grows with each claim (`loop.claimed`).
+        cursor = step.loop.mode == "cursor"
         try:
-            collection = _collection(render(step.loop.collection, base, step=name, field="loop.in"))
+            collection = (
+                []
+                if cursor
+                else _collection(render(step.loop.collection, base, step=name, field="loop.in"))
+            )
             mif = _max_in_flight(step, base)
         except TemplateError as exc:
             _exit(out, step, "failed", _template_error(exc))
@@ -312,18 +291,19 @@ def _enter_step(out: _Out, name: str) -> None:
                 out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False}
             )
             return
-        out.emit(
-            ev.LOOP_STARTED,
-            name,
-            payload={
-                "instance": state.steps[name].runs,
-                "iterator": step.loop.iterator,
-                "mode": step.loop.mode,
-                "max_in_flight": mif,
-                "size": len(collection),
-                "collection": [plain(x) for x in collection],
-            },
-        )
+        payload: dict[str, Any] = {
+            "instance": state.steps[name].runs,
+            "iterator": step.loop.iterator,
+            "mode": step.loop.mode,
+            "max_in_flight": mif,
+            "size": len(collection),
+            "collection": [plain(x) for x in collection],
+        }
+        if cursor:
+            payload.update(
+                cursor=True, process=step.loop.frame_process, max_rows=step.loop.frame_max_rows
+            )
+        out.emit(ev.LOOP_STARTED, name, payload=payload)
         return
     if not step.tasks:
         _exit(out, step, "completed")
@@ -392,15 +372,19 @@ def _advance_loop(out: _Out, name: str) -> None:
         and not any(c.step == name for c in out.commands)
         and (loop.broken or loop.completed == loop.size)
     ):
-        out.emit(
-            ev.LOOP_DONE,
-            name,
-            status="completed",
-            payload={
-                "instance": loop.instance,
-                "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
-            },
-        )
+        _loop_done(out, name, loop)
+
+
+def _loop_done(out: _Out, name: str, loop: LoopRecord) -> None:
+    out.emit(
+        ev.LOOP_DONE,
+        name,
+        status="completed",
+        payload={
+            "instance": loop.instance,
+            "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
+        },
+    )
 
 
 def _advance_cursor(out: _Out, name: str) -> None:
@@ -432,15 +416,7 @@ def _advance_cursor(out: _Out, name: str) -> None:
         and not any(c.step == name for c in out.commands)
         and (loop.broken or (loop.exhausted and loop.completed == loop.size))
     ):
-        out.emit(
-            ev.LOOP_DONE,
-            name,
-            status="completed",
-            payload={
-                "instance": loop.instance,
-                "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
-            },
-        )
+        _loop_done(out, name, loop)
 
 
 def _rows_of(result: Any) -> list[Any]:

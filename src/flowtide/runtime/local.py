@@ -480,9 +480,6 @@ class LocalRuntime:
         step = state.playbook.steps[command.step]
         base = state.context()
         ctx = state.ctx
-        if command.extra.get("cursor"):
-            self._pool.submit(self._claim_work, execution, command, step, base, ctx)
-            return
         iterator = element = None
         if command.loop_index is not None:
             loop = state.loops[(command.step, command.loop_instance or 0)]
@@ -500,39 +497,23 @@ class LocalRuntime:
         iterator: str | None,
         element: Any,
     ) -> None:
-        """Worker thread: run the command and post its events."""
+        """Worker thread: run the command (a cursor loop's claim, or the step's tasks) and
+        post its events; a runtime bug becomes a failed command, never a lost one."""
+        runner = execution.runner
         try:
-            outcome = execution.runner.run(
-                step,
-                base,
-                ctx,
-                execution_id=command.execution_id,
-                iterator=iterator,
-                element=element,
-                index=command.loop_index,
-                cancelled=execution.cancelled.is_set,
-            )
-        except Exception as exc:  # noqa: BLE001 - report, never lose a command
-            outcome = Outcome(
-                "error",
-                None,
-                action="fail",
-                error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
-                started=time.time(),
-            )
-        self._post_threadsafe(self._outcome_events(command, outcome))
-
-    def _claim_work(
-        self,
-        execution: _Execution,
-        command: Command,
-        step: Any,
-        base: Mapping[str, Any],
-        ctx: Mapping[str, Any],
-    ) -> None:
-        """Worker thread: run a cursor loop's claim query and post its rows."""
-        try:
-            outcome = execution.runner.claim(step, base, ctx, execution_id=command.execution_id)
+            if command.extra.get("cursor"):
+                outcome = runner.claim(step, base, ctx, execution_id=command.execution_id)
+            else:
+                outcome = runner.run(
+                    step,
+                    base,
+                    ctx,
+                    execution_id=command.execution_id,
+                    iterator=iterator,
+                    element=element,
+                    index=command.loop_index,
+                    cancelled=execution.cancelled.is_set,
+                )
         except Exception as exc:  # noqa: BLE001 - report, never lose a command
             outcome = Outcome(
                 "error",

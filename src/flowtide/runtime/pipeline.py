@@ -115,6 +115,33 @@ class StepRunner:
         self.run_playbook = run_playbook
         self.sleep = sleep
 
+    def _tool_context(
+        self,
+        execution_id: int,
+        step: Step,
+        task: str,
+        scope: Mapping[str, Any],
+        secrets: set[str],
+        cancelled: Callable[[], bool] | None,
+        index: int | None = None,
+        attempt: int = 1,
+    ) -> ToolContext:
+        return ToolContext(
+            execution_id=execution_id,
+            step=step.name,
+            task=task,
+            base_dir=self.base_dir,
+            credentials=self.credentials,
+            secrets=secrets,
+            render_context=scope,
+            run_playbook=self.run_playbook,
+            cancelled=cancelled,
+            executor=self.playbook.executor,
+            data_dir=self.data_dir,
+            loop_index=index,
+            attempt=attempt,
+        )
+
     def _resolve(
         self, task: Task, scope: Mapping[str, Any], step: Step
     ) -> tuple[Task, dict[str, Any], dict[str, Any] | None]:
@@ -197,20 +224,8 @@ class StepRunner:
             while True:
                 attempt += 1
                 t0 = time.perf_counter()
-                tctx = ToolContext(
-                    execution_id=execution_id,
-                    step=step.name,
-                    task=task.name,
-                    base_dir=self.base_dir,
-                    credentials=self.credentials,
-                    secrets=secrets,
-                    render_context=scope,
-                    run_playbook=self.run_playbook,
-                    cancelled=cancelled,
-                    executor=self.playbook.executor,
-                    data_dir=self.data_dir,
-                    loop_index=index,
-                    attempt=attempt,
+                tctx = self._tool_context(
+                    execution_id, step, task.name, scope, secrets, cancelled, index, attempt
                 )
                 error: dict[str, Any] | None = None
                 result: Any = None
@@ -362,17 +377,7 @@ class StepRunner:
             base,
         )
         secrets: set[str] = set()
-        tctx = ToolContext(
-            execution_id=execution_id,
-            step=step.name,
-            task=cursor.name,
-            base_dir=self.base_dir,
-            credentials=self.credentials,
-            secrets=secrets,
-            render_context=scope,
-            run_playbook=self.run_playbook,
-            cancelled=cancelled,
-        )
+        tctx = self._tool_context(execution_id, step, cursor.name, scope, secrets, cancelled)
         t0 = time.perf_counter()
         error: dict[str, Any] | None = None
         result: Any = None

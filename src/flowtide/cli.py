@@ -67,6 +67,39 @@ SparkMasterOpt = Annotated[
         show_default=False,
     ),
 ]
+# Loop state for run/resume. Defaults are spelled out instead of imported from
+# flowtide.loopstate so that `flowtide --help` imports nothing of the KV.
+KvOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv",
+        envvar="FLOWTIDE_KV",
+        help=(
+            "Key-value store for loop state: memory:// (inside this process) or "
+            "nats://[USER:PASS@]HOST:PORT (a NATS JetStream server, shared by every process "
+            "that points at it; look inside with `flowtide kv`)."
+        ),
+    ),
+]
+KvBucketOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-bucket",
+        envvar="FLOWTIDE_KV_BUCKET",
+        help="Bucket for loop state (created if missing).",
+    ),
+]
+KvTtlOpt = Annotated[
+    float,
+    typer.Option(
+        "--kv-ttl",
+        min=0,
+        help=(
+            "Seconds a loop-state value lives when this run creates the bucket (0: forever); "
+            "an existing bucket keeps its own TTL."
+        ),
+    ),
+]
 
 
 def _home(home: Path | None) -> Path:
@@ -195,6 +228,9 @@ def _execute(
     db: Path | None,
     as_json: bool,
     spark_master: str | None = None,
+    kv_url: str = "memory://",
+    kv_bucket: str = "flowtide_state",
+    kv_ttl: float = 3600.0,
 ) -> int:
     """Run (or resume) one execution embedded and report it. Returns the exit code."""
     import asyncio
@@ -206,6 +242,7 @@ def _execute(
 
     from flowtide.credentials import CredentialVault
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
+    from flowtide.kv import KVError
     from flowtide.runtime.local import LocalRuntime
     from flowtide.runtime.report import error_location, execution_document
 
@@ -217,6 +254,7 @@ def _execute(
     view = None
     started_id: list[int] = []
     location: list[str | None] = []
+    same_kv = "" if kv_url.startswith("memory:") else " (with the same --kv)"
 
     async def main() -> dict[str, Any]:
         nonlocal view
@@ -228,41 +266,59 @@ def _execute(
 
             view = ProgressView(Console(stderr=True), title=target or f"execution {execution_id}")
             listener = view.on_events
-        async with LocalRuntime(
-            store, credentials=vault, listener=listener, data_dir=_home(home) / "data"
-        ) as runtime:
-            if action == "run":
-                assert target is not None
-                playbook, version = _load_target(target, store)
-                eid = await runtime.start(
-                    playbook, workload=overrides or {}, catalog_version=version
-                )
-            else:
-                assert execution_id is not None
-                eid = execution_id
-                await runtime.resume(eid)
-            started_id.append(eid)
-            if view is not None:
-                view.track(eid)
-                with view:
+        # Connected before anything starts, so a bad --kv runs nothing.
+        kv = await _open_kv(kv_url, kv_bucket, ttl=kv_ttl or None)
+        try:
+            async with LocalRuntime(
+                store, kv=kv, credentials=vault, listener=listener, data_dir=_home(home) / "data"
+            ) as runtime:
+                if action == "run":
+                    assert target is not None
+                    playbook, version = _load_target(target, store)
+                    eid = await runtime.start(
+                        playbook, workload=overrides or {}, catalog_version=version
+                    )
+                else:
+                    assert execution_id is not None
+                    eid = execution_id
+                    await runtime.resume(eid)
+                started_id.append(eid)
+                if view is not None:
+                    view.track(eid)
+                    with view:
+                        state = await runtime.wait(eid)
+                else:
                     state = await runtime.wait(eid)
-            else:
-                state = await runtime.wait(eid)
-            location.append(error_location(state))
-            return execution_document(state)
+                location.append(error_location(state))
+                return execution_document(state)
+        finally:
+            await _close_kv(kv)
 
     try:
         doc = asyncio.run(main())
-    except (PlaybookError, TemplateError) as exc:
+    except _KVUnavailable as exc:
         _err(f"error: {exc}")
         return EXIT_INVALID
+    except (PlaybookError, TemplateError) as exc:
+        _err(f"error: {_scrub(str(exc), kv_url)}")
+        return EXIT_INVALID
+    except KVError as exc:
+        # The KV went away mid-run: a failure, not bad input, and the log still holds
+        # everything that finished.
+        _err(f"error: {_scrub(exc.message, kv_url)}")
+        if started_id:
+            _err(
+                f"execution {started_id[0]} stopped; once the KV is back, "
+                f"`flowtide resume {started_id[0]}`{same_kv} continues it"
+            )
+        return EXIT_FAILED
     except FlowtideError as exc:
-        _err(f"error: {exc}")
+        _err(f"error: {_scrub(str(exc), kv_url)}")
         return EXIT_INVALID
     except KeyboardInterrupt:
         if started_id:
             _err(
-                f"\ninterrupted: execution {started_id[0]} can continue with `flowtide resume {started_id[0]}`"
+                f"\ninterrupted: execution {started_id[0]} can continue with `flowtide resume {started_id[0]}`{same_kv}"
             )
         return 130
     finally:
@@ -294,6 +350,9 @@ def run(
     home: HomeOpt = None,
     db: DbOpt = None,
     spark_master: SparkMasterOpt = None,
+    kv: KvOpt = "memory://",
+    kv_bucket: KvBucketOpt = "flowtide_state",
+    kv_ttl: KvTtlOpt = 3600.0,
 ) -> None:
     """Run a playbook embedded, to the end.
 
@@ -314,6 +373,9 @@ def run(
             db=db,
             as_json=as_json,
             spark_master=spark_master,
+            kv_url=kv,
+            kv_bucket=kv_bucket,
+            kv_ttl=kv_ttl,
         )
     )
 
@@ -325,6 +387,9 @@ def resume(
     home: HomeOpt = None,
     db: DbOpt = None,
     spark_master: SparkMasterOpt = None,
+    kv: KvOpt = "memory://",
+    kv_bucket: KvBucketOpt = "flowtide_state",
+    kv_ttl: KvTtlOpt = 3600.0,
 ) -> None:
     """Continue a stopped run from its event log (completed steps and iterations are kept)."""
     raise typer.Exit(
@@ -335,6 +400,9 @@ def resume(
             db=db,
             as_json=as_json,
             spark_master=spark_master,
+            kv_url=kv,
+            kv_bucket=kv_bucket,
+            kv_ttl=kv_ttl,
         )
     )
 
@@ -683,6 +751,497 @@ def credential_delete(name: str, home: HomeOpt = None, db: DbOpt = None) -> None
     finally:
         store.close()
     typer.echo(f"credential '{name}' deleted")
+
+
+# ------------------------------------------------------------------------------ kv
+
+kv_app = typer.Typer(
+    help=(
+        "Look inside the key-value bucket that holds loop state, like `nats kv`. Keys are "
+        "exec.<execution_id>.loop.<step>.<instance>.meta | r.<index> | done, and an "
+        "execution's keys are removed when it ends. Needs a store other processes can see: "
+        "--url nats://HOST:PORT (or FLOWTIDE_KV)."
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(kv_app, name="kv")
+
+KvUrlOpt = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="FLOWTIDE_KV",
+        help=(
+            "The KV server, nats://[USER:PASS@]HOST:PORT. memory:// lives inside one process, "
+            "so there is nothing to see in it from here."
+        ),
+    ),
+]
+KvBucketNameOpt = Annotated[
+    str, typer.Option("--bucket", envvar="FLOWTIDE_KV_BUCKET", help="Bucket to look at.")
+]
+
+
+class _KVUnavailable(Exception):
+    """The KV could not be opened; the message names the URL without its secret."""
+
+
+def _url_parts(url: str) -> list[tuple[str, str, str]]:
+    """(scheme, userinfo, rest) of each comma-separated server URL; userinfo is "" when
+    there is none. The last '@' ends the userinfo, as urlsplit has it, but without
+    urlsplit's ValueError on a malformed URL: an error message must never fail to hide
+    a password."""
+    parts = []
+    for part in url.split(","):
+        scheme, sep, rest = part.partition("://")
+        userinfo, at, host = rest.rpartition("@")
+        if not sep or not at:
+            parts.append((part, "", ""))
+        else:
+            parts.append((scheme, userinfo, host))
+    return parts
+
+
+def _redact_url(url: str) -> str:
+    """`url` with its password (or a lone token: nats://TOKEN@host) shown as ***."""
+    out = []
+    for scheme, userinfo, host in _url_parts(url):
+        if not userinfo:
+            out.append(scheme)
+            continue
+        user, colon, _ = userinfo.partition(":")
+        out.append(f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}")
+    return ",".join(out)
+
+
+def _scrub(text: str, url: str) -> str:
+    """Hide `url`'s secrets in `text` (an adapter or driver message may quote the URL)."""
+    from urllib.parse import unquote
+
+    text = text.replace(url, _redact_url(url))
+    for _, userinfo, _ in _url_parts(url):
+        if not userinfo:
+            continue
+        _, colon, password = userinfo.partition(":")
+        secret = password if colon else userinfo
+        for value in {secret, unquote(secret)} - {""}:
+            text = text.replace(f":{value}@", ":***@").replace(f"//{value}@", "//***@")
+            # A bare short secret would also match ordinary words of the message.
+            if len(value) >= 4:
+                text = text.replace(value, "***")
+    return text
+
+
+async def _open_kv(
+    url: str, bucket: str, *, ttl: float | None = 3600.0, create: bool = True
+) -> Any:
+    """Connect to bucket `bucket` at `url` (created with `ttl` if missing, when `create`).
+
+    Raises:
+        _KVUnavailable: bad URL or bucket name, server unreachable or refusing.
+    """
+    from flowtide.kv import KVError, connect
+
+    shown = _redact_url(url)
+    try:
+        return await connect(url, bucket, ttl=ttl, create=create)
+    except KVError as exc:
+        reason = _scrub(exc.message, url)
+    except Exception as exc:  # a driver's error the adapter let through
+        reason = _scrub(f"{type(exc).__name__}: {exc}", url)
+    # The adapters' messages mostly name the URL already; say it once.
+    if shown in reason:
+        raise _KVUnavailable(reason)
+    raise _KVUnavailable(f"cannot open KV bucket {bucket!r} at {shown}: {reason}")
+
+
+async def _close_kv(kv: Any) -> None:
+    # The command's outcome is already decided; a handle that fails to close (server
+    # gone) must not turn it into an error.
+    try:
+        await kv.close()
+    except Exception:
+        pass
+
+
+def _require_shared_kv(url: str) -> None:
+    """Exit 2 for memory://: each process has its own, so another process's state is
+    never in it."""
+    if url.partition("://")[0].lower() == "memory":
+        _err(
+            f"error: {url} is a store inside one process: `flowtide kv` cannot see what a run "
+            "keeps there. Run with --kv nats://HOST:PORT and pass the same URL here "
+            "(--url nats://HOST:PORT, or FLOWTIDE_KV)."
+        )
+        raise typer.Exit(EXIT_INVALID)
+
+
+def _kv_command(url: str, bucket: str, body: Any, *, interrupt_ok: bool = False) -> None:
+    """Run `await body(kv)` on an open handle and turn KV errors into exit codes:
+    2 for bad input (URL, key, filter, no such key or bucket), 1 for a failure."""
+    import asyncio
+
+    from flowtide.kv import BucketNotFoundError, InvalidKeyError, KeyNotFoundError, KVError
+
+    _require_shared_kv(url)
+
+    async def main() -> None:
+        from flowtide.loopstate import DEFAULT_BUCKET
+
+        # flowtide's own state bucket may not exist before the first run (`kv watch` in
+        # one terminal, `run` in another); any other name must: `--bucket typo` is an
+        # error, not a new bucket.
+        kv = await _open_kv(url, bucket, create=bucket == DEFAULT_BUCKET)
+        try:
+            await body(kv)
+        finally:
+            await _close_kv(kv)
+
+    try:
+        asyncio.run(main())
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_OK if interrupt_ok else 130) from None
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from reporting
+        # the failed flush of stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(EXIT_OK) from None
+    except _KVUnavailable as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    except (InvalidKeyError, KeyNotFoundError, BucketNotFoundError) as exc:
+        hint = ""
+        if isinstance(exc, KeyNotFoundError) and exc.operation is not None:
+            hint = f"; `flowtide kv history {exc.key}` shows what it held"
+        _err(f"error: {_scrub(exc.message, url)}{hint}")
+        raise typer.Exit(EXIT_INVALID) from None
+    except KVError as exc:
+        _err(f"error: {_scrub(exc.message, url)}")
+        raise typer.Exit(EXIT_FAILED) from None
+    except Exception as exc:  # never a traceback, and never the URL's password
+        _err(f"error: {_scrub(f'{type(exc).__name__}: {exc}', url)}")
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+def _kv_time(created: float, *, iso: bool = False) -> str:
+    import datetime
+
+    if iso:
+        return datetime.datetime.fromtimestamp(created, tz=datetime.UTC).isoformat()
+    return datetime.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _kv_text(value: bytes) -> str | None:
+    """The value as text when it is UTF-8, else None."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _kv_entry_doc(entry: Any) -> dict[str, Any]:
+    import base64
+
+    doc: dict[str, Any] = {
+        "bucket": entry.bucket,
+        "key": entry.key,
+        "revision": entry.revision,
+        "operation": entry.operation.value,
+        "created": _kv_time(entry.created, iso=True),
+        "delta": entry.delta,
+    }
+    text = _kv_text(entry.value)
+    if text is None:
+        doc["value_base64"] = base64.b64encode(entry.value).decode("ascii")
+    else:
+        doc["value"] = text
+    return doc
+
+
+def _kv_one_line(value: bytes) -> str:
+    """A value for a one-line display: text as it is when it is one printable line,
+    JSON-quoted when it holds newlines or control characters, base64 when binary."""
+    import base64
+
+    text = _kv_text(value)
+    if text is None:
+        return "base64:" + base64.b64encode(value).decode("ascii")
+    return text if text.isprintable() else json.dumps(text)
+
+
+def _json_line(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+@kv_app.command("ls")
+def kv_ls(
+    filter_: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILTER",
+            help="Keys to list: '*' matches one token, a final '>' the rest (e.g. 'exec.>').",
+            show_default=False,
+        ),
+    ] = ">",
+    url: KvUrlOpt = "memory://",
+    bucket: KvBucketNameOpt = "flowtide_state",
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of keys.")] = False,
+) -> None:
+    """List the keys that hold a value, sorted, one per line."""
+
+    async def body(kv: Any) -> None:
+        keys = await kv.keys(filter_)
+        if as_json:
+            _print_json(keys)
+            return
+        for key in keys:
+            sys.stdout.write(key + "\n")
+        if not keys:
+            _err(f"no keys match {filter_!r} in bucket {bucket!r}")
+
+    _kv_command(url, bucket, body)
+
+
+@kv_app.command("get")
+def kv_get(
+    key: Annotated[str, typer.Argument(help="The key.")],
+    revision: Annotated[
+        int | None,
+        typer.Option(
+            "--revision", min=1, help="That stored revision of the key instead of the newest."
+        ),
+    ] = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Print only the value's bytes, as they are.")
+    ] = False,
+    url: KvUrlOpt = "memory://",
+    bucket: KvBucketNameOpt = "flowtide_state",
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the entry as a JSON object: value as text, or value_base64 when binary.",
+        ),
+    ] = False,
+) -> None:
+    """Show a key's value, revision, creation time and operation.
+
+    A value that is not UTF-8 is shown as base64, with a note. Exit 2 when
+    the key holds no value (`flowtide kv history KEY` shows a deleted one).
+    """
+
+    async def body(kv: Any) -> None:
+        entry = await kv.get(key, revision)
+        if raw:
+            sys.stdout.buffer.write(entry.value)
+            sys.stdout.flush()
+            return
+        if as_json:
+            _print_json(_kv_entry_doc(entry))
+            return
+        text = _kv_text(entry.value)
+        lines = [
+            f"key:       {entry.key}",
+            f"bucket:    {entry.bucket}",
+            f"revision:  {entry.revision}",
+            f"created:   {_kv_time(entry.created)}",
+            f"operation: {entry.operation.value}",
+        ]
+        if text is None:
+            import base64
+
+            lines.append(f"value ({len(entry.value)} bytes, not UTF-8: shown as base64):")
+            lines.append(base64.b64encode(entry.value).decode("ascii"))
+        else:
+            lines.append(f"value ({len(entry.value)} bytes):")
+            lines.append(text)
+        sys.stdout.write("\n".join(lines) + "\n")
+
+    _kv_command(url, bucket, body)
+
+
+@kv_app.command("history")
+def kv_history(
+    key: Annotated[str, typer.Argument(help="The key.")],
+    url: KvUrlOpt = "memory://",
+    bucket: KvBucketNameOpt = "flowtide_state",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list of entries, oldest first.")
+    ] = False,
+) -> None:
+    """Show every stored message of a key, oldest first.
+
+    Delete and purge markers included; the bucket keeps as many messages per
+    key as its history setting allows.
+    """
+
+    async def body(kv: Any) -> None:
+        entries = await kv.history(key)
+        if as_json:
+            _print_json([_kv_entry_doc(e) for e in entries])
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{key} in bucket {bucket}", title_justify="left")
+        for column in ("revision", "operation", "created", "value"):
+            table.add_column(column, overflow="fold")
+        for e in entries:
+            table.add_row(
+                str(e.revision), e.operation.value, _kv_time(e.created), _kv_one_line(e.value)
+            )
+        Console().print(table)
+
+    _kv_command(url, bucket, body)
+
+
+@kv_app.command("watch")
+def kv_watch(
+    filter_: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILTER",
+            help="Keys to watch: '*' matches one token, a final '>' the rest.",
+            show_default=False,
+        ),
+    ] = ">",
+    history: Annotated[
+        bool,
+        typer.Option("--history", help="Start with every stored message, not only the newest."),
+    ] = False,
+    updates_only: Annotated[
+        bool, typer.Option("--updates-only", help="Skip what is stored; show only new writes.")
+    ] = False,
+    url: KvUrlOpt = "memory://",
+    bucket: KvBucketNameOpt = "flowtide_state",
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help=(
+                "JSON lines: one object per entry as it arrives (as `get --json`), and "
+                '{"end_of_initial_data": true} after what was stored. The one --json that '
+                "is a stream."
+            ),
+        ),
+    ] = False,
+) -> None:
+    """Print entries as they are written, until Ctrl-C (exit 0).
+
+    One line each: time, operation, key, revision, value. First what is
+    stored (the newest message per key; --history: all of them), then a
+    line marking the end of it, then every new write, delete and purge.
+    """
+    if history and updates_only:
+        _err("error: --history and --updates-only exclude each other")
+        raise typer.Exit(EXIT_INVALID)
+
+    async def body(kv: Any) -> None:
+        from flowtide.kv import KVError
+
+        initial = 0
+        async with kv.watch(filter_, include_history=history, updates_only=updates_only) as w:
+            async for entry in w:
+                if entry is None:
+                    if as_json:
+                        _json_line({"end_of_initial_data": True})
+                    else:
+                        sys.stdout.write(
+                            f"--- end of initial data ({initial} entries); "
+                            "watching for updates, Ctrl-C to stop ---\n"
+                        )
+                        sys.stdout.flush()
+                    continue
+                initial += 1
+                if as_json:
+                    _json_line(_kv_entry_doc(entry))
+                else:
+                    sys.stdout.write(
+                        f"{_kv_time(entry.created)}  {entry.operation.value:<5}  {entry.key}  "
+                        f"rev={entry.revision}  {_kv_one_line(entry.value)}\n"
+                    )
+                    sys.stdout.flush()
+        raise KVError(f"the watch on bucket {bucket!r} ended (bucket deleted or connection lost)")
+
+    _kv_command(url, bucket, body, interrupt_ok=True)
+
+
+@kv_app.command("del")
+def kv_del(
+    key: Annotated[str, typer.Argument(help="The key.")],
+    purge: Annotated[
+        bool, typer.Option("--purge", help="Drop the key's history too (one PURGE marker stays).")
+    ] = False,
+    url: KvUrlOpt = "memory://",
+    bucket: KvBucketNameOpt = "flowtide_state",
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete a key: a DEL marker is written, its history kept.
+
+    --purge drops the history too (one PURGE marker stays). Exit 2 when the
+    key holds no value (with --purge: when nothing of it is stored).
+    """
+
+    async def body(kv: Any) -> None:
+        # Deleting a missing key succeeds in ADR-8 (it writes a marker); here that is
+        # almost always a mistyped key, so it is reported instead.
+        if purge:
+            await kv.history(key)
+            await kv.purge(key)
+        else:
+            await kv.get(key)
+            await kv.delete(key)
+        operation = "PURGE" if purge else "DEL"
+        if as_json:
+            _print_json({"bucket": bucket, "key": key, "operation": operation})
+        else:
+            sys.stdout.write(
+                f"purged {key} (history dropped)\n" if purge else f"deleted {key} (history kept)\n"
+            )
+
+    _kv_command(url, bucket, body)
+
+
+@kv_app.command("status")
+def kv_status(
+    url: KvUrlOpt = "memory://",
+    bucket: KvBucketNameOpt = "flowtide_state",
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the bucket's size and configuration.
+
+    Values, history, TTL, bytes, storage, replicas, compression and the
+    backing store.
+    """
+
+    async def body(kv: Any) -> None:
+        import dataclasses
+
+        status = await kv.status()
+        if as_json:
+            _print_json(dataclasses.asdict(status))
+            return
+        ttl = "none (values never expire)" if status.ttl is None else f"{status.ttl:g} s"
+        max_size = "unlimited" if status.max_value_size is None else f"{status.max_value_size} B"
+        rows = [
+            ("bucket", status.bucket),
+            ("values", status.values),
+            ("history", status.history),
+            ("ttl", ttl),
+            ("max value size", max_size),
+            ("bytes", status.bytes),
+            ("storage", status.storage),
+            ("replicas", status.replicas),
+            ("compression", "s2" if status.compression else "none"),
+            ("backing store", status.backing_store),
+            ("url", _redact_url(url)),
+        ]
+        sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
+
+    _kv_command(url, bucket, body)
 
 
 def main() -> None:

@@ -68,20 +68,16 @@ class LoopState:
         """Drop a finished loop's per-iteration keys. `done` stays until the execution's
         cleanup, so a late duplicate cannot claim completion a second time."""
         prefix = loop_prefix(execution_id, step, instance)
-        await self._purge(f"{prefix}.r.*")
-        await self._purge(f"{prefix}.meta")
+        await self._purge([f"{prefix}.r.*", f"{prefix}.meta"])
 
     async def cleanup(self, execution_id: int) -> None:
         """Remove every key of the execution."""
-        await self._purge(f"exec.{execution_id}.>")
+        await self._purge([f"exec.{execution_id}.>"])
 
-    async def _purge(self, pattern: str) -> None:
+    async def _purge(self, filters: list[str]) -> None:
+        # One subject-filtered purge per pattern, whatever the loop's size: a 100,000-
+        # iteration loop must not cost 100,000 round trips to the KV at its end.
         try:
-            keys = await self.kv.keys(pattern)
+            await self.kv.purge_all(filters)
         except KVError:
-            return
-        for key in keys:
-            try:
-                await self.kv.purge(key)
-            except KVError:
-                pass
+            pass  # the bucket TTL removes what a failed cleanup leaves

@@ -53,6 +53,24 @@ def events_of(execution_id: str, home: Path) -> list[dict[str, Any]]:
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="module", params=["memory", "nats"])
+def kv_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every fixture runs twice: loop state in this process, and in a real NATS JetStream
+    bucket (`--kv nats://...`, here through FLOWTIDE_KV); the assertions are the same."""
+    if request.param == "memory":
+        yield "memory://"
+        return
+    from kv.natsserver import NatsServer
+
+    with NatsServer.start(tmp_path_factory.mktemp("nats")) as server:
+        yield server.url
+
+
+@pytest.fixture(autouse=True)
+def _kv(kv_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLOWTIDE_KV", kv_url)
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     return tmp_path / ".flowtide"

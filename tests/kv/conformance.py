@@ -334,6 +334,94 @@ class KVConformance:
         assert await kv.keys() == ["other"]
         assert (await kv.status()).values == 2
 
+    # ------------------------------------------------------------------ purge_all
+
+    async def test_purge_all_removes_keys_and_history(self) -> None:
+        kv = await self.open_kv(history=5)
+        for key in ("exec.1.a", "exec.1.b.c", "exec.2.a"):
+            await kv.put(key, b"1")
+            await kv.put(key, b"2")
+        await kv.delete("exec.1.a")
+        assert await kv.purge_all("exec.1.>") == 5
+        assert await kv.keys() == ["exec.2.a"]
+        for key in ("exec.1.a", "exec.1.b.c"):
+            with pytest.raises(KeyNotFoundError) as info:
+                await kv.get(key)
+            # No marker is left behind, unlike purge().
+            assert info.value.operation is None
+            with pytest.raises(KeyNotFoundError):
+                await kv.history(key)
+        assert [e.value for e in await kv.history("exec.2.a")] == [b"1", b"2"]
+        assert list(await kv.get_last_many("exec.>")) == ["exec.2.a"]
+        assert (await kv.status()).values == 2
+
+    async def test_purge_all_with_several_filters(self) -> None:
+        kv = await self.open_kv()
+        for key in ("a.1", "a.2", "a.2.x", "b", "c"):
+            await kv.put(key, b"v")
+        assert await kv.purge_all(["a.*", "b", "a.1"]) == 3
+        assert await kv.keys() == ["a.2.x", "c"]
+        assert await kv.purge_all(("nothing.>",)) == 0
+        assert await kv.purge_all(">") == 2
+        assert await kv.keys() == []
+        assert (await kv.status()).values == 0
+
+    async def test_create_and_update_after_purge_all(self) -> None:
+        kv = await self.open_kv(history=5)
+        before = await kv.put("k", b"1")
+        await kv.put("k", b"2")
+        await kv.purge_all("k")
+        rev = await kv.create("k", b"3")
+        # Revisions keep counting up: only messages went, not the bucket's sequence.
+        assert rev > before + 1
+        assert [e.value for e in await kv.history("k")] == [b"3"]
+        await kv.purge_all("k")
+        rev = await kv.update("k", b"4", 0)
+        assert (await kv.get("k")).revision == rev
+
+    async def test_purge_all_is_invisible_to_watchers(self) -> None:
+        kv = await self.open_kv()
+        await kv.put("gone.1", b"v")
+        async with kv.watch() as watcher:
+            assert [e.key for e in await self.initial_data(watcher)] == ["gone.1"]
+            assert await kv.purge_all("gone.>") == 1
+            rev = await kv.put("kept", b"v")
+            entry = await self.next_entry(watcher)
+            assert (entry.key, entry.revision, entry.operation) == ("kept", rev, Operation.PUT)
+
+    async def test_purge_all_rejects_bad_filters(self) -> None:
+        kv = await self.open_kv()
+        await kv.put("a", b"v")
+        for bad in ("a..b", ["a", "b.>.c"], []):
+            with pytest.raises(InvalidKeyError):
+                await kv.purge_all(bad)
+        assert await kv.keys() == ["a"]
+
+    async def test_purge_all_on_destroyed_bucket(self) -> None:
+        kv = await self.open_kv()
+        other = await self.open_kv(kv.bucket)
+        await kv.destroy()
+        with pytest.raises(BucketNotFoundError):
+            await other.purge_all(">")
+
+    async def test_purge_all_many_keys(self) -> None:
+        kv = await self.open_kv()
+        count, writers = 10_000, 50
+
+        async def write(start: int) -> None:
+            for i in range(start, count, writers):
+                await kv.put(f"big.{i}", b"x")
+
+        async with anyio.create_task_group() as tg:
+            for start in range(writers):
+                tg.start_soon(write, start)
+        await kv.put("small", b"y")
+        # One purge for the whole filter: the count says every key went in one go.
+        assert await kv.purge_all("big.>") == count
+        assert await kv.keys("big.>") == []
+        assert await kv.keys() == ["small"]
+        assert (await kv.status()).values == 1
+
     # ------------------------------------------------------------------ history
 
     async def test_history_order_and_delta(self) -> None:
@@ -745,6 +833,16 @@ class KVConformance:
         assert (await kv2.get("k")).revision == rev
         with pytest.raises(KeyExistsError):
             await kv2.create("k", b"w")
+
+    async def test_bind_only_open(self) -> None:
+        name = self.bucket_name()
+        with pytest.raises(BucketNotFoundError):
+            await self.make_kv(name, create=False)
+        kv = await self.open_kv()  # creates it
+        await kv.put("a", b"1")
+        bound = await self.make_kv(kv.bucket, create=False)
+        self._handles.append(bound)
+        assert (await bound.get("a")).value == b"1"
 
     async def test_destroy(self) -> None:
         kv = await self.open_kv()

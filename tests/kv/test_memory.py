@@ -173,14 +173,6 @@ class TestMemoryKV(KVConformance):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("url", ["nats://127.0.0.1:4222", "tls://nats.example:4222"])
-async def test_nats_urls_are_not_available_yet(url: str) -> None:
-    with pytest.raises(KVError, match="NATS JetStream KV adapter is not installed") as info:
-        await connect(url, "bucket")
-    assert info.value.bucket == "bucket"
-
-
-@pytest.mark.anyio
 @pytest.mark.parametrize("url", ["redis://localhost", "memory", "", "/tmp/kv"])
 async def test_unknown_urls_rejected(url: str) -> None:
     with pytest.raises(KVError, match="unsupported KV URL"):

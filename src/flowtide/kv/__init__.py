@@ -65,27 +65,35 @@ async def connect(
     storage: StorageType = "file",
     replicas: int = 1,
     compression: bool = False,
+    create: bool = True,
 ) -> KeyValue:
     """Open bucket `bucket` at `url`, creating it with this configuration if it is missing.
 
     An existing bucket is bound as it is; the configuration only applies on creation.
+    With `create=False` a missing bucket is an error (tools that only look at a bucket
+    must not create one from a typo).
 
     Args:
         url: `memory://` (in-process, shared by every connect in the process) or a NATS
-            server URL (`nats://host:4222`, not available yet).
+            server URL: `nats://`, `tls://`, `ws://` or `wss://`, optionally with
+            `user:password@` (or `token@`), several servers separated by commas. Every
+            handle opened from one event loop on one URL shares one NATS connection.
         bucket: the bucket name, `[a-zA-Z0-9_-]+`.
         history: messages kept per key, 1..64.
-        ttl: seconds a message lives; None for no expiry.
+        ttl: seconds a message lives; None for no expiry (JetStream: at least 0.1 s).
         max_value_size: largest value in bytes; None for no limit.
-        storage: "file" or "memory" (JetStream storage; reported only by `memory://`).
-        replicas: JetStream replicas, 1..5 (reported only by `memory://`).
-        compression: JetStream s2 compression (reported only by `memory://`).
+        storage: "file" or "memory" (JetStream storage; `memory://` only reports it).
+        replicas: JetStream replicas, 1..5 (`memory://` only reports it).
+        compression: JetStream s2 compression (`memory://` only reports it).
+        create: create the bucket when it is missing (default); False to only bind.
     Returns:
         A handle implementing `KeyValue`.
     Raises:
         InvalidKeyError: the bucket name is invalid.
-        KVError: a configuration value is out of range, or the URL scheme is unsupported
-            or its adapter is not available.
+        BucketNotFoundError: `create=False` and there is no such bucket.
+        KVError: a configuration value is out of range, the URL scheme is unsupported,
+            its adapter is not installed, or the NATS server cannot be reached or
+            refuses the credentials (the message never includes the password).
     """
     config = BucketConfig(
         bucket=bucket,
@@ -100,13 +108,21 @@ async def connect(
     if scheme == "memory":
         from flowtide.kv.memory import open_memory
 
-        return open_memory(url, config)
+        return open_memory(url, config, create=create)
     if scheme in _NATS_SCHEMES:
-        raise KVError(
-            f"cannot open {url!r}: the NATS JetStream KV adapter is not installed yet "
-            "(flowtide.kv.nats); use 'memory://' for now",
-            bucket=bucket,
-        )
+        try:
+            from flowtide.kv.nats import open_nats
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not exc.name.startswith("nats"):
+                raise
+            raise KVError(
+                "the NATS KV adapter needs nats-py: pip install 'flowtide[nats]'", bucket=bucket
+            ) from exc
+        return await open_nats(url, config, create=create)
+    shown = url.split("@", 1)[-1] if isinstance(url, str) else repr(url)  # no credentials
     raise KVError(
-        f"unsupported KV URL {url!r}: expected 'memory://' or 'nats://host:port'", bucket=bucket
+        f"unsupported KV URL '...{shown}': expected 'memory://' or 'nats://host:port'"
+        if isinstance(url, str) and "@" in url
+        else f"unsupported KV URL {url!r}: expected 'memory://' or 'nats://host:port'",
+        bucket=bucket,
     )

@@ -6,7 +6,7 @@ each key the bucket keeps at most `history` messages (1..64); a delete appends a
 marker (history is kept), a purge drops the key's history and leaves one `PURGE` marker.
 A key "exists" while its newest message is a `PUT`.
 
-Adapters (`memory`, later `nats`) implement `KeyValue` and pass the shared conformance
+Adapters (`memory`, `nats`) implement `KeyValue` and pass the shared conformance
 suite in `tests/kv/conformance.py`. They raise only the errors defined here, never a
 driver's exception.
 
@@ -542,6 +542,25 @@ class KeyValue(Protocol):
             key: a valid key.
         Raises:
             InvalidKeyError: the key is invalid.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        ...
+
+    async def purge_all(self, filter: str | Sequence[str]) -> int:
+        """Remove every message of every key matching the filters, without leaving markers.
+
+        A JetStream stream purge with a subject filter: one request per filter however
+        many keys match. Afterwards the keys have no stored message, so `create` and
+        `update(last=0)` succeed on them; revisions keep counting up. Watchers see
+        nothing for it, as for TTL expiry.
+
+        Args:
+            filter: a filter or a sequence of filters (`*` and `>` wildcards).
+        Returns:
+            How many messages were removed (the adapter's best knowledge; markers and
+            history count).
+        Raises:
+            InvalidKeyError: a filter is invalid or the sequence is empty.
             BucketNotFoundError: the bucket was destroyed.
         """
         ...

@@ -161,8 +161,9 @@ _REGISTRY: dict[str, _Bucket] = {}
 _REGISTRY_LOCK: Final = threading.Lock()
 
 
-def open_memory(url: str, config: BucketConfig) -> MemoryKeyValue:
-    """Open (creating it if needed) the in-process bucket `config.bucket`.
+def open_memory(url: str, config: BucketConfig, *, create: bool = True) -> MemoryKeyValue:
+    """Open (creating it if needed, unless `create` is False: then a missing bucket is
+    BucketNotFoundError) the in-process bucket `config.bucket`.
 
     An existing bucket is bound as it is: its configuration was fixed when it was
     created, as when binding to an existing JetStream bucket.
@@ -176,6 +177,8 @@ def open_memory(url: str, config: BucketConfig) -> MemoryKeyValue:
     with _REGISTRY_LOCK:
         state = _REGISTRY.get(config.bucket)
         if state is None:
+            if not create:
+                raise BucketNotFoundError(config.bucket)
             state = _Bucket(config)
             _REGISTRY[config.bucket] = state
     return MemoryKeyValue(state, url)
@@ -353,6 +356,31 @@ class MemoryKeyValue:
         validate_key(key, bucket=self.bucket)
         with self._state.lock:
             self._check().append(key, b"", Operation.PURGE)
+
+    async def purge_all(self, filter: str | Sequence[str]) -> int:
+        """Remove every message of every key matching the filters, without leaving markers.
+
+        Args:
+            filter: a filter or a sequence of filters (`*` and `>` wildcards).
+        Returns:
+            How many messages were removed.
+        Raises:
+            InvalidKeyError: a filter is invalid or the sequence is empty.
+            BucketNotFoundError: the bucket was destroyed.
+            KVError: this handle is closed.
+        """
+        wanted = KeyFilter(filter, bucket=self.bucket)
+        removed = 0
+        with self._state.lock:
+            state = self._check()
+            for key, msgs in state.matching(wanted):
+                for msg in msgs:
+                    state._forget(msg)
+                removed += len(msgs)
+                # The expiry queue may still hold these messages; expire() skips
+                # messages that are no longer a key's first.
+                del state.by_key[key]
+        return removed
 
     async def history(self, key: str) -> list[Entry]:
         """Every stored message of `key`, oldest first, markers included.

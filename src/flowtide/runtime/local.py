@@ -101,6 +101,9 @@ class LocalRuntime:
         self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
         self.kv = kv
         self.loopstate = LoopState(kv) if kv is not None else None
+        # An in-process KV answers without a round trip: recording one iteration at a
+        # time is cheaper than gathering (a task per write).
+        self._local_kv = kv is None or type(kv).__module__ == "flowtide.kv.memory"
         self.credentials = credentials
         self.worker_id = worker_id
         self.listener = listener
@@ -214,6 +217,13 @@ class LocalRuntime:
         row = self.store.get_execution(execution_id)
         playbook = parse_playbook(row.playbook_text, row.playbook_file)
         state = fold(playbook, execution_id, self.store.events(execution_id))
+        if self.loopstate is not None and not state.terminal:
+            # The log is what a resume rebuilds from. The KV can be ahead of it: an
+            # iteration recorded there whose report never reached the log (the process
+            # died between the two). Its re-run would count as a duplicate and the loop
+            # would wait forever; without the keys, duplicates of reports that did reach
+            # the log are still dropped by the folded state.
+            await self.loopstate.cleanup(execution_id)
         execution = self._register(playbook, execution_id, state)
         await self._warm(playbook)
         if state.terminal:
@@ -373,12 +383,56 @@ class LocalRuntime:
 
     _FILTERED = frozenset({ev.COMMAND_COMPLETED, ev.COMMAND_FAILED, ev.LOOP_DONE, ev.LOOP_STARTED})
 
-    async def _accept(self, state: ExecutionState, event: Event) -> bool:
+    async def _record_iterations(self, batch: list[Event]) -> dict[int, bool]:
+        """Record every loop iteration result of `batch` in the KV at once.
+
+        Each record is a round trip to the KV (a NATS server in distributed mode); made
+        one after another they would bound a loop's rate by the KV's latency. The writes
+        are independent `create`s, so they go out together and the engine then reads the
+        verdicts (event_id -> counted). Reports that are late or duplicates are left to
+        `_accept`.
+        """
+        if self.loopstate is None or self._local_kv:
+            return {}
+        todo: list[tuple[int, Any]] = []
+        claimed: set[int] = set()
+        for event in batch:
+            if event.type not in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
+                continue
+            execution = self._executions.get(event.execution_id)
+            if execution is None or event.command_id is None:
+                continue
+            record = execution.state.commands.get(event.command_id)
+            if record is None or record.loop_index is None or event.command_id in claimed:
+                continue  # _accept drops it (or records it, for a second report)
+            claimed.add(event.command_id)
+            todo.append(
+                (
+                    event.event_id,
+                    self.loopstate.record(
+                        event.execution_id,
+                        record.step,
+                        record.loop_instance or 0,
+                        record.loop_index,
+                        (event.payload or {}).get("status", "ok"),
+                    ),
+                )
+            )
+        if not todo:
+            return {}
+        verdicts = await asyncio.gather(*(coro for _, coro in todo))
+        return {event_id: bool(v) for (event_id, _), v in zip(todo, verdicts, strict=True)}
+
+    async def _accept(
+        self, state: ExecutionState, event: Event, recorded: dict[int, bool] | None = None
+    ) -> bool:
         """Filter worker reports and completion claims through the loop state in the KV."""
         if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
             record = state.commands.get(event.command_id or -1)
             if record is None:
                 return False  # late or duplicate report
+            if recorded is not None and event.event_id in recorded:
+                return recorded[event.event_id]
             if record.loop_index is not None and self.loopstate is not None:
                 return await self.loopstate.record(
                     state.execution_id,
@@ -412,6 +466,7 @@ class LocalRuntime:
 
     async def _process(self, batch: list[Event]) -> None:
         now = time.time()
+        prerecorded = await self._record_iterations(batch)
         pending = deque(batch)
         recorded: list[Event] = []
         commands: list[tuple[_Execution, Command]] = []
@@ -424,7 +479,7 @@ class LocalRuntime:
             if execution is None:
                 continue
             state = execution.state
-            if event.type in self._FILTERED and not await self._accept(state, event):
+            if event.type in self._FILTERED and not await self._accept(state, event, prerecorded):
                 continue
             if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
                 record = state.commands.get(event.command_id or -1)
@@ -469,9 +524,11 @@ class LocalRuntime:
                 self._dispatch(execution, command)
         for execution in finished:
             execution.cancelled.set()
-            execution.done.set()
+            # Clean up before waking waiters: a caller that closes the runtime as soon as
+            # `wait` returns would cancel a cleanup still waiting on a remote KV.
             if self.loopstate is not None:
                 await self.loopstate.cleanup(execution.state.execution_id)
+            execution.done.set()
         if self.listener is not None and recorded:
             self.listener(recorded, self._states)
 

@@ -285,6 +285,23 @@ class PgServer:
         with psycopg.connect(self._admin_dsn("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')
 
+    def create_database(self, name: str) -> str:
+        """Create an empty database `name` (lowercase identifier) and return its DSN."""
+        import psycopg
+
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name):
+            raise PgServerError(f"not a plain database name: {name!r}")
+        with psycopg.connect(self._admin_dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        return f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{name}"
+
+    def drop_database(self, name: str) -> None:
+        """Drop database `name`, disconnecting whoever is still connected."""
+        import psycopg
+
+        with psycopg.connect(self._admin_dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     def _admin_dsn(self, database: str) -> str:
         return (
             f"host={self.host} port={self.port} user={self.user} "

@@ -14,7 +14,6 @@ connection committed fails at once with SQLITE_BUSY_SNAPSHOT.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -38,6 +37,22 @@ from flowtide.store.base import (
     ExecutionUpdate,
     Unset,
 )
+from flowtide.store.codec import (
+    CATALOG_FIELDS,
+    COMMAND_COLUMNS,
+    EVENT_COLUMNS,
+    EXECUTION_COLUMNS,
+    catalog_row,
+    check_limit,
+    command_params,
+    command_row,
+    encode_value,
+    event_params,
+    event_row,
+    execution_row,
+    execution_update_params,
+    update_execution_sql,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -46,12 +61,6 @@ SCHEMA_VERSION: Final = 1
 # Driver-level failures translated to StoreError. sqlite3 raises OverflowError for integers
 # beyond 64 bits and UnicodeEncodeError (a ValueError) for strings it cannot encode.
 _DB_ERRORS: Final = (sqlite3.Error, OverflowError, ValueError)
-
-# Compact separators keep rows small; ensure_ascii stays on so any Python str (even a lone
-# surrogate) is storable. One shared encoder: json.dumps with non-default options would
-# build a new encoder per call, which shows on the hot path.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
-_decode = json.loads
 
 _STATUS_LIST = ", ".join(f"'{s}'" for s in sorted(COMMAND_STATUSES))
 
@@ -136,25 +145,11 @@ _SCHEMA_V1: Final = (
 # Migrations from version N to N + 1, applied in order on open. Empty while at version 1.
 _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {}
 
-_EXECUTION_COLUMNS: Final = (
-    "execution_id, parent_execution_id, parent_command_id, playbook_path, playbook_version,"
-    " playbook_file, playbook_text, workload, status, result, error, created, updated"
-)
-
-# Column order matches Event's field order so rows map onto it positionally.
-_EVENT_COLUMNS: Final = (
-    "event_id, execution_id, type, step, status, payload, error, parent_event_id,"
-    " command_id, worker_id, time"
-)
 _INSERT_EVENT: Final = (
     "INSERT INTO event (execution_id, event_id, type, step, status, payload, error,"
     " parent_event_id, command_id, worker_id, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
-_COMMAND_COLUMNS: Final = (
-    "command_id, execution_id, step, status, attempt, loop_instance, loop_index, worker_id,"
-    " payload, created, updated"
-)
 # `attempt` is bound twice (insert default and update) because after COALESCE on insert the
 # excluded row can no longer tell "not given" from 1.
 _UPSERT_COMMAND: Final = (
@@ -170,89 +165,19 @@ _UPSERT_COMMAND: Final = (
     " updated = excluded.updated"
 )
 _PENDING_COMMANDS: Final = (
-    f"SELECT {_COMMAND_COLUMNS} FROM command WHERE execution_id = ?"
+    f"SELECT {COMMAND_COLUMNS} FROM command WHERE execution_id = ?"
     f" AND status IN ({', '.join(repr(s) for s in PENDING_COMMAND_STATUSES)})"
     " ORDER BY command_id"
 )
 
 _CATALOG_COLUMNS: Final = (
-    "c.path, c.version, c.content, c.source_file, c.created,"
-    " (SELECT COUNT(*) FROM catalog n WHERE n.path = c.path)"
+    f"{CATALOG_FIELDS}, (SELECT COUNT(*) FROM catalog n WHERE n.path = c.path)"
 )
 
 
-def _update_execution_sql(with_result: bool, with_error: bool) -> str:
-    sets = "status = ?, updated = ?"
-    if with_result:
-        sets += ", result = ?"
-    if with_error:
-        sets += ", error = ?"
-    return f"UPDATE execution SET {sets} WHERE execution_id = ?"
-
-
 _UPDATE_EXECUTION: Final = {
-    (r, e): _update_execution_sql(r, e) for r in (False, True) for e in (False, True)
+    (r, e): update_execution_sql(r, e, "?") for r in (False, True) for e in (False, True)
 }
-
-
-def _encode_value(value: Any, what: str) -> str:
-    try:
-        return _encode(value)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
-
-
-def _encode_optional(value: Any, what: str) -> str | None:
-    return None if value is None else _encode_value(value, what)
-
-
-def _decode_optional(text: str | None) -> Any:
-    return None if text is None else _decode(text)
-
-
-def _execution_row(r: tuple[Any, ...]) -> ExecutionRow:
-    return ExecutionRow(
-        execution_id=r[0],
-        parent_execution_id=r[1],
-        parent_command_id=r[2],
-        playbook_path=r[3],
-        playbook_version=r[4],
-        playbook_file=r[5],
-        playbook_text=r[6],
-        workload=_decode(r[7]),
-        status=r[8],
-        result=_decode_optional(r[9]),
-        error=_decode_optional(r[10]),
-        created=r[11],
-        updated=r[12],
-    )
-
-
-def _command_row(r: tuple[Any, ...]) -> CommandRow:
-    return CommandRow(
-        command_id=r[0],
-        execution_id=r[1],
-        step=r[2],
-        status=r[3],
-        attempt=r[4],
-        loop_instance=r[5],
-        loop_index=r[6],
-        worker_id=r[7],
-        payload=_decode_optional(r[8]),
-        created=r[9],
-        updated=r[10],
-    )
-
-
-def _catalog_row(r: tuple[Any, ...]) -> CatalogRow:
-    return CatalogRow(
-        path=r[0], version=r[1], text=r[2], source_file=r[3], created=r[4], versions=r[5]
-    )
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 0:
-        raise StoreError(f"limit must be >= 0, got {limit}")
 
 
 class SQLiteStore:
@@ -402,7 +327,7 @@ class SQLiteStore:
             playbook_version,
             playbook_file,
             playbook_text,
-            _encode_value(workload, f"execution {execution_id}: workload"),
+            encode_value(workload, f"execution {execution_id}: workload"),
             EXECUTION_CREATED,
             created,
             created,
@@ -423,12 +348,12 @@ class SQLiteStore:
         """See `flowtide.store.base.Store.get_execution`."""
         rows = self._query(
             "get_execution",
-            f"SELECT {_EXECUTION_COLUMNS} FROM execution WHERE execution_id = ?",
+            f"SELECT {EXECUTION_COLUMNS} FROM execution WHERE execution_id = ?",
             (execution_id,),
         )
         if not rows:
             raise NotFoundError(f"execution {execution_id} not found")
-        return _execution_row(rows[0])
+        return execution_row(rows[0])
 
     def list_executions(
         self,
@@ -438,7 +363,7 @@ class SQLiteStore:
         before_id: int | None = None,
     ) -> list[ExecutionRow]:
         """See `flowtide.store.base.Store.list_executions`."""
-        _check_limit(limit)
+        check_limit(limit)
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
@@ -447,12 +372,12 @@ class SQLiteStore:
         if before_id is not None:
             where.append("execution_id < ?")
             params.append(before_id)
-        sql = f"SELECT {_EXECUTION_COLUMNS} FROM execution"
+        sql = f"SELECT {EXECUTION_COLUMNS} FROM execution"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY execution_id DESC LIMIT ?"
         params.append(limit)
-        return [_execution_row(r) for r in self._query("list_executions", sql, params)]
+        return [execution_row(r) for r in self._query("list_executions", sql, params)]
 
     def update_execution(
         self,
@@ -474,16 +399,8 @@ class SQLiteStore:
 
     @staticmethod
     def _execution_update(update: ExecutionUpdate) -> tuple[str, tuple[Any, ...]]:
-        params: list[Any] = [update.status, update.updated]
-        with_result = update.result is not UNSET
-        with_error = update.error is not UNSET
-        what = f"execution {update.execution_id}"
-        if with_result:
-            params.append(_encode_value(update.result, f"{what}: result"))
-        if with_error:
-            params.append(_encode_optional(update.error, f"{what}: error"))
-        params.append(update.execution_id)
-        return _UPDATE_EXECUTION[with_result, with_error], tuple(params)
+        shape, params = execution_update_params(update)
+        return _UPDATE_EXECUTION[shape], params
 
     # -- events ----------------------------------------------------------------------
 
@@ -498,53 +415,8 @@ class SQLiteStore:
         if not events and not commands and not execution_updates:
             return
         # Serialise before taking the lock: the writer holds it only for the SQL itself.
-        try:
-            event_rows = [
-                (
-                    e.execution_id,
-                    e.event_id,
-                    e.type,
-                    e.step,
-                    e.status,
-                    None if e.payload is None else _encode(e.payload),
-                    None if e.error is None else _encode(e.error),
-                    e.parent_event_id,
-                    e.command_id,
-                    e.worker_id,
-                    e.time,
-                )
-                for e in events
-            ]
-        except (TypeError, ValueError) as exc:
-            # Slow path, only to name the culprit in the error.
-            for e in events:
-                what = f"event {e.event_id} ({e.type})"
-                _encode_optional(e.payload, f"{what}: payload")
-                _encode_optional(e.error, f"{what}: error")
-            raise StoreError(f"append: an event is not JSON-serialisable: {exc}") from exc
-        command_rows = []
-        for c in commands:
-            if c.status not in COMMAND_STATUSES:
-                raise StoreError(
-                    f"command {c.command_id}: unknown status {c.status!r} "
-                    f"(expected one of {sorted(COMMAND_STATUSES)})"
-                )
-            command_rows.append(
-                (
-                    c.command_id,
-                    c.execution_id,
-                    c.step,
-                    c.status,
-                    c.attempt,
-                    c.loop_instance,
-                    c.loop_index,
-                    c.worker_id,
-                    _encode_optional(c.payload, f"command {c.command_id}: payload"),
-                    c.time,
-                    c.time,
-                    c.attempt,
-                )
-            )
+        event_rows = event_params(events)
+        command_rows = command_params(commands)
         updates = [(u.execution_id, *self._execution_update(u)) for u in execution_updates]
         with self._transaction("append (batch rolled back)") as conn:
             if event_rows:
@@ -563,8 +435,8 @@ class SQLiteStore:
         limit: int | None = None,
     ) -> list[Event]:
         """See `flowtide.store.base.Store.events`."""
-        _check_limit(limit)
-        sql = f"SELECT {_EVENT_COLUMNS} FROM event WHERE execution_id = ?"
+        check_limit(limit)
+        sql = f"SELECT {EVENT_COLUMNS} FROM event WHERE execution_id = ?"
         params: list[Any] = [execution_id]
         if after_event_id is not None:
             sql += " AND event_id > ?"
@@ -573,24 +445,7 @@ class SQLiteStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        rows = self._query("events", sql, params)
-        # Positional: the selected columns follow Event's field order.
-        return [
-            Event(
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                None if r[5] is None else _decode(r[5]),
-                None if r[6] is None else _decode(r[6]),
-                r[7],
-                r[8],
-                r[9],
-                r[10],
-            )
-            for r in rows
-        ]
+        return [event_row(r) for r in self._query("events", sql, params)]
 
     def count_events(self, execution_id: int) -> int:
         """See `flowtide.store.base.Store.count_events`."""
@@ -604,18 +459,18 @@ class SQLiteStore:
     def pending_commands(self, execution_id: int) -> list[CommandRow]:
         """See `flowtide.store.base.Store.pending_commands`."""
         rows = self._query("pending_commands", _PENDING_COMMANDS, (execution_id,))
-        return [_command_row(r) for r in rows]
+        return [command_row(r) for r in rows]
 
     def get_command(self, command_id: int) -> CommandRow:
         """See `flowtide.store.base.Store.get_command`."""
         rows = self._query(
             "get_command",
-            f"SELECT {_COMMAND_COLUMNS} FROM command WHERE command_id = ?",
+            f"SELECT {COMMAND_COLUMNS} FROM command WHERE command_id = ?",
             (command_id,),
         )
         if not rows:
             raise NotFoundError(f"command {command_id} not found")
-        return _command_row(rows[0])
+        return command_row(rows[0])
 
     # -- catalog ---------------------------------------------------------------------
 
@@ -679,7 +534,7 @@ class SQLiteStore:
             )
             if not rows:
                 raise NotFoundError(f"playbook {path!r} version {version} not found")
-        return _catalog_row(rows[0])
+        return catalog_row(rows[0])
 
     def list_playbooks(self) -> list[CatalogRow]:
         """See `flowtide.store.base.Store.list_playbooks`."""
@@ -691,7 +546,7 @@ class SQLiteStore:
             ") m ON c.path = m.path AND c.version = m.v"
             " ORDER BY c.path",
         )
-        return [_catalog_row(r) for r in rows]
+        return [catalog_row(r) for r in rows]
 
     # -- credentials -----------------------------------------------------------------
 

@@ -1,0 +1,228 @@
+"""Versioned PostgreSQL schema of the store, in two independent parts.
+
+* `shard`: per-execution tables (execution, event, command, and later the outbox and
+  variables). Every row is reachable by execution_id, so executions can be spread over
+  several databases by `shard_for(execution_id, n)` without a schema change.
+* `cluster`: tables shared by the whole cluster (catalog, credential, and later keychain
+  and the worker-pool runtime registry).
+
+Each part keeps its own version in `flowtide_schema (component, version, applied)` of the
+database it lives in, so both parts can share one database (the default) or live in
+separate ones. A migration is a list of statements applied in one transaction together
+with its version row; `upgrade` takes a transaction-scoped advisory lock first, so any
+number of servers starting at once apply each migration exactly once.
+
+Why `text` and not `jsonb` for JSON columns: flowtide stores any JSON value a Python
+tool can produce, and PostgreSQL's jsonb refuses some of them (the escape \\u0000 and
+lone surrogates, which HTTP APIs do return). The text is flowtide's own compact JSON;
+ad-hoc queries can still cast it (`payload::jsonb`) where the content allows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from flowtide.errors import StoreError
+from flowtide.store.base import COMMAND_STATUSES
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "CLUSTER",
+    "COMPONENTS",
+    "SHARD",
+    "Component",
+    "current_versions",
+    "upgrade",
+]
+
+_STATUS_LIST = ", ".join(f"'{s}'" for s in sorted(COMMAND_STATUSES))
+
+# Arbitrary constant of the advisory lock serialising migrations ("flowtide" in ASCII).
+_MIGRATION_LOCK: Final = 0x666C6F77746964
+
+_VERSION_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS flowtide_schema ("
+    " component text NOT NULL,"
+    " version integer NOT NULL,"
+    " applied double precision NOT NULL,"
+    " PRIMARY KEY (component, version))"
+)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One independently versioned part of the schema."""
+
+    name: str
+    #: version -> statements that bring the schema from version - 1 to it.
+    migrations: Mapping[int, Sequence[str]]
+
+    @property
+    def latest(self) -> int:
+        return max(self.migrations)
+
+
+SHARD: Final = Component(
+    "shard",
+    {
+        1: (
+            """
+            CREATE TABLE execution (
+                execution_id        bigint PRIMARY KEY,
+                parent_execution_id bigint,
+                parent_command_id   bigint,
+                playbook_path       text,
+                playbook_version    integer,
+                playbook_file       text,
+                playbook_text       text NOT NULL,
+                workload            text NOT NULL,
+                status              text NOT NULL,
+                result              text,
+                error               text,
+                created             double precision NOT NULL,
+                updated             double precision NOT NULL
+            )
+            """,
+            "CREATE INDEX execution_status ON execution (status, execution_id)",
+            """
+            CREATE TABLE event (
+                execution_id    bigint NOT NULL,
+                event_id        bigint NOT NULL,
+                type            text NOT NULL,
+                step            text,
+                status          text,
+                payload         text,
+                error           text,
+                parent_event_id bigint,
+                command_id      bigint,
+                worker_id       text,
+                time            double precision NOT NULL,
+                PRIMARY KEY (execution_id, event_id)
+            )
+            """,
+            f"""
+            CREATE TABLE command (
+                command_id    bigint PRIMARY KEY,
+                execution_id  bigint NOT NULL,
+                step          text NOT NULL,
+                status        text NOT NULL CHECK (status IN ({_STATUS_LIST})),
+                attempt       integer NOT NULL,
+                loop_instance bigint,
+                loop_index    bigint,
+                worker_id     text,
+                payload       text,
+                created       double precision NOT NULL,
+                updated       double precision NOT NULL
+            )
+            """,
+            "CREATE INDEX command_execution ON command (execution_id, status, command_id)",
+        ),
+    },
+)
+
+CLUSTER: Final = Component(
+    "cluster",
+    {
+        1: (
+            """
+            CREATE TABLE catalog (
+                path        text NOT NULL,
+                version     integer NOT NULL,
+                content     text NOT NULL,
+                source_file text,
+                created     double precision NOT NULL,
+                PRIMARY KEY (path, version)
+            )
+            """,
+            """
+            CREATE TABLE credential (
+                name       text PRIMARY KEY,
+                kind       text NOT NULL,
+                ciphertext bytea NOT NULL,
+                created    double precision NOT NULL,
+                updated    double precision NOT NULL
+            )
+            """,
+        ),
+    },
+)
+
+COMPONENTS: Final = (SHARD, CLUSTER)
+
+
+def current_versions(conn: psycopg.Connection) -> dict[str, int]:
+    """The schema version of every component present in the database (0: absent)."""
+    exists = conn.execute("SELECT to_regclass('flowtide_schema') IS NOT NULL").fetchone()
+    if not exists or not exists[0]:
+        return {c.name: 0 for c in COMPONENTS}
+    rows = conn.execute(
+        "SELECT component, MAX(version) FROM flowtide_schema GROUP BY component"
+    ).fetchall()
+    found = {str(name): int(version) for name, version in rows}
+    return {c.name: found.get(c.name, 0) for c in COMPONENTS} | found
+
+
+def upgrade(
+    conn: psycopg.Connection, components: Sequence[Component], *, where: str
+) -> list[tuple[str, int, int]]:
+    """Bring `components` to their latest version in the database behind `conn`.
+
+    `conn` must be idle (no transaction open); every migration runs in its own
+    transaction. `where` names the database in errors (a DSN without its password).
+
+    Returns:
+        (component, from_version, to_version) for every component, changed or not.
+    Raises:
+        StoreError: the database holds a newer schema than this flowtide knows, or a
+            migration failed (it is rolled back; earlier ones stay applied).
+    """
+    import psycopg
+
+    report: list[tuple[str, int, int]] = []
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute(_VERSION_TABLE)
+        for component in components:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                before = current_versions(conn).get(component.name, 0)
+                if before > component.latest:
+                    raise StoreError(
+                        f"{where}: {component.name} schema version {before} is newer than "
+                        f"this flowtide supports ({component.latest}); upgrade flowtide"
+                    )
+                for version in range(before + 1, component.latest + 1):
+                    for statement in component.migrations[version]:
+                        conn.execute(statement)  # our own literals
+                    conn.execute(
+                        "INSERT INTO flowtide_schema (component, version, applied)"
+                        " VALUES (%s, %s, %s)",
+                        (component.name, version, time.time()),
+                    )
+            report.append((component.name, before, component.latest))
+    except psycopg.Error as exc:
+        raise StoreError(f"{where}: schema upgrade failed: {exc}") from exc
+    return report
+
+
+def check_current(conn: psycopg.Connection, components: Sequence[Component], *, where: str) -> None:
+    """Raise unless every component is at exactly the version this flowtide expects."""
+    found = current_versions(conn)
+    for component in components:
+        version = found.get(component.name, 0)
+        if version < component.latest:
+            raise StoreError(
+                f"{where}: {component.name} schema is at version {version}, this flowtide "
+                f"needs {component.latest}; run `flowtide db upgrade`"
+            )
+        if version > component.latest:
+            raise StoreError(
+                f"{where}: {component.name} schema version {version} is newer than this "
+                f"flowtide supports ({component.latest}); upgrade flowtide"
+            )

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from flowtide.cli import _redact_url, _scrub
 from flowtide.kv import KeyExistsError, KeyValue, connect
+from flowtide.urls import redact_url, scrub_url
 from kv.natsserver import NatsServer
 
 from .helpers import PLAYBOOKS, Flowtide, describe
@@ -446,6 +446,33 @@ def test_run_creates_the_bucket_with_the_given_name_and_ttl(ft: Flowtide, nats: 
     assert status["ttl"] == 120 and status["history"] == 1
 
 
+@contextlib.contextmanager
+def slow_loop_running(
+    ft: Flowtide, tmp_path: Path, *args: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `flowtide run slow_parallel.yaml ARGS` (stdout and stderr to run.out and run.err
+    in `tmp_path`) and yield it once 12 iterations have written their line to
+    iterations.txt there (or it ended, or 30 s passed); kill it on the way out if it still
+    runs."""
+    out_file = tmp_path / "iterations.txt"
+    playbook = PLAYBOOKS / "slow_parallel.yaml"
+    with (tmp_path / "run.out").open("wb") as stdout, (tmp_path / "run.err").open("wb") as stderr:
+        proc = ft.popen(
+            "run", playbook, *args, "--set", f"out_file={out_file}", stdout=stdout, stderr=stderr
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.poll() is None:
+                if out_file.exists() and len(out_file.read_text().split()) >= 12:
+                    break
+                time.sleep(0.01)
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.nats
 def test_resume_ignores_loop_state_ahead_of_the_log(
     ft: Flowtide, nats: NatsServer, tmp_path: Path
@@ -454,24 +481,9 @@ def test_resume_ignores_loop_state_ahead_of_the_log(
     iteration in the KV and appending its report to the log leaves the KV ahead of the
     log; every iteration is recorded here to make that certain. The resumed run must
     still finish every iteration, exactly as the log says."""
-    out_file = tmp_path / "iterations.txt"
-    run_args = ("--json", "--kv", nats.url, "--set", f"out_file={out_file}", "--set", "count=40")
-    with (tmp_path / "run.out").open("wb") as stdout, (tmp_path / "run.err").open("wb") as stderr:
-        proc = ft.popen(
-            "run", PLAYBOOKS / "slow_parallel.yaml", *run_args, stdout=stdout, stderr=stderr
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and proc.poll() is None:
-                if out_file.exists() and len(out_file.read_text().split()) >= 12:
-                    break
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=30) == 130
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with slow_loop_running(ft, tmp_path, "--json", "--kv", nats.url, "--set", "count=40") as proc:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
     (row,) = ft.executions()
     eid = row["execution_id"]
     assert row["status"] == "running"
@@ -495,24 +507,9 @@ def test_resume_ignores_loop_state_ahead_of_the_log(
 def test_kv_lost_mid_run_fails_and_resume_finishes_it(
     ft: Flowtide, nats: NatsServer, tmp_path: Path
 ) -> None:
-    out_file = tmp_path / "iterations.txt"
-    run_args = ("--kv", nats.url, "--set", f"out_file={out_file}", "--set", "count=60")
-    with (tmp_path / "run.out").open("wb") as stdout, (tmp_path / "run.err").open("wb") as stderr:
-        proc = ft.popen(
-            "run", PLAYBOOKS / "slow_parallel.yaml", *run_args, stdout=stdout, stderr=stderr
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and proc.poll() is None:
-                if out_file.exists() and len(out_file.read_text().split()) >= 12:
-                    break
-                time.sleep(0.01)
-            nats.stop()
-            code = proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with slow_loop_running(ft, tmp_path, "--kv", nats.url, "--set", "count=60") as proc:
+        nats.stop()
+        code = proc.wait(timeout=60)
     stderr_text = (tmp_path / "run.err").read_text(encoding="utf-8")
     assert code == 1, stderr_text
     assert f"no reply from NATS at {nats.url}" in stderr_text
@@ -612,12 +609,12 @@ def test_invalid_bucket_name(ft: Flowtide, nats: NatsServer) -> None:
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
-    assert _redact_url(url) == shown
+    assert redact_url(url) == shown
 
 
 def test_scrub_hides_the_password_however_it_is_quoted() -> None:
     url = "nats://flow:p%40ssword@h:4222"
     text = f"cannot open {url!r}: auth failed for flow:p%40ssword@h and p@ssword"
-    scrubbed = _scrub(text, url)
+    scrubbed = scrub_url(text, url)
     assert "p%40ssword" not in scrubbed and "p@ssword" not in scrubbed
     assert "'nats://flow:***@h:4222'" in scrubbed

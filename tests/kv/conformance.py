@@ -8,7 +8,9 @@ touched is destroyed afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +31,7 @@ from flowtide.kv import (
     Operation,
     ValueTooLargeError,
     WrongRevisionError,
+    connect,
 )
 
 BAD_KEYS = [
@@ -49,6 +52,74 @@ BAD_KEYS = [
 ]
 GOOD_KEYS = ["a", "a/b", "a-b_c=d.e", "A.9.z", "exec.1.loop.fetch=2Eall.0.r.12"]
 BAD_FILTERS = ["a..b", ".a", "a.", "a.>.b", "a*", "a b", ">.a", "a.*x"]
+
+
+async def race_to_create(
+    kv: KeyValue, key: str, value: bytes, contenders: int
+) -> tuple[list[int], list[KeyExistsError]]:
+    """`contenders` concurrent `kv.create(key, value)`: the revisions the winners got and
+    the errors the losers got."""
+    winners: list[int] = []
+    losers: list[KeyExistsError] = []
+
+    async def claim() -> None:
+        try:
+            winners.append(await kv.create(key, value))
+        except KeyExistsError as exc:
+            losers.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(contenders):
+            tg.start_soon(claim)
+    return winners, losers
+
+
+async def increment_from_threads(
+    url: str, bucket: str, key: str, *, threads: int, tasks: int, rounds: int
+) -> int:
+    """Add 1 to the number stored under `key`, `rounds` times in each of `tasks` tasks in
+    each of `threads` threads; every thread runs its own event loop with its own handle.
+    Each increment is a get and an update, retried on WrongRevisionError.
+
+    Returns:
+        How many updates lost a race. Asserts that no thread failed.
+    """
+    lost: list[int] = []
+    errors: list[BaseException] = []
+
+    async def thread_main() -> None:
+        handle = await connect(url, bucket)
+        conflicts = 0
+
+        async def increment() -> None:
+            nonlocal conflicts
+            for _ in range(rounds):
+                while True:
+                    entry = await handle.get(key)
+                    # Let the other tasks of this loop in between (memory never waits).
+                    await asyncio.sleep(0)
+                    try:
+                        await handle.update(key, b"%d" % (int(entry.value) + 1), entry.revision)
+                        break
+                    except WrongRevisionError:
+                        conflicts += 1
+
+        await asyncio.gather(*(increment() for _ in range(tasks)))
+        lost.append(conflicts)
+        await handle.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(thread_main())
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    await anyio.to_thread.run_sync(lambda: [w.join() for w in workers])
+    assert errors == []
+    return sum(lost)
 
 
 class KVConformance:
@@ -209,18 +280,7 @@ class KVConformance:
 
     async def test_concurrent_creates_have_one_winner(self) -> None:
         kv = await self.open_kv()
-        winners: list[int] = []
-        losers: list[KeyExistsError] = []
-
-        async def claim() -> None:
-            try:
-                winners.append(await kv.create("done", b"1"))
-            except KeyExistsError as exc:
-                losers.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(16):
-                tg.start_soon(claim)
+        winners, losers = await race_to_create(kv, "done", b"1", 16)
         assert len(winners) == 1 and len(losers) == 15
         assert all(exc.revision == winners[0] for exc in losers)
 

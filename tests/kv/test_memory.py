@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import anyio
@@ -15,7 +14,6 @@ from flowtide.kv import (
     InvalidKeyError,
     KeyValue,
     KVError,
-    WrongRevisionError,
     connect,
     decode_key_token,
     encode_key_token,
@@ -25,7 +23,7 @@ from flowtide.kv.base import validate_key
 # The suite's asserts live outside a test_*.py file; have pytest rewrite them too.
 pytest.register_assert_rewrite(f"{__package__}.conformance")
 
-from .conformance import KVConformance  # noqa: E402
+from .conformance import KVConformance, increment_from_threads  # noqa: E402
 
 
 class TestMemoryKV(KVConformance):
@@ -134,38 +132,9 @@ class TestMemoryKV(KVConformance):
         kv = await self.open_kv()
         await kv.put("counter", b"0")
         threads, tasks, rounds = 4, 4, 25
-
-        async def thread_main() -> None:
-            handle = await connect("memory://", kv.bucket)
-
-            async def increment() -> None:
-                for _ in range(rounds):
-                    while True:
-                        entry = await handle.get("counter")
-                        await asyncio.sleep(0)
-                        try:
-                            value = b"%d" % (int(entry.value) + 1)
-                            await handle.update("counter", value, entry.revision)
-                            break
-                        except WrongRevisionError:
-                            continue
-
-            await asyncio.gather(*(increment() for _ in range(tasks)))
-            await handle.close()
-
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                asyncio.run(thread_main())
-            except BaseException as exc:  # surfaced by the assertion below
-                errors.append(exc)
-
-        workers = [threading.Thread(target=run) for _ in range(threads)]
-        for worker in workers:
-            worker.start()
-        await anyio.to_thread.run_sync(lambda: [w.join() for w in workers])
-        assert errors == []
+        await increment_from_threads(
+            "memory://", kv.bucket, "counter", threads=threads, tasks=tasks, rounds=rounds
+        )
         assert int((await kv.get("counter")).value) == threads * tasks * rounds
 
 

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -40,7 +39,7 @@ from flowtide.kv.nats import NatsKeyValue, open_nats, redact_url
 # The suite's asserts live outside a test_*.py file; have pytest rewrite them too.
 pytest.register_assert_rewrite(f"{__package__}.conformance")
 
-from .conformance import KVConformance  # noqa: E402
+from .conformance import KVConformance, increment_from_threads, race_to_create  # noqa: E402
 from .natsserver import NatsServer  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats]
@@ -121,6 +120,18 @@ async def _drop(handle: KeyValue) -> None:
     except KVError:
         pass
     await handle.close()
+
+
+async def put_in_parallel(kv: KeyValue, items: list[tuple[str, bytes]], writers: int) -> None:
+    """Put every (key, value) of `items`, spread over `writers` concurrent tasks."""
+
+    async def write(start: int) -> None:
+        for key, value in items[start::writers]:
+            await kv.put(key, value)
+
+    async with anyio.create_task_group() as tg:
+        for start in range(writers):
+            tg.start_soon(write, start)
 
 
 async def stream_info(url: str, bucket: str) -> dict[str, Any]:
@@ -312,19 +323,7 @@ async def test_stale_update_is_10071_as_wrong_revision(
 
 
 async def test_create_race_maps_to_key_exists(kv: NatsKeyValue, api_error_codes: list[int]) -> None:
-    results: list[int | KeyExistsError] = []
-
-    async def claim() -> None:
-        try:
-            results.append(await kv.create("claim", b"me"))
-        except KeyExistsError as exc:
-            results.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(32):
-            tg.start_soon(claim)
-    winners = [r for r in results if isinstance(r, int)]
-    losers = [r for r in results if isinstance(r, KeyExistsError)]
+    winners, losers = await race_to_create(kv, "claim", b"me", 32)
     assert len(winners) == 1 and len(losers) == 31
     assert {exc.revision for exc in losers} == {winners[0]}
     assert set(api_error_codes) == {10071}
@@ -333,20 +332,9 @@ async def test_create_race_maps_to_key_exists(kv: NatsKeyValue, api_error_codes:
 async def test_create_race_after_delete(kv: NatsKeyValue) -> None:
     await kv.put("k", b"old")
     await kv.delete("k")
-    results: list[int | KeyExistsError] = []
-
-    async def claim() -> None:
-        try:
-            results.append(await kv.create("k", b"new"))
-        except KeyExistsError as exc:
-            results.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(16):
-            tg.start_soon(claim)
-    winners = [r for r in results if isinstance(r, int)]
+    winners, losers = await race_to_create(kv, "k", b"new", 16)
     assert len(winners) == 1
-    assert all(r.revision == winners[0] for r in results if isinstance(r, KeyExistsError))
+    assert all(exc.revision == winners[0] for exc in losers)
 
 
 async def test_value_at_the_limit_survives_headers(nats_server: NatsServer) -> None:
@@ -441,14 +429,7 @@ async def test_get_last_many_pages_past_1024_keys(
     kv: NatsKeyValue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     count = 2500
-
-    async def write(start: int) -> None:
-        for i in range(start, count, 25):
-            await kv.put(f"r.{i}", b"%d" % i)
-
-    async with anyio.create_task_group() as tg:
-        for start in range(25):
-            tg.start_soon(write, start)
+    await put_in_parallel(kv, [(f"r.{i}", b"%d" % i) for i in range(count)], writers=25)
     for i in range(0, count, 10):
         await kv.delete(f"r.{i}")
     point = await kv.put("r.marker", b"point")
@@ -505,14 +486,7 @@ async def test_purge_all_is_one_request_per_filter(
     kv: NatsKeyValue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     count = 10_000
-
-    async def write(start: int) -> None:
-        for i in range(start, count, 50):
-            await kv.put(f"exec.7.loop.s.0.r.{i}", b"ok")
-
-    async with anyio.create_task_group() as tg:
-        for start in range(50):
-            tg.start_soon(write, start)
+    await put_in_parallel(kv, [(f"exec.7.loop.s.0.r.{i}", b"ok") for i in range(count)], writers=50)
     await kv.put("exec.7.loop.s.0.meta", b"{}")
     await kv.put("exec.8.loop.s.0.meta", b"{}")
 
@@ -617,14 +591,7 @@ async def test_destroy_elsewhere_ends_watchers(nats_server: NatsServer) -> None:
 async def test_watch_large_initial_data_uses_flow_control(kv: NatsKeyValue) -> None:
     count = 3000
     value = b"x" * 2000
-
-    async def write(start: int) -> None:
-        for i in range(start, count, 20):
-            await kv.put(f"f.{i}", value)
-
-    async with anyio.create_task_group() as tg:
-        for start in range(20):
-            tg.start_soon(write, start)
+    await put_in_parallel(kv, [(f"f.{i}", value) for i in range(count)], writers=20)
     async with kv.watch("f.>") as watcher:
         got = await initial(watcher)
         assert len(got) == count
@@ -693,44 +660,12 @@ async def test_cas_increments_from_many_connections(nats_server: NatsServer) -> 
     kv = await connect(nats_server.url, name)
     await kv.put("counter", b"0")
     threads, tasks, rounds = 4, 4, 25
-    conflicts: list[int] = []
-    errors: list[BaseException] = []
-
-    async def thread_main() -> None:
-        handle = await connect(nats_server.url, name)
-        lost = 0
-
-        async def increment() -> None:
-            nonlocal lost
-            for _ in range(rounds):
-                while True:
-                    entry = await handle.get("counter")
-                    try:
-                        await handle.update(
-                            "counter", b"%d" % (int(entry.value) + 1), entry.revision
-                        )
-                        break
-                    except WrongRevisionError:
-                        lost += 1
-
-        await asyncio.gather(*(increment() for _ in range(tasks)))
-        conflicts.append(lost)
-        await handle.close()
-
-    def run() -> None:
-        try:
-            asyncio.run(thread_main())
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-
-    workers = [threading.Thread(target=run) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    await anyio.to_thread.run_sync(lambda: [w.join() for w in workers])
     try:
-        assert errors == []
+        conflicts = await increment_from_threads(
+            nats_server.url, name, "counter", threads=threads, tasks=tasks, rounds=rounds
+        )
         assert int((await kv.get("counter")).value) == threads * tasks * rounds
-        assert sum(conflicts) > 0
+        assert conflicts > 0
     finally:
         await _drop(kv)
 

@@ -22,11 +22,12 @@ still to come after this one (JetStream's consumer "pending"); live updates carr
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Final, Literal, Protocol, Self
 
 from flowtide.errors import FlowtideError
 
@@ -385,6 +386,19 @@ def decode_key_token(token: str) -> str:
 # ---------------------------------------------------------------------- the port
 
 
+def as_bytes(value: bytes) -> bytes:
+    """The value an adapter stores: `bytes` as given, a bytearray or memoryview copied.
+
+    Raises:
+        TypeError: `value` is not bytes-like.
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"KV values are bytes, got {type(value).__name__}")
+
+
 @dataclass(frozen=True, slots=True)
 class BucketConfig:
     """How a bucket is created. Validated on construction.
@@ -446,7 +460,11 @@ class KeyWatcher(Protocol):
 
 
 class KeyValue(Protocol):
-    """A handle on one bucket. All methods are coroutines except `watch`."""
+    """A handle on one bucket. All methods are coroutines except `watch`.
+
+    Once the handle is closed, every method but `close` raises KVError (a watcher when
+    it starts).
+    """
 
     @property
     def bucket(self) -> str:
@@ -637,6 +655,7 @@ class KeyValue(Protocol):
         Raises:
             InvalidKeyError: a filter is invalid.
             BucketNotFoundError: the bucket was destroyed.
+            KVError: `up_to_revision` is negative.
         """
         ...
 
@@ -663,3 +682,67 @@ class KeyValue(Protocol):
         """Release this handle and end its watchers; the bucket and its data stay.
         Idempotent."""
         ...
+
+
+class EndOfWatch:
+    """Queued for a watcher whose iteration must end after what is already queued."""
+
+
+END_OF_WATCH: Final = EndOfWatch()
+
+
+class QueueWatcher:
+    """The iteration the adapters' watchers share; `KeyWatcher` is the contract.
+
+    A subclass implements `start` (take the initial data, register for updates; a no-op
+    once started or stopped) and `_release` (unregister, free what `start` took), and
+    fills `_queue` with entries, the `None` marker and, to end iteration after what is
+    queued, `END_OF_WATCH`. `_next` may serve items from elsewhere first.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+        self._stopped = False
+        self._queue: asyncio.Queue[Entry | None | EndOfWatch] = asyncio.Queue()
+
+    async def start(self) -> None:
+        """Start watching (idempotent)."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    async def _next(self) -> Entry | None | EndOfWatch:
+        return await self._queue.get()
+
+    async def stop(self) -> None:
+        """Stop watching; iteration ends at once (queued updates are dropped)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._release()
+        # Wakes a task blocked in __anext__ on this loop.
+        self._queue.put_nowait(END_OF_WATCH)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Entry | None:
+        if self._stopped:
+            raise StopAsyncIteration
+        if not self._started:
+            await self.start()
+        item = await self._next()
+        if isinstance(item, EndOfWatch) or self._stopped:
+            if not self._stopped:
+                self._stopped = True
+                self._release()
+            raise StopAsyncIteration
+        return item

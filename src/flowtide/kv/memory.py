@@ -26,20 +26,24 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Final, Self
+from typing import Final
 
 from flowtide.kv.base import (
+    END_OF_WATCH,
     BucketConfig,
     BucketNotFoundError,
+    EndOfWatch,
     Entry,
     KeyExistsError,
     KeyFilter,
     KeyNotFoundError,
     KVError,
     Operation,
+    QueueWatcher,
     Status,
     ValueTooLargeError,
     WrongRevisionError,
+    as_bytes,
     validate_key,
 )
 
@@ -184,16 +188,9 @@ def open_memory(url: str, config: BucketConfig, *, create: bool = True) -> Memor
     return MemoryKeyValue(state, url)
 
 
-def _as_bytes(value: bytes) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise TypeError(f"KV values are bytes, got {type(value).__name__}")
-
-
 class MemoryKeyValue:
-    """A handle on an in-process bucket; implements `flowtide.kv.KeyValue`."""
+    """A handle on an in-process bucket; implements `flowtide.kv.KeyValue`, whose
+    docstrings hold the contract of each method."""
 
     def __init__(self, state: _Bucket, url: str = "memory://") -> None:
         self._state = state
@@ -225,18 +222,7 @@ class MemoryKeyValue:
             raise ValueTooLargeError(self._state.name, key, size=len(value), max_size=limit)
 
     async def get(self, key: str, revision: int | None = None) -> Entry:
-        """Read the newest value of `key`, or the message at `revision`.
-
-        Args:
-            key: a valid key.
-            revision: a revision of this key that is still stored; None for the newest.
-        Returns:
-            The entry (operation PUT).
-        Raises:
-            KeyNotFoundError: no such key or revision, or it is a delete/purge marker.
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.get`."""
         validate_key(key, bucket=self.bucket)
         with self._state.lock:
             state = self._check()
@@ -256,41 +242,17 @@ class MemoryKeyValue:
             return state.entry(msg, msgs, index)
 
     async def put(self, key: str, value: bytes) -> int:
-        """Write `value` under `key` unconditionally.
-
-        Args:
-            key: a valid key (no wildcards).
-            value: the bytes to store.
-        Returns:
-            The new revision.
-        Raises:
-            InvalidKeyError: the key is invalid.
-            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.put`."""
         validate_key(key, bucket=self.bucket)
-        data = _as_bytes(value)
+        data = as_bytes(value)
         self._check_size(key, data)
         with self._state.lock:
             return self._check().append(key, data, Operation.PUT).revision
 
     async def create(self, key: str, value: bytes) -> int:
-        """Write `value` only if `key` does not exist or its newest message is a
-        delete or purge marker.
-
-        Args:
-            key: a valid key.
-            value: the bytes to store.
-        Returns:
-            The new revision.
-        Raises:
-            KeyExistsError: the key exists (`revision` is its current revision).
-            InvalidKeyError: the key is invalid.
-            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.create`."""
         validate_key(key, bucket=self.bucket)
-        data = _as_bytes(value)
+        data = as_bytes(value)
         self._check_size(key, data)
         with self._state.lock:
             state = self._check()
@@ -300,22 +262,9 @@ class MemoryKeyValue:
             return state.append(key, data, Operation.PUT).revision
 
     async def update(self, key: str, value: bytes, last: int) -> int:
-        """Write `value` only if the newest message of `key` has revision `last`.
-
-        Args:
-            key: a valid key.
-            value: the bytes to store.
-            last: the revision the caller last saw (0: the key has no stored message).
-        Returns:
-            The new revision.
-        Raises:
-            WrongRevisionError: the key is at another revision (`current`).
-            InvalidKeyError: the key is invalid.
-            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.update`."""
         validate_key(key, bucket=self.bucket)
-        data = _as_bytes(value)
+        data = as_bytes(value)
         self._check_size(key, data)
         with self._state.lock:
             state = self._check()
@@ -325,16 +274,7 @@ class MemoryKeyValue:
             return state.append(key, data, Operation.PUT).revision
 
     async def delete(self, key: str, last: int | None = None) -> None:
-        """Append a DEL marker for `key`, keeping its history.
-
-        Args:
-            key: a valid key.
-            last: if given, delete only if the key's newest message has this revision.
-        Raises:
-            WrongRevisionError: `last` was given and the key is at another revision.
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.delete`."""
         validate_key(key, bucket=self.bucket)
         with self._state.lock:
             state = self._check()
@@ -345,30 +285,13 @@ class MemoryKeyValue:
             state.append(key, b"", Operation.DEL)
 
     async def purge(self, key: str) -> None:
-        """Remove every message of `key`, leaving one PURGE marker.
-
-        Args:
-            key: a valid key.
-        Raises:
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.purge`."""
         validate_key(key, bucket=self.bucket)
         with self._state.lock:
             self._check().append(key, b"", Operation.PURGE)
 
     async def purge_all(self, filter: str | Sequence[str]) -> int:
-        """Remove every message of every key matching the filters, without leaving markers.
-
-        Args:
-            filter: a filter or a sequence of filters (`*` and `>` wildcards).
-        Returns:
-            How many messages were removed.
-        Raises:
-            InvalidKeyError: a filter is invalid or the sequence is empty.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: this handle is closed.
-        """
+        """See `KeyValue.purge_all`; returns exactly how many messages were removed."""
         wanted = KeyFilter(filter, bucket=self.bucket)
         removed = 0
         with self._state.lock:
@@ -383,17 +306,7 @@ class MemoryKeyValue:
         return removed
 
     async def history(self, key: str) -> list[Entry]:
-        """Every stored message of `key`, oldest first, markers included.
-
-        Args:
-            key: a valid key.
-        Returns:
-            The entries; `delta` counts down to 0 for the newest.
-        Raises:
-            KeyNotFoundError: the key has no stored message.
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.history`."""
         validate_key(key, bucket=self.bucket)
         with self._state.lock:
             state = self._check()
@@ -403,16 +316,7 @@ class MemoryKeyValue:
             return [state.entry(m, msgs, i) for i, m in enumerate(msgs)]
 
     async def keys(self, filter: str | Sequence[str] = ">") -> list[str]:
-        """The live keys (newest message is a PUT) matching any of the filters.
-
-        Args:
-            filter: a filter or a sequence of filters (`*` and `>` wildcards).
-        Returns:
-            The keys, sorted; empty when none matches.
-        Raises:
-            InvalidKeyError: a filter is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.keys`."""
         wanted = KeyFilter(filter, bucket=self.bucket)
         with self._state.lock:
             state = self._check()
@@ -429,20 +333,7 @@ class MemoryKeyValue:
         meta_only: bool = False,
         updates_only: bool = False,
     ) -> MemoryWatcher:
-        """Watch keys matching the filters (see `flowtide.kv.KeyWatcher`).
-
-        Args:
-            keys: a filter or a sequence of filters.
-            include_history: initial data holds every stored message, not just the
-                newest per key.
-            ignore_deletes: never deliver DEL or PURGE entries.
-            meta_only: deliver entries with an empty value.
-            updates_only: no initial data; the marker comes first.
-        Returns:
-            A watcher, started on `async with` or the first iteration.
-        Raises:
-            InvalidKeyError: a filter is invalid.
-        """
+        """See `KeyValue.watch`."""
         return MemoryWatcher(
             self,
             KeyFilter(keys, bucket=self.bucket),
@@ -455,18 +346,7 @@ class MemoryKeyValue:
     async def get_last_many(
         self, filters: str | Sequence[str], up_to_revision: int | None = None
     ) -> dict[str, Entry]:
-        """Read many keys at one point in time (ADR-31 multi-last direct get).
-
-        Args:
-            filters: a filter or a sequence of filters.
-            up_to_revision: the point in time, as a bucket revision (None: now).
-        Returns:
-            Key -> newest PUT entry at or before that revision, in key order.
-        Raises:
-            InvalidKeyError: a filter is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: `up_to_revision` is negative.
-        """
+        """See `KeyValue.get_last_many`."""
         wanted = KeyFilter(filters, bucket=self.bucket)
         if up_to_revision is not None and up_to_revision < 0:
             raise KVError(f"up_to_revision must be >= 0, got {up_to_revision}", bucket=self.bucket)
@@ -489,14 +369,8 @@ class MemoryKeyValue:
         return dict(out)
 
     async def status(self) -> Status:
-        """Report the bucket's state and configuration.
-
-        Returns:
-            The status; `bytes` is the sum of key and value lengths of stored messages
-            and `backing_store` is "memory".
-        Raises:
-            BucketNotFoundError: the bucket was destroyed.
-        """
+        """See `KeyValue.status`. `bytes` is the sum of the key and value lengths of the
+        stored messages; `backing_store` is "memory"."""
         with self._state.lock:
             state = self._check()
             cfg = state.config
@@ -514,13 +388,7 @@ class MemoryKeyValue:
             )
 
     async def destroy(self) -> None:
-        """Delete the bucket and all its data; every handle on it stops working and
-        every watcher on it ends.
-
-        Raises:
-            BucketNotFoundError: the bucket was already destroyed.
-            KVError: this handle is closed.
-        """
+        """See `KeyValue.destroy`."""
         with _REGISTRY_LOCK, self._state.lock:
             state = self._state
             if self._closed:
@@ -539,8 +407,7 @@ class MemoryKeyValue:
             watcher._finish()
 
     async def close(self) -> None:
-        """Release this handle and end its watchers; the bucket and its data stay.
-        Idempotent."""
+        """See `KeyValue.close`."""
         with self._state.lock:
             if self._closed:
                 return
@@ -553,14 +420,7 @@ class MemoryKeyValue:
             watcher._finish()
 
 
-class _End:
-    """Queued after the last live update of a watcher whose bucket or handle went away."""
-
-
-_END: Final = _End()
-
-
-class MemoryWatcher:
+class MemoryWatcher(QueueWatcher):
     """A watch on an in-process bucket; implements `flowtide.kv.KeyWatcher`."""
 
     def __init__(
@@ -573,18 +433,16 @@ class MemoryWatcher:
         meta_only: bool,
         updates_only: bool,
     ) -> None:
+        super().__init__()
         self._handle = handle
         self._keys = keys
         self._include_history = include_history
         self._ignore_deletes = ignore_deletes
         self._meta_only = meta_only
         self._updates_only = updates_only
-        self._started = False
-        self._stopped = False
         self._marker_sent = False
         self._initial: deque[Entry] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[Entry | _End] = asyncio.Queue()
 
     async def start(self) -> None:
         """Take the initial data and register for live updates (idempotent).
@@ -639,7 +497,7 @@ class MemoryWatcher:
             # The watcher's loop is closed: nobody can read it any more.
             self._handle._state.watchers.discard(self)
 
-    def _post(self, item: Entry | _End) -> bool:
+    def _post(self, item: Entry | EndOfWatch) -> bool:
         loop = self._loop
         if loop is None:
             return False
@@ -651,46 +509,19 @@ class MemoryWatcher:
 
     def _finish(self) -> None:
         """End iteration after the updates already queued (bucket destroyed, handle closed)."""
-        self._post(_END)
+        self._post(END_OF_WATCH)
 
-    def _unregister(self) -> None:
+    def _release(self) -> None:
         handle = self._handle
         with handle._state.lock:
             handle._state.watchers.discard(self)
             handle._watchers.discard(self)
 
-    async def stop(self) -> None:
-        """Stop watching; iteration ends at once (queued updates are dropped)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._unregister()
-        # Wakes a task blocked in __anext__ on this loop.
-        self._queue.put_nowait(_END)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.stop()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Entry | None:
-        if self._stopped:
-            raise StopAsyncIteration
-        if not self._started:
-            await self.start()
+    async def _next(self) -> Entry | None | EndOfWatch:
+        # The initial data and the marker come from the snapshot, before the queue.
         if self._initial:
             return self._initial.popleft()
         if not self._marker_sent:
             self._marker_sent = True
             return None
-        item = await self._queue.get()
-        if isinstance(item, _End) or self._stopped:
-            self._stopped = True
-            self._unregister()
-            raise StopAsyncIteration
-        return item
+        return await self._queue.get()

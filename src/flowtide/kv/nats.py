@@ -75,7 +75,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Self
+from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
@@ -85,6 +85,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from flowtide.kv.base import (
+    END_OF_WATCH,
     BucketConfig,
     BucketNotFoundError,
     Entry,
@@ -93,10 +94,12 @@ from flowtide.kv.base import (
     KeyNotFoundError,
     KVError,
     Operation,
+    QueueWatcher,
     Status,
     StorageType,
     ValueTooLargeError,
     WrongRevisionError,
+    as_bytes,
     validate_key,
 )
 
@@ -277,14 +280,6 @@ def _reduce(filters: Sequence[str]) -> tuple[str, ...]:
         if not covered:
             kept.append(f)
     return tuple(kept)
-
-
-def _as_bytes(value: bytes) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise TypeError(f"KV values are bytes, got {type(value).__name__}")
 
 
 def _parse_header_block(raw: bytes) -> dict[str, str]:
@@ -845,7 +840,10 @@ async def _bind_bucket(
 
 
 class NatsKeyValue:
-    """A handle on a JetStream KV bucket; implements `flowtide.kv.KeyValue`."""
+    """A handle on a JetStream KV bucket; implements `flowtide.kv.KeyValue`, whose
+    docstrings hold the contract of each method (the module's docstring says how it maps
+    onto JetStream). Every method may also raise KVError when the server cannot be
+    reached (no reply within the timeout)."""
 
     def __init__(
         self, conn: _Connection, info: _BucketInfo, timeout: float = DEFAULT_TIMEOUT
@@ -898,10 +896,21 @@ class NatsKeyValue:
             f"{what}: no JetStream responder for bucket {self.bucket!r}", bucket=self.bucket
         )
 
-    async def _stream_api(self, what: str, subject: str, body: dict[str, Any] | None) -> Any:
+    async def _stream_api(
+        self,
+        what: str,
+        subject: str,
+        body: dict[str, Any] | None,
+        *,
+        none_on: int | None = None,
+    ) -> Any:
+        """A JetStream API request on this bucket's stream, its errors translated; None
+        for the API error `none_on`."""
         try:
             return await self._conn.api(subject, body, timeout=self._timeout)
         except _ApiError as exc:
+            if none_on is not None and exc.err_code == none_on:
+                return None
             if exc.err_code == _ERR_STREAM_NOT_FOUND:
                 raise BucketNotFoundError(self.bucket) from None
             raise KVError(
@@ -983,21 +992,11 @@ class NatsKeyValue:
     async def _msg_get(self, body: dict[str, Any]) -> _Stored | None:
         """A stored message through the stream leader (`$JS.API.STREAM.MSG.GET`):
         read-after-write, unlike Direct Get, and available without allow_direct."""
-        try:
-            reply = await self._conn.api(
-                f"$JS.API.STREAM.MSG.GET.{self._stream}", body, timeout=self._timeout
-            )
-        except _ApiError as exc:
-            if exc.err_code == _ERR_NO_MESSAGE:
-                return None
-            if exc.err_code == _ERR_STREAM_NOT_FOUND:
-                raise BucketNotFoundError(self.bucket) from None
-            raise KVError(
-                f"read in bucket {self.bucket!r} failed: {exc}", bucket=self.bucket
-            ) from None
-        except KVError as exc:
-            exc.bucket = self.bucket
-            raise
+        reply = await self._stream_api(
+            "read", f"$JS.API.STREAM.MSG.GET.{self._stream}", body, none_on=_ERR_NO_MESSAGE
+        )
+        if reply is None:
+            return None
         message = reply["message"]
         hdrs = message.get("hdrs")
         data = message.get("data")
@@ -1035,19 +1034,9 @@ class NatsKeyValue:
     # -- the port
 
     async def get(self, key: str, revision: int | None = None) -> Entry:
-        """Read the newest value of `key`, or the message at `revision`.
-
-        Args:
-            key: a valid key.
-            revision: a revision of this key that is still stored; None for the newest.
-        Returns:
-            The entry (operation PUT).
-        Raises:
-            KeyNotFoundError: no such key or revision, or it is a delete/purge marker.
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.get`. A Direct Get (a batch of one from `revision` for an older
+        revision); without allow_direct, `$JS.API.STREAM.MSG.GET` on the stream leader
+        (and for an older revision a consumer's pending count as `delta`)."""
         validate_key(key, bucket=self.bucket)
         self._check()
         if revision is not None and revision < 1:
@@ -1112,45 +1101,20 @@ class NatsKeyValue:
         return int(info.get("num_pending") or 0)
 
     async def put(self, key: str, value: bytes) -> int:
-        """Write `value` under `key` unconditionally.
-
-        Args:
-            key: a valid key (no wildcards).
-            value: the bytes to store.
-        Returns:
-            The new revision.
-        Raises:
-            InvalidKeyError: the key is invalid.
-            ValueTooLargeError: `value` exceeds the bucket's max_value_size (or the
-                server's max_payload).
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.put`. ValueTooLargeError also when the message exceeds the
+        server's max_payload."""
         validate_key(key, bucket=self.bucket)
-        data = _as_bytes(value)
+        data = as_bytes(value)
         self._check_size(key, data)
         self._check()
         return await self._publish(key, data, None)
 
     async def create(self, key: str, value: bytes) -> int:
-        """Write `value` only if `key` does not exist or its newest message is a
-        delete or purge marker.
-
-        Args:
-            key: a valid key.
-            value: the bytes to store.
-        Returns:
-            The new revision.
-        Raises:
-            KeyExistsError: the key exists (`revision` is its current revision).
-            InvalidKeyError: the key is invalid.
-            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, this handle is closed, or the key
-                kept changing under ten attempts in a row.
-        """
+        """See `KeyValue.create`. A write expecting last subject sequence 0, or the
+        revision of the key's newest message when that is a marker; KVError when the key
+        kept changing under ten attempts in a row."""
         validate_key(key, bucket=self.bucket)
-        data = _as_bytes(value)
+        data = as_bytes(value)
         self._check_size(key, data)
         self._check()
         last = 0
@@ -1175,24 +1139,10 @@ class NatsKeyValue:
         )
 
     async def update(self, key: str, value: bytes, last: int) -> int:
-        """Write `value` only if the newest message of `key` has revision `last`.
-
-        Args:
-            key: a valid key.
-            value: the bytes to store.
-            last: the revision the caller last saw (0: the key has no stored message).
-        Returns:
-            The new revision.
-        Raises:
-            WrongRevisionError: the key is at another revision (`current`, as the stream
-                leader sees it right after the refusal).
-            InvalidKeyError: the key is invalid.
-            ValueTooLargeError: `value` exceeds the bucket's max_value_size.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.update`. WrongRevisionError's `current` is the revision the stream
+        leader sees right after the refusal."""
         validate_key(key, bucket=self.bucket)
-        data = _as_bytes(value)
+        data = as_bytes(value)
         self._check_size(key, data)
         self._check()
         return await self._conditional(key, data, None, last)
@@ -1222,19 +1172,7 @@ class NatsKeyValue:
             raise WrongRevisionError(self.bucket, key, expected=last, current=current) from None
 
     async def delete(self, key: str, last: int | None = None) -> None:
-        """Append a DEL marker for `key`, keeping its history.
-
-        Deleting a key that does not exist still writes the marker, as JetStream does.
-
-        Args:
-            key: a valid key.
-            last: if given, delete only if the key's newest message has this revision.
-        Raises:
-            WrongRevisionError: `last` was given and the key is at another revision.
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.delete`."""
         validate_key(key, bucket=self.bucket)
         self._check()
         headers = {_HDR_OPERATION: "DEL"}
@@ -1244,34 +1182,15 @@ class NatsKeyValue:
             await self._conditional(key, b"", headers, last)
 
     async def purge(self, key: str) -> None:
-        """Remove every message of `key`, leaving one PURGE marker.
-
-        Args:
-            key: a valid key.
-        Raises:
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.purge`. A PURGE marker with `Nats-Rollup: sub`."""
         validate_key(key, bucket=self.bucket)
         self._check()
         await self._publish(key, b"", {_HDR_OPERATION: "PURGE", _HDR_ROLLUP: "sub"})
 
     async def purge_all(self, filter: str | Sequence[str]) -> int:
-        """Remove every message of every key matching the filters, without leaving markers.
-
-        One `$JS.API.STREAM.PURGE` request per filter (filters covered by another one
-        are dropped first), however many keys match.
-
-        Args:
-            filter: a filter or a sequence of filters (`*` and `>` wildcards).
-        Returns:
-            How many messages the server removed.
-        Raises:
-            InvalidKeyError: a filter is invalid or the sequence is empty.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.purge_all`. One `$JS.API.STREAM.PURGE` request per filter
+        (filters covered by another one are dropped first), however many keys match;
+        returns how many messages the server removed."""
         wanted = KeyFilter(filter, bucket=self.bucket)
         self._check()
         removed = 0
@@ -1285,18 +1204,8 @@ class NatsKeyValue:
         return removed
 
     async def history(self, key: str) -> list[Entry]:
-        """Every stored message of `key`, oldest first, markers included.
-
-        Args:
-            key: a valid key.
-        Returns:
-            The entries; `delta` counts down to 0 for the newest.
-        Raises:
-            KeyNotFoundError: the key has no stored message.
-            InvalidKeyError: the key is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.history`. Direct Get batches; without allow_direct, an ordered
+        consumer."""
         validate_key(key, bucket=self.bucket)
         self._check()
         if not self._info.direct:
@@ -1326,17 +1235,8 @@ class NatsKeyValue:
         return entries
 
     async def keys(self, filter: str | Sequence[str] = ">") -> list[str]:
-        """The live keys (newest message is a PUT) matching any of the filters.
-
-        Args:
-            filter: a filter or a sequence of filters (`*` and `>` wildcards).
-        Returns:
-            The keys, sorted; empty when none matches.
-        Raises:
-            InvalidKeyError: a filter is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.keys`. A headers-only ordered consumer delivering the last message
+        per subject."""
         wanted = KeyFilter(filter, bucket=self.bucket)
         self._check()
         found = await self._scan(_reduce(wanted.filters), policy="last_per_subject")
@@ -1351,20 +1251,7 @@ class NatsKeyValue:
         meta_only: bool = False,
         updates_only: bool = False,
     ) -> NatsWatcher:
-        """Watch keys matching the filters (see `flowtide.kv.KeyWatcher`).
-
-        Args:
-            keys: a filter or a sequence of filters.
-            include_history: initial data holds every stored message, not just the
-                newest per key.
-            ignore_deletes: never deliver DEL or PURGE entries.
-            meta_only: deliver entries with an empty value (a headers-only consumer).
-            updates_only: no initial data; the marker comes first.
-        Returns:
-            A watcher, started on `async with` or the first iteration.
-        Raises:
-            InvalidKeyError: a filter is invalid.
-        """
+        """See `KeyValue.watch`; `meta_only` makes a headers-only consumer."""
         return NatsWatcher(
             self,
             KeyFilter(keys, bucket=self.bucket),
@@ -1377,22 +1264,8 @@ class NatsKeyValue:
     async def get_last_many(
         self, filters: str | Sequence[str], up_to_revision: int | None = None
     ) -> dict[str, Entry]:
-        """Read many keys at one point in time (ADR-31 multi-last direct get).
-
-        More than 1024 matching keys are read in pages of 1024 subjects, all at the
-        same stream sequence.
-
-        Args:
-            filters: a filter or a sequence of filters.
-            up_to_revision: the point in time, as a bucket revision (None: now).
-        Returns:
-            Key -> newest PUT entry at or before that revision, in key order.
-        Raises:
-            InvalidKeyError: a filter is invalid.
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: `up_to_revision` is negative, the server cannot be reached, or
-                this handle is closed.
-        """
+        """See `KeyValue.get_last_many`. More than 1024 matching keys are read in pages of
+        1024 subjects, all at the same stream sequence."""
         wanted = KeyFilter(filters, bucket=self.bucket)
         if up_to_revision is not None and up_to_revision < 0:
             raise KVError(f"up_to_revision must be >= 0, got {up_to_revision}", bucket=self.bucket)
@@ -1497,15 +1370,8 @@ class NatsKeyValue:
         return out
 
     async def status(self) -> Status:
-        """Report the bucket's state and configuration.
-
-        Returns:
-            The status; `bytes` is the stream's byte count (headers and subjects
-            included) and `backing_store` is "JetStream".
-        Raises:
-            BucketNotFoundError: the bucket was destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.status`. `bytes` is the stream's byte count (headers and subjects
+        included); `backing_store` is "JetStream"."""
         self._check()
         reply = await self._stream_api("status", f"$JS.API.STREAM.INFO.{self._stream}", None)
         info = _bucket_info(self.bucket, reply["config"])
@@ -1524,13 +1390,9 @@ class NatsKeyValue:
         )
 
     async def destroy(self) -> None:
-        """Delete the bucket and all its data; every handle on it stops working and
-        every watcher on it ends (at once for those sharing this handle's connection).
-
-        Raises:
-            BucketNotFoundError: the bucket was already destroyed.
-            KVError: the server cannot be reached, or this handle is closed.
-        """
+        """See `KeyValue.destroy`. Handles and watchers sharing this handle's connection
+        end at once; other handles find out on their next call, other watchers within a
+        few heartbeats."""
         self._check()
         await self._stream_api("destroy", f"$JS.API.STREAM.DELETE.{self._stream}", None)
         for handle in list(self._conn.handles):
@@ -1540,8 +1402,7 @@ class NatsKeyValue:
                     watcher._finish()
 
     async def close(self) -> None:
-        """Release this handle and end its watchers; the bucket and its data stay.
-        The shared connection closes with its last handle. Idempotent."""
+        """See `KeyValue.close`. The shared connection closes with its last handle."""
         if self._closed:
             return
         self._closed = True
@@ -1690,14 +1551,7 @@ class NatsKeyValue:
 # -------------------------------------------------------------------------- watcher
 
 
-class _End:
-    """Queued when iteration must end after what is already queued."""
-
-
-_END: Final = _End()
-
-
-class NatsWatcher:
+class NatsWatcher(QueueWatcher):
     """A watch on a JetStream KV bucket; implements `flowtide.kv.KeyWatcher`.
 
     An ordered push consumer: it is re-created from the revision after the last one
@@ -1716,19 +1570,17 @@ class NatsWatcher:
         meta_only: bool,
         updates_only: bool,
     ) -> None:
+        super().__init__()
         self._handle = handle
         self._filters = _reduce(keys.filters)
         self._include_history = include_history
         self._ignore_deletes = ignore_deletes
         self._meta_only = meta_only
         self._updates_only = updates_only
-        self._queue: asyncio.Queue[Entry | None | _End] = asyncio.Queue()
         # With deletes filtered out here, the server's pending counts include entries
         # never delivered; initial data is held until the marker to number it exactly.
         self._held: list[Entry] | None = [] if ignore_deletes else None
         self._marker_queued = False
-        self._started = False
-        self._stopped = False
         self._ending = False
         self._gen = 0
         self._sub: Subscription | None = None
@@ -1941,38 +1793,11 @@ class NatsWatcher:
             return
         self._ending = True
         self._release()
-        self._queue.put_nowait(_END)
-
-    async def stop(self) -> None:
-        """Stop watching; iteration ends at once (queued updates are dropped)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._release()
-        # Wakes a task blocked in __anext__.
-        self._queue.put_nowait(_END)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.stop()
-
-    def __aiter__(self) -> Self:
-        return self
+        self._queue.put_nowait(END_OF_WATCH)
 
     async def __anext__(self) -> Entry | None:
-        if self._stopped:
-            raise StopAsyncIteration
-        if not self._started:
-            await self.start()
-        item = await self._queue.get()
-        if isinstance(item, _End) or self._stopped:
-            if not self._stopped:
-                self._stopped = True
-                self._release()
-            raise StopAsyncIteration
+        item = await super().__anext__()
+        # The reader has caught up: answer the flow control held back (back-pressure).
         if self._flow_reply is not None and self._queue.qsize() < _FLOW_CONTROL_BACKLOG:
             reply, self._flow_reply = self._flow_reply, None
             await self._publish(reply)

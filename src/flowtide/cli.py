@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from flowtide.urls import redact_url, scrub_url
+
 if TYPE_CHECKING:
     from flowtide.store.base import Store
 
@@ -33,8 +35,13 @@ catalog_app = typer.Typer(
 credential_app = typer.Typer(
     help="Store credential aliases (encrypted at rest).", no_args_is_help=True
 )
+db_app = typer.Typer(
+    help="The event store's schema: show its version, apply pending migrations.",
+    no_args_is_help=True,
+)
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
+app.add_typer(db_app, name="db")
 
 HomeOpt = Annotated[
     Path | None,
@@ -46,11 +53,14 @@ HomeOpt = Annotated[
     ),
 ]
 DbOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--db",
         envvar="FLOWTIDE_DB",
-        help="SQLite event store (default: HOME/flowtide.db).",
+        help=(
+            "Event store: a SQLite file (default: HOME/flowtide.db) or a PostgreSQL URL "
+            "postgresql://USER:PASS@HOST:PORT/DB (schema upgraded on first use)."
+        ),
         show_default=False,
     ),
 ]
@@ -106,10 +116,19 @@ def _home(home: Path | None) -> Path:
     return home or Path(".flowtide")
 
 
-def _store(home: Path | None, db: Path | None) -> Store:
+def _store(home: Path | None, db: str | None) -> Store:
+    """Open the event store `--db` names; a store that cannot open ends the command."""
+    from flowtide.errors import StoreError
+    from flowtide.store.postgres import PostgresStore, is_postgres_url
     from flowtide.store.sqlite import SQLiteStore
 
-    return SQLiteStore(db or _home(home) / "flowtide.db")
+    try:
+        if db and is_postgres_url(db):
+            return PostgresStore(db)
+        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db")
+    except StoreError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _err(message: str) -> None:
@@ -225,7 +244,7 @@ def _execute(
     execution_id: int | None = None,
     overrides: dict[str, Any] | None = None,
     home: Path | None,
-    db: Path | None,
+    db: str | None,
     as_json: bool,
     spark_master: str | None = None,
     kv_url: str = "memory://",
@@ -300,12 +319,12 @@ def _execute(
         _err(f"error: {exc}")
         return EXIT_INVALID
     except (PlaybookError, TemplateError) as exc:
-        _err(f"error: {_scrub(str(exc), kv_url)}")
+        _err(f"error: {scrub_url(str(exc), kv_url)}")
         return EXIT_INVALID
     except KVError as exc:
         # The KV went away mid-run: a failure, not bad input, and the log still holds
         # everything that finished.
-        _err(f"error: {_scrub(exc.message, kv_url)}")
+        _err(f"error: {scrub_url(exc.message, kv_url)}")
         if started_id:
             _err(
                 f"execution {started_id[0]} stopped; once the KV is back, "
@@ -313,7 +332,7 @@ def _execute(
             )
         return EXIT_FAILED
     except FlowtideError as exc:
-        _err(f"error: {_scrub(str(exc), kv_url)}")
+        _err(f"error: {scrub_url(str(exc), kv_url)}")
         return EXIT_INVALID
     except KeyboardInterrupt:
         if started_id:
@@ -753,6 +772,131 @@ def credential_delete(name: str, home: HomeOpt = None, db: DbOpt = None) -> None
     typer.echo(f"credential '{name}' deleted")
 
 
+# ------------------------------------------------------------------------------ db
+
+ClusterDbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster-db",
+        envvar="FLOWTIDE_CLUSTER_DB",
+        help="PostgreSQL URL of the cluster-wide tables (catalog, credentials), when they "
+        "live apart from --db.",
+        show_default=False,
+    ),
+]
+
+
+def _schema_report(
+    home: Path | None, db: str | None, cluster_db: str | None, *, apply: bool
+) -> list[dict[str, Any]]:
+    """[{database, component, version, latest}] for --db (and --cluster-db); with `apply`,
+    migrations are applied first and `from` holds the version found."""
+    from flowtide.errors import StoreError
+    from flowtide.store.postgres import display_dsn, is_postgres_url
+
+    if not (db and is_postgres_url(db)):
+        if cluster_db:
+            _err("error: --cluster-db needs a PostgreSQL --db")
+            raise typer.Exit(EXIT_INVALID)
+        from flowtide.store.sqlite import SCHEMA_VERSION
+
+        path = Path(db) if db else _home(home) / "flowtide.db"
+        _store(home, db).close()  # opening a SQLite store migrates it
+        return [
+            {
+                "database": str(path),
+                "component": "sqlite",
+                "from": SCHEMA_VERSION,
+                "version": SCHEMA_VERSION,
+                "latest": SCHEMA_VERSION,
+            }
+        ]
+    import psycopg
+
+    from flowtide.store import pgschema
+
+    targets = [
+        (db, [pgschema.SHARD] + ([] if cluster_db and cluster_db != db else [pgschema.CLUSTER]))
+    ]
+    if cluster_db and cluster_db != db:
+        targets.append((cluster_db, [pgschema.CLUSTER]))
+    rows: list[dict[str, Any]] = []
+    for dsn, components in targets:
+        where = display_dsn(dsn)
+        before: dict[str, int] = {}
+        try:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                if apply:
+                    report = pgschema.upgrade(conn, components, where=where)
+                    before = {name: old for name, old, _ in report}
+                found = pgschema.current_versions(conn)
+        except psycopg.Error as exc:
+            _err(f"error: {where}: {scrub_url(str(exc), dsn)}")
+            raise typer.Exit(EXIT_FAILED) from None
+        except StoreError as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(EXIT_FAILED) from None
+        for c in components:
+            rows.append(
+                {
+                    "database": where,
+                    "component": c.name,
+                    "from": before.get(c.name, found[c.name]),
+                    "version": found[c.name],
+                    "latest": c.latest,
+                }
+            )
+    return rows
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    cluster_db: ClusterDbOpt = None,
+) -> None:
+    """Apply pending schema migrations (safe to run from several machines at once)."""
+    rows = _schema_report(home, db, cluster_db, apply=True)
+    if as_json:
+        _print_json(rows)
+        return
+    for r in rows:
+        change = (
+            "up to date" if r["from"] == r["version"] else f"upgraded {r['from']} -> {r['version']}"
+        )
+        typer.echo(f"{r['database']}  {r['component']}: version {r['version']} ({change})")
+
+
+@db_app.command("status")
+def db_status(
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    cluster_db: ClusterDbOpt = None,
+) -> None:
+    """Show each schema part's version and whether `flowtide db upgrade` has work to do.
+    Exits 1 when a migration is pending."""
+    rows = _schema_report(home, db, cluster_db, apply=False)
+    pending = any(r["version"] < r["latest"] for r in rows)
+    if as_json:
+        _print_json(rows)
+    else:
+        for r in rows:
+            state = (
+                "current"
+                if r["version"] == r["latest"]
+                else (
+                    f"needs upgrade to {r['latest']}"
+                    if r["version"] < r["latest"]
+                    else f"newer than this flowtide ({r['latest']})"
+                )
+            )
+            typer.echo(f"{r['database']}  {r['component']}: version {r['version']} ({state})")
+    if pending:
+        raise typer.Exit(EXIT_FAILED)
+
+
 # ------------------------------------------------------------------------------ kv
 
 kv_app = typer.Typer(
@@ -786,52 +930,6 @@ class _KVUnavailable(Exception):
     """The KV could not be opened; the message names the URL without its secret."""
 
 
-def _url_parts(url: str) -> list[tuple[str, str, str]]:
-    """(scheme, userinfo, rest) of each comma-separated server URL; userinfo is "" when
-    there is none. The last '@' ends the userinfo, as urlsplit has it, but without
-    urlsplit's ValueError on a malformed URL: an error message must never fail to hide
-    a password."""
-    parts = []
-    for part in url.split(","):
-        scheme, sep, rest = part.partition("://")
-        userinfo, at, host = rest.rpartition("@")
-        if not sep or not at:
-            parts.append((part, "", ""))
-        else:
-            parts.append((scheme, userinfo, host))
-    return parts
-
-
-def _redact_url(url: str) -> str:
-    """`url` with its password (or a lone token: nats://TOKEN@host) shown as ***."""
-    out = []
-    for scheme, userinfo, host in _url_parts(url):
-        if not userinfo:
-            out.append(scheme)
-            continue
-        user, colon, _ = userinfo.partition(":")
-        out.append(f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}")
-    return ",".join(out)
-
-
-def _scrub(text: str, url: str) -> str:
-    """Hide `url`'s secrets in `text` (an adapter or driver message may quote the URL)."""
-    from urllib.parse import unquote
-
-    text = text.replace(url, _redact_url(url))
-    for _, userinfo, _ in _url_parts(url):
-        if not userinfo:
-            continue
-        _, colon, password = userinfo.partition(":")
-        secret = password if colon else userinfo
-        for value in {secret, unquote(secret)} - {""}:
-            text = text.replace(f":{value}@", ":***@").replace(f"//{value}@", "//***@")
-            # A bare short secret would also match ordinary words of the message.
-            if len(value) >= 4:
-                text = text.replace(value, "***")
-    return text
-
-
 async def _open_kv(
     url: str, bucket: str, *, ttl: float | None = 3600.0, create: bool = True
 ) -> Any:
@@ -842,13 +940,13 @@ async def _open_kv(
     """
     from flowtide.kv import KVError, connect
 
-    shown = _redact_url(url)
+    shown = redact_url(url)
     try:
         return await connect(url, bucket, ttl=ttl, create=create)
     except KVError as exc:
-        reason = _scrub(exc.message, url)
+        reason = scrub_url(exc.message, url)
     except Exception as exc:  # a driver's error the adapter let through
-        reason = _scrub(f"{type(exc).__name__}: {exc}", url)
+        reason = scrub_url(f"{type(exc).__name__}: {exc}", url)
     # The adapters' messages mostly name the URL already; say it once.
     if shown in reason:
         raise _KVUnavailable(reason)
@@ -915,13 +1013,13 @@ def _kv_command(url: str, bucket: str, body: Any, *, interrupt_ok: bool = False)
         hint = ""
         if isinstance(exc, KeyNotFoundError) and exc.operation is not None:
             hint = f"; `flowtide kv history {exc.key}` shows what it held"
-        _err(f"error: {_scrub(exc.message, url)}{hint}")
+        _err(f"error: {scrub_url(exc.message, url)}{hint}")
         raise typer.Exit(EXIT_INVALID) from None
     except KVError as exc:
-        _err(f"error: {_scrub(exc.message, url)}")
+        _err(f"error: {scrub_url(exc.message, url)}")
         raise typer.Exit(EXIT_FAILED) from None
     except Exception as exc:  # never a traceback, and never the URL's password
-        _err(f"error: {_scrub(f'{type(exc).__name__}: {exc}', url)}")
+        _err(f"error: {scrub_url(f'{type(exc).__name__}: {exc}', url)}")
         raise typer.Exit(EXIT_FAILED) from None
 
 
@@ -1237,7 +1335,7 @@ def kv_status(
             ("replicas", status.replicas),
             ("compression", "s2" if status.compression else "none"),
             ("backing store", status.backing_store),
-            ("url", _redact_url(url)),
+            ("url", redact_url(url)),
         ]
         sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
 

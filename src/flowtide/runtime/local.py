@@ -14,14 +14,12 @@ import asyncio
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.decide import decide
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState, fold
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
@@ -30,9 +28,10 @@ from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
+from flowtide.runtime.advance import Advancer
 from flowtide.runtime.pipeline import Outcome, StepRunner
 from flowtide.runtime.workers import WorkerPool
-from flowtide.store.base import CommandUpdate, ExecutionUpdate, Store
+from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
 
 Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
@@ -101,13 +100,16 @@ class LocalRuntime:
         self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
         self.kv = kv
         self.loopstate = LoopState(kv) if kv is not None else None
-        # An in-process KV answers without a round trip: recording one iteration at a
-        # time is cheaper than gathering (a task per write).
-        self._local_kv = kv is None or type(kv).__module__ == "flowtide.kv.memory"
         self.credentials = credentials
         self.worker_id = worker_id
         self.listener = listener
         self.ids = Snowflake()
+        self._advancer = Advancer(
+            self.loopstate,
+            self.ids.next_id,
+            # An in-process KV answers without a round trip (no batching of records).
+            local_kv=kv is None or type(kv).__module__ == "flowtide.kv.memory",
+        )
         self._pool = WorkerPool(max_workers=max_workers)
         self._outbox: list[list[Event]] = []
         self._outbox_lock = threading.Lock()
@@ -381,156 +383,28 @@ class LocalRuntime:
                         execution.done.set()
                 raise
 
-    _FILTERED = frozenset({ev.COMMAND_COMPLETED, ev.COMMAND_FAILED, ev.LOOP_DONE, ev.LOOP_STARTED})
-
-    async def _record_iterations(self, batch: list[Event]) -> dict[int, bool]:
-        """Record every loop iteration result of `batch` in the KV at once.
-
-        Each record is a round trip to the KV (a NATS server in distributed mode); made
-        one after another they would bound a loop's rate by the KV's latency. The writes
-        are independent `create`s, so they go out together and the engine then reads the
-        verdicts (event_id -> counted). Reports that are late or duplicates are left to
-        `_accept`.
-        """
-        if self.loopstate is None or self._local_kv:
-            return {}
-        todo: list[tuple[int, Any]] = []
-        claimed: set[int] = set()
-        for event in batch:
-            if event.type not in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
-                continue
-            execution = self._executions.get(event.execution_id)
-            if execution is None or event.command_id is None:
-                continue
-            record = execution.state.commands.get(event.command_id)
-            if record is None or record.loop_index is None or event.command_id in claimed:
-                continue  # _accept drops it (or records it, for a second report)
-            claimed.add(event.command_id)
-            todo.append(
-                (
-                    event.event_id,
-                    self.loopstate.record(
-                        event.execution_id,
-                        record.step,
-                        record.loop_instance or 0,
-                        record.loop_index,
-                        (event.payload or {}).get("status", "ok"),
-                    ),
-                )
-            )
-        if not todo:
-            return {}
-        verdicts = await asyncio.gather(*(coro for _, coro in todo))
-        return {event_id: bool(v) for (event_id, _), v in zip(todo, verdicts, strict=True)}
-
-    async def _accept(
-        self, state: ExecutionState, event: Event, recorded: dict[int, bool] | None = None
-    ) -> bool:
-        """Filter worker reports and completion claims through the loop state in the KV."""
-        if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
-            record = state.commands.get(event.command_id or -1)
-            if record is None:
-                return False  # late or duplicate report
-            if recorded is not None and event.event_id in recorded:
-                return recorded[event.event_id]
-            if record.loop_index is not None and self.loopstate is not None:
-                return await self.loopstate.record(
-                    state.execution_id,
-                    record.step,
-                    record.loop_instance or 0,
-                    record.loop_index,
-                    (event.payload or {}).get("status", "ok"),
-                )
-        elif event.type == ev.LOOP_DONE and self.loopstate is not None:
-            instance = (event.payload or {}).get("instance", 0)
-            claimed = await self.loopstate.claim_done(
-                state.execution_id, event.step or "", instance
-            )
-            if claimed:
-                await self.loopstate.drop_loop(state.execution_id, event.step or "", instance)
-            return claimed
-        elif event.type == ev.LOOP_STARTED and self.loopstate is not None:
-            payload = event.payload or {}
-            await self.loopstate.start(
-                state.execution_id,
-                event.step or "",
-                payload["instance"],
-                {
-                    "size": payload["size"],
-                    "iterator": payload["iterator"],
-                    "mode": payload["mode"],
-                    "max_in_flight": payload["max_in_flight"],
-                },
-            )
-        return True
-
     async def _process(self, batch: list[Event]) -> None:
-        now = time.time()
-        prerecorded = await self._record_iterations(batch)
-        pending = deque(batch)
-        recorded: list[Event] = []
-        commands: list[tuple[_Execution, Command]] = []
-        command_rows: list[CommandUpdate] = []
-        execution_rows: list[ExecutionUpdate] = []
-        finished: list[_Execution] = []
-        while pending:
-            event = pending.popleft()
-            execution = self._executions.get(event.execution_id)
-            if execution is None:
-                continue
-            state = execution.state
-            if event.type in self._FILTERED and not await self._accept(state, event, prerecorded):
-                continue
-            if event.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED):
-                record = state.commands.get(event.command_id or -1)
-                if record is not None:
-                    command_rows.append(
-                        CommandUpdate(
-                            command_id=record.command_id,
-                            execution_id=state.execution_id,
-                            step=record.step,
-                            status="completed" if event.type == ev.COMMAND_COMPLETED else "failed",
-                            time=now,
-                            worker_id=event.worker_id,
-                        )
-                    )
-            was_terminal = state.terminal
-            state.apply(event)
-            recorded.append(event)
-            new_events, new_commands = decide(state, event, now, self.ids.next_id)
-            # Depth first: what follows from an event is applied before the next input
-            # event is looked at, so every decision sees the state it caused.
-            pending.extendleft(reversed(new_events))
-            for command in new_commands:
-                commands.append((execution, command))
-                command_rows.append(CommandUpdate.from_command(command, status="issued", time=now))
-            if event.type == ev.PLAYBOOK_INITIALIZED:
-                execution_rows.append(ExecutionUpdate(state.execution_id, "running", now))
-            if state.terminal and not was_terminal:
-                execution_rows.append(
-                    ExecutionUpdate(
-                        state.execution_id,
-                        state.status,
-                        now,
-                        result=state.result(),
-                        error=state.error,
-                    )
-                )
-                finished.append(execution)
-        if recorded or command_rows:
-            self.store.append(recorded, commands=command_rows, execution_updates=execution_rows)
-        for execution, command in commands:
+        if self.loopstate is not self._advancer.loopstate:
+            self._advancer.loopstate = self.loopstate
+        out = await self._advancer.advance(self._states, batch, time.time())
+        if out.recorded or out.command_rows:
+            self.store.append(
+                out.recorded, commands=out.command_rows, execution_updates=out.execution_rows
+            )
+        for command in out.commands:
+            execution = self._executions[command.execution_id]
             if not execution.state.terminal:
                 self._dispatch(execution, command)
-        for execution in finished:
+        for execution_id in out.finished:
+            execution = self._executions[execution_id]
             execution.cancelled.set()
             # Clean up before waking waiters: a caller that closes the runtime as soon as
             # `wait` returns would cancel a cleanup still waiting on a remote KV.
             if self.loopstate is not None:
-                await self.loopstate.cleanup(execution.state.execution_id)
+                await self.loopstate.cleanup(execution_id)
             execution.done.set()
-        if self.listener is not None and recorded:
-            self.listener(recorded, self._states)
+        if self.listener is not None and out.recorded:
+            self.listener(out.recorded, self._states)
 
     def _dispatch(self, execution: _Execution, command: Command) -> None:
         state = execution.state

@@ -122,6 +122,42 @@ SHARD: Final = Component(
             """,
             "CREATE INDEX command_execution ON command (execution_id, status, command_id)",
         ),
+        # The distributed runtime: insertion order of the log (servers catch up on what
+        # other servers wrote by `seq`, since event ids of workers are not in arrival
+        # order), command leases, the transactional outbox and execution variables.
+        2: (
+            "ALTER TABLE event ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY",
+            "CREATE INDEX event_seq ON event (execution_id, seq)",
+            "ALTER TABLE execution ADD COLUMN cancel_requested double precision",
+            "ALTER TABLE command ADD COLUMN pool text",
+            "ALTER TABLE command ADD COLUMN claimed double precision",
+            "ALTER TABLE command ADD COLUMN lease_until double precision",
+            "CREATE INDEX command_lease ON command (lease_until) WHERE status = 'claimed'",
+            """
+            CREATE TABLE outbox (
+                id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                execution_id bigint NOT NULL,
+                command_id   bigint NOT NULL,
+                subject      text NOT NULL,
+                payload      text NOT NULL,
+                created      double precision NOT NULL,
+                published    double precision,
+                attempts     integer NOT NULL DEFAULT 0,
+                last_error   text,
+                locked_until double precision
+            )
+            """,
+            "CREATE INDEX outbox_pending ON outbox (id) WHERE published IS NULL",
+            """
+            CREATE TABLE variable (
+                execution_id bigint NOT NULL,
+                name         text NOT NULL,
+                value        text NOT NULL,
+                updated      double precision NOT NULL,
+                PRIMARY KEY (execution_id, name)
+            )
+            """,
+        ),
     },
 )
 
@@ -148,6 +184,23 @@ CLUSTER: Final = Component(
                 updated    double precision NOT NULL
             )
             """,
+        ),
+        # Worker processes by pool (registration and heartbeats).
+        2: (
+            """
+            CREATE TABLE worker (
+                worker_id   text PRIMARY KEY,
+                pool        text NOT NULL,
+                hostname    text,
+                pid         integer,
+                concurrency integer NOT NULL,
+                registered  double precision NOT NULL,
+                heartbeat   double precision NOT NULL,
+                status      text NOT NULL,
+                running     integer NOT NULL DEFAULT 0
+            )
+            """,
+            "CREATE INDEX worker_pool ON worker (pool, heartbeat)",
         ),
     },
 )

@@ -216,6 +216,65 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
 
 
+ServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        envvar="FLOWTIDE_SERVER",
+        help="Run on a flowtide server (http://HOST:PORT) and its workers instead of embedded.",
+        show_default=False,
+    ),
+]
+
+
+def _run_remote(server: str, target: str, overrides: dict[str, Any], *, as_json: bool) -> int:
+    """Submit `target` (a file: sent inline; else a catalog path) and follow it."""
+    import time
+
+    import httpx
+
+    body: dict[str, Any] = {"payload": overrides}
+    path = Path(target)
+    if path.is_file():
+        try:
+            body["playbook"] = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            _err(f"error: {target}: {exc}")
+            return EXIT_INVALID
+    else:
+        body["catalog_id"] = target
+    url = server.rstrip("/")
+    try:
+        with httpx.Client(base_url=url, timeout=30.0) as client:
+            r = client.post("/api/execute", json=body)
+            if r.status_code >= 400:
+                message = r.json().get("error", {}).get("message", r.text)
+                _err(f"error: {target}: {message}")
+                return EXIT_INVALID
+            eid = r.json()["execution_id"]
+            if not as_json:
+                _err(f"execution {eid} started on {redact_url(url)}")
+            delay = 0.02
+            while True:
+                doc = client.get(f"/api/executions/{eid}").json()
+                if doc["status"] != "running":
+                    break
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.5)
+    except httpx.HTTPError as exc:
+        _err(f"error: cannot reach the server at {redact_url(url)}: {exc}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _err(f"\ninterrupted; the execution goes on: `flowtide status {eid}`")
+        return 130
+    doc.pop("playbook", None)
+    if as_json:
+        _print_json(doc)
+    else:
+        _print_summary(doc)
+    return EXIT_OK if doc["status"] == "completed" else EXIT_FAILED
+
+
 def _load_target(target: str, store: Store) -> tuple[Any, int | None]:
     from flowtide.errors import NotFoundError
     from flowtide.playbook.loader import load_playbook, parse_playbook
@@ -372,8 +431,9 @@ def run(
     kv: KvOpt = "memory://",
     kv_bucket: KvBucketOpt = "flowtide_state",
     kv_ttl: KvTtlOpt = 3600.0,
+    server: ServerOpt = None,
 ) -> None:
-    """Run a playbook embedded, to the end.
+    """Run a playbook embedded (or on a flowtide server with --server), to the end.
 
     Exit code 0: completed; 1: failed or cancelled; 2: invalid playbook or input
     (nothing ran). Ctrl-C stops the run; `flowtide resume ID` continues it.
@@ -383,6 +443,8 @@ def run(
     except typer.BadParameter as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    if server:
+        raise typer.Exit(_run_remote(server, target, overrides, as_json=as_json))
     raise typer.Exit(
         _execute(
             "run",
@@ -770,6 +832,107 @@ def credential_delete(name: str, home: HomeOpt = None, db: DbOpt = None) -> None
     finally:
         store.close()
     typer.echo(f"credential '{name}' deleted")
+
+
+# -------------------------------------------------------------------- server, worker
+
+
+@app.command("server")
+def server_cmd(
+    db: Annotated[
+        str,
+        typer.Option("--db", envvar="FLOWTIDE_DB", help="PostgreSQL URL of the event store."),
+    ],
+    nats_url: Annotated[
+        str,
+        typer.Option("--nats", envvar="FLOWTIDE_NATS", help="NATS URL for command notifications."),
+    ],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8082,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Server processes (all stateless).")
+    ] = 1,
+    kv: KvOpt = "memory://",
+    kv_bucket: KvBucketOpt = "flowtide_state",
+    lease: Annotated[
+        float,
+        typer.Option(
+            "--lease", min=1, help="Seconds a claimed command survives without a heartbeat."
+        ),
+    ] = 30.0,
+    cluster_db: ClusterDbOpt = None,
+) -> None:
+    """Run the API server: executions, events, claims, the outbox relay and the reaper.
+
+    Several processes (or machines) may serve one database: state is the event log in
+    PostgreSQL and loop state in the KV (use a nats:// --kv when there is more than one
+    process). The schema is upgraded on start.
+    """
+    import uvicorn
+
+    if workers > 1 and kv.startswith("memory:"):
+        _err("error: --workers > 1 needs a shared --kv (nats://...): loop state must be shared")
+        raise typer.Exit(EXIT_INVALID)
+    env = {
+        "FLOWTIDE_DB": db,
+        "FLOWTIDE_NATS": nats_url,
+        "FLOWTIDE_KV": kv,
+        "FLOWTIDE_KV_BUCKET": kv_bucket,
+        "FLOWTIDE_LEASE": str(lease),
+    }
+    if cluster_db:
+        env["FLOWTIDE_CLUSTER_DB"] = cluster_db
+    os.environ.update(env)
+    # Upgrade once here, not racing in N processes (it would be safe, only slower).
+    _store(None, db).close()
+    _err(
+        f"flowtide server on http://{host}:{port} (db {redact_url(db)}, nats {redact_url(nats_url)})"
+    )
+    uvicorn.run(
+        "flowtide.server.app:app_factory",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+
+
+@app.command("worker")
+def worker_cmd(
+    server: Annotated[
+        str, typer.Option("--server", envvar="FLOWTIDE_SERVER", help="flowtide server URL.")
+    ],
+    nats_url: Annotated[
+        str, typer.Option("--nats", envvar="FLOWTIDE_NATS", help="NATS URL (same as the server's).")
+    ],
+    pool: Annotated[str, typer.Option("--pool", help="Worker pool to serve.")] = "default",
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Commands run at once.")
+    ] = 8,
+    worker_id: Annotated[
+        str | None, typer.Option("--worker-id", help="Default: HOSTNAME-PID.")
+    ] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM)."""
+    import asyncio
+    import signal
+
+    from flowtide.runtime.remote import RemoteWorker
+
+    worker = RemoteWorker(
+        server, nats_url, pool=pool, concurrency=concurrency, worker_id=worker_id, home=_home(home)
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+    _err(f"flowtide worker {worker.worker_id} (pool {pool}) -> {redact_url(server)}")
+    asyncio.run(main())
 
 
 # ------------------------------------------------------------------------------ db

@@ -7,6 +7,7 @@ execution and the state re-folded from its log are the same.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,15 +113,21 @@ class ExecutionState:
     def context(self) -> dict[str, Any]:
         """The base render context (a snapshot: never mutated once returned)."""
         if self._base is None:
-            results = {
-                name: result_view(rec.result, rec.tasks)
+            self._base = context_from_parts(self.playbook, self.execution_id, self.context_parts())
+        return self._base
+
+    def context_parts(self) -> dict[str, Any]:
+        """The JSON-serialisable inputs of `context()`: workload, step results (with their
+        tasks) and ctx. A remote worker rebuilds the context with `context_from_parts`."""
+        return {
+            "workload": self.workload,
+            "results": {
+                name: {"result": rec.result, "tasks": rec.tasks}
                 for name, rec in self.steps.items()
                 if rec.status in ("completed", "failed") or rec.runs and rec.result is not None
-            }
-            self._base = base_context(
-                self.execution_id, self.workload, list(self.playbook.steps), results, self.ctx
-            )
-        return self._base
+            },
+            "ctx": self.ctx,
+        }
 
     def loop_of(self, step: str) -> LoopRecord | None:
         instance = self.current_loop.get(step)
@@ -324,6 +331,18 @@ class ExecutionState:
     def _on_cancel(self, event: Event) -> None:
         if not self.terminal:
             self.status = "cancelling"
+
+
+def context_from_parts(
+    playbook: Playbook, execution_id: int, parts: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The base render context from `ExecutionState.context_parts()`."""
+    results = {
+        name: result_view(r["result"], r.get("tasks")) for name, r in parts["results"].items()
+    }
+    return base_context(
+        execution_id, parts["workload"], list(playbook.steps), results, parts["ctx"]
+    )
 
 
 _APPLY = {

@@ -29,7 +29,7 @@ from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
 from flowtide.runtime.advance import Advancer
-from flowtide.runtime.pipeline import Outcome, StepRunner
+from flowtide.runtime.pipeline import Outcome, StepRunner, outcome_events
 from flowtide.runtime.workers import WorkerPool
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
@@ -453,85 +453,9 @@ class LocalRuntime:
                 error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
                 started=time.time(),
             )
-        self._post_threadsafe(self._outcome_events(command, outcome))
-
-    def _outcome_events(self, command: Command, outcome: Outcome) -> list[Event]:
-        new_id = self.ids.next_id
-        eid = command.execution_id
-        worker = threading.current_thread().name
-        base: dict[str, Any] = {"attempt": command.attempt}
-        if command.extra.get("cursor"):
-            base["loop_instance"] = command.loop_instance
-            base["cursor"] = True
-        elif command.loop_index is not None:
-            base["loop_instance"] = command.loop_instance
-            base["loop_index"] = command.loop_index
-        out = [
-            Event(
-                event_id=new_id(),
-                execution_id=eid,
-                type=ev.COMMAND_STARTED,
-                step=command.step,
-                status="running",
-                payload=dict(base),
-                parent_event_id=command.issued_event_id,
-                command_id=command.command_id,
-                worker_id=worker,
-                time=outcome.started,
-            )
-        ]
-        for call in outcome.calls:
-            payload: dict[str, Any] = {
-                "task": call.task,
-                "attempt": call.attempt,
-                "duration_ms": call.duration_ms,
-            }
-            if call.stdout:
-                payload["stdout"] = call.stdout
-            if call.meta:
-                payload.update(call.meta)
-            out.append(
-                Event(
-                    event_id=new_id(),
-                    execution_id=eid,
-                    type=ev.CALL_DONE if call.ok else ev.CALL_ERROR,
-                    step=command.step,
-                    status="ok" if call.ok else "error",
-                    payload=payload,
-                    error=call.error,
-                    parent_event_id=command.issued_event_id,
-                    command_id=command.command_id,
-                    worker_id=worker,
-                    time=call.started,
-                )
-            )
-        payload = dict(base)
-        payload.update(
-            {"status": outcome.status, "result": outcome.result, "action": outcome.action}
+        self._post_threadsafe(
+            outcome_events(command, outcome, self.ids.next_id, threading.current_thread().name)
         )
-        if outcome.jump_to:
-            payload["jump_to"] = outcome.jump_to
-        if outcome.ctx:
-            payload["ctx"] = outcome.ctx
-        if outcome.tasks:
-            payload["tasks"] = outcome.tasks
-        completed = outcome.action != "fail"
-        out.append(
-            Event(
-                event_id=new_id(),
-                execution_id=eid,
-                type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED,
-                step=command.step,
-                status=outcome.status,
-                payload=payload,
-                error=outcome.error,
-                parent_event_id=command.issued_event_id,
-                command_id=command.command_id,
-                worker_id=worker,
-                time=time.time(),
-            )
-        )
-        return out
 
     # -- sub-playbooks -----------------------------------------------------------------
 

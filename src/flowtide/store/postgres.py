@@ -246,9 +246,20 @@ class PostgresStore:
         for pool in {id(p): p for p in self._pools.values()}.values():
             pool.close()
 
+    def pool(self, part: str = "shard") -> ConnectionPool:
+        """The connection pool of "shard" or "cluster" (for callers that manage their own
+        transactions across awaits, like the server's coordinator)."""
+        if self._closed:
+            raise StoreError(f"{self.dsn_display}: store is closed")
+        return self._pools[part]
+
     @contextmanager
-    def _transaction(self, op: str, part: str = "shard") -> Iterator[psycopg.Connection]:
-        """One transaction on a pooled connection; commit on success, roll back on error."""
+    def transaction(self, op: str, part: str = "shard") -> Iterator[psycopg.Connection]:
+        """One transaction on a pooled connection; commit on success, roll back on error.
+
+        `part` is "shard" (per-execution tables) or "cluster". Driver errors become
+        StoreError naming `op`; the server runtime uses this for its own statements.
+        """
         import psycopg
         from psycopg_pool import PoolClosed, PoolTimeout
 
@@ -265,7 +276,7 @@ class PostgresStore:
     def _query(
         self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
     ) -> list[Any]:
-        with self._transaction(op, part) as conn:
+        with self.transaction(op, part) as conn:
             return conn.execute(sql, params).fetchall()
 
     # -- executions ------------------------------------------------------------------
@@ -300,7 +311,7 @@ class PostgresStore:
             created,
         )
         try:
-            with self._transaction("create_execution") as conn:
+            with self.transaction("create_execution") as conn:
                 conn.execute(
                     "INSERT INTO execution (execution_id, parent_execution_id,"
                     " parent_command_id, playbook_path, playbook_version, playbook_file,"
@@ -362,7 +373,7 @@ class PostgresStore:
             execution_id=execution_id, status=status, updated=updated, result=result, error=error
         )
         shape, params = execution_update_params(update)
-        with self._transaction("update_execution") as conn:
+        with self.transaction("update_execution") as conn:
             if conn.execute(_UPDATE_EXECUTION[shape], params).rowcount == 0:
                 raise NotFoundError(f"execution {execution_id} not found")
 
@@ -381,7 +392,7 @@ class PostgresStore:
         event_rows = event_params(events)
         command_rows = command_params(commands)
         updates = [(u.execution_id, *execution_update_params(u)) for u in execution_updates]
-        with self._transaction("append (batch rolled back)") as conn:
+        with self.transaction("append (batch rolled back)") as conn:
             self.write_batch(conn, event_rows, command_rows, updates)
 
     @staticmethod
@@ -461,7 +472,7 @@ class PostgresStore:
         """See `flowtide.store.base.Store.register_playbook`."""
         if version is not None and version < 1:
             raise StoreError(f"playbook {path!r}: version must be >= 1, got {version}")
-        with self._transaction("register_playbook", "cluster") as conn:
+        with self.transaction("register_playbook", "cluster") as conn:
             # Serialise registrations of one path (two servers registering at once would
             # otherwise both pick the same next version).
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (path,))
@@ -534,7 +545,7 @@ class PostgresStore:
 
     def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
         """See `flowtide.store.base.Store.put_credential`."""
-        with self._transaction("put_credential", "cluster") as conn:
+        with self.transaction("put_credential", "cluster") as conn:
             conn.execute(
                 "INSERT INTO credential (name, kind, ciphertext, created, updated)"
                 " VALUES (%s, %s, %s, %s, %s)"
@@ -567,7 +578,7 @@ class PostgresStore:
 
     def delete_credential(self, name: str) -> None:
         """See `flowtide.store.base.Store.delete_credential`."""
-        with self._transaction("delete_credential", "cluster") as conn:
+        with self.transaction("delete_credential", "cluster") as conn:
             if conn.execute("DELETE FROM credential WHERE name = %s", (name,)).rowcount == 0:
                 raise NotFoundError(f"credential {name!r} not found")
 

@@ -1,0 +1,357 @@
+"""A worker process of the distributed runtime (`flowtide worker`).
+
+It pulls command notifications of its pool from NATS JetStream (one durable consumer per
+pool, shared by every worker of the pool), claims each command through the API (exactly
+one claimer wins; a loser acks and moves on), runs it with the same `StepRunner` as the
+embedded runtime in a thread, and posts the events back in one batch (retried; the
+server drops event ids it already has). It registers its pool and heartbeats; the
+heartbeat extends the leases of the commands it holds, so a worker that dies loses them
+to the server's reaper after one lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from flowtide.engine.events import Command
+from flowtide.engine.state import context_from_parts
+from flowtide.ids import Snowflake
+from flowtide.playbook.loader import parse_playbook
+from flowtide.runtime.pipeline import Outcome, StepRunner, outcome_events
+from flowtide.tools.registry import cancel_running
+
+__all__ = ["RemoteWorker"]
+
+log = logging.getLogger("flowtide.worker")
+
+_STREAM = "FLOWTIDE_COMMANDS"
+
+
+class _RemoteCredentials:
+    """Credential ciphertext from the server; decrypted here with the shared master key."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def get_credential(self, name: str) -> tuple[str, bytes]:
+        import base64
+
+        from flowtide.errors import NotFoundError
+
+        r = self.client.get(f"/api/credentials/{name}", params={"ciphertext": "true"})
+        if r.status_code == 404:
+            raise NotFoundError(f"credential {name!r} not found")
+        r.raise_for_status()
+        doc = r.json()
+        return doc["kind"], base64.b64decode(doc["ciphertext"])
+
+    def put_credential(self, *a: Any, **k: Any) -> None:
+        raise NotImplementedError("workers do not write credentials")
+
+    def list_credentials(self) -> list[dict[str, Any]]:
+        return list(self.client.get("/api/credentials").json())
+
+    def delete_credential(self, name: str) -> None:
+        raise NotImplementedError("workers do not delete credentials")
+
+
+class RemoteWorker:
+    """Claims and runs commands of one pool until `stop()`."""
+
+    def __init__(
+        self,
+        server: str,
+        nats_url: str,
+        *,
+        pool: str = "default",
+        concurrency: int = 8,
+        worker_id: str | None = None,
+        home: Path | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.nats_url = nats_url
+        self.pool = pool
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.home = home or Path(".flowtide")
+        self.ids = Snowflake()
+        self.running = 0
+        self.completed = 0
+        self._runners: dict[int, tuple[str, StepRunner]] = {}
+        self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=self.worker_id)
+        self._stop = asyncio.Event()
+        self._cancel_cache: dict[int, tuple[float, bool]] = {}
+        self._sync = httpx.Client(base_url=self.server, timeout=30.0)
+        from flowtide.credentials import CredentialVault
+
+        self.vault = CredentialVault(_RemoteCredentials(self._sync), self.home)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        import nats
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        async with httpx.AsyncClient(base_url=self.server, timeout=30.0) as client:
+            self.client = client
+            r = await client.post(
+                "/api/worker/pool/register",
+                json={
+                    "worker_id": self.worker_id,
+                    "pool": self.pool,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "concurrency": self.concurrency,
+                },
+            )
+            r.raise_for_status()
+            self.lease = float(r.json().get("lease", 30.0))
+            nc = await nats.connect(self.nats_url, name=self.worker_id, max_reconnect_attempts=-1)
+            js = nc.jetstream()
+            from flowtide.server.outbox import ensure_stream
+
+            await ensure_stream(js)
+            sub = await js.pull_subscribe(
+                f"flowtide.commands.{self.pool}.>",
+                durable=f"flowtide-{self.pool}",
+                stream=_STREAM,
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT,
+                    ack_wait=30.0,
+                    max_ack_pending=-1,
+                    max_waiting=512,
+                ),
+            )
+            beat = asyncio.create_task(self._heartbeat())
+            tasks: set[asyncio.Task[None]] = set()
+            slot_freed = asyncio.Event()
+            try:
+                while not self._stop.is_set():
+                    free = self.concurrency - len(tasks)
+                    if free <= 0:
+                        slot_freed.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(slot_freed.wait(), 1.0)
+                        continue
+                    try:
+                        msgs = await sub.fetch(batch=free, timeout=1.0)
+                    except (TimeoutError, nats.errors.TimeoutError):
+                        continue
+                    for msg in msgs:
+                        task = asyncio.create_task(self._handle(msg))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                        task.add_done_callback(lambda _t: slot_freed.set())
+            finally:
+                beat.cancel()
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await client.post(
+                        "/api/worker/pool/deregister",
+                        json={"worker_id": self.worker_id, "running": 0},
+                    )
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                self._threads.shutdown(wait=False, cancel_futures=True)
+                self._sync.close()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.5, self.lease / 6))
+            try:
+                await self.client.post(
+                    "/api/worker/pool/heartbeat",
+                    json={"worker_id": self.worker_id, "running": self.running},
+                )
+            except httpx.HTTPError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _handle(self, msg: Any) -> None:
+        import json
+
+        try:
+            note = json.loads(msg.data)
+            r = await self.client.post(
+                f"/api/commands/{note['event_id']}/claim",
+                json={
+                    "worker_id": self.worker_id,
+                    "execution_id": int(note["execution_id"]),
+                    "command_id": int(note["command_id"]),
+                },
+            )
+            # Claimed or not, the notification has done its job: the claim row is the
+            # durable record, and the reaper re-issues a claimed command that is lost.
+            await msg.ack()
+            if r.status_code in (404, 409):
+                return
+            r.raise_for_status()
+            spec = r.json()
+            self.running += 1
+            try:
+                events = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._run_command, spec
+                )
+            finally:
+                self.running -= 1
+            await self._report(int(note["execution_id"]), events)
+            self.completed += 1
+        except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
+            log.warning("command %s: %s", getattr(msg, "data", b"")[:200], exc)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+
+    async def _report(self, execution_id: int, events: list[Any]) -> None:
+        body = {
+            "execution_id": execution_id,
+            "worker_id": self.worker_id,
+            "events": [_event_body(e) for e in events],
+        }
+        delay = 0.2
+        for attempt in range(8):
+            try:
+                r = await self.client.post("/api/events/batch", json=body)
+                if r.status_code < 500:
+                    return  # 409: stale (the command was re-issued); nothing more to do
+            except httpx.HTTPError as exc:
+                if attempt == 7:
+                    raise
+                log.warning("report failed, retrying: %s", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _runner(self, execution_id: int, playbook: Mapping[str, Any]) -> StepRunner:
+        cached = self._runners.get(execution_id)
+        if cached is not None and cached[0] == playbook["text"]:
+            return cached[1]
+        parsed = parse_playbook(playbook["text"], playbook.get("file"))
+        runner = StepRunner(
+            parsed,
+            credentials=self.vault,
+            run_playbook=self._run_child,
+            data_dir=(self.home / "data").absolute(),
+        )
+        if len(self._runners) > 256:
+            self._runners.clear()
+        self._runners[execution_id] = (playbook["text"], runner)
+        return runner
+
+    def _cancelled(self, execution_id: int) -> bool:
+        now = time.monotonic()
+        cached = self._cancel_cache.get(execution_id)
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        try:
+            r = self._sync.get(f"/api/executions/{execution_id}/cancellation-check")
+            flag = bool(r.json().get("cancelled")) if r.status_code == 200 else False
+        except httpx.HTTPError:
+            flag = False
+        self._cancel_cache[execution_id] = (now, flag)
+        if flag:
+            cancel_running(execution_id)
+        return flag
+
+    def _run_command(self, spec: dict[str, Any]) -> list[Any]:
+        raw = spec["command"]
+        command = Command(
+            command_id=int(raw["command_id"]),
+            execution_id=int(raw["execution_id"]),
+            step=raw["step"],
+            attempt=int(raw["attempt"]),
+            loop_instance=raw.get("loop_instance"),
+            loop_index=raw.get("loop_index"),
+            issued_event_id=int(raw["issued_event_id"]) if raw.get("issued_event_id") else None,
+            extra=raw.get("extra") or {},
+        )
+        runner = self._runner(command.execution_id, spec["playbook"])
+        step = runner.playbook.steps[command.step]
+        parts = spec["context"]
+        base = context_from_parts(runner.playbook, command.execution_id, parts)
+        ctx = parts["ctx"]
+        try:
+            if command.extra.get("cursor"):
+                outcome = runner.claim(step, base, ctx, execution_id=command.execution_id)
+            else:
+                outcome = runner.run(
+                    step,
+                    base,
+                    ctx,
+                    execution_id=command.execution_id,
+                    iterator=spec.get("iterator"),
+                    element=spec.get("element"),
+                    index=command.loop_index,
+                    cancelled=lambda: self._cancelled(command.execution_id),
+                )
+        except Exception as exc:  # noqa: BLE001 - report, never lose a command
+            outcome = Outcome(
+                "error",
+                None,
+                action="fail",
+                error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
+                started=time.time(),
+            )
+        return outcome_events(command, outcome, self.ids.next_id, self.worker_id)
+
+    def _run_child(
+        self,
+        *,
+        path: str,
+        workload: dict[str, Any],
+        return_step: str | None,
+        parent_execution_id: int,
+        base_dir: Path,
+    ) -> Any:
+        """A `playbook` step: start the child through the API and wait for it."""
+        from flowtide.errors import ToolError
+
+        r = self._sync.post(
+            "/api/execute",
+            json={
+                "path": path,
+                "payload": workload,
+                "pool": self.pool,
+                "parent_execution_id": parent_execution_id,
+            },
+        )
+        if r.status_code >= 400:
+            message = r.json().get("error", {}).get("message", r.text)
+            raise ToolError(f"sub-playbook '{path}': {message}", kind="playbook_error")
+        child = r.json()["execution_id"]
+        while True:
+            doc = self._sync.get(f"/api/executions/{child}").json()
+            if doc["status"] != "running":
+                break
+            time.sleep(0.1)
+        if doc["status"] != "completed":
+            err = doc.get("error") or {}
+            raise ToolError(
+                f"sub-playbook '{path}' (execution {child}) {doc['status']}: "
+                f"{err.get('message', '')}",
+                kind="playbook_error",
+                data={"execution_id": child, "error": err},
+            )
+        if return_step:
+            step = doc["steps"].get(return_step)
+            if step is None:
+                raise ToolError(
+                    f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error"
+                )
+            return step["result"]
+        return doc["result"]
+
+
+def _event_body(e: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = e.to_dict()
+    return doc

@@ -1,0 +1,618 @@
+"""The HTTP API (FastAPI). Stateless: state lives in PostgreSQL (event log, commands,
+outbox) and the KV (loop state); any process of any server answers any request.
+
+Configuration comes from `ServerSettings` (the `flowtide server` command fills it from
+flags and FLOWTIDE_* variables, so `uvicorn --workers N` processes share it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from flowtide.engine.events import Event
+from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, StoreError, TemplateError
+from flowtide.playbook.loader import parse_playbook
+from flowtide.runtime.report import execution_document
+from flowtide.server.coordinator import ClaimConflict, Coordinator
+from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.urls import redact_url
+
+__all__ = ["ServerSettings", "create_app"]
+
+log = logging.getLogger("flowtide.server")
+
+# Snowflake ids exceed 2**53: JSON carries them as strings; int or digit strings are accepted.
+Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+@dataclass
+class ServerSettings:
+    db: str
+    nats: str | None = None
+    kv: str = "memory://"
+    kv_bucket: str = "flowtide_state"
+    cluster_db: str | None = None
+    lease: float = 30.0
+    reap_interval: float = 2.0
+    worker_timeout: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> ServerSettings:
+        db = os.environ.get("FLOWTIDE_DB")
+        if not db:
+            raise FlowtideError("FLOWTIDE_DB must name the PostgreSQL database")
+        return cls(
+            db=db,
+            nats=os.environ.get("FLOWTIDE_NATS") or None,
+            kv=os.environ.get("FLOWTIDE_KV", "memory://"),
+            kv_bucket=os.environ.get("FLOWTIDE_KV_BUCKET", "flowtide_state"),
+            cluster_db=os.environ.get("FLOWTIDE_CLUSTER_DB") or None,
+            lease=float(os.environ.get("FLOWTIDE_LEASE", "30")),
+        )
+
+
+# -- request bodies ---------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExecuteRequest(_Body):
+    path: str | None = Field(None, description="Catalog path of the playbook.")
+    version: int | None = Field(None, ge=1, description="Catalog version (default: latest).")
+    catalog_id: str | None = Field(None, description="`path@version` or `path`.")
+    playbook: str | None = Field(None, description="Inline playbook YAML.")
+    payload: dict[str, Any] = Field(default_factory=dict, description="Workload overrides.")
+    pool: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    parent_execution_id: Id | None = None
+    parent_command_id: Id | None = None
+
+
+class EventBody(_Body):
+    event_id: Id
+    execution_id: Id
+    type: str = Field(min_length=1, max_length=64)
+    step: str | None = None
+    status: str | None = None
+    payload: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    parent_event_id: Id | None = None
+    command_id: Id | None = None
+    worker_id: str | None = None
+    time: float = 0.0
+
+    def to_event(self) -> Event:
+        return Event(**self.model_dump())
+
+
+class EventBatch(_Body):
+    execution_id: Id
+    worker_id: str | None = None
+    events: list[EventBody] = Field(max_length=10_000)
+
+
+class ClaimRequest(_Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    execution_id: Id
+    command_id: Id
+
+
+class CancelRequest(_Body):
+    reason: str = Field("cancelled by user", max_length=1000)
+
+
+class PoolRegister(_Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    pool: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    hostname: str | None = None
+    pid: int | None = None
+    concurrency: int = Field(1, ge=1, le=10_000)
+
+
+class Heartbeat(_Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    running: int = Field(0, ge=0)
+
+
+class OutboxClaim(_Body):
+    limit: int = Field(100, ge=1, le=10_000)
+    lease: float = Field(10.0, gt=0, le=3600)
+
+
+class OutboxMark(_Body):
+    ids: list[int] = Field(max_length=10_000)
+    error: str | None = None
+
+    @field_validator("ids")
+    @classmethod
+    def _positive(cls, ids: list[int]) -> list[int]:
+        if any(i < 1 for i in ids):
+            raise ValueError("outbox ids are >= 1")
+        return ids
+
+
+# -- the app ------------------------------------------------------------------------------
+
+
+class _Runtime:
+    """What one server process holds: store, KV, NATS connection, coordinator, relay."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.store: Any = None
+        self.kv: Any = None
+        self.nc: Any = None
+        self.coordinator: Coordinator | None = None
+        self.relay: OutboxRelay | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        from flowtide.kv import connect
+        from flowtide.loopstate import LoopState
+        from flowtide.store.postgres import PostgresStore
+
+        s = self.settings
+        self.store = await asyncio.to_thread(
+            lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=16)
+        )
+        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600)
+        self.coordinator = Coordinator(
+            self.store,
+            loopstate=LoopState(self.kv),
+            local_kv=s.kv.startswith("memory:"),
+            lease=s.lease,
+        )
+        if s.nats:
+            import nats
+
+            self.nc = await nats.connect(s.nats, name="flowtide-server", max_reconnect_attempts=-1)
+            self.relay = OutboxRelay(self.store, self.nc)
+            self.coordinator.on_outbox = self.relay.poke
+            await self.relay.start()
+        self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
+
+    async def rowcount(
+        self, op: str, sql: str, params: tuple[Any, ...], part: str = "cluster"
+    ) -> int:
+        """Run one statement in its own transaction; how many rows it changed."""
+
+        def run() -> int:
+            with self.store.transaction(op, part) as conn:
+                return int(conn.execute(sql, params).rowcount)
+
+        return await asyncio.to_thread(run)
+
+    async def fetch(
+        self, op: str, sql: str, params: tuple[Any, ...] = (), part: str = "cluster"
+    ) -> list[Any]:
+        """Run one query in its own transaction; its rows."""
+
+        def run() -> list[Any]:
+            with self.store.transaction(op, part) as conn:
+                return list(conn.execute(sql, params).fetchall())
+
+        return await asyncio.to_thread(run)
+
+    async def _reaper(self) -> None:
+        assert self.coordinator is not None
+        while True:
+            await asyncio.sleep(self.settings.reap_interval)
+            try:
+                await self.coordinator.reap()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep reaping
+                log.warning("reaper: %s", exc)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.relay is not None:
+            await self.relay.stop()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        if self.kv is not None:
+            with contextlib.suppress(Exception):
+                await self.kv.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI application; `settings` default to FLOWTIDE_* environment variables."""
+    runtime = _Runtime(settings or ServerSettings.from_env())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(
+        title="flowtide",
+        description="Runs NoETL-style playbooks: executions, events, commands, workers.",
+        version="1",
+        lifespan=lifespan,
+    )
+
+    def coord() -> Coordinator:
+        assert runtime.coordinator is not None
+        return runtime.coordinator
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [
+            {
+                "field": ".".join(str(p) for p in err["loc"] if p != "body") or "body",
+                "message": err["msg"],
+            }
+            for err in exc.errors()
+        ]
+        first = fields[0] if fields else {"field": "body", "message": "invalid"}
+        return _error(422, f"{first['field']}: {first['message']}", fields=fields)
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(ClaimConflict)
+    async def _conflict(request: Request, exc: ClaimConflict) -> JSONResponse:
+        return _error(409, str(exc), holder=exc.holder)
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
+        return _error(503, f"store unavailable: {exc}")
+
+    # -- executions -----------------------------------------------------------------
+
+    @app.post("/api/execute", status_code=201)
+    async def execute(body: ExecuteRequest) -> dict[str, Any]:
+        """Start an execution of a catalog playbook (path/version or catalog_id) or of an
+        inline playbook."""
+        given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
+        if len(given) != 1:
+            return _error(400, "give exactly one of path, catalog_id, playbook")  # type: ignore[return-value]
+        version = body.version
+        try:
+            if body.playbook:
+                playbook = parse_playbook(body.playbook, None)
+            else:
+                path = body.path or ""
+                if body.catalog_id:
+                    path, _, v = body.catalog_id.partition("@")
+                    version = int(v) if v.isdigit() else version
+                row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
+                playbook = parse_playbook(row.text, row.source_file)
+                version = row.version
+            execution_id = await coord().execute(
+                playbook,
+                workload=body.payload,
+                catalog_version=version if not body.playbook else None,
+                parent_execution_id=body.parent_execution_id,
+                parent_command_id=body.parent_command_id,
+                pool=body.pool,
+            )
+        except (PlaybookError, TemplateError) as exc:
+            return _error(400, str(exc), field="playbook")  # type: ignore[return-value]
+        return {"execution_id": str(execution_id), "status": "running"}
+
+    @app.get("/api/executions")
+    async def list_executions(
+        status: str | None = None,
+        limit: Annotated[int, Query(ge=0, le=1000)] = 50,
+        before: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        """Executions newest first; pass the last id as `before` for the next page."""
+        rows = await asyncio.to_thread(
+            lambda: runtime.store.list_executions(status=status, limit=limit, before_id=before)
+        )
+        items = [
+            {
+                "execution_id": str(r.execution_id),
+                "playbook": r.playbook_path or r.playbook_file,
+                "version": r.playbook_version,
+                "status": r.status,
+                "created": r.created,
+                "updated": r.updated,
+                "parent_execution_id": str(r.parent_execution_id)
+                if r.parent_execution_id
+                else None,
+            }
+            for r in rows
+        ]
+        nxt = items[-1]["execution_id"] if len(items) == limit and items else None
+        return {"items": items, "next_before": nxt}
+
+    @app.get("/api/executions/{execution_id}")
+    async def get_execution(execution_id: Annotated[int, Path(ge=0)]) -> dict[str, Any]:
+        """The execution's document (the same as `flowtide run --json`)."""
+        state = await coord().state(execution_id)
+        doc = execution_document(state)
+        row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+        doc["playbook"] = row.playbook_path or row.playbook_file
+        return doc
+
+    @app.get("/api/executions/{execution_id}/status")
+    async def execution_status(execution_id: Annotated[int, Path(ge=0)]) -> dict[str, Any]:
+        row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+        return {
+            "execution_id": str(execution_id),
+            "status": row.status,
+            "updated": row.updated,
+            "terminal": row.status in ("completed", "failed", "cancelled"),
+        }
+
+    @app.post("/api/executions/{execution_id}/cancel")
+    async def cancel(
+        execution_id: Annotated[int, Path(ge=0)], body: CancelRequest | None = None
+    ) -> dict[str, Any]:
+        """Stop issuing commands; running workers see it through cancellation-check."""
+        result = await coord().cancel(execution_id, body.reason if body else "cancelled by user")
+        return {"execution_id": str(execution_id), "status": result.status}
+
+    @app.get("/api/executions/{execution_id}/cancellation-check")
+    async def cancellation_check(execution_id: Annotated[int, Path(ge=0)]) -> dict[str, Any]:
+        def read() -> tuple[str, float | None]:
+            with runtime.store.transaction("cancellation-check") as conn:
+                row = conn.execute(
+                    "SELECT status, cancel_requested FROM execution WHERE execution_id = %s",
+                    (execution_id,),
+                ).fetchone()
+            if row is None:
+                raise NotFoundError(f"execution {execution_id} not found")
+            return row[0], row[1]
+
+        status, requested = await asyncio.to_thread(read)
+        return {
+            "execution_id": str(execution_id),
+            "cancelled": requested is not None or status == "cancelled",
+            "status": status,
+        }
+
+    @app.get("/api/executions/{execution_id}/events")
+    async def execution_events(
+        execution_id: Annotated[int, Path(ge=0)],
+        after: Annotated[int | None, Query(ge=0)] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        events = await asyncio.to_thread(
+            lambda: runtime.store.events(execution_id, after_event_id=after, limit=limit)
+        )
+        return [_event_doc(e) for e in events]
+
+    # -- events and commands --------------------------------------------------------
+
+    @app.post("/api/events/batch")
+    async def post_events(body: EventBatch) -> dict[str, Any]:
+        """Worker reports for one execution; idempotent (known event ids are skipped).
+        409 when every report is stale (the worker no longer holds the command)."""
+        events = [e.to_event() for e in body.events]
+        result = await coord().submit(body.execution_id, events)
+        doc = {
+            "accepted": result.accepted,
+            "duplicates": result.duplicates,
+            "stale": result.stale,
+            "status": result.status,
+        }
+        if result.stale and not result.accepted:
+            return JSONResponse({"error": {"status": 409, "message": "stale report"}, **doc}, 409)  # type: ignore[return-value]
+        return doc
+
+    @app.post("/api/events")
+    async def post_event(body: EventBody) -> dict[str, Any]:
+        return await post_events(EventBatch(execution_id=body.execution_id, events=[body]))
+
+    @app.post("/api/commands/{event_id}/claim")
+    async def claim(event_id: Annotated[int, Path(ge=0)], body: ClaimRequest) -> dict[str, Any]:
+        """Claim the command issued by event `event_id`: exactly one worker wins; others
+        get 409 (ack the notification and move on)."""
+        return await coord().claim(body.execution_id, body.command_id, event_id, body.worker_id)
+
+    @app.get("/api/commands/{event_id}")
+    async def get_command(
+        event_id: Annotated[int, Path(ge=0)],
+        execution_id: Annotated[int, Query(ge=0)],
+        command_id: Annotated[int, Query(ge=0)],
+    ) -> dict[str, Any]:
+        row = await asyncio.to_thread(runtime.store.get_command, command_id)
+        if row.execution_id != execution_id:
+            raise NotFoundError(f"command {command_id} not found in execution {execution_id}")
+        return {
+            "command_id": str(row.command_id),
+            "execution_id": str(row.execution_id),
+            "step": row.step,
+            "status": row.status,
+            "attempt": row.attempt,
+            "worker_id": row.worker_id,
+            "loop_index": row.loop_index,
+            "issued_event_id": str((row.payload or {}).get("issued_event_id")),
+        }
+
+    # -- workers ----------------------------------------------------------------------
+
+    @app.post("/api/worker/pool/register")
+    async def register_worker(body: PoolRegister) -> dict[str, Any]:
+        now = time.time()
+
+        def write() -> None:
+            with runtime.store.transaction("worker register", "cluster") as conn:
+                conn.execute(
+                    "INSERT INTO worker (worker_id, pool, hostname, pid, concurrency,"
+                    " registered, heartbeat, status) VALUES (%s,%s,%s,%s,%s,%s,%s,'ready')"
+                    " ON CONFLICT (worker_id) DO UPDATE SET pool = excluded.pool,"
+                    " hostname = excluded.hostname, pid = excluded.pid,"
+                    " concurrency = excluded.concurrency, heartbeat = excluded.heartbeat,"
+                    " status = 'ready'",
+                    (
+                        body.worker_id,
+                        body.pool,
+                        body.hostname,
+                        body.pid,
+                        body.concurrency,
+                        now,
+                        now,
+                    ),
+                )
+
+        await asyncio.to_thread(write)
+        return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
+
+    @app.post("/api/worker/pool/heartbeat")
+    async def heartbeat(body: Heartbeat) -> dict[str, Any]:
+        if not await runtime.rowcount(
+            "worker heartbeat",
+            "UPDATE worker SET heartbeat = %s, running = %s WHERE worker_id = %s",
+            (time.time(), body.running, body.worker_id),
+        ):
+            raise NotFoundError(f"worker {body.worker_id!r} is not registered")
+        extended = await coord().extend_leases(body.worker_id)
+        return {"worker_id": body.worker_id, "leases_extended": extended}
+
+    @app.post("/api/worker/pool/deregister")
+    async def deregister(body: Heartbeat) -> dict[str, Any]:
+        if not await runtime.rowcount(
+            "worker deregister",
+            "UPDATE worker SET status = 'stopped', heartbeat = %s WHERE worker_id = %s",
+            (time.time(), body.worker_id),
+        ):
+            raise NotFoundError(f"worker {body.worker_id!r} is not registered")
+        return {"worker_id": body.worker_id, "status": "stopped"}
+
+    @app.get("/api/worker/pools")
+    async def pools() -> dict[str, Any]:
+        rows = await runtime.fetch(
+            "worker pools",
+            "SELECT worker_id, pool, hostname, pid, concurrency, heartbeat, status, running"
+            " FROM worker ORDER BY pool, worker_id",
+        )
+        now = time.time()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            alive = r[6] != "stopped" and now - r[5] < runtime.settings.worker_timeout
+            out.setdefault(r[1], []).append(
+                {
+                    "worker_id": r[0],
+                    "hostname": r[2],
+                    "pid": r[3],
+                    "concurrency": r[4],
+                    "last_heartbeat_age": round(now - r[5], 3),
+                    "status": r[6] if alive or r[6] == "stopped" else "lost",
+                    "running": r[7],
+                }
+            )
+        return {"pools": [{"pool": k, "workers": v} for k, v in out.items()]}
+
+    # -- outbox (for external relays and autoscalers) -----------------------------------
+
+    outbox = OutboxStore.__new__(OutboxStore)
+
+    def rows() -> OutboxStore:
+        outbox.store = runtime.store
+        return outbox
+
+    @app.get("/api/internal/outbox/pending-count")
+    async def pending_count() -> dict[str, Any]:
+        """Unpublished command notifications (scale workers or relays on this)."""
+        return await asyncio.to_thread(rows().pending)
+
+    @app.post("/api/internal/outbox/claim")
+    async def outbox_claim(body: OutboxClaim) -> dict[str, Any]:
+        claimed = await asyncio.to_thread(rows().claim, body.limit, body.lease)
+        return {
+            "rows": [
+                {
+                    "id": r.id,
+                    "execution_id": str(r.execution_id),
+                    "command_id": str(r.command_id),
+                    "subject": r.subject,
+                    "payload": json.loads(r.payload),
+                    "attempts": r.attempts,
+                }
+                for r in claimed
+            ]
+        }
+
+    @app.post("/api/internal/outbox/mark-published")
+    async def outbox_published(body: OutboxMark) -> dict[str, Any]:
+        return {"updated": await asyncio.to_thread(rows().mark_published, body.ids)}
+
+    @app.post("/api/internal/outbox/mark-failed")
+    async def outbox_failed(body: OutboxMark) -> dict[str, Any]:
+        error = body.error or "failed"
+        return {"updated": await asyncio.to_thread(rows().mark_failed, body.ids, error)}
+
+    # -- health -----------------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        checks: dict[str, str] = {}
+
+        def ping() -> None:
+            with runtime.store.transaction("readyz") as conn:
+                conn.execute("SELECT 1")
+
+        try:
+            await asyncio.to_thread(ping)
+            checks["database"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            checks["database"] = f"error: {exc}"
+        if runtime.nc is not None:
+            checks["nats"] = "ok" if runtime.nc.is_connected else "disconnected"
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ok, "checks": checks}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        counters = coord().counters
+        lines = []
+        for name, value in sorted(counters.items()):
+            lines.append(f"# TYPE flowtide_commands_{name}_total counter")
+            lines.append(f"flowtide_commands_{name}_total {value}")
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    app.state.runtime = runtime
+    app.state.describe = lambda: {
+        "db": redact_url(runtime.settings.db),
+        "nats": redact_url(runtime.settings.nats) if runtime.settings.nats else None,
+    }
+    return app
+
+
+def _event_doc(e: Event) -> dict[str, Any]:
+    doc = e.to_dict()
+    for key in ("event_id", "execution_id", "parent_event_id", "command_id"):
+        if doc[key] is not None:
+            doc[key] = str(doc[key])
+    return doc
+
+
+def app_factory() -> FastAPI:
+    """For `uvicorn --factory flowtide.server.app:app_factory` (settings from env)."""
+    return create_app()

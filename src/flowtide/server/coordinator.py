@@ -1,0 +1,634 @@
+"""The server's engine: executions advanced inside PostgreSQL transactions.
+
+Any server process handles any request. An execution's writers are serialised by a row
+lock on its `execution` row (`SELECT ... FOR UPDATE`) and, inside one process, by an
+asyncio lock per execution. Each process caches the states it has folded; under the row
+lock it first applies what other processes appended since (the log's `seq` column is the
+insertion order, while event ids of workers are not in arrival order), then advances the
+engine, then writes events, command rows, execution changes and one outbox row per new
+command in the same transaction. Nothing is lost when a process dies: its cache is only
+an optimisation, and a transaction that fails leaves no trace and evicts the cache entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from flowtide.engine import events as ev
+from flowtide.engine.events import Command, Event
+from flowtide.engine.state import ExecutionState
+from flowtide.errors import FlowtideError, NotFoundError
+from flowtide.ids import Snowflake
+from flowtide.loopstate import LoopState
+from flowtide.playbook.loader import parse_playbook
+from flowtide.playbook.model import Playbook
+from flowtide.runtime.advance import Advance, Advancer
+from flowtide.runtime.local import render_workload
+from flowtide.store.base import EXECUTION_CREATED, CommandUpdate
+from flowtide.store.codec import (
+    EVENT_COLUMNS,
+    command_params,
+    event_params,
+    event_row,
+    execution_update_params,
+)
+from flowtide.store.postgres import PostgresStore
+
+if TYPE_CHECKING:
+    import psycopg
+
+T = TypeVar("T")
+
+__all__ = ["ClaimConflict", "Coordinator", "SubmitResult", "command_subject"]
+
+#: JetStream subjects of command notifications: flowtide.commands.<pool>.<execution_id>.
+SUBJECT_PREFIX: Final = "flowtide.commands"
+_REPORTS: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+_WORKER_EVENTS: Final = frozenset(
+    {
+        ev.COMMAND_STARTED,
+        ev.COMMAND_HEARTBEAT,
+        ev.CALL_DONE,
+        ev.CALL_ERROR,
+        ev.COMMAND_COMPLETED,
+        ev.COMMAND_FAILED,
+    }
+)
+
+
+def command_subject(pool: str, execution_id: int) -> str:
+    return f"{SUBJECT_PREFIX}.{pool}.{execution_id}"
+
+
+class ClaimConflict(FlowtideError):
+    """The command cannot be claimed (already claimed, finished, or a stale notification)."""
+
+    def __init__(self, message: str, *, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+@dataclass
+class SubmitResult:
+    accepted: int = 0
+    duplicates: int = 0
+    #: Reports rejected because the command is no longer held by the reporting worker
+    #: (its lease expired and it was issued again) or is already closed.
+    stale: int = 0
+    status: str = ""
+
+
+@dataclass
+class _Cached:
+    state: ExecutionState
+    pool: str
+    last_seq: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args)
+
+
+class Coordinator:
+    """Starts, advances, cancels executions and hands out commands; one per process."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        loopstate: LoopState | None,
+        local_kv: bool,
+        ids: Snowflake | None = None,
+        lease: float = 30.0,
+        cache_size: int = 2000,
+    ) -> None:
+        self.store = store
+        self.loopstate = loopstate
+        self.ids = ids or Snowflake()
+        self.lease = lease
+        self.advancer = Advancer(loopstate, self.ids.next_id, local_kv=local_kv)
+        self._cache: OrderedDict[int, _Cached] = OrderedDict()
+        self._cache_size = cache_size
+        self._locks: dict[int, asyncio.Lock] = {}
+        #: Called after a commit that added outbox rows (the relay's wake-up).
+        self.on_outbox: Callable[[], None] | None = None
+        #: Counters for /metrics: issued, completed, failed, claimed, stale, reissued.
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("issued", "claimed", "completed", "failed", "stale", "reissued", "duplicates"), 0
+        )
+
+    # -- the cache ---------------------------------------------------------------------
+
+    def _lock(self, execution_id: int) -> asyncio.Lock:
+        lock = self._locks.get(execution_id)
+        if lock is None:
+            lock = self._locks[execution_id] = asyncio.Lock()
+            if len(self._locks) > 4 * self._cache_size:
+                for key in [k for k, v in self._locks.items() if not v.locked()][
+                    : self._cache_size
+                ]:
+                    del self._locks[key]
+        return lock
+
+    def _remember(self, execution_id: int, cached: _Cached) -> None:
+        self._cache[execution_id] = cached
+        self._cache.move_to_end(execution_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _catch_up(self, conn: psycopg.Connection, execution_id: int) -> _Cached:
+        """The execution's state including everything committed so far (caller serialises)."""
+        cached = self._cache.get(execution_id)
+        if cached is None:
+            row = conn.execute(
+                "SELECT playbook_text, playbook_file, workload FROM execution"
+                " WHERE execution_id = %s",
+                (execution_id,),
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"execution {execution_id} not found")
+            playbook = parse_playbook(row[0], row[1])
+            pool = "default"
+            cached = _Cached(ExecutionState(playbook, execution_id), pool)
+        rows = conn.execute(
+            f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s"
+            " ORDER BY seq",
+            (execution_id, cached.last_seq),
+        ).fetchall()
+        for r in rows:
+            cached.state.apply(event_row(r))
+            cached.last_seq = r[11]
+            if r[2] == ev.PLAYBOOK_INITIALIZED:
+                cached.pool = ((r[5] and json.loads(r[5])) or {}).get("pool") or cached.pool
+        return cached
+
+    async def state(self, execution_id: int) -> ExecutionState:
+        """A caught-up state of the execution (read-only use)."""
+        async with self._lock(execution_id):
+            cached = await _to_thread(self._read_state, execution_id)
+            self._remember(execution_id, cached)
+            return cached.state
+
+    def _read_state(self, execution_id: int) -> _Cached:
+        with self.store.transaction("read state") as conn:
+            return self._catch_up(conn, execution_id)
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        playbook: Playbook,
+        *,
+        workload: dict[str, Any] | None = None,
+        catalog_version: int | None = None,
+        parent_execution_id: int | None = None,
+        parent_command_id: int | None = None,
+        pool: str = "default",
+    ) -> int:
+        """Create an execution and take its first engine step in one transaction."""
+        execution_id = self.ids.next_id()
+        rendered = render_workload(playbook, execution_id, workload or {})
+        now = time.time()
+        first = Event(
+            event_id=self.ids.next_id(),
+            execution_id=execution_id,
+            type=ev.PLAYBOOK_INITIALIZED,
+            status="running",
+            payload={
+                "workload": rendered,
+                "playbook": {
+                    "name": playbook.name,
+                    "path": playbook.path,
+                    "version": playbook.version,
+                    "file": playbook.file,
+                },
+                "parent_execution_id": parent_execution_id,
+                "parent_command_id": parent_command_id,
+                "pool": pool,
+            },
+            time=now,
+        )
+        row = (
+            execution_id,
+            parent_execution_id,
+            parent_command_id,
+            playbook.path,
+            catalog_version,
+            playbook.file,
+            playbook.text,
+            json.dumps(rendered, separators=(",", ":")),
+            EXECUTION_CREATED,
+            now,
+            now,
+        )
+
+        def create(conn: psycopg.Connection) -> None:
+            conn.execute(
+                "INSERT INTO execution (execution_id, parent_execution_id, parent_command_id,"
+                " playbook_path, playbook_version, playbook_file, playbook_text, workload,"
+                " status, created, updated) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                row,
+            )
+
+        cached = _Cached(ExecutionState(playbook, execution_id), pool)
+        await self._step(execution_id, [first], prepare=create, fresh=cached)
+        return execution_id
+
+    async def submit(self, execution_id: int, events: Sequence[Event]) -> SubmitResult:
+        """Apply worker events (idempotent: events already in the log are skipped).
+
+        A report for a command that its worker no longer holds (the lease expired and the
+        command was issued again, or it is closed) is rejected as stale: none of that
+        command's events are written.
+        """
+        for e in events:
+            if e.execution_id != execution_id:
+                raise FlowtideError(
+                    f"event {e.event_id} belongs to execution {e.execution_id}, not {execution_id}"
+                )
+        return await self._step(execution_id, list(events), check_workers=True)
+
+    async def cancel(self, execution_id: int, reason: str) -> SubmitResult:
+        event = Event(
+            event_id=self.ids.next_id(),
+            execution_id=execution_id,
+            type=ev.EXECUTION_CANCELLED,
+            status="cancelled",
+            error={"kind": "cancelled", "message": reason},
+            time=time.time(),
+        )
+
+        def mark(conn: psycopg.Connection) -> None:
+            conn.execute(
+                "UPDATE execution SET cancel_requested = %s WHERE execution_id = %s",
+                (time.time(), execution_id),
+            )
+
+        return await self._step(execution_id, [event], prepare=mark)
+
+    async def nudge(self, execution_id: int) -> SubmitResult:
+        """Re-issue the commands of an execution whose workers lost them (lease expired)."""
+        return await self._step(execution_id, [], reissue=True)
+
+    async def _step(
+        self,
+        execution_id: int,
+        incoming: list[Event],
+        *,
+        prepare: Callable[[psycopg.Connection], None] | None = None,
+        fresh: _Cached | None = None,
+        check_workers: bool = False,
+        reissue: bool = False,
+    ) -> SubmitResult:
+        async with self._lock(execution_id):
+            pool = self.store.pool("shard")
+            conn = await _to_thread(pool.getconn)
+            ok = False
+            try:
+                result, out, cached = await self._step_in(
+                    conn, execution_id, incoming, prepare, fresh, check_workers, reissue
+                )
+                await _to_thread(conn.commit)
+                ok = True
+            finally:
+                if not ok:
+                    self._cache.pop(execution_id, None)
+                    await _to_thread(conn.rollback)
+                await _to_thread(pool.putconn, conn)
+            self._remember(execution_id, cached)
+        self.counters["issued"] += len(out.commands)
+        for row in out.command_rows:
+            if row.status in ("completed", "failed"):
+                self.counters[row.status] += 1
+        if out.commands and self.on_outbox is not None:
+            self.on_outbox()
+        if out.finished and self.loopstate is not None:
+            await self.loopstate.cleanup(execution_id)
+        return result
+
+    async def _step_in(
+        self,
+        conn: psycopg.Connection,
+        execution_id: int,
+        incoming: list[Event],
+        prepare: Callable[[psycopg.Connection], None] | None,
+        fresh: _Cached | None,
+        check_workers: bool,
+        reissue: bool,
+    ) -> tuple[SubmitResult, Advance, _Cached]:
+        result = SubmitResult()
+
+        def lock_and_load() -> tuple[_Cached, list[Event]]:
+            if prepare is not None:
+                prepare(conn)
+            found = conn.execute(
+                "SELECT status FROM execution WHERE execution_id = %s FOR UPDATE",
+                (execution_id,),
+            ).fetchone()
+            if found is None:
+                raise NotFoundError(f"execution {execution_id} not found")
+            if fresh is not None:
+                cached = fresh
+            else:
+                cached = self._catch_up(conn, execution_id)
+            todo = incoming
+            if todo:
+                known = {
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT event_id FROM event WHERE execution_id = %s AND event_id = ANY(%s)",
+                        (execution_id, [e.event_id for e in todo]),
+                    )
+                }
+                result.duplicates = sum(1 for e in todo if e.event_id in known)
+                todo = [e for e in todo if e.event_id not in known]
+            if check_workers and todo:
+                todo = self._drop_stale(conn, cached.state, todo, result)
+            return cached, todo
+
+        cached, todo = await _to_thread(lock_and_load)
+        state = cached.state
+        batch = todo
+        reissued: list[Event] = []
+        if reissue:
+            reissued = await _to_thread(self._expired_commands, conn, state)
+            batch = reissued + batch
+        out = await self.advancer.advance({execution_id: state}, batch, time.time())
+        result.accepted = len(todo)
+        result.status = state.status
+        commands = list(out.commands)
+        command_rows = list(out.command_rows)
+        for event in reissued:
+            record = state.commands.get(event.command_id or -1)
+            if record is not None:
+                command = Command(
+                    command_id=record.command_id,
+                    execution_id=execution_id,
+                    step=record.step,
+                    attempt=record.attempt,
+                    loop_instance=record.loop_instance,
+                    loop_index=record.loop_index,
+                    issued_event_id=record.issued_event_id,
+                    extra={"cursor": True} if record.cursor else {},
+                )
+                commands.append(command)
+                command_rows.append(CommandUpdate.from_command(command, time=time.time()))
+        if state.terminal:
+            commands = []
+
+        def write() -> int:
+            now = time.time()
+            rows = [(u.execution_id, *execution_update_params(u)) for u in out.execution_rows]
+            PostgresStore.write_batch(
+                conn, event_params(out.recorded), command_params(command_rows), rows
+            )
+            if commands:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO outbox (execution_id, command_id, subject, payload, created)"
+                        " VALUES (%s, %s, %s, %s, %s)",
+                        [
+                            (
+                                execution_id,
+                                c.command_id,
+                                command_subject(cached.pool, execution_id),
+                                json.dumps(
+                                    {
+                                        "event_id": str(c.issued_event_id),
+                                        "execution_id": str(execution_id),
+                                        "command_id": str(c.command_id),
+                                        "attempt": c.attempt,
+                                        "step": c.step,
+                                    }
+                                ),
+                                now,
+                            )
+                            for c in commands
+                        ],
+                    )
+                    cur.execute(
+                        "UPDATE command SET pool = %s WHERE command_id = ANY(%s)",
+                        (cached.pool, [c.command_id for c in commands]),
+                    )
+            if state.terminal:
+                # Nothing runs any more: open commands are closed with the execution.
+                conn.execute(
+                    "UPDATE command SET status = 'cancelled', updated = %s"
+                    " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
+                    (now, execution_id),
+                )
+            last = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM event WHERE execution_id = %s",
+                (execution_id,),
+            ).fetchone()
+            return int(last[0]) if last else 0
+
+        cached.last_seq = await _to_thread(write)
+        out.commands = commands
+        if reissued:
+            self.counters["reissued"] += len(reissued)
+        return result, out, cached
+
+    def _drop_stale(
+        self,
+        conn: psycopg.Connection,
+        state: ExecutionState,
+        events: list[Event],
+        result: SubmitResult,
+    ) -> list[Event]:
+        """Drop every event of a command whose report would be stale (see `submit`)."""
+        by_command: dict[int, list[Event]] = {}
+        for e in events:
+            if e.type in _WORKER_EVENTS and e.command_id is not None:
+                by_command.setdefault(e.command_id, []).append(e)
+        if not by_command:
+            return events
+        rows = conn.execute(
+            "SELECT command_id, status, worker_id, attempt FROM command"
+            " WHERE command_id = ANY(%s) FOR UPDATE",
+            (list(by_command),),
+        ).fetchall()
+        current = {r[0]: (r[1], r[2], r[3]) for r in rows}
+        stale: set[int] = set()
+        for command_id, group in by_command.items():
+            status, holder, attempt = current.get(command_id, (None, None, None))
+            for e in group:
+                reported = (e.payload or {}).get("attempt")
+                if (
+                    status != "claimed"
+                    or (holder is not None and e.worker_id != holder)
+                    or (reported is not None and attempt is not None and reported != attempt)
+                ):
+                    stale.add(command_id)
+        if stale:
+            result.stale = sum(1 for e in events if e.command_id in stale and e.type in _REPORTS)
+            self.counters["stale"] += result.stale
+        return [e for e in events if e.command_id not in stale or e.type not in _WORKER_EVENTS]
+
+    def _expired_commands(self, conn: psycopg.Connection, state: ExecutionState) -> list[Event]:
+        """`command.issued` events re-issuing the claimed commands whose lease expired."""
+        now = time.time()
+        rows = conn.execute(
+            "SELECT command_id FROM command WHERE execution_id = %s AND status = 'claimed'"
+            " AND lease_until < %s FOR UPDATE",
+            (state.execution_id, now),
+        ).fetchall()
+        out: list[Event] = []
+        for (command_id,) in rows:
+            record = state.commands.get(command_id)
+            if record is None:
+                continue
+            payload: dict[str, Any] = {
+                "command_id": command_id,
+                "attempt": record.attempt + 1,
+                "reissued": True,
+                "reason": "lease expired",
+            }
+            if record.loop_instance is not None:
+                payload["loop_instance"] = record.loop_instance
+            if record.loop_index is not None:
+                payload["loop_index"] = record.loop_index
+            if record.cursor:
+                payload["cursor"] = True
+            out.append(
+                Event(
+                    event_id=self.ids.next_id(),
+                    execution_id=state.execution_id,
+                    type=ev.COMMAND_ISSUED,
+                    step=record.step,
+                    status="issued",
+                    payload=payload,
+                    command_id=command_id,
+                    time=now,
+                )
+            )
+        return out
+
+    # -- claims --------------------------------------------------------------------------
+
+    async def claim(
+        self, execution_id: int, command_id: int, event_id: int, worker_id: str
+    ) -> dict[str, Any]:
+        """Claim a command for `worker_id` and return what the worker needs to run it.
+
+        Raises:
+            NotFoundError: no such command.
+            ClaimConflict: another worker holds it, it is closed, or the notification is
+                for an earlier issue of the command (`event_id` is not its latest).
+        """
+        now = time.time()
+
+        def take() -> tuple[str, int, int | None, int | None]:
+            with self.store.transaction("claim") as conn:
+                row = conn.execute(
+                    "SELECT status, worker_id, attempt, payload, step, loop_instance, loop_index"
+                    " FROM command WHERE command_id = %s AND execution_id = %s FOR UPDATE",
+                    (command_id, execution_id),
+                ).fetchone()
+                if row is None:
+                    raise NotFoundError(f"command {command_id} not found")
+                status, holder, attempt, payload, step, instance, index = row
+                issued = (json.loads(payload) if payload else {}).get("issued_event_id")
+                if issued is not None and int(issued) != event_id:
+                    raise ClaimConflict(
+                        f"command {command_id}: event {event_id} is not its latest issue"
+                    )
+                if status != "issued":
+                    raise ClaimConflict(
+                        f"command {command_id} is {status}"
+                        + (f" by {holder}" if status == "claimed" and holder else ""),
+                        holder=holder,
+                    )
+                conn.execute(
+                    "UPDATE command SET status = 'claimed', worker_id = %s, claimed = %s,"
+                    " lease_until = %s, updated = %s WHERE command_id = %s",
+                    (worker_id, now, now + self.lease, now, command_id),
+                )
+                conn.execute(
+                    "INSERT INTO event (execution_id, event_id, type, step, status, payload,"
+                    " parent_event_id, command_id, worker_id, time)"
+                    " VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, %s, %s)",
+                    (
+                        execution_id,
+                        self.ids.next_id(),
+                        ev.COMMAND_CLAIMED,
+                        step,
+                        json.dumps({"attempt": attempt}),
+                        event_id,
+                        command_id,
+                        worker_id,
+                        now,
+                    ),
+                )
+                return step, attempt, instance, index
+
+        step, attempt, instance, index = await _to_thread(take)
+        self.counters["claimed"] += 1
+        state = await self.state(execution_id)
+        record = state.commands.get(command_id)
+        command = Command(
+            command_id=command_id,
+            execution_id=execution_id,
+            step=step,
+            attempt=attempt,
+            loop_instance=instance,
+            loop_index=index,
+            issued_event_id=event_id,
+            extra={"cursor": True} if record is not None and record.cursor else {},
+        )
+        spec: dict[str, Any] = {
+            "command": {**command.to_dict(), "execution_id": str(execution_id)},
+            "playbook": {
+                "text": state.playbook.text,
+                "file": state.playbook.file,
+            },
+            "context": state.context_parts(),
+            "iterator": None,
+            "element": None,
+            "cancelled": state.status in ("cancelling", "cancelled"),
+            "lease": self.lease,
+        }
+        if index is not None and not command.extra:
+            loop = state.loops.get((step, instance or 0))
+            if loop is not None:
+                spec["iterator"] = loop.iterator
+                spec["element"] = loop.collection[index]
+        return spec
+
+    async def extend_leases(self, worker_id: str) -> int:
+        """Extend the lease of every command `worker_id` holds (its heartbeat)."""
+        now = time.time()
+
+        def extend() -> int:
+            with self.store.transaction("heartbeat") as conn:
+                return conn.execute(
+                    "UPDATE command SET lease_until = %s WHERE worker_id = %s"
+                    " AND status = 'claimed'",
+                    (now + self.lease, worker_id),
+                ).rowcount
+
+        return int(await _to_thread(extend))
+
+    async def reap(self, limit: int = 100) -> int:
+        """Re-issue commands whose lease expired; returns how many executions were nudged."""
+
+        def expired() -> list[int]:
+            with self.store.transaction("reap") as conn:
+                rows = conn.execute(
+                    "SELECT DISTINCT execution_id FROM command WHERE status = 'claimed'"
+                    " AND lease_until < %s LIMIT %s",
+                    (time.time(), limit),
+                ).fetchall()
+                return [r[0] for r in rows]
+
+        executions = await _to_thread(expired)
+        for execution_id in executions:
+            await self.nudge(execution_id)
+        return len(executions)

@@ -1,0 +1,198 @@
+"""The transactional outbox: command notifications written with the events that issue the
+commands, published to NATS JetStream afterwards (at least once).
+
+Rows are claimed with `FOR UPDATE SKIP LOCKED` plus a short lock lease, so any number of
+server processes relay at once without publishing a row twice in the normal case; a relay
+that dies after publishing but before marking leaves the row to be published again after
+the lease, and JetStream's duplicate window (the `Nats-Msg-Id` header: command id and
+attempt) drops that second copy. A worker that still sees a duplicate loses the claim race
+(409) and acks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from flowtide.store.postgres import PostgresStore
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+
+__all__ = ["STREAM", "OutboxRelay", "OutboxRow", "ensure_stream"]
+
+log = logging.getLogger("flowtide.server.outbox")
+
+STREAM: Final = "FLOWTIDE_COMMANDS"
+_SUBJECTS: Final = ["flowtide.commands.>"]
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    id: int
+    execution_id: int
+    command_id: int
+    subject: str
+    payload: str
+    attempts: int
+
+
+async def ensure_stream(js: JetStreamContext) -> None:
+    """Create the command stream (work-queue retention: a message is gone once acked;
+    one durable consumer per pool with non-overlapping subject filters)."""
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
+
+    config = StreamConfig(
+        name=STREAM,
+        subjects=_SUBJECTS,
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        duplicate_window=120.0,
+    )
+    try:
+        await js.stream_info(STREAM)
+    except NotFoundError:
+        with contextlib.suppress(Exception):  # another server created it meanwhile
+            await js.add_stream(config)
+        await js.stream_info(STREAM)
+
+
+class OutboxStore:
+    """The outbox's SQL (also behind the /api/internal/outbox endpoints)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+
+    def claim(self, limit: int = 256, lease: float = 10.0) -> list[OutboxRow]:
+        now = time.time()
+        with self.store.transaction("outbox claim") as conn:
+            rows = conn.execute(
+                "UPDATE outbox SET locked_until = %s, attempts = attempts + 1"
+                " WHERE id IN (SELECT id FROM outbox WHERE published IS NULL"
+                " AND (locked_until IS NULL OR locked_until < %s)"
+                " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                " RETURNING id, execution_id, command_id, subject, payload, attempts",
+                (now + lease, now, limit),
+            ).fetchall()
+        return sorted((OutboxRow(*r) for r in rows), key=lambda r: r.id)
+
+    def mark_published(self, ids: list[int]) -> int:
+        if not ids:
+            return 0
+        with self.store.transaction("outbox mark-published") as conn:
+            return conn.execute(
+                "UPDATE outbox SET published = %s, locked_until = NULL, last_error = NULL"
+                " WHERE id = ANY(%s) AND published IS NULL",
+                (time.time(), ids),
+            ).rowcount
+
+    def mark_failed(self, ids: list[int], error: str) -> int:
+        if not ids:
+            return 0
+        with self.store.transaction("outbox mark-failed") as conn:
+            return conn.execute(
+                "UPDATE outbox SET locked_until = NULL, last_error = %s"
+                " WHERE id = ANY(%s) AND published IS NULL",
+                (error[:2000], ids),
+            ).rowcount
+
+    def pending(self) -> dict[str, Any]:
+        with self.store.transaction("outbox pending-count") as conn:
+            row = conn.execute(
+                "SELECT COUNT(*), MIN(created) FROM outbox WHERE published IS NULL"
+            ).fetchone()
+        count, oldest = row or (0, None)
+        return {
+            "pending": int(count),
+            "oldest_age_seconds": round(time.time() - oldest, 3) if oldest else 0.0,
+        }
+
+    def prune(self, older_than: float = 3600.0) -> int:
+        with self.store.transaction("outbox prune") as conn:
+            return conn.execute(
+                "DELETE FROM outbox WHERE published IS NOT NULL AND published < %s",
+                (time.time() - older_than,),
+            ).rowcount
+
+
+class OutboxRelay:
+    """Publishes pending outbox rows; woken by `poke()` after a commit, and polls as a
+    backstop for rows other processes left behind."""
+
+    def __init__(self, store: PostgresStore, nc: Client, *, poll: float = 0.5) -> None:
+        self.rows = OutboxStore(store)
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.poll = poll
+        self.published = 0
+        self.failures = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        await ensure_stream(self.js)
+        self._task = asyncio.create_task(self._run(), name="flowtide-outbox")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        last_prune = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll)
+            self._wake.clear()
+            try:
+                while await self.relay_once() > 0:
+                    pass
+                if time.monotonic() - last_prune > 60:
+                    last_prune = time.monotonic()
+                    await asyncio.to_thread(self.rows.prune)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep relaying; the rows stay pending
+                self.failures += 1
+                log.warning("outbox relay: %s", exc)
+                await asyncio.sleep(self.poll)
+
+    async def relay_once(self, limit: int = 256) -> int:
+        """Publish one batch; returns how many rows were published."""
+        rows = await asyncio.to_thread(self.rows.claim, limit)
+        if not rows:
+            return 0
+        results = await asyncio.gather(
+            *(
+                self.js.publish(
+                    r.subject,
+                    r.payload.encode(),
+                    headers={"Nats-Msg-Id": f"{r.command_id}-{r.id}"},
+                )
+                for r in rows
+            ),
+            return_exceptions=True,
+        )
+        ok = [
+            r.id for r, res in zip(rows, results, strict=True) if not isinstance(res, BaseException)
+        ]
+        failed = [r for r, res in zip(rows, results, strict=True) if isinstance(res, BaseException)]
+        await asyncio.to_thread(self.rows.mark_published, ok)
+        if failed:
+            self.failures += len(failed)
+            first = next(res for res in results if isinstance(res, BaseException))
+            await asyncio.to_thread(
+                self.rows.mark_failed, [r.id for r in failed], f"{type(first).__name__}: {first}"
+            )
+        self.published += len(ok)
+        return len(ok)

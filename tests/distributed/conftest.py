@@ -1,0 +1,36 @@
+"""Fixtures of the distributed tests: one stack per module (server + 2 workers)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kv"))
+
+from natsserver import NatsServer  # noqa: E402
+
+from .stack import Stack  # noqa: E402
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def stack(pg_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("stack")
+    name = f"dist_{next(_names)}"
+    db = pg_server.create_database(name)
+    nats = NatsServer.start(root / "nats")
+    stack = Stack(db=db, nats=nats.url, root=root)
+    try:
+        stack.start_server()
+        stack.start_worker()
+        stack.start_worker()
+        yield stack
+    finally:
+        stack.stop()
+        nats.stop()
+        pg_server.drop_database(name)

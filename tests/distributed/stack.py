@@ -1,0 +1,134 @@
+"""A distributed flowtide stack for tests, all real processes on loopback: a PostgreSQL
+database (the session's server), a nats-server, `flowtide server` and `flowtide worker`s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flowtide_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTIDE_")}
+    env["FLOWTIDE_HOME"] = str(home)
+    env["FLOWTIDE_NO_PROGRESS"] = "1"
+    return env
+
+
+@dataclass
+class Stack:
+    db: str
+    nats: str
+    root: Path
+    port: int = field(default_factory=_free_port)
+    server: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[IO[Any]] = field(default_factory=list)
+    lease: float = 3.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return flowtide_env(self.root / "home")
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
+        return subprocess.Popen(
+            [sys.executable, "-m", "flowtide.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.root,
+        )
+
+    def start_server(self) -> None:
+        self.server = self._spawn(
+            "server",
+            "server",
+            "--db",
+            self.db,
+            "--nats",
+            self.nats,
+            "--port",
+            str(self.port),
+            "--lease",
+            str(self.lease),
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log('server')}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready: {self.log('server')}")
+
+    def start_worker(self, concurrency: int = 8, pool: str = "default") -> subprocess.Popen[bytes]:
+        n = len(self.workers)
+        proc = self._spawn(
+            f"worker{n}",
+            "worker",
+            "--server",
+            self.url,
+            "--nats",
+            self.nats,
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "--worker-id",
+            f"w{n}",
+        )
+        self.workers.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def run(self, *args: Any, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flowtide.cli", *map(str, args), "--server", self.url],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.root,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        procs = [p for p in [*self.workers, self.server] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for log in self.logs:
+            log.close()

@@ -129,7 +129,8 @@ class RemoteWorker:
                 stream=_STREAM,
                 config=ConsumerConfig(
                     ack_policy=AckPolicy.EXPLICIT,
-                    ack_wait=30.0,
+                    # Acked right after the claim: this only covers fetch -> claim.
+                    ack_wait=10.0,
                     max_ack_pending=-1,
                     max_waiting=512,
                 ),
@@ -224,7 +225,10 @@ class RemoteWorker:
             try:
                 r = await self.client.post("/api/events/batch", json=body)
                 if r.status_code < 500:
-                    return  # 409: stale (the command was re-issued); nothing more to do
+                    if r.status_code >= 400:
+                        # 409: stale (the command was issued again meanwhile).
+                        log.warning("report for execution %s refused: %s", execution_id, r.text)
+                    return
             except httpx.HTTPError as exc:
                 if attempt == 7:
                     raise

@@ -50,6 +50,7 @@ __all__ = ["ClaimConflict", "Coordinator", "SubmitResult", "command_subject"]
 #: JetStream subjects of command notifications: flowtide.commands.<pool>.<execution_id>.
 SUBJECT_PREFIX: Final = "flowtide.commands"
 _REPORTS: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+_ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED})
 _WORKER_EVENTS: Final = frozenset(
     {
         ev.COMMAND_STARTED,
@@ -460,7 +461,8 @@ class Coordinator:
         for command_id, group in by_command.items():
             status, holder, attempt = current.get(command_id, (None, None, None))
             for e in group:
-                reported = (e.payload or {}).get("attempt")
+                # call.done/call.error carry the tool call's retry attempt, not the command's.
+                reported = (e.payload or {}).get("attempt") if e.type in _ATTEMPT_EVENTS else None
                 if (
                     status != "claimed"
                     or (holder is not None and e.worker_id != holder)
@@ -631,4 +633,22 @@ class Coordinator:
         executions = await _to_thread(expired)
         for execution_id in executions:
             await self.nudge(execution_id)
+        if await _to_thread(self._renotify):
+            if self.on_outbox is not None:
+                self.on_outbox()
         return len(executions)
+
+    def _renotify(self) -> int:
+        """Publish again the notification of commands nobody claimed for two leases (it
+        went to a worker that died before claiming; a duplicate only loses a claim)."""
+        cutoff = time.time() - 2 * self.lease
+        with self.store.transaction("renotify") as conn:
+            return conn.execute(
+                "INSERT INTO outbox (execution_id, command_id, subject, payload, created)"
+                " SELECT o.execution_id, o.command_id, o.subject, o.payload, %s"
+                " FROM command c JOIN LATERAL (SELECT * FROM outbox x"
+                "  WHERE x.command_id = c.command_id ORDER BY x.id DESC LIMIT 1) o ON true"
+                " WHERE c.status = 'issued' AND c.updated < %s"
+                " AND o.published IS NOT NULL AND o.published < %s",
+                (time.time(), cutoff, cutoff),
+            ).rowcount

@@ -148,6 +148,7 @@ SHARD: Final = Component(
             )
             """,
             "CREATE INDEX outbox_pending ON outbox (id) WHERE published IS NULL",
+            "CREATE INDEX outbox_command ON outbox (command_id, id)",
             """
             CREATE TABLE variable (
                 execution_id bigint NOT NULL,

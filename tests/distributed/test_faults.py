@@ -1,0 +1,193 @@
+"""Faults on the distributed stack: a worker killed mid-loop, concurrent claimers,
+cancellation, and bad API input."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .stack import Stack
+
+LOOP = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: kill_loop, path: tests/dist/kill_loop}
+workload: {count: 500, pause: 0.01}
+workflow:
+  - step: work
+    loop:
+      in: "{{ range(count) | list }}"
+      iterator: item
+      spec: {mode: parallel, max_in_flight: 16}
+    tool:
+      kind: python
+      input: {index: "{{ item }}", pause: "{{ pause }}"}
+      code: |
+        import time
+        time.sleep(pause)
+        result = {"index": index}
+"""
+
+ONE_STEP = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: one, path: tests/dist/one}
+workflow:
+  - step: only
+    tool: {kind: python, code: "result = {'ok': True}"}
+"""
+
+
+def _wait(client: httpx.Client, eid: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = client.get(f"/api/executions/{eid}").json()
+        if doc["status"] != "running":
+            return dict(doc)
+        time.sleep(0.1)
+    raise AssertionError(f"execution {eid} still running after {timeout}s")
+
+
+def _events(client: httpx.Client, eid: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 10_000}
+        if after:
+            params["after"] = after
+        page = client.get(f"/api/executions/{eid}/events", params=params).json()
+        if not page:
+            return out
+        out.extend(page)
+        after = page[-1]["event_id"]
+
+
+def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        eid = client.post("/api/execute", json={"playbook": LOOP}).json()["execution_id"]
+        # Let both workers get going, then kill one without warning.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done = sum(1 for e in _events(client, eid) if e["type"] == "command.completed")
+            if done >= 100:
+                break
+            time.sleep(0.05)
+        victim = stack.workers[0]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        doc = _wait(client, eid)
+        assert doc["status"] == "completed", doc
+        results = doc["steps"]["work"]["result"]["results"]
+        assert sorted(r["index"] for r in results) == list(range(500))
+        stats = doc["steps"]["work"]["result"]["stats"]
+        assert stats == {"total": 500, "success": 500, "failed": 0}
+        events = _events(client, eid)
+        completed = [e for e in events if e["type"] == "command.completed"]
+        indexes = [e["payload"]["loop_index"] for e in completed]
+        assert sorted(indexes) == list(range(500)), "each iteration is recorded exactly once"
+        # Commands the dead worker held were issued again by the reaper.
+        reissued = [
+            e for e in events if e["type"] == "command.issued" and e["payload"].get("reissued")
+        ]
+        assert reissued, "the killed worker held commands that had to be re-issued"
+    stack.workers[0] = stack.start_worker()
+
+
+def test_exactly_one_of_many_claimers_wins(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        # Pool "idle" has no workers: the command waits for our claimers.
+        eid = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "idle"}).json()[
+            "execution_id"
+        ]
+        deadline = time.monotonic() + 30
+        issued: list[dict[str, Any]] = []
+        while not issued and time.monotonic() < deadline:
+            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
+            time.sleep(0.05)
+        event = issued[0]
+        body = {"execution_id": eid, "command_id": event["command_id"]}
+
+        def claim(n: int) -> int:
+            r = client.post(
+                f"/api/commands/{event['event_id']}/claim", json={**body, "worker_id": f"c{n}"}
+            )
+            return r.status_code
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(claim, range(12)))
+        assert codes.count(200) == 1 and codes.count(409) == 11, codes
+        # A claim for an event that is not the command's latest issue is refused.
+        stale = client.post(
+            f"/api/commands/{int(event['event_id']) + 1}/claim", json={**body, "worker_id": "x"}
+        )
+        assert stale.status_code == 409
+        client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+
+
+def test_cancel_stops_issuing_and_late_reports_are_rejected(stack: Stack) -> None:
+    playbook = LOOP.replace("count: 500, pause: 0.01", "count: 400, pause: 0.05")
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        eid = client.post("/api/execute", json={"playbook": playbook}).json()["execution_id"]
+        time.sleep(1.0)
+        r = client.post(f"/api/executions/{eid}/cancel", json={"reason": "enough"})
+        assert r.status_code == 200
+        doc = _wait(client, eid, timeout=30)
+        assert doc["status"] == "cancelled"
+        assert client.get(f"/api/executions/{eid}/cancellation-check").json()["cancelled"]
+        time.sleep(1.0)
+        issued_after = [e for e in _events(client, eid) if e["type"] == "command.issued"]
+        count = len(issued_after)
+        time.sleep(1.0)
+        assert len([e for e in _events(client, eid) if e["type"] == "command.issued"]) == count
+        assert count < 400
+
+
+def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        r = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "bad pool!"})
+        assert r.status_code == 422 and "pool" in r.json()["error"]["message"]
+        r = client.post("/api/execute", json={"payload": {}})
+        assert r.status_code == 400 and "exactly one of" in r.json()["error"]["message"]
+        r = client.post("/api/execute", json={"playbook": "workflow: [oops"})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "playbook"
+        r = client.post("/api/execute", json={"path": "no/such/playbook"})
+        assert r.status_code == 404 and "no/such/playbook" in r.json()["error"]["message"]
+        r = client.post("/api/events/batch", json={"execution_id": "x", "events": []})
+        assert r.status_code == 422 and "execution_id" in r.json()["error"]["message"]
+        r = client.post("/api/events/batch", json={"execution_id": 1, "events": [{"type": "x"}]})
+        assert r.status_code == 422 and "events.0.event_id" in r.json()["error"]["message"]
+        r = client.post("/api/commands/1/claim", json={"worker_id": "w"})
+        assert r.status_code == 422 and "execution_id" in r.json()["error"]["message"]
+        r = client.get("/api/executions/12345")
+        assert r.status_code == 404
+        r = client.get("/api/executions", params={"limit": -1})
+        assert r.status_code == 422 and "limit" in r.json()["error"]["message"]
+        r = client.post("/api/worker/pool/heartbeat", json={"worker_id": "ghost"})
+        assert r.status_code == 404
+        r = client.post(
+            "/api/execute", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 422
+
+
+def test_health_metrics_pools_and_outbox(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        ready = client.get("/readyz").json()
+        assert ready["ready"] and ready["checks"] == {"database": "ok", "nats": "ok"}
+        pools = {p["pool"]: p["workers"] for p in client.get("/api/worker/pools").json()["pools"]}
+        assert len([w for w in pools["default"] if w["status"] == "ready"]) >= 2
+        assert client.get("/api/internal/outbox/pending-count").json()["pending"] >= 0
+        metrics = client.get("/metrics").text
+        assert "flowtide_commands_issued_total" in metrics
+
+
+def test_run_by_catalog_path_is_refused_cleanly_when_missing(stack: Stack, tmp_path: Path) -> None:
+    proc = stack.run("run", "no/such/thing")
+    assert proc.returncode == 2
+    assert "no/such/thing" in proc.stderr

@@ -18,7 +18,7 @@ $(BIN)/python:
 	@$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[postgres,spark,nats,dev]'
+	$(BIN)/pip install -q -e '.[postgres,spark,nats,server,dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -3,6 +3,7 @@ HTTP stubs the NoETL fixtures need. Each is started once per test session, on de
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
@@ -49,6 +50,21 @@ def pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.stop()
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+def pg_database(pg_server: PgServer) -> Iterator[str]:
+    """A fresh empty database on the session's server for one test (its DSN); dropped
+    afterwards."""
+    name = f"t{next(_databases)}_{os.getpid()}"
+    dsn = pg_server.create_database(name)
+    try:
+        yield dsn
+    finally:
+        pg_server.drop_database(name)
 
 
 def _serve(app_dir: Path, module: str, port: int) -> subprocess.Popen[bytes]:

@@ -3,26 +3,17 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from .helpers import PLAYBOOKS, Flowtide, describe
 
-_names = itertools.count()
-
 
 @pytest.fixture
-def pg_db(pg_server) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    name = f"cli_{next(_names)}"
-    dsn = pg_server.create_database(name)
-    try:
-        yield dsn
-    finally:
-        pg_server.drop_database(name)
+def pg_db(pg_database: str) -> str:
+    return pg_database
 
 
 def _strip_ids(doc: dict) -> dict:  # type: ignore[type-arg]

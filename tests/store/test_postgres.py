@@ -3,7 +3,6 @@ migrations, separate cluster database, many stores on one database, no leaked pa
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterator
 
@@ -16,18 +15,10 @@ from flowtide.store.postgres import PostgresStore, display_dsn
 
 from .conformance import StoreConformance, StoreFactory, event, make_execution
 
-_names = itertools.count()
-
 
 @pytest.fixture
-def database(pg_server) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """A fresh empty database for one test; dropped afterwards."""
-    name = f"store_{next(_names)}_{threading.get_ident() % 10_000}"
-    dsn = pg_server.create_database(name)
-    try:
-        yield dsn
-    finally:
-        pg_server.drop_database(name)
+def database(pg_database: str) -> str:
+    return pg_database
 
 
 class TestPostgresStore(StoreConformance):

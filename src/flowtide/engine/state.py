@@ -13,7 +13,7 @@ from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.context import base_context, result_view
-from flowtide.engine.events import Event
+from flowtide.engine.events import Command, Event
 from flowtide.playbook.model import Playbook
 
 
@@ -74,6 +74,19 @@ class CommandRecord:
     loop_index: int | None
     issued_event_id: int
     cursor: bool = False  # a cursor loop's claim, not an iteration
+
+    def to_command(self, execution_id: int, attempt: int | None = None) -> Command:
+        """The command this record tracks (with another `attempt` when re-issuing)."""
+        return Command(
+            command_id=self.command_id,
+            execution_id=execution_id,
+            step=self.step,
+            attempt=self.attempt if attempt is None else attempt,
+            loop_instance=self.loop_instance,
+            loop_index=self.loop_index,
+            issued_event_id=self.issued_event_id,
+            extra={"cursor": True} if self.cursor else {},
+        )
 
 
 class ExecutionState:

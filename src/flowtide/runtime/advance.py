@@ -22,12 +22,47 @@ from flowtide.engine.decide import decide
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
 from flowtide.loopstate import LoopState
+from flowtide.playbook.model import Playbook
 from flowtide.store.base import CommandUpdate, ExecutionUpdate
 
-__all__ = ["Advance", "Advancer"]
+__all__ = ["Advance", "Advancer", "initialized_event"]
 
 _FILTERED = frozenset({ev.COMMAND_COMPLETED, ev.COMMAND_FAILED, ev.LOOP_DONE, ev.LOOP_STARTED})
 _REPORTS = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+
+
+def initialized_event(
+    playbook: Playbook,
+    execution_id: int,
+    workload: dict[str, Any],
+    *,
+    event_id: int,
+    now: float,
+    parent_execution_id: int | None = None,
+    parent_command_id: int | None = None,
+    **extra: Any,
+) -> Event:
+    """The `playbook.initialized` event that starts an execution (`extra` joins its
+    payload, e.g. the server's worker pool)."""
+    return Event(
+        event_id=event_id,
+        execution_id=execution_id,
+        type=ev.PLAYBOOK_INITIALIZED,
+        status="running",
+        payload={
+            "workload": workload,
+            "playbook": {
+                "name": playbook.name,
+                "path": playbook.path,
+                "version": playbook.version,
+                "file": playbook.file,
+            },
+            "parent_execution_id": parent_execution_id,
+            "parent_command_id": parent_command_id,
+            **extra,
+        },
+        time=now,
+    )
 
 
 @dataclass

@@ -28,8 +28,8 @@ from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
-from flowtide.runtime.advance import Advancer
-from flowtide.runtime.pipeline import Outcome, StepRunner, outcome_events
+from flowtide.runtime.advance import Advancer, initialized_event
+from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.runtime.workers import WorkerPool
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
@@ -130,7 +130,7 @@ class LocalRuntime:
             from flowtide.kv import connect
 
             self.kv = await connect("memory://", "flowtide_state", ttl=3600)
-            self.loopstate = LoopState(self.kv)
+            self.loopstate = self._advancer.loopstate = LoopState(self.kv)
         self._pump_task = asyncio.create_task(self._pump(), name="flowtide-engine")
         return self
 
@@ -189,23 +189,14 @@ class LocalRuntime:
         )
         self._register(playbook, execution_id)
         await self._warm(playbook)
-        first = Event(
+        first = initialized_event(
+            playbook,
+            execution_id,
+            rendered,
             event_id=self.ids.next_id(),
-            execution_id=execution_id,
-            type=ev.PLAYBOOK_INITIALIZED,
-            status="running",
-            payload={
-                "workload": rendered,
-                "playbook": {
-                    "name": playbook.name,
-                    "path": playbook.path,
-                    "version": playbook.version,
-                    "file": playbook.file,
-                },
-                "parent_execution_id": parent_execution_id,
-                "parent_command_id": parent_command_id,
-            },
-            time=now,
+            now=now,
+            parent_execution_id=parent_execution_id,
+            parent_command_id=parent_command_id,
         )
         await self._post([first])
         return execution_id
@@ -233,17 +224,7 @@ class LocalRuntime:
             return state
         self._abandon_children(execution_id)
         for record in list(state.commands.values()):
-            command = Command(
-                command_id=record.command_id,
-                execution_id=execution_id,
-                step=record.step,
-                attempt=record.attempt + 1,
-                loop_instance=record.loop_instance,
-                loop_index=record.loop_index,
-                issued_event_id=record.issued_event_id,
-                extra={"cursor": True} if record.cursor else {},
-            )
-            self._dispatch(execution, command)
+            self._dispatch(execution, record.to_command(execution_id, record.attempt + 1))
         if not state.commands:
             # Nothing in flight: the log ended right after a decision with no command
             # (e.g. a fan-in waiting on settled upstreams). Nudge the engine.
@@ -384,8 +365,6 @@ class LocalRuntime:
                 raise
 
     async def _process(self, batch: list[Event]) -> None:
-        if self.loopstate is not self._advancer.loopstate:
-            self._advancer.loopstate = self.loopstate
         out = await self._advancer.advance(self._states, batch, time.time())
         if out.recorded or out.command_rows:
             self.store.append(
@@ -446,13 +425,7 @@ class LocalRuntime:
                     cancelled=execution.cancelled.is_set,
                 )
         except Exception as exc:  # noqa: BLE001 - report, never lose a command
-            outcome = Outcome(
-                "error",
-                None,
-                action="fail",
-                error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
-                started=time.time(),
-            )
+            outcome = crashed(exc)
         self._post_threadsafe(
             outcome_events(command, outcome, self.ids.next_id, threading.current_thread().name)
         )
@@ -539,18 +512,12 @@ class LocalRuntime:
         except (TemplateError, FlowtideError) as exc:
             raise ToolError(f"sub-playbook '{path}': {exc}", kind="playbook_error") from exc
         state = await self.wait(child_id)
-        if state.status != "completed":
-            err = state.error or {}
-            raise ToolError(
-                f"sub-playbook '{path}' (execution {child_id}) {state.status}: {err.get('message', '')}",
-                kind="playbook_error",
-                data={"execution_id": child_id, "error": err},
-            )
-        if return_step:
-            rec = state.steps.get(return_step)
-            if rec is None:
-                raise ToolError(
-                    f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error"
-                )
-            return rec.result
-        return state.result()
+        return child_result(
+            path,
+            child_id,
+            state.status,
+            state.error,
+            {name: rec.result for name, rec in state.steps.items()},
+            state.result(),
+            return_step,
+        )

@@ -86,6 +86,49 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def crashed(exc: BaseException) -> Outcome:
+    """The outcome of a command whose run raised (a runtime bug): a failed command,
+    never a lost one."""
+    return Outcome(
+        "error",
+        None,
+        action="fail",
+        error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
+        started=time.time(),
+    )
+
+
+def child_result(
+    path: str,
+    child_id: int | str,
+    status: str,
+    error: Mapping[str, Any] | None,
+    results: Mapping[str, Any],
+    final: Any,
+    return_step: str | None,
+) -> Any:
+    """What a `playbook` step returns once its child execution ended: the child's result,
+    or `return_step`'s (`results` maps step names to results).
+
+    Raises:
+        ToolError: the child did not complete, or has no `return_step`.
+    """
+    if status != "completed":
+        err = dict(error or {})
+        raise ToolError(
+            f"sub-playbook '{path}' (execution {child_id}) {status}: {err.get('message', '')}",
+            kind="playbook_error",
+            data={"execution_id": child_id, "error": err},
+        )
+    if return_step:
+        if return_step not in results:
+            raise ToolError(
+                f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error"
+            )
+        return results[return_step]
+    return final
+
+
 def _render_code(code: Any, scope: Mapping[str, Any]) -> Any:
     """Jinja inside python `code` is rendered when it can be; code that merely contains
     `{{` (f-string escapes, dict literals) runs as written."""

@@ -28,7 +28,7 @@ from flowtide.engine.events import Command
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
 from flowtide.playbook.loader import parse_playbook
-from flowtide.runtime.pipeline import Outcome, StepRunner, outcome_events
+from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.tools.registry import cancel_running
 
 __all__ = ["RemoteWorker"]
@@ -218,7 +218,7 @@ class RemoteWorker:
         body = {
             "execution_id": execution_id,
             "worker_id": self.worker_id,
-            "events": [_event_body(e) for e in events],
+            "events": [e.to_dict() for e in events],
         }
         delay = 0.2
         for attempt in range(8):
@@ -299,13 +299,7 @@ class RemoteWorker:
                     cancelled=lambda: self._cancelled(command.execution_id),
                 )
         except Exception as exc:  # noqa: BLE001 - report, never lose a command
-            outcome = Outcome(
-                "error",
-                None,
-                action="fail",
-                error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
-                started=time.time(),
-            )
+            outcome = crashed(exc)
         return outcome_events(command, outcome, self.ids.next_id, self.worker_id)
 
     def _run_child(
@@ -338,24 +332,7 @@ class RemoteWorker:
             if doc["status"] != "running":
                 break
             time.sleep(0.1)
-        if doc["status"] != "completed":
-            err = doc.get("error") or {}
-            raise ToolError(
-                f"sub-playbook '{path}' (execution {child}) {doc['status']}: "
-                f"{err.get('message', '')}",
-                kind="playbook_error",
-                data={"execution_id": child, "error": err},
-            )
-        if return_step:
-            step = doc["steps"].get(return_step)
-            if step is None:
-                raise ToolError(
-                    f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error"
-                )
-            return step["result"]
-        return doc["result"]
-
-
-def _event_body(e: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = e.to_dict()
-    return doc
+        results = {name: step["result"] for name, step in doc["steps"].items()}
+        return child_result(
+            path, child, doc["status"], doc.get("error"), results, doc["result"], return_step
+        )

@@ -158,6 +158,7 @@ class _Runtime:
         self.nc: Any = None
         self.coordinator: Coordinator | None = None
         self.relay: OutboxRelay | None = None
+        self.outbox: OutboxStore | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -169,6 +170,7 @@ class _Runtime:
         self.store = await asyncio.to_thread(
             lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=16)
         )
+        self.outbox = OutboxStore(self.store)
         self.kv = await connect(s.kv, s.kv_bucket, ttl=3600)
         self.coordinator = Coordinator(
             self.store,
@@ -527,11 +529,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     # -- outbox (for external relays and autoscalers) -----------------------------------
 
-    outbox = OutboxStore.__new__(OutboxStore)
-
     def rows() -> OutboxStore:
-        outbox.store = runtime.store
-        return outbox
+        assert runtime.outbox is not None
+        return runtime.outbox
 
     @app.get("/api/internal/outbox/pending-count")
     async def pending_count() -> dict[str, Any]:

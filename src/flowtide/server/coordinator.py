@@ -17,8 +17,8 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
@@ -28,22 +28,19 @@ from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
-from flowtide.runtime.advance import Advance, Advancer
+from flowtide.runtime.advance import Advance, Advancer, initialized_event
 from flowtide.runtime.local import render_workload
-from flowtide.store.base import EXECUTION_CREATED, CommandUpdate
+from flowtide.store.base import CommandUpdate
 from flowtide.store.codec import (
     EVENT_COLUMNS,
     command_params,
     event_params,
     event_row,
-    execution_update_params,
 )
 from flowtide.store.postgres import PostgresStore
 
 if TYPE_CHECKING:
     import psycopg
-
-T = TypeVar("T")
 
 __all__ = ["ClaimConflict", "Coordinator", "SubmitResult", "command_subject"]
 
@@ -90,11 +87,6 @@ class _Cached:
     state: ExecutionState
     pool: str
     last_seq: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
-    return await asyncio.to_thread(fn, *args)
 
 
 class Coordinator:
@@ -164,16 +156,17 @@ class Coordinator:
             (execution_id, cached.last_seq),
         ).fetchall()
         for r in rows:
-            cached.state.apply(event_row(r))
+            event = event_row(r)
+            cached.state.apply(event)
             cached.last_seq = r[11]
-            if r[2] == ev.PLAYBOOK_INITIALIZED:
-                cached.pool = ((r[5] and json.loads(r[5])) or {}).get("pool") or cached.pool
+            if event.type == ev.PLAYBOOK_INITIALIZED:
+                cached.pool = (event.payload or {}).get("pool") or cached.pool
         return cached
 
     async def state(self, execution_id: int) -> ExecutionState:
         """A caught-up state of the execution (read-only use)."""
         async with self._lock(execution_id):
-            cached = await _to_thread(self._read_state, execution_id)
+            cached = await asyncio.to_thread(self._read_state, execution_id)
             self._remember(execution_id, cached)
             return cached.state
 
@@ -197,46 +190,30 @@ class Coordinator:
         execution_id = self.ids.next_id()
         rendered = render_workload(playbook, execution_id, workload or {})
         now = time.time()
-        first = Event(
-            event_id=self.ids.next_id(),
-            execution_id=execution_id,
-            type=ev.PLAYBOOK_INITIALIZED,
-            status="running",
-            payload={
-                "workload": rendered,
-                "playbook": {
-                    "name": playbook.name,
-                    "path": playbook.path,
-                    "version": playbook.version,
-                    "file": playbook.file,
-                },
-                "parent_execution_id": parent_execution_id,
-                "parent_command_id": parent_command_id,
-                "pool": pool,
-            },
-            time=now,
-        )
-        row = (
+        first = initialized_event(
+            playbook,
             execution_id,
-            parent_execution_id,
-            parent_command_id,
-            playbook.path,
-            catalog_version,
-            playbook.file,
-            playbook.text,
-            json.dumps(rendered, separators=(",", ":")),
-            EXECUTION_CREATED,
-            now,
-            now,
+            rendered,
+            event_id=self.ids.next_id(),
+            now=now,
+            parent_execution_id=parent_execution_id,
+            parent_command_id=parent_command_id,
+            pool=pool,
+        )
+        insert = self.store.execution_insert(
+            execution_id,
+            playbook_path=playbook.path,
+            playbook_version=catalog_version,
+            playbook_file=playbook.file,
+            playbook_text=playbook.text,
+            workload=rendered,
+            parent_execution_id=parent_execution_id,
+            parent_command_id=parent_command_id,
+            created=now,
         )
 
         def create(conn: psycopg.Connection) -> None:
-            conn.execute(
-                "INSERT INTO execution (execution_id, parent_execution_id, parent_command_id,"
-                " playbook_path, playbook_version, playbook_file, playbook_text, workload,"
-                " status, created, updated) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                row,
-            )
+            conn.execute(*insert)
 
         cached = _Cached(ExecutionState(playbook, execution_id), pool)
         await self._step(execution_id, [first], prepare=create, fresh=cached)
@@ -290,19 +267,19 @@ class Coordinator:
     ) -> SubmitResult:
         async with self._lock(execution_id):
             pool = self.store.pool("shard")
-            conn = await _to_thread(pool.getconn)
+            conn = await asyncio.to_thread(pool.getconn)
             ok = False
             try:
                 result, out, cached = await self._step_in(
                     conn, execution_id, incoming, prepare, fresh, check_workers, reissue
                 )
-                await _to_thread(conn.commit)
+                await asyncio.to_thread(conn.commit)
                 ok = True
             finally:
                 if not ok:
                     self._cache.pop(execution_id, None)
-                    await _to_thread(conn.rollback)
-                await _to_thread(pool.putconn, conn)
+                    await asyncio.to_thread(conn.rollback)
+                await asyncio.to_thread(pool.putconn, conn)
             self._remember(execution_id, cached)
         self.counters["issued"] += len(out.commands)
         for row in out.command_rows:
@@ -354,12 +331,12 @@ class Coordinator:
                 todo = self._drop_stale(conn, cached.state, todo, result)
             return cached, todo
 
-        cached, todo = await _to_thread(lock_and_load)
+        cached, todo = await asyncio.to_thread(lock_and_load)
         state = cached.state
         batch = todo
         reissued: list[Event] = []
         if reissue:
-            reissued = await _to_thread(self._expired_commands, conn, state)
+            reissued = await asyncio.to_thread(self._expired_commands, conn, state)
             batch = reissued + batch
         out = await self.advancer.advance({execution_id: state}, batch, time.time())
         result.accepted = len(todo)
@@ -369,16 +346,7 @@ class Coordinator:
         for event in reissued:
             record = state.commands.get(event.command_id or -1)
             if record is not None:
-                command = Command(
-                    command_id=record.command_id,
-                    execution_id=execution_id,
-                    step=record.step,
-                    attempt=record.attempt,
-                    loop_instance=record.loop_instance,
-                    loop_index=record.loop_index,
-                    issued_event_id=record.issued_event_id,
-                    extra={"cursor": True} if record.cursor else {},
-                )
+                command = record.to_command(execution_id)
                 commands.append(command)
                 command_rows.append(CommandUpdate.from_command(command, time=time.time()))
         if state.terminal:
@@ -386,7 +354,7 @@ class Coordinator:
 
         def write() -> int:
             now = time.time()
-            rows = [(u.execution_id, *execution_update_params(u)) for u in out.execution_rows]
+            rows = [(u.execution_id, *self.store.execution_update(u)) for u in out.execution_rows]
             PostgresStore.write_batch(
                 conn, event_params(out.recorded), command_params(command_rows), rows
             )
@@ -431,7 +399,7 @@ class Coordinator:
             ).fetchone()
             return int(last[0]) if last else 0
 
-        cached.last_seq = await _to_thread(write)
+        cached.last_seq = await asyncio.to_thread(write)
         out.commands = commands
         if reissued:
             self.counters["reissued"] += len(reissued)
@@ -571,7 +539,7 @@ class Coordinator:
                 )
                 return step, attempt, instance, index
 
-        step, attempt, instance, index = await _to_thread(take)
+        step, attempt, instance, index = await asyncio.to_thread(take)
         self.counters["claimed"] += 1
         state = await self.state(execution_id)
         record = state.commands.get(command_id)
@@ -616,7 +584,7 @@ class Coordinator:
                     (now + self.lease, worker_id),
                 ).rowcount
 
-        return int(await _to_thread(extend))
+        return int(await asyncio.to_thread(extend))
 
     async def reap(self, limit: int = 100) -> int:
         """Re-issue commands whose lease expired; returns how many executions were nudged."""
@@ -630,10 +598,10 @@ class Coordinator:
                 ).fetchall()
                 return [r[0] for r in rows]
 
-        executions = await _to_thread(expired)
+        executions = await asyncio.to_thread(expired)
         for execution_id in executions:
             await self.nudge(execution_id)
-        if await _to_thread(self._renotify):
+        if await asyncio.to_thread(self._renotify):
             if self.on_outbox is not None:
                 self.on_outbox()
         return len(executions)

@@ -26,32 +26,14 @@ from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.store import pgschema
 from flowtide.store.base import (
-    EXECUTION_CREATED,
-    PENDING_COMMAND_STATUSES,
-    UNSET,
-    CatalogRow,
-    CommandRow,
     CommandUpdate,
-    ExecutionRow,
     ExecutionUpdate,
-    Unset,
 )
 from flowtide.store.codec import (
-    CATALOG_FIELDS,
-    COMMAND_COLUMNS,
-    EVENT_COLUMNS,
-    EXECUTION_COLUMNS,
-    catalog_row,
-    check_limit,
     command_params,
-    command_row,
-    encode_value,
     event_params,
-    event_row,
-    execution_row,
-    execution_update_params,
-    update_execution_sql,
 )
+from flowtide.store.sqlbase import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 from flowtide.urls import redact_url, scrub_url
 
 if TYPE_CHECKING:
@@ -61,36 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore", "display_dsn", "is_postgres_url"]
 
 _SCHEMES: Final = ("postgresql://", "postgres://")
-
-_INSERT_EVENT: Final = (
-    "INSERT INTO event (execution_id, event_id, type, step, status, payload, error,"
-    " parent_event_id, command_id, worker_id, time)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-# Same semantics as the SQLite upsert (see CommandUpdate): `attempt` is bound twice.
-_UPSERT_COMMAND: Final = (
-    "INSERT INTO command (command_id, execution_id, step, status, attempt, loop_instance,"
-    " loop_index, worker_id, payload, created, updated)"
-    " VALUES (%s, %s, %s, %s, COALESCE(%s, 1), %s, %s, %s, %s, %s, %s)"
-    " ON CONFLICT (command_id) DO UPDATE SET"
-    " status = excluded.status,"
-    " attempt = COALESCE(%s, command.attempt),"
-    " worker_id = CASE WHEN excluded.status = 'issued' THEN excluded.worker_id"
-    " ELSE COALESCE(excluded.worker_id, command.worker_id) END,"
-    " payload = COALESCE(excluded.payload, command.payload),"
-    " updated = excluded.updated"
-)
-_PENDING_COMMANDS: Final = (
-    f"SELECT {COMMAND_COLUMNS} FROM command WHERE execution_id = %s"
-    f" AND status IN ({', '.join(repr(s) for s in PENDING_COMMAND_STATUSES)})"
-    " ORDER BY command_id"
-)
-_CATALOG_COLUMNS: Final = (
-    f"{CATALOG_FIELDS}, (SELECT COUNT(*) FROM catalog n WHERE n.path = c.path)"
-)
-_UPDATE_EXECUTION: Final = {
-    (r, e): update_execution_sql(r, e, "%s") for r in (False, True) for e in (False, True)
-}
 
 
 def is_postgres_url(text: str) -> bool:
@@ -125,8 +77,10 @@ def _password(dsn: str) -> str | None:
     return str(value) if value else None
 
 
-class PostgresStore:
+class PostgresStore(SQLStore):
     """The store port on PostgreSQL; usable from any number of threads."""
+
+    PARAM = "%s"
 
     def __init__(
         self,
@@ -273,9 +227,14 @@ class PostgresStore:
         except PoolClosed as exc:
             raise StoreError(f"{self.dsn_display}: store is closed") from exc
 
+    def _lock_catalog_path(self, conn: psycopg.Connection, path: str) -> None:
+        # Two servers registering one path at once would both pick the same next version.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (path,))
+
     def _query(
         self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
     ) -> list[Any]:
+        """One read in its own transaction (see `SQLStore`)."""
         with self.transaction(op, part) as conn:
             return conn.execute(sql, params).fetchall()
 
@@ -297,85 +256,24 @@ class PostgresStore:
         """See `flowtide.store.base.Store.create_execution`."""
         import psycopg
 
-        row = (
+        sql, row = self.execution_insert(
             execution_id,
-            parent_execution_id,
-            parent_command_id,
-            playbook_path,
-            playbook_version,
-            playbook_file,
-            playbook_text,
-            encode_value(workload, f"execution {execution_id}: workload"),
-            EXECUTION_CREATED,
-            created,
-            created,
+            playbook_path=playbook_path,
+            playbook_version=playbook_version,
+            playbook_file=playbook_file,
+            playbook_text=playbook_text,
+            workload=workload,
+            parent_execution_id=parent_execution_id,
+            parent_command_id=parent_command_id,
+            created=created,
         )
         try:
             with self.transaction("create_execution") as conn:
-                conn.execute(
-                    "INSERT INTO execution (execution_id, parent_execution_id,"
-                    " parent_command_id, playbook_path, playbook_version, playbook_file,"
-                    " playbook_text, workload, status, created, updated)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    row,
-                )
+                conn.execute(sql, row)
         except StoreError as exc:
             if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
                 raise StoreError(f"execution {execution_id} already exists") from exc
             raise
-
-    def get_execution(self, execution_id: int) -> ExecutionRow:
-        """See `flowtide.store.base.Store.get_execution`."""
-        rows = self._query(
-            "get_execution",
-            f"SELECT {EXECUTION_COLUMNS} FROM execution WHERE execution_id = %s",
-            (execution_id,),
-        )
-        if not rows:
-            raise NotFoundError(f"execution {execution_id} not found")
-        return execution_row(rows[0])
-
-    def list_executions(
-        self,
-        *,
-        status: str | None = None,
-        limit: int = 50,
-        before_id: int | None = None,
-    ) -> list[ExecutionRow]:
-        """See `flowtide.store.base.Store.list_executions`."""
-        check_limit(limit)
-        where: list[str] = []
-        params: list[Any] = []
-        if status is not None:
-            where.append("status = %s")
-            params.append(status)
-        if before_id is not None:
-            where.append("execution_id < %s")
-            params.append(before_id)
-        sql = f"SELECT {EXECUTION_COLUMNS} FROM execution"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY execution_id DESC LIMIT %s"
-        params.append(limit)
-        return [execution_row(r) for r in self._query("list_executions", sql, params)]
-
-    def update_execution(
-        self,
-        execution_id: int,
-        *,
-        status: str,
-        result: Any | Unset = UNSET,
-        error: dict[str, Any] | None | Unset = UNSET,
-        updated: float,
-    ) -> None:
-        """See `flowtide.store.base.Store.update_execution`."""
-        update = ExecutionUpdate(
-            execution_id=execution_id, status=status, updated=updated, result=result, error=error
-        )
-        shape, params = execution_update_params(update)
-        with self.transaction("update_execution") as conn:
-            if conn.execute(_UPDATE_EXECUTION[shape], params).rowcount == 0:
-                raise NotFoundError(f"execution {execution_id} not found")
 
     # -- events ----------------------------------------------------------------------
 
@@ -391,196 +289,29 @@ class PostgresStore:
             return
         event_rows = event_params(events)
         command_rows = command_params(commands)
-        updates = [(u.execution_id, *execution_update_params(u)) for u in execution_updates]
+        updates = [(u.execution_id, *self.execution_update(u)) for u in execution_updates]
         with self.transaction("append (batch rolled back)") as conn:
             self.write_batch(conn, event_rows, command_rows, updates)
 
-    @staticmethod
+    @classmethod
     def write_batch(
+        cls,
         conn: psycopg.Connection,
         event_rows: list[tuple[Any, ...]],
         command_rows: list[tuple[Any, ...]],
-        updates: list[tuple[int, tuple[bool, bool], tuple[Any, ...]]],
+        updates: list[tuple[int, str, tuple[Any, ...]]],
     ) -> None:
-        """Write prepared rows inside the caller's transaction on `conn`."""
+        """Write prepared rows inside the caller's transaction on `conn`; `updates` are
+        (execution_id, sql, params) from `execution_update`."""
         with conn.cursor() as cur:
             if event_rows:
-                cur.executemany(_INSERT_EVENT, event_rows)
+                cur.executemany(cls._sql(INSERT_EVENT), event_rows)
             if command_rows:
-                cur.executemany(_UPSERT_COMMAND, command_rows)
-            for execution_id, shape, params in updates:
-                cur.execute(_UPDATE_EXECUTION[shape], params)
+                cur.executemany(cls._sql(UPSERT_COMMAND), command_rows)
+            for execution_id, sql, params in updates:
+                cur.execute(sql, params)
                 if cur.rowcount == 0:
                     raise NotFoundError(f"execution {execution_id} not found (batch rolled back)")
-
-    def events(
-        self,
-        execution_id: int,
-        *,
-        after_event_id: int | None = None,
-        limit: int | None = None,
-    ) -> list[Event]:
-        """See `flowtide.store.base.Store.events`."""
-        check_limit(limit)
-        sql = f"SELECT {EVENT_COLUMNS} FROM event WHERE execution_id = %s"
-        params: list[Any] = [execution_id]
-        if after_event_id is not None:
-            sql += " AND event_id > %s"
-            params.append(after_event_id)
-        sql += " ORDER BY event_id"
-        if limit is not None:
-            sql += " LIMIT %s"
-            params.append(limit)
-        return [event_row(r) for r in self._query("events", sql, params)]
-
-    def count_events(self, execution_id: int) -> int:
-        """See `flowtide.store.base.Store.count_events`."""
-        rows = self._query(
-            "count_events", "SELECT COUNT(*) FROM event WHERE execution_id = %s", (execution_id,)
-        )
-        return int(rows[0][0])
-
-    # -- commands --------------------------------------------------------------------
-
-    def pending_commands(self, execution_id: int) -> list[CommandRow]:
-        """See `flowtide.store.base.Store.pending_commands`."""
-        rows = self._query("pending_commands", _PENDING_COMMANDS, (execution_id,))
-        return [command_row(r) for r in rows]
-
-    def get_command(self, command_id: int) -> CommandRow:
-        """See `flowtide.store.base.Store.get_command`."""
-        rows = self._query(
-            "get_command",
-            f"SELECT {COMMAND_COLUMNS} FROM command WHERE command_id = %s",
-            (command_id,),
-        )
-        if not rows:
-            raise NotFoundError(f"command {command_id} not found")
-        return command_row(rows[0])
-
-    # -- catalog ---------------------------------------------------------------------
-
-    def register_playbook(
-        self,
-        path: str,
-        text: str,
-        *,
-        source_file: str | None,
-        created: float,
-        version: int | None = None,
-    ) -> int:
-        """See `flowtide.store.base.Store.register_playbook`."""
-        if version is not None and version < 1:
-            raise StoreError(f"playbook {path!r}: version must be >= 1, got {version}")
-        with self.transaction("register_playbook", "cluster") as conn:
-            # Serialise registrations of one path (two servers registering at once would
-            # otherwise both pick the same next version).
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (path,))
-            if version is None:
-                latest = conn.execute(
-                    "SELECT version, content FROM catalog WHERE path = %s"
-                    " ORDER BY version DESC LIMIT 1",
-                    (path,),
-                ).fetchone()
-                if latest is not None and latest[1] == text:
-                    return int(latest[0])
-                version = 1 if latest is None else int(latest[0]) + 1
-            else:
-                existing = conn.execute(
-                    "SELECT content FROM catalog WHERE path = %s AND version = %s",
-                    (path, version),
-                ).fetchone()
-                if existing is not None:
-                    if existing[0] == text:
-                        return version
-                    raise StoreError(
-                        f"playbook {path!r} version {version} is already registered "
-                        "with different content"
-                    )
-            conn.execute(
-                "INSERT INTO catalog (path, version, content, source_file, created)"
-                " VALUES (%s, %s, %s, %s, %s)",
-                (path, version, text, source_file, created),
-            )
-            return version
-
-    def get_playbook(self, path: str, version: int | None = None) -> CatalogRow:
-        """See `flowtide.store.base.Store.get_playbook`."""
-        if version is None:
-            rows = self._query(
-                "get_playbook",
-                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = %s"
-                " ORDER BY c.version DESC LIMIT 1",
-                (path,),
-                "cluster",
-            )
-            if not rows:
-                raise NotFoundError(f"playbook {path!r} not found in the catalog")
-        else:
-            rows = self._query(
-                "get_playbook",
-                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = %s AND c.version = %s",
-                (path, version),
-                "cluster",
-            )
-            if not rows:
-                raise NotFoundError(f"playbook {path!r} version {version} not found")
-        return catalog_row(rows[0])
-
-    def list_playbooks(self) -> list[CatalogRow]:
-        """See `flowtide.store.base.Store.list_playbooks`."""
-        rows = self._query(
-            "list_playbooks",
-            f"SELECT {CATALOG_FIELDS}, m.n"
-            " FROM catalog c JOIN ("
-            "SELECT path, MAX(version) AS v, COUNT(*) AS n FROM catalog GROUP BY path"
-            ") m ON c.path = m.path AND c.version = m.v"
-            " ORDER BY c.path",
-            (),
-            "cluster",
-        )
-        return [catalog_row(r) for r in rows]
-
-    # -- credentials -----------------------------------------------------------------
-
-    def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
-        """See `flowtide.store.base.Store.put_credential`."""
-        with self.transaction("put_credential", "cluster") as conn:
-            conn.execute(
-                "INSERT INTO credential (name, kind, ciphertext, created, updated)"
-                " VALUES (%s, %s, %s, %s, %s)"
-                " ON CONFLICT (name) DO UPDATE SET kind = excluded.kind,"
-                " ciphertext = excluded.ciphertext, updated = excluded.updated",
-                (name, kind, bytes(ciphertext), updated, updated),
-            )
-
-    def get_credential(self, name: str) -> tuple[str, bytes]:
-        """See `flowtide.store.base.Store.get_credential`."""
-        rows = self._query(
-            "get_credential",
-            "SELECT kind, ciphertext FROM credential WHERE name = %s",
-            (name,),
-            "cluster",
-        )
-        if not rows:
-            raise NotFoundError(f"credential {name!r} not found")
-        return rows[0][0], bytes(rows[0][1])
-
-    def list_credentials(self) -> list[dict[str, Any]]:
-        """See `flowtide.store.base.Store.list_credentials`."""
-        rows = self._query(
-            "list_credentials",
-            "SELECT name, kind, created, updated FROM credential ORDER BY name",
-            (),
-            "cluster",
-        )
-        return [{"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]} for r in rows]
-
-    def delete_credential(self, name: str) -> None:
-        """See `flowtide.store.base.Store.delete_credential`."""
-        with self.transaction("delete_credential", "cluster") as conn:
-            if conn.execute("DELETE FROM credential WHERE name = %s", (name,)).rowcount == 0:
-                raise NotFoundError(f"credential {name!r} not found")
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -27,32 +27,14 @@ from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.store.base import (
     COMMAND_STATUSES,
-    EXECUTION_CREATED,
-    PENDING_COMMAND_STATUSES,
-    UNSET,
-    CatalogRow,
-    CommandRow,
     CommandUpdate,
-    ExecutionRow,
     ExecutionUpdate,
-    Unset,
 )
 from flowtide.store.codec import (
-    CATALOG_FIELDS,
-    COMMAND_COLUMNS,
-    EVENT_COLUMNS,
-    EXECUTION_COLUMNS,
-    catalog_row,
-    check_limit,
     command_params,
-    command_row,
-    encode_value,
     event_params,
-    event_row,
-    execution_row,
-    execution_update_params,
-    update_execution_sql,
 )
+from flowtide.store.sqlbase import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -145,42 +127,8 @@ _SCHEMA_V1: Final = (
 # Migrations from version N to N + 1, applied in order on open. Empty while at version 1.
 _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {}
 
-_INSERT_EVENT: Final = (
-    "INSERT INTO event (execution_id, event_id, type, step, status, payload, error,"
-    " parent_event_id, command_id, worker_id, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
-# `attempt` is bound twice (insert default and update) because after COALESCE on insert the
-# excluded row can no longer tell "not given" from 1.
-_UPSERT_COMMAND: Final = (
-    "INSERT INTO command (command_id, execution_id, step, status, attempt, loop_instance,"
-    " loop_index, worker_id, payload, created, updated)"
-    " VALUES (?, ?, ?, ?, COALESCE(?, 1), ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (command_id) DO UPDATE SET"
-    " status = excluded.status,"
-    " attempt = COALESCE(?, command.attempt),"
-    " worker_id = CASE WHEN excluded.status = 'issued' THEN excluded.worker_id"
-    " ELSE COALESCE(excluded.worker_id, command.worker_id) END,"
-    " payload = COALESCE(excluded.payload, command.payload),"
-    " updated = excluded.updated"
-)
-_PENDING_COMMANDS: Final = (
-    f"SELECT {COMMAND_COLUMNS} FROM command WHERE execution_id = ?"
-    f" AND status IN ({', '.join(repr(s) for s in PENDING_COMMAND_STATUSES)})"
-    " ORDER BY command_id"
-)
-
-_CATALOG_COLUMNS: Final = (
-    f"{CATALOG_FIELDS}, (SELECT COUNT(*) FROM catalog n WHERE n.path = c.path)"
-)
-
-
-_UPDATE_EXECUTION: Final = {
-    (r, e): update_execution_sql(r, e, "?") for r in (False, True) for e in (False, True)
-}
-
-
-class SQLiteStore:
+class SQLiteStore(SQLStore):
     """The store port on one SQLite file (created with its parent directories)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
@@ -274,8 +222,9 @@ class SQLiteStore:
         return self._conn
 
     @contextmanager
-    def _transaction(self, op: str) -> Iterator[sqlite3.Connection]:
-        """Hold the lock for one write transaction; roll back on any error."""
+    def transaction(self, op: str, part: str = "shard") -> Iterator[sqlite3.Connection]:
+        """Hold the lock for one write transaction; roll back on any error (one file:
+        `part` does not matter)."""
         with self._lock:
             conn = self._connection()
             try:
@@ -295,7 +244,9 @@ class SQLiteStore:
                     raise StoreError(f"{op}: {exc}") from exc
                 raise
 
-    def _query(self, op: str, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    def _query(
+        self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
+    ) -> list[Any]:
         with self._lock:
             conn = self._connection()
             try:
@@ -319,88 +270,22 @@ class SQLiteStore:
         created: float,
     ) -> None:
         """See `flowtide.store.base.Store.create_execution`."""
-        row = (
+        sql, row = self.execution_insert(
             execution_id,
-            parent_execution_id,
-            parent_command_id,
-            playbook_path,
-            playbook_version,
-            playbook_file,
-            playbook_text,
-            encode_value(workload, f"execution {execution_id}: workload"),
-            EXECUTION_CREATED,
-            created,
-            created,
+            playbook_path=playbook_path,
+            playbook_version=playbook_version,
+            playbook_file=playbook_file,
+            playbook_text=playbook_text,
+            workload=workload,
+            parent_execution_id=parent_execution_id,
+            parent_command_id=parent_command_id,
+            created=created,
         )
-        with self._transaction("create_execution") as conn:
+        with self.transaction("create_execution") as conn:
             try:
-                conn.execute(
-                    "INSERT INTO execution (execution_id, parent_execution_id,"
-                    " parent_command_id, playbook_path, playbook_version, playbook_file,"
-                    " playbook_text, workload, status, created, updated)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    row,
-                )
+                conn.execute(sql, row)
             except sqlite3.IntegrityError as exc:
                 raise StoreError(f"execution {execution_id} already exists") from exc
-
-    def get_execution(self, execution_id: int) -> ExecutionRow:
-        """See `flowtide.store.base.Store.get_execution`."""
-        rows = self._query(
-            "get_execution",
-            f"SELECT {EXECUTION_COLUMNS} FROM execution WHERE execution_id = ?",
-            (execution_id,),
-        )
-        if not rows:
-            raise NotFoundError(f"execution {execution_id} not found")
-        return execution_row(rows[0])
-
-    def list_executions(
-        self,
-        *,
-        status: str | None = None,
-        limit: int = 50,
-        before_id: int | None = None,
-    ) -> list[ExecutionRow]:
-        """See `flowtide.store.base.Store.list_executions`."""
-        check_limit(limit)
-        where: list[str] = []
-        params: list[Any] = []
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if before_id is not None:
-            where.append("execution_id < ?")
-            params.append(before_id)
-        sql = f"SELECT {EXECUTION_COLUMNS} FROM execution"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY execution_id DESC LIMIT ?"
-        params.append(limit)
-        return [execution_row(r) for r in self._query("list_executions", sql, params)]
-
-    def update_execution(
-        self,
-        execution_id: int,
-        *,
-        status: str,
-        result: Any | Unset = UNSET,
-        error: dict[str, Any] | None | Unset = UNSET,
-        updated: float,
-    ) -> None:
-        """See `flowtide.store.base.Store.update_execution`."""
-        update = ExecutionUpdate(
-            execution_id=execution_id, status=status, updated=updated, result=result, error=error
-        )
-        sql, params = self._execution_update(update)
-        with self._transaction("update_execution") as conn:
-            if conn.execute(sql, params).rowcount == 0:
-                raise NotFoundError(f"execution {execution_id} not found")
-
-    @staticmethod
-    def _execution_update(update: ExecutionUpdate) -> tuple[str, tuple[Any, ...]]:
-        shape, params = execution_update_params(update)
-        return _UPDATE_EXECUTION[shape], params
 
     # -- events ----------------------------------------------------------------------
 
@@ -417,171 +302,15 @@ class SQLiteStore:
         # Serialise before taking the lock: the writer holds it only for the SQL itself.
         event_rows = event_params(events)
         command_rows = command_params(commands)
-        updates = [(u.execution_id, *self._execution_update(u)) for u in execution_updates]
-        with self._transaction("append (batch rolled back)") as conn:
+        updates = [(u.execution_id, *self.execution_update(u)) for u in execution_updates]
+        with self.transaction("append (batch rolled back)") as conn:
             if event_rows:
-                conn.executemany(_INSERT_EVENT, event_rows)
+                conn.executemany(INSERT_EVENT, event_rows)
             if command_rows:
-                conn.executemany(_UPSERT_COMMAND, command_rows)
+                conn.executemany(UPSERT_COMMAND, command_rows)
             for execution_id, sql, params in updates:
                 if conn.execute(sql, params).rowcount == 0:
                     raise NotFoundError(f"execution {execution_id} not found (batch rolled back)")
-
-    def events(
-        self,
-        execution_id: int,
-        *,
-        after_event_id: int | None = None,
-        limit: int | None = None,
-    ) -> list[Event]:
-        """See `flowtide.store.base.Store.events`."""
-        check_limit(limit)
-        sql = f"SELECT {EVENT_COLUMNS} FROM event WHERE execution_id = ?"
-        params: list[Any] = [execution_id]
-        if after_event_id is not None:
-            sql += " AND event_id > ?"
-            params.append(after_event_id)
-        sql += " ORDER BY event_id"
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        return [event_row(r) for r in self._query("events", sql, params)]
-
-    def count_events(self, execution_id: int) -> int:
-        """See `flowtide.store.base.Store.count_events`."""
-        rows = self._query(
-            "count_events", "SELECT COUNT(*) FROM event WHERE execution_id = ?", (execution_id,)
-        )
-        return int(rows[0][0])
-
-    # -- commands --------------------------------------------------------------------
-
-    def pending_commands(self, execution_id: int) -> list[CommandRow]:
-        """See `flowtide.store.base.Store.pending_commands`."""
-        rows = self._query("pending_commands", _PENDING_COMMANDS, (execution_id,))
-        return [command_row(r) for r in rows]
-
-    def get_command(self, command_id: int) -> CommandRow:
-        """See `flowtide.store.base.Store.get_command`."""
-        rows = self._query(
-            "get_command",
-            f"SELECT {COMMAND_COLUMNS} FROM command WHERE command_id = ?",
-            (command_id,),
-        )
-        if not rows:
-            raise NotFoundError(f"command {command_id} not found")
-        return command_row(rows[0])
-
-    # -- catalog ---------------------------------------------------------------------
-
-    def register_playbook(
-        self,
-        path: str,
-        text: str,
-        *,
-        source_file: str | None,
-        created: float,
-        version: int | None = None,
-    ) -> int:
-        """See `flowtide.store.base.Store.register_playbook`."""
-        if version is not None and version < 1:
-            raise StoreError(f"playbook {path!r}: version must be >= 1, got {version}")
-        with self._transaction("register_playbook") as conn:
-            if version is None:
-                latest = conn.execute(
-                    "SELECT version, content FROM catalog WHERE path = ?"
-                    " ORDER BY version DESC LIMIT 1",
-                    (path,),
-                ).fetchone()
-                if latest is not None and latest[1] == text:
-                    return int(latest[0])
-                version = 1 if latest is None else int(latest[0]) + 1
-            else:
-                existing = conn.execute(
-                    "SELECT content FROM catalog WHERE path = ? AND version = ?",
-                    (path, version),
-                ).fetchone()
-                if existing is not None:
-                    if existing[0] == text:
-                        return version
-                    raise StoreError(
-                        f"playbook {path!r} version {version} is already registered "
-                        "with different content"
-                    )
-            conn.execute(
-                "INSERT INTO catalog (path, version, content, source_file, created)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (path, version, text, source_file, created),
-            )
-            return version
-
-    def get_playbook(self, path: str, version: int | None = None) -> CatalogRow:
-        """See `flowtide.store.base.Store.get_playbook`."""
-        if version is None:
-            rows = self._query(
-                "get_playbook",
-                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = ?"
-                " ORDER BY c.version DESC LIMIT 1",
-                (path,),
-            )
-            if not rows:
-                raise NotFoundError(f"playbook {path!r} not found in the catalog")
-        else:
-            rows = self._query(
-                "get_playbook",
-                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = ? AND c.version = ?",
-                (path, version),
-            )
-            if not rows:
-                raise NotFoundError(f"playbook {path!r} version {version} not found")
-        return catalog_row(rows[0])
-
-    def list_playbooks(self) -> list[CatalogRow]:
-        """See `flowtide.store.base.Store.list_playbooks`."""
-        rows = self._query(
-            "list_playbooks",
-            "SELECT c.path, c.version, c.content, c.source_file, c.created, m.n"
-            " FROM catalog c JOIN ("
-            "SELECT path, MAX(version) AS v, COUNT(*) AS n FROM catalog GROUP BY path"
-            ") m ON c.path = m.path AND c.version = m.v"
-            " ORDER BY c.path",
-        )
-        return [catalog_row(r) for r in rows]
-
-    # -- credentials -----------------------------------------------------------------
-
-    def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
-        """See `flowtide.store.base.Store.put_credential`."""
-        with self._transaction("put_credential") as conn:
-            conn.execute(
-                "INSERT INTO credential (name, kind, ciphertext, created, updated)"
-                " VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET kind = excluded.kind,"
-                " ciphertext = excluded.ciphertext, updated = excluded.updated",
-                (name, kind, bytes(ciphertext), updated, updated),
-            )
-
-    def get_credential(self, name: str) -> tuple[str, bytes]:
-        """See `flowtide.store.base.Store.get_credential`."""
-        rows = self._query(
-            "get_credential", "SELECT kind, ciphertext FROM credential WHERE name = ?", (name,)
-        )
-        if not rows:
-            raise NotFoundError(f"credential {name!r} not found")
-        return rows[0][0], bytes(rows[0][1])
-
-    def list_credentials(self) -> list[dict[str, Any]]:
-        """See `flowtide.store.base.Store.list_credentials`."""
-        rows = self._query(
-            "list_credentials", "SELECT name, kind, created, updated FROM credential ORDER BY name"
-        )
-        return [{"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]} for r in rows]
-
-    def delete_credential(self, name: str) -> None:
-        """See `flowtide.store.base.Store.delete_credential`."""
-        with self._transaction("delete_credential") as conn:
-            if conn.execute("DELETE FROM credential WHERE name = ?", (name,)).rowcount == 0:
-                raise NotFoundError(f"credential {name!r} not found")
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -1,0 +1,387 @@
+"""Port methods whose SQL is the same on SQLite and PostgreSQL, written once.
+
+An adapter subclasses `SQLStore` and provides `transaction(op, part)` (one write
+transaction on a connection whose `execute` returns a cursor), `_query(op, sql, params,
+part)` (one read), and `PARAM`, its driver's placeholder. The SQL here is written with
+`?` and turned into the adapter's placeholder once per statement (`_sql`). `part` says
+which database a statement belongs to: "shard" (per-execution tables) or "cluster"
+(catalog, credentials); a single-database adapter ignores it.
+
+What differs between the adapters stays in them: opening and migrating, `append` (the
+batch write), `create_execution` (duplicate detection) and `close`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Final
+
+from flowtide.engine.events import Event
+from flowtide.errors import NotFoundError, StoreError
+from flowtide.store.base import (
+    EXECUTION_CREATED,
+    PENDING_COMMAND_STATUSES,
+    UNSET,
+    CatalogRow,
+    CommandRow,
+    ExecutionRow,
+    ExecutionUpdate,
+    Unset,
+)
+from flowtide.store.codec import (
+    CATALOG_FIELDS,
+    COMMAND_COLUMNS,
+    EVENT_COLUMNS,
+    EXECUTION_COLUMNS,
+    catalog_row,
+    check_limit,
+    command_row,
+    encode_value,
+    event_row,
+    execution_row,
+    execution_update_params,
+    update_execution_sql,
+)
+
+__all__ = ["INSERT_EVENT", "UPSERT_COMMAND", "SQLStore"]
+
+INSERT_EVENT: Final = (
+    "INSERT INTO event (execution_id, event_id, type, step, status, payload, error,"
+    " parent_event_id, command_id, worker_id, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The semantics of `CommandUpdate`. `attempt` is bound twice (insert default and update)
+# because after COALESCE on insert the excluded row can no longer tell "not given" from 1.
+UPSERT_COMMAND: Final = (
+    "INSERT INTO command (command_id, execution_id, step, status, attempt, loop_instance,"
+    " loop_index, worker_id, payload, created, updated)"
+    " VALUES (?, ?, ?, ?, COALESCE(?, 1), ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (command_id) DO UPDATE SET"
+    " status = excluded.status,"
+    " attempt = COALESCE(?, command.attempt),"
+    " worker_id = CASE WHEN excluded.status = 'issued' THEN excluded.worker_id"
+    " ELSE COALESCE(excluded.worker_id, command.worker_id) END,"
+    " payload = COALESCE(excluded.payload, command.payload),"
+    " updated = excluded.updated"
+)
+_INSERT_EXECUTION: Final = (
+    "INSERT INTO execution (execution_id, parent_execution_id, parent_command_id,"
+    " playbook_path, playbook_version, playbook_file, playbook_text, workload, status,"
+    " created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_PENDING_COMMANDS: Final = (
+    f"SELECT {COMMAND_COLUMNS} FROM command WHERE execution_id = ?"
+    f" AND status IN ({', '.join(repr(s) for s in PENDING_COMMAND_STATUSES)})"
+    " ORDER BY command_id"
+)
+_CATALOG_COLUMNS: Final = (
+    f"{CATALOG_FIELDS}, (SELECT COUNT(*) FROM catalog n WHERE n.path = c.path)"
+)
+_UPDATE_EXECUTION: Final = {
+    (r, e): update_execution_sql(r, e, "?") for r in (False, True) for e in (False, True)
+}
+
+
+class SQLStore:
+    """The shared half of the SQL adapters (see the module docstring)."""
+
+    #: The driver's placeholder for `?`.
+    PARAM: ClassVar[str] = "?"
+    _converted: ClassVar[dict[str, str]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._converted = {}
+
+    @classmethod
+    def _sql(cls, text: str) -> str:
+        """`text` with the driver's placeholders (statements here contain no other `?`)."""
+        if cls.PARAM == "?":
+            return text
+        out = cls._converted.get(text)
+        if out is None:
+            out = cls._converted[text] = text.replace("?", cls.PARAM)
+        return out
+
+    # -- what the adapter provides -----------------------------------------------------
+
+    def transaction(self, op: str, part: str = "shard") -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _query(
+        self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
+    ) -> list[Any]:
+        raise NotImplementedError
+
+    def _lock_catalog_path(self, conn: Any, path: str) -> None:
+        """Serialise registrations of `path` inside the transaction (a no-op where the
+        database already serialises every writer)."""
+
+    # -- shared ------------------------------------------------------------------------
+
+    def _read(
+        self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
+    ) -> list[Any]:
+        return self._query(op, self._sql(sql), params, part)
+
+    @classmethod
+    def execution_insert(
+        cls,
+        execution_id: int,
+        *,
+        playbook_path: str | None,
+        playbook_version: int | None,
+        playbook_file: str | None,
+        playbook_text: str,
+        workload: dict[str, Any],
+        parent_execution_id: int | None = None,
+        parent_command_id: int | None = None,
+        created: float,
+    ) -> tuple[str, tuple[Any, ...]]:
+        """(sql, params) inserting a new execution row (`Store.create_execution`)."""
+        row = (
+            execution_id,
+            parent_execution_id,
+            parent_command_id,
+            playbook_path,
+            playbook_version,
+            playbook_file,
+            playbook_text,
+            encode_value(workload, f"execution {execution_id}: workload"),
+            EXECUTION_CREATED,
+            created,
+            created,
+        )
+        return cls._sql(_INSERT_EXECUTION), row
+
+    def execution_update(self, update: ExecutionUpdate) -> tuple[str, tuple[Any, ...]]:
+        shape, params = execution_update_params(update)
+        return self._sql(_UPDATE_EXECUTION[shape]), params
+
+    def get_execution(self, execution_id: int) -> ExecutionRow:
+        """See `flowtide.store.base.Store.get_execution`."""
+        rows = self._read(
+            "get_execution",
+            f"SELECT {EXECUTION_COLUMNS} FROM execution WHERE execution_id = ?",
+            (execution_id,),
+        )
+        if not rows:
+            raise NotFoundError(f"execution {execution_id} not found")
+        return execution_row(rows[0])
+
+    def list_executions(
+        self,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[ExecutionRow]:
+        """See `flowtide.store.base.Store.list_executions`."""
+        check_limit(limit)
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if before_id is not None:
+            where.append("execution_id < ?")
+            params.append(before_id)
+        sql = f"SELECT {EXECUTION_COLUMNS} FROM execution"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY execution_id DESC LIMIT ?"
+        params.append(limit)
+        return [execution_row(r) for r in self._read("list_executions", sql, params)]
+
+    def update_execution(
+        self,
+        execution_id: int,
+        *,
+        status: str,
+        result: Any | Unset = UNSET,
+        error: dict[str, Any] | None | Unset = UNSET,
+        updated: float,
+    ) -> None:
+        """See `flowtide.store.base.Store.update_execution`."""
+        update = ExecutionUpdate(
+            execution_id=execution_id, status=status, updated=updated, result=result, error=error
+        )
+        sql, params = self.execution_update(update)
+        with self.transaction("update_execution") as conn:
+            if conn.execute(sql, params).rowcount == 0:
+                raise NotFoundError(f"execution {execution_id} not found")
+
+    def events(
+        self,
+        execution_id: int,
+        *,
+        after_event_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """See `flowtide.store.base.Store.events`."""
+        check_limit(limit)
+        sql = f"SELECT {EVENT_COLUMNS} FROM event WHERE execution_id = ?"
+        params: list[Any] = [execution_id]
+        if after_event_id is not None:
+            sql += " AND event_id > ?"
+            params.append(after_event_id)
+        sql += " ORDER BY event_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [event_row(r) for r in self._read("events", sql, params)]
+
+    def count_events(self, execution_id: int) -> int:
+        """See `flowtide.store.base.Store.count_events`."""
+        rows = self._read(
+            "count_events", "SELECT COUNT(*) FROM event WHERE execution_id = ?", (execution_id,)
+        )
+        return int(rows[0][0])
+
+    def pending_commands(self, execution_id: int) -> list[CommandRow]:
+        """See `flowtide.store.base.Store.pending_commands`."""
+        rows = self._read("pending_commands", _PENDING_COMMANDS, (execution_id,))
+        return [command_row(r) for r in rows]
+
+    def get_command(self, command_id: int) -> CommandRow:
+        """See `flowtide.store.base.Store.get_command`."""
+        rows = self._read(
+            "get_command",
+            f"SELECT {COMMAND_COLUMNS} FROM command WHERE command_id = ?",
+            (command_id,),
+        )
+        if not rows:
+            raise NotFoundError(f"command {command_id} not found")
+        return command_row(rows[0])
+
+    # -- catalog (cluster) -------------------------------------------------------------
+
+    def register_playbook(
+        self,
+        path: str,
+        text: str,
+        *,
+        source_file: str | None,
+        created: float,
+        version: int | None = None,
+    ) -> int:
+        """See `flowtide.store.base.Store.register_playbook`."""
+        if version is not None and version < 1:
+            raise StoreError(f"playbook {path!r}: version must be >= 1, got {version}")
+        sql = self._sql
+        with self.transaction("register_playbook", "cluster") as conn:
+            self._lock_catalog_path(conn, path)
+            if version is None:
+                latest = conn.execute(
+                    sql(
+                        "SELECT version, content FROM catalog WHERE path = ?"
+                        " ORDER BY version DESC LIMIT 1"
+                    ),
+                    (path,),
+                ).fetchone()
+                if latest is not None and latest[1] == text:
+                    return int(latest[0])
+                version = 1 if latest is None else int(latest[0]) + 1
+            else:
+                existing = conn.execute(
+                    sql("SELECT content FROM catalog WHERE path = ? AND version = ?"),
+                    (path, version),
+                ).fetchone()
+                if existing is not None:
+                    if existing[0] == text:
+                        return version
+                    raise StoreError(
+                        f"playbook {path!r} version {version} is already registered "
+                        "with different content"
+                    )
+            conn.execute(
+                sql(
+                    "INSERT INTO catalog (path, version, content, source_file, created)"
+                    " VALUES (?, ?, ?, ?, ?)"
+                ),
+                (path, version, text, source_file, created),
+            )
+            return version
+
+    def get_playbook(self, path: str, version: int | None = None) -> CatalogRow:
+        """See `flowtide.store.base.Store.get_playbook`."""
+        if version is None:
+            rows = self._read(
+                "get_playbook",
+                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = ?"
+                " ORDER BY c.version DESC LIMIT 1",
+                (path,),
+                "cluster",
+            )
+            if not rows:
+                raise NotFoundError(f"playbook {path!r} not found in the catalog")
+        else:
+            rows = self._read(
+                "get_playbook",
+                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = ? AND c.version = ?",
+                (path, version),
+                "cluster",
+            )
+            if not rows:
+                raise NotFoundError(f"playbook {path!r} version {version} not found")
+        return catalog_row(rows[0])
+
+    def list_playbooks(self) -> list[CatalogRow]:
+        """See `flowtide.store.base.Store.list_playbooks`."""
+        rows = self._read(
+            "list_playbooks",
+            f"SELECT {CATALOG_FIELDS}, m.n"
+            " FROM catalog c JOIN ("
+            "SELECT path, MAX(version) AS v, COUNT(*) AS n FROM catalog GROUP BY path"
+            ") m ON c.path = m.path AND c.version = m.v"
+            " ORDER BY c.path",
+            (),
+            "cluster",
+        )
+        return [catalog_row(r) for r in rows]
+
+    # -- credentials (cluster) ---------------------------------------------------------
+
+    def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
+        """See `flowtide.store.base.Store.put_credential`."""
+        with self.transaction("put_credential", "cluster") as conn:
+            conn.execute(
+                self._sql(
+                    "INSERT INTO credential (name, kind, ciphertext, created, updated)"
+                    " VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET kind = excluded.kind,"
+                    " ciphertext = excluded.ciphertext, updated = excluded.updated"
+                ),
+                (name, kind, bytes(ciphertext), updated, updated),
+            )
+
+    def get_credential(self, name: str) -> tuple[str, bytes]:
+        """See `flowtide.store.base.Store.get_credential`."""
+        rows = self._read(
+            "get_credential",
+            "SELECT kind, ciphertext FROM credential WHERE name = ?",
+            (name,),
+            "cluster",
+        )
+        if not rows:
+            raise NotFoundError(f"credential {name!r} not found")
+        return rows[0][0], bytes(rows[0][1])
+
+    def list_credentials(self) -> list[dict[str, Any]]:
+        """See `flowtide.store.base.Store.list_credentials`."""
+        rows = self._read(
+            "list_credentials",
+            "SELECT name, kind, created, updated FROM credential ORDER BY name",
+            (),
+            "cluster",
+        )
+        return [{"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]} for r in rows]
+
+    def delete_credential(self, name: str) -> None:
+        """See `flowtide.store.base.Store.delete_credential`."""
+        with self.transaction("delete_credential", "cluster") as conn:
+            if (
+                conn.execute(self._sql("DELETE FROM credential WHERE name = ?"), (name,)).rowcount
+                == 0
+            ):
+                raise NotFoundError(f"credential {name!r} not found")

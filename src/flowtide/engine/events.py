@@ -80,11 +80,16 @@ class Event:
             status=data.get("status"),
             payload=data.get("payload"),
             error=data.get("error"),
-            parent_event_id=data.get("parent_event_id"),
-            command_id=data.get("command_id"),
+            # The HTTP API writes snowflake ids as strings (JSON numbers lose them).
+            parent_event_id=_opt_int(data.get("parent_event_id")),
+            command_id=_opt_int(data.get("command_id")),
             worker_id=data.get("worker_id"),
             time=float(data.get("time") or 0.0),
         )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,158 @@
+"""`flowtide dev up|down|status`: the command-line face of `flowtide.dev.stack`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+dev_app = typer.Typer(
+    help=(
+        "A complete distributed stack on this machine, loopback only: PostgreSQL "
+        "(initdb/pg_ctl into .flowtide/dev/pg), nats-server, `flowtide server` and workers. "
+        "Run playbooks on it with `flowtide run FILE --server URL`."
+    ),
+    no_args_is_help=True,
+)
+
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        envvar="FLOWTIDE_HOME",
+        help="State folder; the stack lives in HOME/dev (default: ./.flowtide).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def _stack(home: Path | None):  # type: ignore[no-untyped-def]
+    from flowtide.dev.stack import DevStack, DevStackError
+
+    try:
+        return DevStack(home or Path(".flowtide"))
+    except DevStackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _progress(line: str) -> None:
+    typer.echo(f"  {line}", err=True)
+
+
+def _print_status(stack, components, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    if as_json:
+        doc = {
+            "dir": str(stack.dir),
+            "server": stack.server_url,
+            "nats": stack.nats_url,
+            "components": [c.to_dict() for c in components],
+        }
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    width = max(len(c.name) for c in components)
+    for c in components:
+        pid = f"pid {c.pid}" if c.pid else ""
+        where = c.url or c.detail
+        typer.echo(f"{c.name:<{width}}  {c.state:<9}  {pid:<10}  {where}")
+
+
+@dev_app.command("up")
+def dev_up(
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=0, help="Worker processes (default 2).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="The flowtide server's port (default 8082).")
+    ] = None,
+    nats_port: Annotated[
+        int | None, typer.Option("--nats-port", help="nats-server's port (default 4222).")
+    ] = None,
+    pg_port: Annotated[
+        int | None, typer.Option("--pg-port", help="PostgreSQL's port (default 55432).")
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option("--concurrency", min=1, help="Commands each worker runs at once (default 8)."),
+    ] = None,
+    lease: Annotated[
+        float | None,
+        typer.Option(
+            "--lease",
+            min=1,
+            help="Seconds a claimed command survives without its worker's heartbeat (default 30).",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="Seconds to wait for each part.")
+    ] = 60.0,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Start the stack (what already runs is left alone) and print where it listens.
+
+    Ports and sizes are remembered in HOME/dev/stack.json for the next `up`.
+    """
+    from flowtide.dev.stack import DevStackError
+
+    stack = _stack(home)
+    typer.echo(f"flowtide dev stack in {stack.dir}", err=True)
+    try:
+        components = stack.up(
+            workers=workers,
+            server_port=port,
+            nats_port=nats_port,
+            pg_port=pg_port,
+            concurrency=concurrency,
+            lease=lease,
+            timeout=timeout,
+            progress=_progress,
+        )
+    except DevStackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        typer.echo("the parts that started keep running; `flowtide dev down` stops them", err=True)
+        raise typer.Exit(1) from None
+    _print_status(stack, components, as_json)
+    if not as_json:
+        typer.echo(
+            f"\nrun a playbook on it:  flowtide run examples/quickstart.yaml "
+            f"--server {stack.server_url}\n"
+            f"API docs:              {stack.server_url}/docs\n"
+            "stop it:               flowtide dev down"
+        )
+
+
+@dev_app.command("down")
+def dev_down(
+    purge: Annotated[
+        bool,
+        typer.Option("--purge", help="Also delete HOME/dev: the database, streams and logs."),
+    ] = False,
+    home: HomeOpt = None,
+) -> None:
+    """Stop workers, server, nats-server and PostgreSQL (the data stays unless --purge)."""
+    from flowtide.dev.stack import DevStackError
+
+    stack = _stack(home)
+    try:
+        stack.down(purge=purge, progress=_progress)
+    except DevStackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo("flowtide dev stack stopped", err=True)
+
+
+@dev_app.command("status")
+def dev_status(as_json: JsonOpt = False, home: HomeOpt = None) -> None:
+    """Show each part: running, unhealthy (alive but not answering) or stopped.
+
+    Exits 0 when everything runs, 1 otherwise.
+    """
+    stack = _stack(home)
+    components = stack.status()
+    _print_status(stack, components, as_json)
+    if any(c.state != "running" for c in components):
+        raise typer.Exit(1)

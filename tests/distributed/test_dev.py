@@ -1,0 +1,167 @@
+"""`flowtide dev up|status|down`: a whole stack from the command line, then a playbook on it,
+a dead worker noticed and replaced, data kept across down/up, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowtide.dev.postgres import find_pg_bin, free_port
+
+from .stack import flowtide_env
+
+pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _flowtide(home: Path, *args: Any, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flowtide.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**flowtide_env(home), "FLOWTIDE_HOME": str(home)},
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    # Under /tmp, world-traversable: as root, PostgreSQL runs as another account.
+    base = Path(tempfile.mkdtemp(prefix="flowtide-dev-", dir="/tmp"))
+    base.chmod(0o755)
+    home = base / ".flowtide"
+    try:
+        yield home
+    finally:
+        _flowtide(home, "dev", "down", timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _status(home: Path) -> tuple[int, dict[str, dict[str, Any]]]:
+    r = _flowtide(home, "dev", "status", "--json")
+    doc = json.loads(r.stdout)
+    return r.returncode, {c["name"]: c for c in doc["components"]}
+
+
+def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
+    ports = [str(free_port()) for _ in range(3)]
+    up = _flowtide(
+        home,
+        "dev",
+        "up",
+        "--workers",
+        "1",
+        "--port",
+        ports[0],
+        "--nats-port",
+        ports[1],
+        "--pg-port",
+        ports[2],
+        "--lease",
+        "5",
+    )
+    assert up.returncode == 0, up.stderr
+    url = f"http://127.0.0.1:{ports[0]}"
+    assert f"--server {url}" in up.stdout
+    # The database password is in the state file (0600), never on screen.
+    state = json.loads((home / "dev" / "stack.json").read_text())
+    assert state["pg_password"] not in up.stdout + up.stderr
+    assert (home / "dev" / "stack.json").stat().st_mode & 0o077 == 0
+
+    code, parts = _status(home)
+    assert code == 0
+    assert {n: p["state"] for n, p in parts.items()} == {
+        "postgres": "running",
+        "nats": "running",
+        "server": "running",
+        "worker-0": "running",
+    }
+
+    run = _flowtide(home, "run", "examples/quickstart.yaml", "--server", url, "--json")
+    assert run.returncode == 0, run.stderr
+    remote = json.loads(run.stdout)
+    embedded = json.loads(
+        _flowtide(home, "run", "examples/quickstart.yaml", "--json", "--db", home / "e.db").stdout
+    )
+    assert remote["status"] == "completed"
+    assert remote["result"] == embedded["result"]
+
+    # A worker killed behind the stack's back shows as stopped; `up` replaces only it.
+    worker_pid = parts["worker-0"]["pid"]
+    server_pid = parts["server"]["pid"]
+    os.kill(worker_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        code, parts = _status(home)
+        if parts["worker-0"]["state"] == "stopped":
+            break
+        time.sleep(0.2)
+    assert code == 1 and parts["worker-0"]["state"] == "stopped"
+    again = _flowtide(home, "dev", "up")
+    assert again.returncode == 0, again.stderr
+    assert "server: already running" in again.stderr
+    code, parts = _status(home)
+    assert code == 0
+    assert parts["server"]["pid"] == server_pid and parts["worker-0"]["pid"] != worker_pid
+
+    down = _flowtide(home, "dev", "down")
+    assert down.returncode == 0, down.stderr
+    code, parts = _status(home)
+    assert code == 1 and all(p["state"] == "stopped" for p in parts.values())
+
+    # Up again on the same data: the earlier execution is still there.
+    assert _flowtide(home, "dev", "up").returncode == 0
+    doc = _flowtide(home, "status", remote["execution_id"], "--server", url, "--json")
+    assert doc.returncode == 0, doc.stderr
+    assert json.loads(doc.stdout)["status"] == "completed"
+
+    purge = _flowtide(home, "dev", "down", "--purge")
+    assert purge.returncode == 0
+    assert not (home / "dev").exists()
+
+
+def test_dev_up_names_a_taken_port(home: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _flowtide(
+            home,
+            "dev",
+            "up",
+            "--workers",
+            "0",
+            "--pg-port",
+            free_port(),
+            "--nats-port",
+            port,
+            "--port",
+            free_port(),
+        )
+    assert r.returncode == 1
+    assert f"port {port}" in r.stderr and "--nats-port" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
+def test_dev_up_as_root_explains_an_unreachable_directory(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    tmp_path.chmod(0o700)
+    r = _flowtide(private / ".flowtide", "dev", "up", "--pg-port", free_port())
+    assert r.returncode == 1
+    assert "cannot write" in r.stderr and "chmod o+x" in r.stderr

@@ -868,6 +868,9 @@ def server_cmd(
     PostgreSQL and loop state in the KV (use a nats:// --kv when there is more than one
     process). The schema is upgraded on start.
     """
+    import shutil
+    import tempfile
+
     import uvicorn
 
     if workers > 1 and kv.startswith("memory:"):
@@ -882,20 +885,27 @@ def server_cmd(
     }
     if cluster_db:
         env["FLOWTIDE_CLUSTER_DB"] = cluster_db
+    # Prometheus multiprocess mode (flowtide.server.metrics): a fresh directory per server
+    # run, set before any process imports prometheus_client; old files would be counted.
+    metrics_dir = tempfile.mkdtemp(prefix="flowtide-metrics-")
+    env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ.update(env)
     # Upgrade once here, not racing in N processes (it would be safe, only slower).
     _store(None, db).close()
     _err(
         f"flowtide server on http://{host}:{port} (db {redact_url(db)}, nats {redact_url(nats_url)})"
     )
-    uvicorn.run(
-        "flowtide.server.app:app_factory",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="warning",
-    )
+    try:
+        uvicorn.run(
+            "flowtide.server.app:app_factory",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="warning",
+        )
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 @app.command("worker")

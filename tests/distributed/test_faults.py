@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from .stack import Stack
 
@@ -205,8 +206,29 @@ def test_health_metrics_pools_and_outbox(stack: Stack) -> None:
         pools = {p["pool"]: p["workers"] for p in client.get("/api/worker/pools").json()["pools"]}
         assert len([w for w in pools["default"] if w["status"] == "ready"]) >= 2
         assert client.get("/api/internal/outbox/pending-count").json()["pending"] >= 0
-        metrics = client.get("/metrics").text
-        assert "flowtide_commands_issued_total" in metrics
+        eid = client.post("/api/execute", json={"playbook": ONE_STEP}).json()["execution_id"]
+        assert _wait(client, eid)["status"] == "completed"
+        r = client.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}
+        for name in (
+            "flowtide_commands_issued",
+            "flowtide_commands_claimed",
+            "flowtide_command_claim_latency_seconds",
+            "flowtide_executions",
+            "flowtide_outbox_pending",
+            "flowtide_outbox_oldest_pending_age_seconds",
+            "process_resident_memory_bytes",
+        ):
+            assert name in families, name
+        assert families["flowtide_commands_issued"].type == "counter"
+        assert families["flowtide_command_claim_latency_seconds"].type == "histogram"
+        completed = [
+            s.value
+            for s in families["flowtide_executions"].samples
+            if s.labels == {"status": "completed"}
+        ]
+        assert completed and completed[0] >= 1
 
 
 def test_run_by_catalog_path_is_refused_cleanly_when_missing(stack: Stack, tmp_path: Path) -> None:

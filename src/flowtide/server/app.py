@@ -19,13 +19,14 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flowtide.engine.events import Event
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, StoreError, TemplateError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
+from flowtide.server import metrics
 from flowtide.server.coordinator import ClaimConflict, Coordinator
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.urls import redact_url
@@ -186,6 +187,7 @@ class _Runtime:
             self.coordinator.on_outbox = self.relay.poke
             await self.relay.start()
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
+        metrics.process_started()
 
     async def rowcount(
         self, op: str, sql: str, params: tuple[Any, ...], part: str = "cluster"
@@ -221,6 +223,7 @@ class _Runtime:
                 log.warning("reaper: %s", exc)
 
     async def stop(self) -> None:
+        metrics.process_stopped()
         for task in self.tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -589,13 +592,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return JSONResponse({"ready": ok, "checks": checks}, 200 if ok else 503)
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        counters = coord().counters
-        lines = []
-        for name, value in sorted(counters.items()):
-            lines.append(f"# TYPE flowtide_commands_{name}_total counter")
-            lines.append(f"flowtide_commands_{name}_total {value}")
-        return PlainTextResponse("\n".join(lines) + "\n")
+    async def prometheus_metrics() -> Response:
+        """Prometheus text format: counters of every server process, gauges read from
+        the database now (see flowtide.server.metrics)."""
+        body = await asyncio.to_thread(metrics.exposition, runtime.store)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
 
     app.state.runtime = runtime
     app.state.describe = lambda: {
@@ -614,5 +615,7 @@ def _event_doc(e: Event) -> dict[str, Any]:
 
 
 def app_factory() -> FastAPI:
-    """For `uvicorn --factory flowtide.server.app:app_factory` (settings from env)."""
+    """For `uvicorn --factory flowtide.server.app:app_factory` (settings from env; with
+    `--workers N`, point PROMETHEUS_MULTIPROC_DIR at an empty directory first, as
+    `flowtide server` does, or /metrics shows one process's counters)."""
     return create_app()

@@ -30,6 +30,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.runtime.advance import Advance, Advancer, initialized_event
 from flowtide.runtime.local import render_workload
+from flowtide.server import metrics
 from flowtide.store.base import CommandUpdate
 from flowtide.store.codec import (
     EVENT_COLUMNS,
@@ -79,6 +80,8 @@ class SubmitResult:
     #: Reports rejected because the command is no longer held by the reporting worker
     #: (its lease expired and it was issued again) or is already closed.
     stale: int = 0
+    #: Commands issued again because their worker's lease expired (`nudge`).
+    reissued: int = 0
     status: str = ""
 
 
@@ -112,10 +115,6 @@ class Coordinator:
         self._locks: dict[int, asyncio.Lock] = {}
         #: Called after a commit that added outbox rows (the relay's wake-up).
         self.on_outbox: Callable[[], None] | None = None
-        #: Counters for /metrics: issued, completed, failed, claimed, stale, reissued.
-        self.counters: dict[str, int] = dict.fromkeys(
-            ("issued", "claimed", "completed", "failed", "stale", "reissued", "duplicates"), 0
-        )
 
     # -- the cache ---------------------------------------------------------------------
 
@@ -281,10 +280,7 @@ class Coordinator:
                     await asyncio.to_thread(conn.rollback)
                 await asyncio.to_thread(pool.putconn, conn)
             self._remember(execution_id, cached)
-        self.counters["issued"] += len(out.commands)
-        for row in out.command_rows:
-            if row.status in ("completed", "failed"):
-                self.counters[row.status] += 1
+        self._count(cached.pool, result, out)
         if out.commands and self.on_outbox is not None:
             self.on_outbox()
         if out.finished and self.loopstate is not None:
@@ -401,9 +397,24 @@ class Coordinator:
 
         cached.last_seq = await asyncio.to_thread(write)
         out.commands = commands
-        if reissued:
-            self.counters["reissued"] += len(reissued)
+        result.reissued = len(reissued)
         return result, out, cached
+
+    @staticmethod
+    def _count(pool: str, result: SubmitResult, out: Advance) -> None:
+        """Count what a committed step wrote (counting before the commit would count
+        steps that roll back)."""
+        if out.commands:
+            metrics.COMMANDS_ISSUED.labels(pool).inc(len(out.commands))
+        if result.reissued:
+            metrics.COMMANDS_REISSUED.labels(pool).inc(result.reissued)
+        if result.stale:
+            metrics.REPORTS_STALE.labels(pool).inc(result.stale)
+        for row in out.command_rows:
+            if row.status == "completed":
+                metrics.COMMANDS_COMPLETED.labels(pool).inc()
+            elif row.status == "failed":
+                metrics.COMMANDS_FAILED.labels(pool).inc()
 
     def _drop_stale(
         self,
@@ -439,7 +450,6 @@ class Coordinator:
                     stale.add(command_id)
         if stale:
             result.stale = sum(1 for e in events if e.command_id in stale and e.type in _REPORTS)
-            self.counters["stale"] += result.stale
         return [e for e in events if e.command_id not in stale or e.type not in _WORKER_EVENTS]
 
     def _expired_commands(self, conn: psycopg.Connection, state: ExecutionState) -> list[Event]:
@@ -495,16 +505,16 @@ class Coordinator:
         """
         now = time.time()
 
-        def take() -> tuple[str, int, int | None, int | None]:
+        def take() -> tuple[str, int, int | None, int | None, str, float | None]:
             with self.store.transaction("claim") as conn:
                 row = conn.execute(
-                    "SELECT status, worker_id, attempt, payload, step, loop_instance, loop_index"
-                    " FROM command WHERE command_id = %s AND execution_id = %s FOR UPDATE",
+                    "SELECT status, worker_id, attempt, payload, step, loop_instance, loop_index,"
+                    " pool FROM command WHERE command_id = %s AND execution_id = %s FOR UPDATE",
                     (command_id, execution_id),
                 ).fetchone()
                 if row is None:
                     raise NotFoundError(f"command {command_id} not found")
-                status, holder, attempt, payload, step, instance, index = row
+                status, holder, attempt, payload, step, instance, index, pool = row
                 issued = (json.loads(payload) if payload else {}).get("issued_event_id")
                 if issued is not None and int(issued) != event_id:
                     raise ClaimConflict(
@@ -537,10 +547,23 @@ class Coordinator:
                         now,
                     ),
                 )
-                return step, attempt, instance, index
+                issued_at = conn.execute(
+                    "SELECT time FROM event WHERE execution_id = %s AND event_id = %s",
+                    (execution_id, event_id),
+                ).fetchone()
+                return (
+                    step,
+                    attempt,
+                    instance,
+                    index,
+                    pool or "default",
+                    issued_at[0] if issued_at else None,
+                )
 
-        step, attempt, instance, index = await asyncio.to_thread(take)
-        self.counters["claimed"] += 1
+        step, attempt, instance, index, pool, issued_at = await asyncio.to_thread(take)
+        metrics.COMMANDS_CLAIMED.labels(pool).inc()
+        if issued_at is not None:
+            metrics.CLAIM_LATENCY.labels(pool).observe(max(0.0, now - issued_at))
         state = await self.state(execution_id)
         record = state.commands.get(command_id)
         command = Command(

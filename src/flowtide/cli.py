@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from flowtide.dev.cli import dev_app
 from flowtide.urls import redact_url, scrub_url
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ db_app = typer.Typer(
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 app.add_typer(db_app, name="db")
+app.add_typer(dev_app, name="dev")
 
 HomeOpt = Annotated[
     Path | None,
@@ -227,52 +230,88 @@ ServerOpt = Annotated[
 ]
 
 
-def _run_remote(server: str, target: str, overrides: dict[str, Any], *, as_json: bool) -> int:
-    """Submit `target` (a file: sent inline; else a catalog path) and follow it."""
-    import time
+def _show_progress(as_json: bool) -> bool:
+    return not as_json and sys.stderr.isatty() and os.environ.get("FLOWTIDE_NO_PROGRESS") is None
 
-    import httpx
 
-    body: dict[str, Any] = {"payload": overrides}
+def _remote_target(target: str) -> tuple[str | None, str | None]:
+    """(inline playbook text, catalog id) for `target`: a file is sent inline, anything
+    else names a catalog entry (PATH or PATH@VERSION)."""
     path = Path(target)
     if path.is_file():
         try:
-            body["playbook"] = path.read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8"), None
         except OSError as exc:
-            _err(f"error: {target}: {exc}")
-            return EXIT_INVALID
-    else:
-        body["catalog_id"] = target
-    url = server.rstrip("/")
+            raise typer.BadParameter(f"{target}: {exc}") from None
+    return None, target
+
+
+def _follow_remote(api: Any, execution_id: int, text: str | None, title: str) -> dict[str, Any]:
+    """Wait for a remote execution, with the embedded run's live display when stderr is a
+    terminal (the state is folded here from the events the server logs)."""
+    if text is not None and _show_progress(False):
+        from rich.console import Console
+
+        from flowtide.engine.events import Event
+        from flowtide.engine.state import ExecutionState
+        from flowtide.playbook.loader import parse_playbook
+        from flowtide.runtime.progress import ProgressView
+
+        state = ExecutionState(parse_playbook(text, None), execution_id)
+        view = ProgressView(Console(stderr=True), title=title)
+        view.track(execution_id)
+        with view:
+            for page in api.follow(execution_id):
+                batch = [Event.from_dict(doc) for doc in page]
+                for event in batch:
+                    state.apply(event)
+                view.on_events(batch, {execution_id: state})
+    return dict(api.wait(execution_id))
+
+
+def _run_remote(
+    server: str, target: str, overrides: dict[str, Any], *, as_json: bool, pool: str | None
+) -> int:
+    """Submit `target` to a server and follow it to the end."""
+    from flowtide.client import ServerClient, ServerError
+
     try:
-        with httpx.Client(base_url=url, timeout=30.0) as client:
-            r = client.post("/api/execute", json=body)
-            if r.status_code >= 400:
-                message = r.json().get("error", {}).get("message", r.text)
-                _err(f"error: {target}: {message}")
-                return EXIT_INVALID
-            eid = r.json()["execution_id"]
+        text, catalog_id = _remote_target(target)
+    except typer.BadParameter as exc:
+        _err(f"error: {exc}")
+        return EXIT_INVALID
+    eid: int | None = None
+    with ServerClient(server) as api:
+        try:
+            eid = api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
             if not as_json:
-                _err(f"execution {eid} started on {redact_url(url)}")
-            delay = 0.02
-            while True:
-                doc = client.get(f"/api/executions/{eid}").json()
-                if doc["status"] != "running":
-                    break
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
-    except httpx.HTTPError as exc:
-        _err(f"error: cannot reach the server at {redact_url(url)}: {exc}")
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        _err(f"\ninterrupted; the execution goes on: `flowtide status {eid}`")
-        return 130
+                _err(f"execution {eid} started on {redact_url(api.url)}")
+            if text is None and _show_progress(as_json):
+                with contextlib.suppress(ServerError):
+                    text = api.get_playbook(*_catalog_parts(target)).get("content")
+            doc = _follow_remote(api, eid, text, target)
+        except ServerError as exc:
+            _err(f"error: {target}: {exc}" if eid is None else f"error: {exc}")
+            return EXIT_INVALID if 400 <= exc.status < 500 and eid is None else EXIT_FAILED
+        except KeyboardInterrupt:
+            if eid is not None:
+                _err(
+                    f"\ninterrupted; the execution goes on on the server: "
+                    f"`flowtide status {eid} --server {redact_url(api.url)}`, "
+                    f"`flowtide cancel {eid} --server ...` stops it"
+                )
+            return 130
     doc.pop("playbook", None)
     if as_json:
         _print_json(doc)
     else:
         _print_summary(doc)
     return EXIT_OK if doc["status"] == "completed" else EXIT_FAILED
+
+
+def _catalog_parts(catalog_id: str) -> tuple[str, int | None]:
+    path, _, version = catalog_id.partition("@")
+    return path, int(version) if version.isdigit() else None
 
 
 def _load_target(target: str, store: Store) -> tuple[Any, int | None]:
@@ -326,9 +365,7 @@ def _execute(
 
     store = _store(home, db)
     vault = CredentialVault(store, _home(home))
-    show_progress = (
-        not as_json and sys.stderr.isatty() and os.environ.get("FLOWTIDE_NO_PROGRESS") is None
-    )
+    show_progress = _show_progress(as_json)
     view = None
     started_id: list[int] = []
     location: list[str | None] = []
@@ -444,7 +481,7 @@ def run(
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     if server:
-        raise typer.Exit(_run_remote(server, target, overrides, as_json=as_json))
+        raise typer.Exit(_run_remote(server, target, overrides, as_json=as_json, pool=None))
     raise typer.Exit(
         _execute(
             "run",
@@ -532,16 +569,25 @@ def status(
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
+    server: ServerOpt = None,
 ) -> None:
     """Show an execution's status, steps and result (rebuilt from its event log)."""
-    from flowtide.runtime.report import execution_document
+    if server:
+        from flowtide.client import ServerClient
 
-    store = _store(home, db)
-    row, state = _folded(store, execution_id)
-    doc = execution_document(state)
-    if not state.terminal:
-        doc["status"] = "running" if row.status == "running" else row.status
-    store.close()
+        with ServerClient(server) as api:
+            doc = _remote_or_exit(lambda: api.execution(execution_id))
+        label = doc.pop("playbook", None)
+    else:
+        from flowtide.runtime.report import execution_document
+
+        store = _store(home, db)
+        row, state = _folded(store, execution_id)
+        doc = execution_document(state)
+        if not state.terminal:
+            doc["status"] = "running" if row.status == "running" else row.status
+        store.close()
+        label = row.playbook_path or row.playbook_file
     if as_json:
         _print_json(doc)
         return
@@ -549,9 +595,7 @@ def status(
     from rich.table import Table
 
     console = Console()
-    console.print(
-        f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {row.playbook_path or row.playbook_file}"
-    )
+    console.print(f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {label}")
     table = Table(box=None)
     for col in ("step", "status", "runs", "error"):
         table.add_column(col)
@@ -563,42 +607,151 @@ def status(
         console.print(f"[red]error[/]: {doc['error']}")
 
 
+def _remote_or_exit(call: Any) -> Any:
+    """`call()` against the server; a refusal or an unreachable server ends the command
+    (exit 2 for a 4xx: bad input or unknown id; 1 otherwise)."""
+    from flowtide.client import ServerError
+
+    try:
+        return call()
+    except ServerError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID if 400 <= exc.status < 500 else EXIT_FAILED) from None
+
+
 @app.command()
 def events(
     execution_id: Annotated[int, typer.Argument(help="Execution id.")],
     as_json: JsonOpt = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="With --server: keep printing new events until the run ends."
+        ),
+    ] = False,
     home: HomeOpt = None,
     db: DbOpt = None,
+    server: ServerOpt = None,
 ) -> None:
     """Print an execution's event log in order."""
+    from flowtide.engine.events import Event
+
+    if server:
+        from flowtide.client import ServerClient
+
+        with ServerClient(server) as api:
+            if follow and not as_json:
+                _remote_or_exit(lambda: api.execution(execution_id))
+                try:
+                    for page in _remote_or_exit(lambda: api.follow(execution_id)):
+                        for doc in page:
+                            _print_event(Event.from_dict(doc))
+                except KeyboardInterrupt:
+                    raise typer.Exit(130) from None
+                return
+            docs = _remote_or_exit(lambda: list(api.all_events(execution_id)))
+        if as_json:
+            _print_json(docs)
+            return
+        log = [Event.from_dict(doc) for doc in docs]
+    else:
+        store = _store(home, db)
+        _execution_or_exit(store, execution_id)
+        log = store.events(execution_id)
+        store.close()
+        if as_json:
+            _print_json(
+                [
+                    e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
+                    for e in log
+                ]
+            )
+            return
+    for e in log:
+        _print_event(e)
+
+
+def _print_event(e: Any) -> None:
     import datetime
 
-    store = _store(home, db)
-    _execution_or_exit(store, execution_id)
-    log = store.events(execution_id)
-    store.close()
-    if as_json:
-        _print_json(
-            [
-                e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
-                for e in log
-            ]
+    ts = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S.%f")[:-3]
+    extra = ""
+    if e.error:
+        extra = f" error={e.error.get('kind')}: {str(e.error.get('message'))[:100]}"
+    elif e.payload and e.type in ("loop.item", "command.issued") and "loop_index" in e.payload:
+        extra = f" index={e.payload.get('loop_index')}"
+    elif e.type == "loop.item":
+        extra = f" index={(e.payload or {}).get('index')}"
+    elif e.worker_id:
+        extra = f" worker={e.worker_id}"
+    typer.echo(f"{ts} {e.type:<20} {e.step or '':<24} {e.status or '':<10}{extra}")
+
+
+@app.command()
+def execute(
+    target: Annotated[
+        str, typer.Argument(help="Playbook file, or a catalog path (PATH or PATH@VERSION).")
+    ],
+    server: Annotated[
+        str, typer.Option("--server", envvar="FLOWTIDE_SERVER", help="flowtide server URL.")
+    ],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a workload key: KEY=VALUE (VALUE parsed as JSON when it can be).",
+        ),
+    ] = None,
+    payload: Annotated[
+        str | None,
+        typer.Option("--payload", help="Workload overrides as a JSON object (or @file)."),
+    ] = None,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Worker pool to run on (default: default).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a playbook on a server and return at once with its execution id (follow it
+    with `flowtide status ID` / `flowtide events ID --follow`)."""
+    from flowtide.client import ServerClient
+
+    try:
+        overrides = _overrides(set_, payload)
+        text, catalog_id = _remote_target(target)
+    except typer.BadParameter as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    with ServerClient(server) as api:
+        eid = _remote_or_exit(
+            lambda: api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
         )
-        return
-    for e in log:
-        ts = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S.%f")[:-3]
-        extra = ""
-        if e.error:
-            extra = f" error={e.error.get('kind')}: {str(e.error.get('message'))[:100]}"
-        elif (
-            e.payload
-            and e.type in ("loop.item", "command.issued")
-            and "loop_index" in (e.payload or {})
-        ):
-            extra = f" index={e.payload.get('loop_index')}"
-        elif e.type == "loop.item":
-            extra = f" index={(e.payload or {}).get('index')}"
-        typer.echo(f"{ts} {e.type:<20} {e.step or '':<24} {e.status or '':<10}{extra}")
+    if as_json:
+        _print_json({"execution_id": str(eid), "status": "running"})
+    else:
+        typer.echo(eid)
+
+
+@app.command()
+def cancel(
+    execution_id: Annotated[int, typer.Argument(help="Execution id.")],
+    server: Annotated[
+        str, typer.Option("--server", envvar="FLOWTIDE_SERVER", help="flowtide server URL.")
+    ],
+    reason: Annotated[str, typer.Option("--reason", help="Recorded in the event log.")] = (
+        "cancelled from the command line"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel an execution on a server: no new commands are issued, running workers see
+    the cancellation and stop. (An embedded run stops with Ctrl-C.)"""
+    from flowtide.client import ServerClient
+
+    with ServerClient(server) as api:
+        doc = _remote_or_exit(lambda: api.cancel(execution_id, reason))
+    if as_json:
+        _print_json(doc)
+    else:
+        typer.echo(f"execution {execution_id}: {doc.get('status', 'cancel requested')}")
 
 
 @app.command()
@@ -683,10 +836,23 @@ def list_executions(
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
+    server: ServerOpt = None,
 ) -> None:
     """List recent executions."""
     import datetime
 
+    if server:
+        from flowtide.client import ServerClient
+
+        with ServerClient(server) as api:
+            items = _remote_or_exit(lambda: api.list_executions(status=status_filter, limit=limit))
+        if as_json:
+            _print_json(items)
+            return
+        for item in items:
+            ts = datetime.datetime.fromtimestamp(item["created"]).strftime("%Y-%m-%d %H:%M:%S")
+            typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<10} {item['playbook']}")
+        return
     store = _store(home, db)
     rows = store.list_executions(status=status_filter, limit=limit)
     store.close()
@@ -716,8 +882,12 @@ def catalog_register(
     ],
     home: HomeOpt = None,
     db: DbOpt = None,
+    server: ServerOpt = None,
 ) -> None:
-    """Validate and record playbooks under their metadata.path (a new version when changed)."""
+    """Validate and record playbooks under their metadata.path (a new version when changed).
+
+    With --server they go to the server's catalog (run them with `flowtide run PATH
+    --server URL`)."""
     import time
 
     from flowtide.errors import PlaybookError
@@ -729,7 +899,14 @@ def catalog_register(
             files.extend(sorted(list(p.rglob("*.yaml")) + list(p.rglob("*.yml"))))
         else:
             files.append(p)
-    store = _store(home, db)
+    api = None
+    store = None
+    if server:
+        from flowtide.client import ServerClient
+
+        api = ServerClient(server)
+    else:
+        store = _store(home, db)
     bad = 0
     for file in files:
         try:
@@ -742,17 +919,38 @@ def catalog_register(
             bad += 1
             _err(f"skipped: {file}: playbook has no metadata.path")
             continue
-        version = store.register_playbook(
-            playbook.path, playbook.text, source_file=str(file.resolve()), created=time.time()
-        )
+        if api is not None:
+            doc = _remote_or_exit(lambda text=playbook.text: api.register_playbook(text))
+            version = doc["version"]
+        else:
+            assert store is not None
+            version = store.register_playbook(
+                playbook.path, playbook.text, source_file=str(file.resolve()), created=time.time()
+            )
         typer.echo(f"{playbook.path} v{version}  ({file})")
-    store.close()
+    if api is not None:
+        api.close()
+    if store is not None:
+        store.close()
     raise typer.Exit(EXIT_INVALID if bad and bad == len(files) else EXIT_OK)
 
 
 @catalog_app.command("list")
-def catalog_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None) -> None:
+def catalog_list(
+    as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None, server: ServerOpt = None
+) -> None:
     """List registered playbooks (latest version of each path)."""
+    if server:
+        from flowtide.client import ServerClient
+
+        with ServerClient(server) as api:
+            items = _remote_or_exit(api.list_playbooks)
+        if as_json:
+            _print_json(items)
+            return
+        for item in items:
+            typer.echo(f"{item.get('path')}  v{item.get('version')}")
+        return
     store = _store(home, db)
     rows = store.list_playbooks()
     store.close()

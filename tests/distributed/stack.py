@@ -41,6 +41,7 @@ class Stack:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[IO[Any]] = field(default_factory=list)
     lease: float = 3.0
+    kv: str = "memory://"
 
     @property
     def url(self) -> str:
@@ -73,6 +74,8 @@ class Stack:
             str(self.port),
             "--lease",
             str(self.lease),
+            "--kv",
+            self.kv,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -85,6 +88,12 @@ class Stack:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"server not ready: {self.log('server')}")
+
+    def kill_server(self) -> None:
+        """SIGKILL the server process: no shutdown, no goodbye to anyone."""
+        assert self.server is not None
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait()
 
     def start_worker(self, concurrency: int = 8, pool: str = "default") -> subprocess.Popen[bytes]:
         n = len(self.workers)

@@ -235,3 +235,61 @@ def test_run_by_catalog_path_is_refused_cleanly_when_missing(stack: Stack, tmp_p
     proc = stack.run("run", "no/such/thing")
     assert proc.returncode == 2
     assert "no/such/thing" in proc.stderr
+
+
+def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        eid = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "idle"}).json()[
+            "execution_id"
+        ]
+        deadline = time.monotonic() + 30
+        issued: list[dict[str, Any]] = []
+        while not issued and time.monotonic() < deadline:
+            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
+            time.sleep(0.05)
+        event = issued[0]
+        cid = event["command_id"]
+        body = {"execution_id": eid, "command_id": cid, "worker_id": "ghost"}
+        client.post(
+            "/api/worker/pool/register",
+            json={"worker_id": "ghost", "pool": "idle", "hostname": "h", "pid": 1, "concurrency": 1},
+        ).raise_for_status()
+        # The holder asking again (its first answer was lost) gets the same claim back.
+        first = client.post(f"/api/commands/{event['event_id']}/claim", json=body)
+        again = client.post(f"/api/commands/{event['event_id']}/claim", json=body)
+        assert first.status_code == again.status_code == 200
+        assert first.json()["command"] == again.json()["command"]
+        claimed = [e for e in _events(client, eid) if e["type"] == "command.claimed"]
+        assert len(claimed) == 1
+        other = client.post(
+            f"/api/commands/{event['event_id']}/claim", json={**body, "worker_id": "other"}
+        )
+        assert other.status_code == 409
+
+        def beat(commands: list[str]) -> None:
+            client.post(
+                "/api/worker/pool/heartbeat",
+                json={"worker_id": "ghost", "running": len(commands), "commands": commands},
+            ).raise_for_status()
+
+        def reissued() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in _events(client, eid)
+                if e["type"] == "command.issued" and e["payload"].get("reissued")
+            ]
+
+        # Named in the heartbeat: the lease (3 s) is kept past its end.
+        end = time.monotonic() + 2 * stack.lease
+        while time.monotonic() < end:
+            beat([cid])
+            time.sleep(0.3)
+        assert not reissued()
+        # Heartbeats that no longer name it: the reaper issues it again.
+        end = time.monotonic() + 20
+        while not reissued() and time.monotonic() < end:
+            beat([])
+            time.sleep(0.3)
+        again_issued = reissued()
+        assert again_issued and again_issued[0]["payload"]["attempt"] == 2
+        client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})

@@ -88,6 +88,8 @@ class RemoteWorker:
         self.ids = Snowflake()
         self.running = 0
         self.completed = 0
+        # Commands claimed and not yet reported: the heartbeat extends only their leases.
+        self.held: set[int] = set()
         self._runners: dict[int, tuple[str, StepRunner]] = {}
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=self.worker_id)
         self._stop = asyncio.Event()
@@ -175,7 +177,11 @@ class RemoteWorker:
             try:
                 await self.client.post(
                     "/api/worker/pool/heartbeat",
-                    json={"worker_id": self.worker_id, "running": self.running},
+                    json={
+                        "worker_id": self.worker_id,
+                        "running": self.running,
+                        "commands": [str(c) for c in self.held],
+                    },
                 )
             except httpx.HTTPError as exc:
                 log.warning("heartbeat failed: %s", exc)
@@ -200,14 +206,19 @@ class RemoteWorker:
                 return
             r.raise_for_status()
             spec = r.json()
+            command_id = int(note["command_id"])
+            self.held.add(command_id)
             self.running += 1
             try:
-                events = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, self._run_command, spec
-                )
+                try:
+                    events = await asyncio.get_running_loop().run_in_executor(
+                        self._threads, self._run_command, spec
+                    )
+                finally:
+                    self.running -= 1
+                await self._report(int(note["execution_id"]), events)
             finally:
-                self.running -= 1
-            await self._report(int(note["execution_id"]), events)
+                self.held.discard(command_id)
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
             log.warning("command %s: %s", getattr(msg, "data", b"")[:200], exc)
@@ -220,8 +231,11 @@ class RemoteWorker:
             "worker_id": self.worker_id,
             "events": [e.to_dict() for e in events],
         }
+        # Retried while the server is away (a restart, a network blip) for up to four
+        # leases; past that the command has been issued again and the report is stale.
         delay = 0.2
-        for attempt in range(8):
+        give_up = time.monotonic() + max(60.0, 4 * self.lease)
+        while True:
             try:
                 r = await self.client.post("/api/events/batch", json=body)
                 if r.status_code < 500:
@@ -229,10 +243,12 @@ class RemoteWorker:
                         # 409: stale (the command was issued again meanwhile).
                         log.warning("report for execution %s refused: %s", execution_id, r.text)
                     return
+                problem = f"HTTP {r.status_code}"
             except httpx.HTTPError as exc:
-                if attempt == 7:
-                    raise
-                log.warning("report failed, retrying: %s", exc)
+                problem = str(exc) or type(exc).__name__
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"report for execution {execution_id} failed: {problem}")
+            log.warning("report failed, retrying in %.1fs: %s", delay, problem)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -128,6 +128,12 @@ class Heartbeat(_Body):
     worker_id: str = Field(min_length=1, max_length=200)
     running: int = Field(0, ge=0)
 
+    commands: list[Id] | None = Field(
+        None,
+        max_length=100_000,
+        description="Commands the worker is working on; only their leases are extended "
+        "(all of the worker's when absent).",
+    )
 
 class OutboxClaim(_Body):
     limit: int = Field(100, ge=1, le=10_000)
@@ -493,7 +499,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             (time.time(), body.running, body.worker_id),
         ):
             raise NotFoundError(f"worker {body.worker_id!r} is not registered")
-        extended = await coord().extend_leases(body.worker_id)
+        extended = await coord().extend_leases(body.worker_id, body.commands)
         return {"worker_id": body.worker_id, "leases_extended": extended}
 
     @app.post("/api/worker/pool/deregister")

@@ -505,7 +505,7 @@ class Coordinator:
         """
         now = time.time()
 
-        def take() -> tuple[str, int, int | None, int | None, str, float | None]:
+        def take() -> tuple[str, int, int | None, int | None, str, float | None, bool]:
             with self.store.transaction("claim") as conn:
                 row = conn.execute(
                     "SELECT status, worker_id, attempt, payload, step, loop_instance, loop_index,"
@@ -560,8 +560,9 @@ class Coordinator:
                     issued_at[0] if issued_at else None,
                 )
 
-        step, attempt, instance, index, pool, issued_at = await asyncio.to_thread(take)
-        metrics.COMMANDS_CLAIMED.labels(pool).inc()
+        step, attempt, instance, index, pool, issued_at, repeat = await asyncio.to_thread(take)
+        if not repeat:
+            metrics.COMMANDS_CLAIMED.labels(pool).inc()
         if issued_at is not None:
             metrics.CLAIM_LATENCY.labels(pool).observe(max(0.0, now - issued_at))
         state = await self.state(execution_id)
@@ -595,16 +596,21 @@ class Coordinator:
                 spec["element"] = loop.collection[index]
         return spec
 
-    async def extend_leases(self, worker_id: str) -> int:
-        """Extend the lease of every command `worker_id` holds (its heartbeat)."""
+    async def extend_leases(self, worker_id: str, command_ids: list[int] | None = None) -> int:
+        """Extend the leases `worker_id` holds (its heartbeat): those of `command_ids`, the
+        commands the worker says it is working on, or all of them when it does not say.
+
+        A command the worker holds but does not name (a claim whose answer it never got, a
+        report it gave up on) keeps its old lease, so the reaper issues it again.
+        """
         now = time.time()
 
         def extend() -> int:
             with self.store.transaction("heartbeat") as conn:
                 return conn.execute(
                     "UPDATE command SET lease_until = %s WHERE worker_id = %s"
-                    " AND status = 'claimed'",
-                    (now + self.lease, worker_id),
+                    " AND status = 'claimed' AND command_id = ANY(%s)",
+                    (now + self.lease, worker_id, command_ids),
                 ).rowcount
 
         return int(await asyncio.to_thread(extend))
@@ -643,3 +649,20 @@ class Coordinator:
                 " AND o.published IS NOT NULL AND o.published < %s",
                 (time.time(), cutoff, cutoff),
             ).rowcount
+                if status == "claimed" and holder == worker_id:
+                    # The same worker again: its first claim went through but the answer
+                    # was lost (a server restart, a broken connection). Same claim, new lease.
+                    conn.execute(
+                        "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",
+                        (now + self.lease, now, command_id),
+                    )
+                    return step, attempt, instance, index, pool or "default", None, True
+                    False,
+                if command_ids is None:
+                    return conn.execute(
+                        "UPDATE command SET lease_until = %s WHERE worker_id = %s"
+                        " AND status = 'claimed'",
+                        (now + self.lease, worker_id),
+                    ).rowcount
+                if not command_ids:
+                    return 0

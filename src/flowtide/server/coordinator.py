@@ -520,6 +520,14 @@ class Coordinator:
                     raise ClaimConflict(
                         f"command {command_id}: event {event_id} is not its latest issue"
                     )
+                if status == "claimed" and holder == worker_id:
+                    # The same worker again: its first claim went through but the answer
+                    # was lost (a server restart, a broken connection). Same claim, new lease.
+                    conn.execute(
+                        "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",
+                        (now + self.lease, now, command_id),
+                    )
+                    return step, attempt, instance, index, pool or "default", None, True
                 if status != "issued":
                     raise ClaimConflict(
                         f"command {command_id} is {status}"
@@ -558,6 +566,7 @@ class Coordinator:
                     index,
                     pool or "default",
                     issued_at[0] if issued_at else None,
+                    False,
                 )
 
         step, attempt, instance, index, pool, issued_at, repeat = await asyncio.to_thread(take)
@@ -607,6 +616,14 @@ class Coordinator:
 
         def extend() -> int:
             with self.store.transaction("heartbeat") as conn:
+                if command_ids is None:
+                    return conn.execute(
+                        "UPDATE command SET lease_until = %s WHERE worker_id = %s"
+                        " AND status = 'claimed'",
+                        (now + self.lease, worker_id),
+                    ).rowcount
+                if not command_ids:
+                    return 0
                 return conn.execute(
                     "UPDATE command SET lease_until = %s WHERE worker_id = %s"
                     " AND status = 'claimed' AND command_id = ANY(%s)",
@@ -649,20 +666,3 @@ class Coordinator:
                 " AND o.published IS NOT NULL AND o.published < %s",
                 (time.time(), cutoff, cutoff),
             ).rowcount
-                if status == "claimed" and holder == worker_id:
-                    # The same worker again: its first claim went through but the answer
-                    # was lost (a server restart, a broken connection). Same claim, new lease.
-                    conn.execute(
-                        "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",
-                        (now + self.lease, now, command_id),
-                    )
-                    return step, attempt, instance, index, pool or "default", None, True
-                    False,
-                if command_ids is None:
-                    return conn.execute(
-                        "UPDATE command SET lease_until = %s WHERE worker_id = %s"
-                        " AND status = 'claimed'",
-                        (now + self.lease, worker_id),
-                    ).rowcount
-                if not command_ids:
-                    return 0

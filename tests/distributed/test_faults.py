@@ -252,7 +252,13 @@ def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: S
         body = {"execution_id": eid, "command_id": cid, "worker_id": "ghost"}
         client.post(
             "/api/worker/pool/register",
-            json={"worker_id": "ghost", "pool": "idle", "hostname": "h", "pid": 1, "concurrency": 1},
+            json={
+                "worker_id": "ghost",
+                "pool": "idle",
+                "hostname": "h",
+                "pid": 1,
+                "concurrency": 1,
+            },
         ).raise_for_status()
         # The holder asking again (its first answer was lost) gets the same claim back.
         first = client.post(f"/api/commands/{event['event_id']}/claim", json=body)

@@ -135,6 +135,7 @@ class Heartbeat(_Body):
         "(all of the worker's when absent).",
     )
 
+
 class OutboxClaim(_Body):
     limit: int = Field(100, ge=1, le=10_000)
     lease: float = Field(10.0, gt=0, le=3600)

@@ -42,6 +42,7 @@ class Stack:
     logs: list[IO[Any]] = field(default_factory=list)
     lease: float = 3.0
     kv: str = "memory://"
+    master_key: str | None = None
 
     @property
     def url(self) -> str:
@@ -49,7 +50,10 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
-        return flowtide_env(self.root / "home")
+        env = flowtide_env(self.root / "home")
+        if self.master_key:
+            env["FLOWTIDE_MASTER_KEY"] = self.master_key
+        return env
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()

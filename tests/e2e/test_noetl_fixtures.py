@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,22 +54,62 @@ def events_of(execution_id: str, home: Path) -> list[dict[str, Any]]:
     return json.loads(proc.stdout)
 
 
-@pytest.fixture(scope="module", params=["memory", "nats"])
-def kv_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Every fixture runs twice: loop state in this process, and in a real NATS JetStream
-    bucket (`--kv nats://...`, here through FLOWTIDE_KV); the assertions are the same."""
+@pytest.fixture(scope="module", params=["memory", "nats", "server"])
+def mode(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """Every fixture runs three times, with the same assertions: embedded with loop state
+    in this process; embedded with loop state in a real NATS JetStream bucket; and on the
+    distributed stack (PostgreSQL, nats-server, `flowtide server`, two `flowtide worker`
+    processes) through `--server`. The variables returned are set for every command."""
     if request.param == "memory":
-        yield "memory://"
+        yield {"FLOWTIDE_KV": "memory://"}
         return
     from kv.natsserver import NatsServer
 
-    with NatsServer.start(tmp_path_factory.mktemp("nats")) as server:
-        yield server.url
+    root = tmp_path_factory.mktemp(request.param)
+    with NatsServer.start(root / "nats") as nats:
+        if request.param == "nats":
+            yield {"FLOWTIDE_KV": nats.url}
+            return
+        yield from _server_mode(request, root, nats.url)
+
+
+def _server_mode(
+    request: pytest.FixtureRequest, root: Path, nats_url: str
+) -> Iterator[dict[str, str]]:
+    from cryptography.fernet import Fernet
+
+    from distributed.stack import Stack
+    from flowtide.dev.postgres import find_pg_bin
+
+    if find_pg_bin() is None:
+        pytest.skip("PostgreSQL server not installed")
+    pg_server = request.getfixturevalue("pg_server")
+    db = pg_server.create_database("noetl_e2e")
+    key = Fernet.generate_key().decode()
+    stack = Stack(db=db, nats=nats_url, root=root, kv=nats_url, master_key=key)
+    try:
+        stack.start_server()
+        stack.start_worker()
+        stack.start_worker()
+        # Credentials and catalog entries go to the stack's database, sealed with the key
+        # its workers hold; runs, status and events go to its server.
+        yield {
+            "FLOWTIDE_KV": nats_url,
+            "FLOWTIDE_SERVER": stack.url,
+            "FLOWTIDE_DB": db,
+            "FLOWTIDE_MASTER_KEY": key,
+        }
+    finally:
+        stack.stop()
+        pg_server.drop_database("noetl_e2e")
 
 
 @pytest.fixture(autouse=True)
-def _kv(kv_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLOWTIDE_KV", kv_url)
+def _mode_env(mode: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in mode.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture
@@ -163,7 +204,12 @@ def test_duckdb(home: Path) -> None:
     assert doc["steps"]["verify"]["result"]["verified"] is True
 
 
-def test_python_file_script(home: Path, tmp_path: Path) -> None:
+def test_python_file_script(home: Path, tmp_path: Path, mode: dict[str, str]) -> None:
+    if "FLOWTIDE_SERVER" in mode:
+        pytest.skip(
+            "the fixture's script path is relative to the submitter's working directory; "
+            "a worker resolves it against its own"
+        )
     # The fixture's script path is relative to the e2e repository root, where the
     # playbooks live under fixtures/: recreate that layout and run from its root.
     root = tmp_path / "e2e-root"
@@ -179,13 +225,14 @@ def test_python_file_script(home: Path, tmp_path: Path) -> None:
 
 def test_broken_playbook_is_rejected_before_anything_runs(home: Path) -> None:
     path = PLAYBOOKS / "broken_playbooks/should_error_tool_is_required.yaml"
+    before = json.loads(flowtide("list", "--json", home=home).stdout or "[]")
     proc = flowtide("run", str(path), "--json", home=home)
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "should_error_tool_is_required.yaml:" in proc.stderr
     assert "insert_report" in proc.stderr and "command" in proc.stderr
     listing = flowtide("list", "--json", home=home)
-    assert json.loads(listing.stdout or "[]") == []
+    assert json.loads(listing.stdout or "[]") == before
     val = flowtide("validate", str(path), home=home)
     assert val.returncode == 2 and "insert_report" in val.stderr
 

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -90,7 +91,8 @@ class RemoteWorker:
         self.completed = 0
         # Commands claimed and not yet reported: the heartbeat extends only their leases.
         self.held: set[int] = set()
-        self._runners: dict[int, tuple[str, StepRunner]] = {}
+        self._runners: dict[tuple[str, str | None], StepRunner] = {}
+        self._runners_lock = threading.Lock()
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=self.worker_id)
         self._stop = asyncio.Event()
         self._cancel_cache: dict[int, tuple[float, bool]] = {}
@@ -137,6 +139,10 @@ class RemoteWorker:
                     max_waiting=512,
                 ),
             )
+            # Paid once here rather than inside the first HTTP step it runs.
+            from flowtide.tools import http as http_tool
+
+            await asyncio.to_thread(http_tool.warm_up)
             beat = asyncio.create_task(self._heartbeat())
             tasks: set[asyncio.Task[None]] = set()
             slot_freed = asyncio.Event()
@@ -253,20 +259,23 @@ class RemoteWorker:
             delay = min(delay * 2, 5.0)
 
     def _runner(self, execution_id: int, playbook: Mapping[str, Any]) -> StepRunner:
-        cached = self._runners.get(execution_id)
-        if cached is not None and cached[0] == playbook["text"]:
-            return cached[1]
-        parsed = parse_playbook(playbook["text"], playbook.get("file"))
-        runner = StepRunner(
-            parsed,
-            credentials=self.vault,
-            run_playbook=self._run_child,
-            data_dir=(self.home / "data").absolute(),
-        )
-        if len(self._runners) > 256:
-            self._runners.clear()
-        self._runners[execution_id] = (playbook["text"], runner)
-        return runner
+        # One parse per playbook text (the commands of an execution arrive together, and
+        # the same playbook runs again and again): parsing costs ~100 ms on a slow machine.
+        with self._runners_lock:
+            key = (playbook["text"], playbook.get("file"))
+            cached = self._runners.get(key)
+            if cached is None:
+                parsed = parse_playbook(playbook["text"], playbook.get("file"))
+                cached = StepRunner(
+                    parsed,
+                    credentials=self.vault,
+                    run_playbook=self._run_child,
+                    data_dir=(self.home / "data").absolute(),
+                )
+                if len(self._runners) >= 64:
+                    self._runners.pop(next(iter(self._runners)))
+                self._runners[key] = cached
+            return cached
 
     def _cancelled(self, execution_id: int) -> bool:
         now = time.monotonic()

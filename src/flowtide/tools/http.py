@@ -62,6 +62,12 @@ def close_clients() -> None:
             pass
 
 
+def warm_up() -> None:
+    """Create the default shared client now (TLS context and all: a few hundred ms on a
+    slow machine) instead of inside the first request a long-lived worker runs."""
+    _shared_client(True)
+
+
 def _shared_client(verify: bool | str) -> httpx.Client:
     """The process-wide client for one TLS-verification setting (httpx.Client is thread-safe)."""
     global _atexit_registered

@@ -3,12 +3,13 @@
 #               examples/spark_etl.yaml embedded
 #   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver) and run
 #               them all
+#   make dev    install, then start the distributed stack on loopback (`flowtide dev up`)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test install lint typecheck bench clean
+.PHONY: run test install dev lint typecheck bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -36,6 +37,10 @@ test: install
 	$(BIN)/mypy
 	$(BIN)/pytest
 
+dev: install
+	@bash scripts/ensure-postgres.sh
+	$(BIN)/flowtide dev up
+
 lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
@@ -48,4 +53,5 @@ bench: install
 	$(BIN)/python bench/spark.py
 
 clean:
+	-@[ -x $(BIN)/flowtide ] && $(BIN)/flowtide dev down 2>/dev/null || true
 	rm -rf $(VENV) .flowtide examples/.flowtide examples/out .pytest_cache .mypy_cache .ruff_cache

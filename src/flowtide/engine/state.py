@@ -307,9 +307,14 @@ class ExecutionState:
         rec.outcome = ev.LOOP_DONE
 
     def _on_ctx_updated(self, event: Event) -> None:
-        updates = (event.payload or {}).get("set") or {}
-        if updates:
-            self.ctx = {**self.ctx, **updates}
+        payload = event.payload or {}
+        updates = payload.get("set") or {}
+        removed = [name for name in payload.get("unset") or () if name in self.ctx]
+        if updates or removed:
+            ctx = {**self.ctx, **updates}
+            for name in removed:
+                del ctx[name]
+            self.ctx = ctx
             self._touch()
 
     def _on_step_exit(self, event: Event) -> None:

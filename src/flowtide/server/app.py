@@ -605,6 +605,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         body = await asyncio.to_thread(metrics.exposition, runtime.store)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
+    # Imported here: the router module uses this module's helpers.
+    from flowtide.server.api_executions import executions_router
+
+    app.include_router(executions_router(runtime))
+
     app.state.runtime = runtime
     app.state.describe = lambda: {
         "db": redact_url(runtime.settings.db),

@@ -43,7 +43,15 @@ from flowtide.store.postgres import PostgresStore
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["ClaimConflict", "Coordinator", "SubmitResult", "command_subject"]
+__all__ = [
+    "FINALIZE_STATUSES",
+    "ClaimConflict",
+    "Coordinator",
+    "ExecutionFinished",
+    "FinalizeResult",
+    "SubmitResult",
+    "command_subject",
+]
 
 #: JetStream subjects of command notifications: flowtide.commands.<pool>.<execution_id>.
 SUBJECT_PREFIX: Final = "flowtide.commands"
@@ -71,6 +79,32 @@ class ClaimConflict(FlowtideError):
     def __init__(self, message: str, *, holder: str | None = None) -> None:
         super().__init__(message)
         self.holder = holder
+
+
+class ExecutionFinished(FlowtideError):
+    """The execution is already completed, failed or cancelled (its log is closed)."""
+
+    def __init__(self, execution_id: int, status: str) -> None:
+        super().__init__(f"execution {execution_id} is {status}")
+        self.execution_id = execution_id
+        self.status = status
+
+
+#: The terminal statuses `finalize` can force, with the engine's events for each.
+FINALIZE_STATUSES: Final = {
+    "failed": (ev.WORKFLOW_FAILED, ev.PLAYBOOK_FAILED),
+    "cancelled": (ev.PLAYBOOK_CANCELLED,),
+    "completed": (ev.WORKFLOW_COMPLETED, ev.PLAYBOOK_COMPLETED),
+}
+_TERMINAL_STATUSES: Final = frozenset(FINALIZE_STATUSES)
+
+
+@dataclass
+class FinalizeResult:
+    #: False when the execution was already terminal (nothing was written).
+    changed: bool
+    status: str
+    previous: str
 
 
 @dataclass
@@ -249,6 +283,99 @@ class Coordinator:
             )
 
         return await self._step(execution_id, [event], prepare=mark)
+
+    async def finalize(self, execution_id: int, status: str, reason: str) -> FinalizeResult:
+        """Force an execution to a terminal `status` (an operator's tool for executions
+        stuck on a lost worker or an idle pool).
+
+        The engine's terminal events (`workflow.*` and `playbook.*`, carrying `reason`)
+        are appended under the execution lock; open commands are closed with it, so later
+        worker reports are rejected as stale, and workers see the execution as cancelled
+        through cancellation-check. An execution that is already terminal is left as it is.
+
+        Raises:
+            NotFoundError: no such execution.
+            ValueError: `status` is not one of FINALIZE_STATUSES.
+        """
+        if status not in FINALIZE_STATUSES:
+            raise ValueError(f"cannot finalize to {status!r}")
+        now = time.time()
+        payload: dict[str, Any] = {"finalized": True, "reason": reason}
+        error = None if status == "completed" else {"kind": "finalized", "message": reason}
+        if status == "completed":
+            # What the engine records when it completes (read before the lock: it only
+            # informs readers of the log; the execution row takes the result under it).
+            state = await self.state(execution_id)
+            payload |= {"last_step": state.last_finished, "result": state.result()}
+        events = [
+            Event(
+                event_id=self.ids.next_id(),
+                execution_id=execution_id,
+                type=type_,
+                status=status,
+                payload=payload,
+                error=error,
+                time=now,
+            )
+            for type_ in FINALIZE_STATUSES[status]
+        ]
+        previous: list[str] = []
+
+        def stop_work(conn: psycopg.Connection) -> None:
+            previous.append(self._lock_open(conn, execution_id))
+            conn.execute(
+                "UPDATE execution SET cancel_requested = COALESCE(cancel_requested, %s)"
+                " WHERE execution_id = %s",
+                (now, execution_id),
+            )
+
+        try:
+            result = await self._step(execution_id, events, prepare=stop_work)
+        except ExecutionFinished as exc:
+            return FinalizeResult(changed=False, status=exc.status, previous=exc.status)
+        return FinalizeResult(changed=True, status=result.status, previous=previous[0])
+
+    async def update_ctx(
+        self, execution_id: int, values: dict[str, Any] | None = None, unset: Sequence[str] = ()
+    ) -> SubmitResult:
+        """Set and remove top-level keys of the execution's `ctx` (what templates read as
+        `ctx.*` and `vars.*`) with one `ctx.updated` event, under the execution lock.
+
+        Raises:
+            NotFoundError: no such execution.
+            ExecutionFinished: the execution is terminal (its variables are read-only).
+        """
+        payload: dict[str, Any] = {"source": "api"}
+        if values:
+            payload["set"] = dict(values)
+        if unset:
+            payload["unset"] = list(unset)
+        event = Event(
+            event_id=self.ids.next_id(),
+            execution_id=execution_id,
+            type=ev.CTX_UPDATED,
+            status="ok",
+            payload=payload,
+            time=time.time(),
+        )
+
+        def refuse_finished(conn: psycopg.Connection) -> None:
+            self._lock_open(conn, execution_id)
+
+        return await self._step(execution_id, [event], prepare=refuse_finished)
+
+    @staticmethod
+    def _lock_open(conn: psycopg.Connection, execution_id: int) -> str:
+        """Lock the execution row; its status. Raises ExecutionFinished when terminal (the
+        caller's step then rolls back)."""
+        row = conn.execute(
+            "SELECT status FROM execution WHERE execution_id = %s FOR UPDATE", (execution_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"execution {execution_id} not found")
+        if row[0] in _TERMINAL_STATUSES:
+            raise ExecutionFinished(execution_id, row[0])
+        return str(row[0])
 
     async def nudge(self, execution_id: int) -> SubmitResult:
         """Re-issue the commands of an execution whose workers lost them (lease expired)."""

@@ -159,6 +159,17 @@ SHARD: Final = Component(
             )
             """,
         ),
+        # A commit-consistent order of the log for readers that follow it (the event
+        # stream of the API). `seq` is taken at insert time, so a transaction can commit
+        # a lower seq after a reader has passed it (claims write events without the
+        # execution lock). Rows of transactions older than every transaction still in
+        # progress never appear later: a reader ordering by (xact, seq) and stopping below
+        # that horizon sees each event once and in the same order every time. The column
+        # default rewrites the table once; existing rows share the migration's xact.
+        3: (
+            "ALTER TABLE event ADD COLUMN xact xid8 NOT NULL DEFAULT pg_current_xact_id()",
+            "CREATE INDEX event_xact ON event (execution_id, xact, seq)",
+        ),
     },
 )
 

@@ -1,0 +1,477 @@
+"""Execution-scoped endpoints: the live event stream (Server-Sent Events), finalize, and
+execution variables.
+
+Variables are the execution's `ctx`, what playbook templates read as `{{ vars.x }}` or
+`{{ ctx.x }}` and `set:` blocks write. The API reads them from the folded state and writes
+them as `ctx.updated` events through the coordinator, so the log records every change and
+steps that start afterwards see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+
+from fastapi import APIRouter, Header, Path, Query
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from flowtide.engine import events as ev
+from flowtide.engine.events import Event
+from flowtide.errors import NotFoundError
+from flowtide.server.app import _error, _event_doc
+from flowtide.server.coordinator import Coordinator, ExecutionFinished
+from flowtide.store.codec import EVENT_COLUMNS, event_row
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from flowtide.server.app import _Runtime
+
+__all__ = ["executions_router"]
+
+#: How often an idle stream reads the log, and sends a comment to keep proxies from
+#: closing it.
+POLL_INTERVAL: Final = 0.25
+KEEPALIVE: Final = 15.0
+_BATCH: Final = 500
+_TERMINAL: Final = ("completed", "failed", "cancelled")
+
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_NAME_RULE: Final = "a variable name is a letter or _ then letters, digits or _ (max 128)"
+#: A variable travels in every command's context: large data belongs in a result
+#: reference, not here.
+MAX_VALUE_BYTES: Final = 256 * 1024
+
+# Transaction ids older than every transaction still in progress belong to finished
+# transactions, and every transaction to come gets a larger one: below this horizon the
+# (xact, seq) order of the log is final. Transactions of other databases of the server
+# cannot write this log, so they do not hold the stream back.
+_HORIZON: Final = (
+    "SELECT COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
+    " WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_xid = xid(x)"
+    " AND a.datname <> current_database())), pg_snapshot_xmax(pg_current_snapshot()))"
+)
+_START: Final = ("0", 0)
+
+
+def _check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ValueError(_NAME_RULE)
+    return name
+
+
+def _check_value(value: Any) -> Any:
+    try:
+        size = len(json.dumps(value, allow_nan=False, separators=(",", ":")))
+    except ValueError as exc:
+        raise ValueError(f"not storable as JSON: {exc}") from None
+    if size > MAX_VALUE_BYTES:
+        raise ValueError(f"{size} bytes of JSON, at most {MAX_VALUE_BYTES}")
+    return value
+
+
+VarName = Annotated[str, AfterValidator(_check_name)]
+VarValue = Annotated[Any, AfterValidator(_check_value)]
+#: Checked by `_bad_name`: a 422 on `name` stating the rule (a pattern error quotes a regex).
+VarPath = Annotated[str, Path(description=_NAME_RULE)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FinalizeRequest(_Body):
+    status: Literal["failed", "cancelled", "completed"] = Field(
+        "failed", description="The terminal status to force."
+    )
+    reason: str = Field(
+        min_length=1, max_length=1000, description="Why; recorded in the terminal event."
+    )
+
+
+class FinalizeResponse(BaseModel):
+    execution_id: str
+    status: str = Field(description="The status after the call.")
+    previous_status: str
+    changed: bool = Field(description="False: it was already terminal, nothing changed.")
+    reason: str
+
+
+class VariablesBody(_Body):
+    variables: dict[VarName, VarValue] = Field(
+        min_length=1, max_length=1000, description="name -> any JSON value"
+    )
+
+
+class VariableBody(_Body):
+    value: VarValue = Field(description="Any JSON value (null included).")
+
+
+class Variable(BaseModel):
+    value: Any
+    updated: float | None = Field(description="Time of the event that last set it.")
+    event_id: str | None = Field(description="That event.")
+    source: str | None = Field(description="'api', or the step whose `set` wrote it.")
+
+
+class VariablesResponse(BaseModel):
+    execution_id: str
+    status: str
+    variables: dict[str, Variable]
+
+
+class VariableResponse(Variable):
+    execution_id: str
+    name: str
+
+
+class DeletedResponse(BaseModel):
+    execution_id: str
+    deleted: list[str]
+
+
+# -- reading the log in commit-consistent order ----------------------------------------
+
+
+@dataclass
+class _Poll:
+    events: list[tuple[Event, tuple[str, int]]]
+    status: str
+    error: Any
+    #: The execution is terminal and nothing is left to stream.
+    finished: bool
+
+
+def _cursor_of(conn: psycopg.Connection, execution_id: int, event_id: int) -> tuple[str, int]:
+    row = conn.execute(
+        "SELECT xact::text, seq FROM event WHERE execution_id = %s AND event_id = %s",
+        (execution_id, event_id),
+    ).fetchone()
+    if row is None:
+        raise LookupError(event_id)
+    return str(row[0]), int(row[1])
+
+
+def _open_stream(runtime: _Runtime, execution_id: int, after: int | None) -> tuple[str, int]:
+    """The stream's starting cursor. Raises NotFoundError (no execution) or LookupError
+    (`after` is not an event of it)."""
+    with runtime.store.transaction("event stream") as conn:
+        found = conn.execute(
+            "SELECT 1 FROM execution WHERE execution_id = %s", (execution_id,)
+        ).fetchone()
+        if found is None:
+            raise NotFoundError(f"execution {execution_id} not found")
+        return _START if not after else _cursor_of(conn, execution_id, after)
+
+
+def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Poll:
+    with runtime.store.transaction("event stream") as conn:
+        # One snapshot for the status, the horizon and the rows.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        row = conn.execute(
+            "SELECT status, error FROM execution WHERE execution_id = %s", (execution_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"execution {execution_id} not found")
+        status, error = row
+        rows = conn.execute(
+            f"SELECT {EVENT_COLUMNS}, xact::text, seq FROM event WHERE execution_id = %s"
+            " AND (xact, seq) > (%s::text::xid8, %s)"
+            f" AND xact < ({_HORIZON}) ORDER BY xact, seq LIMIT %s",
+            (execution_id, *cursor, _BATCH),
+        ).fetchall()
+        events = [(event_row(r[:11]), (str(r[11]), int(r[12]))) for r in rows]
+        finished = False
+        if status in _TERMINAL and len(events) < _BATCH:
+            last = events[-1][1] if events else cursor
+            more = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM event WHERE execution_id = %s"
+                " AND (xact, seq) > (%s::text::xid8, %s))",
+                (execution_id, *last),
+            ).fetchone()
+            finished = not (more and more[0])
+    return _Poll(events, status, json.loads(error) if error else None, finished)
+
+
+def _message(event: Event) -> str:
+    data = json.dumps(_event_doc(event), separators=(",", ":"))
+    return f"id: {event.event_id}\nevent: {event.type}\ndata: {data}\n\n"
+
+
+async def _follow(
+    runtime: _Runtime, execution_id: int, cursor: tuple[str, int]
+) -> AsyncIterator[str]:
+    loop = asyncio.get_running_loop()
+    yield "retry: 1000\n\n"
+    last_sent = loop.time()
+    while True:
+        # A short transaction per read: no connection is held while waiting.
+        poll = await asyncio.to_thread(_poll, runtime, execution_id, cursor)
+        if poll.events:
+            cursor = poll.events[-1][1]
+            yield "".join(_message(e) for e, _ in poll.events)
+            last_sent = loop.time()
+        if poll.finished:
+            end = {"execution_id": str(execution_id), "status": poll.status, "error": poll.error}
+            yield f"event: end\ndata: {json.dumps(end, separators=(',', ':'))}\n\n"
+            return
+        if len(poll.events) == _BATCH:
+            continue
+        if loop.time() - last_sent >= KEEPALIVE:
+            yield ": keepalive\n\n"
+            last_sent = loop.time()
+        await asyncio.sleep(POLL_INTERVAL)
+
+
+# -- variables ------------------------------------------------------------------------
+
+
+async def _ctx_history(
+    runtime: _Runtime, execution_id: int
+) -> dict[str, tuple[float, int, str | None]]:
+    """name -> (time, event_id, source) of the last event that set each top-level ctx key
+    (the events that can change ctx: `ctx.updated`, a step's `set` in `step.exit`, a
+    policy's `set` in a command report)."""
+    rows = await runtime.fetch(
+        "variables",
+        "SELECT event_id, type, step, payload, time FROM event WHERE execution_id = %s"
+        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))"
+        " OR (type IN (%s, %s) AND payload LIKE %s)) ORDER BY seq",
+        (
+            execution_id,
+            ev.CTX_UPDATED,
+            ev.STEP_EXIT,
+            '%"set":{%',
+            '%"unset":[%',
+            ev.COMMAND_COMPLETED,
+            ev.COMMAND_FAILED,
+            '%"ctx":{%',
+        ),
+        part="shard",
+    )
+    out: dict[str, tuple[float, int, str | None]] = {}
+    for event_id, type_, step, payload, at in rows:
+        doc = json.loads(payload) if payload else {}
+        source = doc.get("source") if type_ == ev.CTX_UPDATED else step
+        for name in doc.get("set") or doc.get("ctx") or {}:
+            out[name] = (at, int(event_id), source)
+        for name in doc.get("unset") or ():
+            out.pop(name, None)
+    return out
+
+
+def _variables(
+    ctx: dict[str, Any], history: dict[str, tuple[float, int, str | None]]
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in ctx.items():
+        found = history.get(name)
+        out[name] = {
+            "value": value,
+            "updated": found[0] if found else None,
+            "event_id": str(found[1]) if found else None,
+            "source": found[2] if found else None,
+        }
+    return out
+
+
+def _bad_name(name: str) -> None:
+    try:
+        _check_name(name)
+    except ValueError as exc:
+        raise RequestValidationError(
+            [{"loc": ("path", "name"), "msg": str(exc), "type": "value_error"}]
+        ) from None
+
+
+def executions_router(runtime: _Runtime) -> APIRouter:
+    """The routes of this module, served from `runtime` (store and coordinator)."""
+    router = APIRouter()
+
+    def coord() -> Coordinator:
+        assert runtime.coordinator is not None
+        return runtime.coordinator
+
+    async def read_vars(execution_id: int) -> tuple[str, dict[str, Any]]:
+        state = await coord().state(execution_id)
+        history = await _ctx_history(runtime, execution_id)
+        return state.status, _variables(dict(state.ctx), history)
+
+    def finished(exc: ExecutionFinished) -> JSONResponse:
+        return _error(
+            409,
+            f"{exc}: its variables are read-only",
+            execution_status=exc.status,
+        )
+
+    # -- event stream ------------------------------------------------------------------
+
+    @router.get(
+        "/api/executions/{execution_id}/events/stream",
+        summary="Follow an execution's events (Server-Sent Events)",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {"text/event-stream": {}},
+                "description": "`id:` event id, `event:` event type, `data:` the event "
+                "document; a final `event: end` carries the terminal status.",
+            },
+            404: {"description": "No such execution."},
+            422: {"description": "`after` / `Last-Event-ID` is not an event of it."},
+        },
+    )
+    async def stream_events(
+        execution_id: Annotated[int, Path(ge=0)],
+        after: Annotated[
+            int | None, Query(ge=0, description="Start after this event id (0: from the start).")
+        ] = None,
+        last_event_id: Annotated[
+            int | None,
+            Header(ge=0, description="Sent by a reconnecting EventSource; wins over `after`."),
+        ] = None,
+    ) -> StreamingResponse:
+        """The execution's events in log order, each once, as they are written: the
+        documents of `GET /api/executions/{id}/events`. Ends with `event: end` once the
+        execution is completed, failed or cancelled; idle streams get a `: keepalive`
+        comment every 15 s. A client that reconnects with `Last-Event-ID` (or `?after=`)
+        resumes right after that event, without gaps or repeats."""
+        start = last_event_id if last_event_id is not None else after
+        field = "Last-Event-ID" if last_event_id is not None else "after"
+        try:
+            cursor = await asyncio.to_thread(_open_stream, runtime, execution_id, start)
+        except LookupError:
+            message = f"event {start} is not in execution {execution_id}"
+            return _error(  # type: ignore[return-value]
+                422,
+                f"{field}: {message}",
+                fields=[{"field": field, "message": message}],
+            )
+        return StreamingResponse(
+            _follow(runtime, execution_id, cursor),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    # -- finalize ----------------------------------------------------------------------
+
+    @router.post(
+        "/api/executions/{execution_id}/finalize",
+        summary="Force an execution to a terminal status",
+        responses={404: {"description": "No such execution."}},
+    )
+    async def finalize(
+        execution_id: Annotated[int, Path(ge=0)], body: FinalizeRequest
+    ) -> FinalizeResponse:
+        """An operator's tool for stuck executions (a lost worker, a pool nobody serves):
+        records the engine's terminal events (`workflow.failed` + `playbook.failed`,
+        `playbook.cancelled`, or `workflow.completed` + `playbook.completed`) with the
+        reason, closes the open commands (later worker reports are rejected) and tells
+        running workers to stop. Idempotent: an execution that is already terminal is
+        left as it is (`changed: false`)."""
+        result = await coord().finalize(execution_id, body.status, body.reason)
+        return FinalizeResponse(
+            execution_id=str(execution_id),
+            status=result.status,
+            previous_status=result.previous,
+            changed=result.changed,
+            reason=body.reason,
+        )
+
+    # -- variables -----------------------------------------------------------------------
+
+    @router.get("/api/vars/{execution_id}", summary="List an execution's variables")
+    async def list_vars(execution_id: Annotated[int, Path(ge=0)]) -> VariablesResponse:
+        """Every variable (`ctx` key) with its value and the event that last set it."""
+        status, variables = await read_vars(execution_id)
+        return VariablesResponse(
+            execution_id=str(execution_id),
+            status=status,
+            variables={name: Variable(**v) for name, v in variables.items()},
+        )
+
+    @router.post(
+        "/api/vars/{execution_id}",
+        summary="Set several variables",
+        responses={409: {"description": "The execution is terminal."}},
+    )
+    async def set_vars(
+        execution_id: Annotated[int, Path(ge=0)], body: VariablesBody
+    ) -> VariablesResponse:
+        """Set `variables` in one `ctx.updated` event; steps that start afterwards read
+        them as `{{ vars.name }}`. Returns all variables."""
+        try:
+            await coord().update_ctx(execution_id, body.variables)
+        except ExecutionFinished as exc:
+            return finished(exc)  # type: ignore[return-value]
+        return await list_vars(execution_id)
+
+    @router.delete(
+        "/api/vars/{execution_id}",
+        summary="Delete every variable",
+        responses={409: {"description": "The execution is terminal."}},
+    )
+    async def delete_vars(execution_id: Annotated[int, Path(ge=0)]) -> DeletedResponse:
+        state = await coord().state(execution_id)
+        names = sorted(state.ctx)
+        if names:
+            try:
+                await coord().update_ctx(execution_id, unset=names)
+            except ExecutionFinished as exc:
+                return finished(exc)  # type: ignore[return-value]
+        return DeletedResponse(execution_id=str(execution_id), deleted=names)
+
+    @router.get(
+        "/api/vars/{execution_id}/{name}",
+        summary="Read one variable",
+        responses={404: {"description": "No such execution or variable."}},
+    )
+    async def get_var(execution_id: Annotated[int, Path(ge=0)], name: VarPath) -> VariableResponse:
+        _bad_name(name)
+        _, variables = await read_vars(execution_id)
+        if name not in variables:
+            raise NotFoundError(f"variable {name!r} not found in execution {execution_id}")
+        return VariableResponse(execution_id=str(execution_id), name=name, **variables[name])
+
+    @router.put(
+        "/api/vars/{execution_id}/{name}",
+        summary="Set one variable",
+        responses={409: {"description": "The execution is terminal."}},
+    )
+    async def put_var(
+        execution_id: Annotated[int, Path(ge=0)], name: VarPath, body: VariableBody
+    ) -> VariableResponse:
+        _bad_name(name)
+        try:
+            await coord().update_ctx(execution_id, {name: body.value})
+        except ExecutionFinished as exc:
+            return finished(exc)  # type: ignore[return-value]
+        return await get_var(execution_id, name)
+
+    @router.delete(
+        "/api/vars/{execution_id}/{name}",
+        summary="Delete one variable",
+        responses={
+            404: {"description": "No such execution or variable."},
+            409: {"description": "The execution is terminal."},
+        },
+    )
+    async def delete_var(
+        execution_id: Annotated[int, Path(ge=0)], name: VarPath
+    ) -> DeletedResponse:
+        _bad_name(name)
+        state = await coord().state(execution_id)
+        if name not in state.ctx:
+            raise NotFoundError(f"variable {name!r} not found in execution {execution_id}")
+        try:
+            await coord().update_ctx(execution_id, unset=[name])
+        except ExecutionFinished as exc:
+            return finished(exc)  # type: ignore[return-value]
+        return DeletedResponse(execution_id=str(execution_id), deleted=[name])
+
+    return router

@@ -57,12 +57,16 @@ class ServerClient:
         except httpx.HTTPError as exc:
             raise ServerError(f"cannot reach the server at {redact_url(self.url)}: {exc}") from None
         if r.status_code >= 400:
-            try:
-                message = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = r.text.strip() or r.reason_phrase
-            raise ServerError(str(message), r.status_code)
+            self._raise_for(r)
         return r.json()
+
+    @staticmethod
+    def _raise_for(r: httpx.Response) -> None:
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text.strip() or r.reason_phrase
+        raise ServerError(str(message), r.status_code)
 
     # -- executions ----------------------------------------------------------------------
 
@@ -119,35 +123,75 @@ class ServerClient:
                 return
             after = int(page[-1]["event_id"])
 
-    def follow(self, execution_id: int, *, poll: float = 0.25) -> Iterator[list[dict[str, Any]]]:
-        """Batches of new events as they are logged, until the execution has ended and
-        every event has been seen."""
-        after: int | None = None
-        delay = 0.02
+    def follow(
+        self, execution_id: int, *, reconnect_for: float = 120.0
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Events as the server logs them, in log order, until the execution has ended
+        (the server's SSE stream `GET /api/executions/{id}/events/stream`).
+
+        A dropped connection (a server restart) is resumed from the last event seen
+        (`Last-Event-ID`): nothing is missed or repeated. After `reconnect_for` seconds
+        without a server, `ServerError` is raised.
+        """
+        import json
+
+        last: str | None = None
+        down_since: float | None = None
         while True:
-            page = self.events(execution_id, after=after, limit=5000)
-            if page:
-                after = int(page[-1]["event_id"])
-                yield page
-                delay = 0.02
-                if len(page) == 5000:
-                    continue
-            status = self._call("GET", f"/api/executions/{execution_id}/status")["status"]
-            if status in TERMINAL:
-                tail = self.events(execution_id, after=after, limit=5000)
-                while tail:
-                    yield tail
-                    after = int(tail[-1]["event_id"])
-                    tail = self.events(execution_id, after=after, limit=5000)
-                return
-            time.sleep(delay)
-            delay = min(delay * 1.5, poll)
+            headers = {"accept": "text/event-stream"}
+            if last is not None:
+                headers["last-event-id"] = last
+            try:
+                with self._http.stream(
+                    "GET",
+                    f"/api/executions/{execution_id}/events/stream",
+                    headers=headers,
+                    timeout=httpx.Timeout(30.0, read=90.0),
+                ) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self._raise_for(r)
+                    down_since = None
+                    kind, data = "message", list[str]()
+                    for line in r.iter_lines():
+                        if line == "":
+                            if kind == "end":
+                                return
+                            if data:
+                                doc = json.loads("\n".join(data))
+                                last = str(doc["event_id"])
+                                yield [doc]
+                            kind, data = "message", list[str]()
+                        elif line.startswith("event:"):
+                            kind = line[6:].strip()
+                        elif line.startswith("data:"):
+                            data.append(line[5:].lstrip())
+                # The stream ended without `end`: the server went away mid-stream.
+            except httpx.HTTPError as exc:
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > reconnect_for:
+                    raise ServerError(
+                        f"lost the server at {redact_url(self.url)} for {reconnect_for:.0f}s: {exc}"
+                    ) from None
+            time.sleep(1.0)
 
     def wait(self, execution_id: int, *, poll: float = 0.5) -> dict[str, Any]:
-        """Block until the execution ends; its document."""
+        """Block until the execution ends; its document. Rides out a server restart."""
         delay = 0.02
+        down_since: float | None = None
         while True:
-            doc = self.execution(execution_id)
+            try:
+                doc = self.execution(execution_id)
+                down_since = None
+            except ServerError as exc:
+                if exc.status:
+                    raise
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > 120.0:
+                    raise
+                time.sleep(1.0)
+                continue
             if doc["status"] in TERMINAL:
                 return doc
             time.sleep(delay)

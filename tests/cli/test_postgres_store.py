@@ -27,14 +27,14 @@ def test_db_status_and_upgrade(ft: Flowtide, pg_db: str) -> None:
 
     up = ft.ok("db", "upgrade", "--db", pg_db)
     assert "shard: version 3 (upgraded 0 -> 3)" in up.stdout
-    assert "cluster: version 2 (upgraded 0 -> 2)" in up.stdout
+    assert "cluster: version 3 (upgraded 0 -> 3)" in up.stdout
     # The password never shows.
     assert pg_db.split(":")[2].split("@")[0] not in up.stdout
 
     again = json.loads(ft.ok("db", "upgrade", "--db", pg_db, "--json").stdout)
     assert {(r["component"], r["from"], r["version"]) for r in again} == {
         ("shard", 3, 3),
-        ("cluster", 2, 2),
+        ("cluster", 3, 3),
     }
     ft.ok("db", "status", "--db", pg_db)
 

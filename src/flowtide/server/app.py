@@ -27,6 +27,7 @@ from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, StoreEr
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
+from flowtide.server.api_cluster import cluster_router
 from flowtide.server.coordinator import ClaimConflict, Coordinator
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.urls import redact_url
@@ -269,6 +270,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         version="1",
         lifespan=lifespan,
     )
+    app.include_router(cluster_router(runtime))
 
     def coord() -> Coordinator:
         assert runtime.coordinator is not None

@@ -3,8 +3,8 @@
 * `shard`: per-execution tables (execution, event, command, and later the outbox and
   variables). Every row is reachable by execution_id, so executions can be spread over
   several databases by `shard_for(execution_id, n)` without a schema change.
-* `cluster`: tables shared by the whole cluster (catalog, credential, and later keychain
-  and the worker-pool runtime registry).
+* `cluster`: tables shared by the whole cluster (catalog, credential, the worker-pool
+  registry and the keychain).
 
 Each part keeps its own version in `flowtide_schema (component, version, applied)` of the
 database it lives in, so both parts can share one database (the default) or live in
@@ -213,6 +213,32 @@ CLUSTER: Final = Component(
             )
             """,
             "CREATE INDEX worker_pool ON worker (pool, heartbeat)",
+        ),
+        # The keychain: secrets and tokens cached per catalog entry (a token an auth step
+        # obtained, with its expiry), Fernet-encrypted with the credential master key.
+        # `execution_id` is 0 for the scopes shared by every execution of the entry
+        # (global, catalog) and the owning execution for local/shared scope; it is part
+        # of the key, so it cannot be NULL.
+        3: (
+            """
+            CREATE TABLE keychain (
+                path         text NOT NULL,
+                version      integer NOT NULL,
+                name         text NOT NULL,
+                scope        text NOT NULL
+                             CHECK (scope IN ('global', 'catalog', 'local', 'shared')),
+                execution_id bigint NOT NULL DEFAULT 0,
+                kind         text NOT NULL,
+                ciphertext   bytea NOT NULL,
+                expires      double precision,
+                created      double precision NOT NULL,
+                updated      double precision NOT NULL,
+                PRIMARY KEY (path, version, name, scope, execution_id),
+                FOREIGN KEY (path, version) REFERENCES catalog (path, version)
+                    ON DELETE CASCADE
+            )
+            """,
+            "CREATE INDEX keychain_expires ON keychain (expires) WHERE expires IS NOT NULL",
         ),
     },
 )

@@ -340,6 +340,38 @@ class SQLStore:
         )
         return [catalog_row(r) for r in rows]
 
+    def catalog_entries(self, prefix: str | None = None) -> list[dict[str, Any]]:
+        """The latest version of every catalog path starting with `prefix` (all when None
+        or empty), without the playbook text: path, version, versions (how many are
+        registered), source_file and created; ordered by path."""
+        where = ""
+        params: tuple[str, ...] = ()
+        if prefix:
+            # substr/length rather than LIKE: no wildcards to escape, and SQLite's LIKE
+            # ignores case.
+            where = " WHERE substr(path, 1, length(CAST(? AS text))) = CAST(? AS text)"
+            params = (prefix, prefix)
+        rows = self._read(
+            "catalog_entries",
+            "SELECT c.path, c.version, m.n, c.source_file, c.created"
+            " FROM catalog c JOIN ("
+            f"SELECT path, MAX(version) AS v, COUNT(*) AS n FROM catalog{where} GROUP BY path"
+            ") m ON c.path = m.path AND c.version = m.v"
+            " ORDER BY c.path",
+            params,
+            "cluster",
+        )
+        return [
+            {
+                "path": r[0],
+                "version": int(r[1]),
+                "versions": int(r[2]),
+                "source_file": r[3],
+                "created": r[4],
+            }
+            for r in rows
+        ]
+
     # -- credentials (cluster) ---------------------------------------------------------
 
     def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
@@ -376,6 +408,23 @@ class SQLStore:
             "cluster",
         )
         return [{"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]} for r in rows]
+
+    def credential_info(self, name: str) -> dict[str, Any]:
+        """Credential `name`'s name, kind, created and updated (never its ciphertext).
+
+        Raises:
+            NotFoundError: no such credential.
+        """
+        rows = self._read(
+            "credential_info",
+            "SELECT name, kind, created, updated FROM credential WHERE name = ?",
+            (name,),
+            "cluster",
+        )
+        if not rows:
+            raise NotFoundError(f"credential {name!r} not found")
+        r = rows[0]
+        return {"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]}
 
     def delete_credential(self, name: str) -> None:
         """See `flowtide.store.base.Store.delete_credential`."""

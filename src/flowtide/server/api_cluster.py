@@ -1,0 +1,578 @@
+"""The cluster-scoped endpoints of the API: the playbook catalog, credentials and the
+keychain. Their rows live in the cluster database, so any server answers.
+
+Secrets cross the API in plaintext one way only: into the server, which encrypts them with
+its vault (the master key in FLOWTIDE_MASTER_KEY or <FLOWTIDE_HOME>/master.key) before
+they reach the database. Nothing returns them decrypted: reads give metadata, and with
+`?ciphertext=true` the Fernet token, which a worker decrypts with the same master key
+(`flowtide.runtime.remote`). Error messages name aliases, never values.
+
+A catalog id is `path@version`, or `path` for the latest version (as in POST
+/api/execute); the keychain stores entries under the exact version it resolves to, so a
+new version of a playbook starts with an empty keychain (NoETL keys it by catalog_id too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+
+from fastapi import APIRouter, Query
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
+
+from flowtide.credentials import CredentialVault
+from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
+from flowtide.playbook.loader import parse_playbook
+
+if TYPE_CHECKING:
+    from flowtide.server.app import _Runtime
+    from flowtide.store.postgres import KeychainRow
+
+__all__ = ["cluster_router"]
+
+# Snowflake ids exceed 2**53: JSON carries them as strings; int or digit strings are accepted.
+Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
+_NAME: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$"
+_KIND: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
+_CATALOG_VERSION: Final = re.compile(r"(.+)@([0-9]{1,10})", re.ASCII)
+_MAX_VERSION: Final = 2**31 - 1  # catalog.version is a PostgreSQL integer
+_PER_EXECUTION: Final = ("local", "shared")
+_MAX_TTL: Final = 10 * 365 * 86400
+_MAX_EXPIRES: Final = 253402300799  # 9999-12-31T23:59:59Z
+Scope = Literal["global", "catalog", "local", "shared"]
+
+
+def _storable(text: str) -> str:
+    # PostgreSQL text holds neither NUL nor lone surrogates: refuse them as bad input.
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+# Annotations of path and query parameters (module level: FastAPI resolves them by name).
+CatalogIdParam = Annotated[Text, PathParam(min_length=1, max_length=4096)]
+ScopeQuery = Annotated[Scope, Query(description="The entry's scope.")]
+OwnerQuery = Annotated[
+    int | None,
+    Query(ge=1, le=2**63 - 1, description="Owning execution (local/shared scope)."),
+]
+NameParam = Annotated[str, PathParam(pattern=_NAME)]
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    # The format of flowtide.server.app (kept here so app.py need not be imported).
+    return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
+
+
+def _field_error(field: str, message: str, status: int = 422) -> JSONResponse:
+    return _error(status, f"{field}: {message}", fields=[{"field": field, "message": message}])
+
+
+def parse_catalog_id(catalog_id: str) -> tuple[str, int | None]:
+    """(path, version) of `path@version`; (catalog_id, None) when there is no numeric
+    version suffix (the latest version of that path).
+
+    Raises:
+        ValueError: the version is 0 or beyond what the catalog can hold.
+    """
+    match = _CATALOG_VERSION.fullmatch(catalog_id)
+    if match is None:
+        return catalog_id, None
+    version = int(match.group(2))
+    if not 1 <= version <= _MAX_VERSION:
+        raise ValueError(f"version must be between 1 and {_MAX_VERSION}, got {version}")
+    return match.group(1), version
+
+
+class _Vault(CredentialVault):
+    """The server's vault: it encrypts, and never hands out a decrypted value."""
+
+    def seal(self, body: dict[str, Any]) -> bytes:
+        """The Fernet token of `body` as compact JSON (what `resolve` decrypts)."""
+        plaintext = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        return self._cipher().encrypt(plaintext)
+
+
+# -- bodies and documents --------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(_Body):
+    content: str = Field(
+        min_length=1, max_length=4_000_000, description="The playbook's YAML text."
+    )
+    source_file: Text | None = Field(
+        None,
+        max_length=4096,
+        description="File the text came from: named in error messages and recorded.",
+    )
+
+
+class Registered(BaseModel):
+    path: str
+    version: int
+    catalog_id: str = Field(description="`path@version`, for POST /api/execute.")
+
+
+class CatalogEntry(BaseModel):
+    path: str
+    version: int = Field(description="The latest version (or the one asked for).")
+    versions: int = Field(description="How many versions of the path are registered.")
+    catalog_id: str
+    source_file: str | None
+    created: float
+
+
+class CatalogList(BaseModel):
+    items: list[CatalogEntry]
+
+
+class CatalogPlaybook(CatalogEntry):
+    content: str
+
+
+class CredentialRequest(_Body):
+    name: str = Field(pattern=_NAME, description="Alias used by playbooks (`auth: NAME`).")
+    kind: str = Field("generic", pattern=_KIND, description="postgres, http, ...")
+    data: dict[str, Any] = Field(
+        min_length=1,
+        description="The secret body (host, user, password, token...): encrypted by the "
+        "server and never returned.",
+    )
+
+
+class CredentialInfo(BaseModel):
+    name: str
+    kind: str
+    created: float
+    updated: float
+
+
+class SealedCredential(CredentialInfo):
+    ciphertext: str = Field(description="Base64 of the Fernet token of the body.")
+
+
+class Deleted(BaseModel):
+    name: str
+    deleted: bool = True
+
+
+class KeychainRequest(_Body):
+    data: dict[str, Any] = Field(
+        min_length=1,
+        description="The secret or token (e.g. {access_token, token_type}): encrypted by "
+        "the server and never returned.",
+    )
+    kind: str = Field("token", pattern=_KIND, description="token, oauth2, secret, ...")
+    scope: Scope = Field(
+        "global",
+        description="global/catalog: shared by every execution of the catalog entry; "
+        "local/shared: owned by `execution_id` (and its children).",
+    )
+    execution_id: Id | None = Field(
+        None,
+        validate_default=True,
+        description="The owning execution: required for local/shared scope, else absent.",
+    )
+    ttl_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=_MAX_TTL,
+        allow_inf_nan=False,
+        description="Seconds until the entry expires (default: never).",
+    )
+    expires_at: float | None = Field(
+        None,
+        gt=0,
+        le=_MAX_EXPIRES,
+        allow_inf_nan=False,
+        description="Unix time the entry expires (instead of ttl_seconds).",
+    )
+
+    @field_validator("execution_id")
+    @classmethod
+    def _owner(cls, value: int | None, info: ValidationInfo) -> int | None:
+        scope = info.data.get("scope")
+        if scope is None:
+            return value  # the scope itself is invalid and reported
+        problem = _scope_problem(scope, value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("expires_at")
+    @classmethod
+    def _one_expiry(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None:
+            if info.data.get("ttl_seconds") is not None:
+                raise ValueError("give ttl_seconds or expires_at, not both")
+            if value <= time.time():
+                raise ValueError("expires_at is in the past")
+        return value
+
+
+class KeychainEntry(BaseModel):
+    catalog_id: str = Field(description="`path@version` the entry belongs to.")
+    name: str
+    kind: str
+    scope: str
+    execution_id: str | None
+    expires_at: float | None
+    ttl_seconds: float | None = Field(description="Seconds left (None: never expires).")
+    created: float
+    updated: float
+
+
+class SealedKeychainEntry(KeychainEntry):
+    ciphertext: str = Field(description="Base64 of the Fernet token of the data.")
+
+
+class KeychainList(BaseModel):
+    catalog_id: str
+    items: list[KeychainEntry]
+
+
+def _scope_problem(scope: str, execution_id: int | None) -> str | None:
+    if scope in _PER_EXECUTION and execution_id is None:
+        return f"required for scope '{scope}'"
+    if scope not in _PER_EXECUTION and execution_id is not None:
+        return f"only local and shared entries belong to an execution, not '{scope}' ones"
+    return None
+
+
+def _sealed(token: bytes) -> str:
+    return base64.b64encode(token).decode("ascii")
+
+
+def _keychain_doc(entry: KeychainRow, now: float) -> KeychainEntry:
+    return KeychainEntry(
+        catalog_id=entry.catalog_id,
+        name=entry.name,
+        kind=entry.kind,
+        scope=entry.scope,
+        execution_id=str(entry.execution_id) if entry.execution_id else None,
+        expires_at=entry.expires,
+        ttl_seconds=None if entry.expires is None else round(entry.expires - now, 3),
+        created=entry.created,
+        updated=entry.updated,
+    )
+
+
+def _playbook_error(exc: PlaybookError) -> JSONResponse:
+    """400 for an invalid playbook: the CLI's message, and each problem's place."""
+    problems = exc.errors if isinstance(exc, PlaybookErrors) else [exc]
+    fields = [
+        {
+            "field": "content",
+            "message": p.render(),
+            "file": p.file,
+            "line": p.line,
+            "column": p.column,
+            "step": p.step,
+            "playbook_field": p.field,
+            "expected": p.expected,
+        }
+        for p in problems
+    ]
+    return _error(400, str(exc), field="content", fields=fields)
+
+
+def _catalog_path_problem(path: object) -> str | None:
+    # The loader lets any YAML value through as metadata.path; the store keys by text.
+    if not path:
+        return "playbook has no metadata.path"
+    if not isinstance(path, str):
+        return "metadata.path is not text"
+    try:
+        _storable(path)
+    except ValueError as exc:
+        return f"metadata.path {exc}"
+    return None
+
+
+def _home() -> Path:
+    # Where `flowtide worker` looks too (its --home defaults to $FLOWTIDE_HOME).
+    return Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
+
+
+def cluster_router(runtime: _Runtime) -> APIRouter:
+    """The catalog, credential and keychain routes over `runtime`'s store (which exists
+    once the app has started)."""
+    router = APIRouter()
+    vaults: dict[int, _Vault] = {}
+
+    def vault() -> _Vault:
+        # One vault per store: the key is loaded once, and a restarted app gets a new one.
+        store = runtime.store
+        found = vaults.get(id(store))
+        if found is None:
+            vaults.clear()
+            found = vaults[id(store)] = _Vault(store, _home())
+        return found
+
+    async def resolve(catalog_id: str) -> tuple[str, int]:
+        """(path, version) of an existing catalog entry; NotFoundError (404) naming it."""
+        path, version = parse_catalog_id(catalog_id)
+        row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
+        return row.path, row.version
+
+    # -- catalog ------------------------------------------------------------------------
+
+    @router.post(
+        "/api/catalog/register",
+        status_code=201,
+        tags=["catalog"],
+        responses={400: {"description": "Invalid playbook: file:line:column and field."}},
+    )
+    async def register_playbook(body: RegisterRequest) -> Registered:
+        """Validate a playbook (as `flowtide catalog register` does) and record it under
+        its metadata.path: a new version when the text changed, else the latest one."""
+        file = body.source_file
+        try:
+            playbook = await asyncio.to_thread(parse_playbook, body.content, file)
+        except PlaybookError as exc:
+            return _playbook_error(exc)  # type: ignore[return-value]
+        except RecursionError:  # the YAML parser recurses per nesting level
+            return _playbook_error(  # type: ignore[return-value]
+                PlaybookError("the YAML nests too deeply", file=file, line=1)
+            )
+        path: object = playbook.path
+        problem = _catalog_path_problem(path)
+        if problem or not isinstance(path, str):
+            return _playbook_error(  # type: ignore[return-value]
+                PlaybookError(
+                    problem or "metadata.path is not text",
+                    file=file,
+                    field="metadata.path",
+                    expected="the catalog path to record, a string",
+                )
+            )
+        version = await asyncio.to_thread(
+            lambda: runtime.store.register_playbook(
+                path, playbook.text, source_file=file, created=time.time()
+            )
+        )
+        return Registered(path=path, version=version, catalog_id=f"{path}@{version}")
+
+    @router.get("/api/catalog/list", tags=["catalog"])
+    async def list_catalog(
+        path: Annotated[
+            Text | None, Query(max_length=4096, description="Only paths starting with this.")
+        ] = None,
+    ) -> CatalogList:
+        """The latest version of every registered path (no playbook text)."""
+        rows = await asyncio.to_thread(runtime.store.catalog_entries, path)
+        return CatalogList(
+            items=[CatalogEntry(**r, catalog_id=f"{r['path']}@{r['version']}") for r in rows]
+        )
+
+    @router.get("/api/catalog/{path:path}", tags=["catalog"])
+    async def get_catalog_entry(
+        path: Annotated[Text, PathParam(max_length=4096)],
+        version: Annotated[
+            int | None, Query(ge=1, le=_MAX_VERSION, description="Default: the latest.")
+        ] = None,
+    ) -> CatalogPlaybook:
+        """One registered playbook: metadata and its YAML text. 404 names the path."""
+        row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
+        return CatalogPlaybook(
+            path=row.path,
+            version=row.version,
+            versions=row.versions,
+            catalog_id=f"{row.path}@{row.version}",
+            source_file=row.source_file,
+            created=row.created,
+            content=row.text,
+        )
+
+    # -- credentials --------------------------------------------------------------------
+
+    @router.post(
+        "/api/credentials",
+        status_code=201,
+        tags=["credentials"],
+    )
+    async def put_credential(body: CredentialRequest) -> CredentialInfo:
+        """Store (or replace) a credential alias; the server encrypts `data`."""
+
+        def write() -> dict[str, Any]:
+            vault().set(body.name, body.data, kind=body.kind)
+            return dict(runtime.store.credential_info(body.name))
+
+        try:
+            info = await asyncio.to_thread(write)
+        except CredentialError as exc:  # the master key is unusable: the server's fault
+            return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
+        return CredentialInfo(**info)
+
+    @router.get("/api/credentials", tags=["credentials"])
+    async def list_credentials() -> list[CredentialInfo]:
+        """Every alias with its kind and times; never a value."""
+        rows = await asyncio.to_thread(runtime.store.list_credentials)
+        return [CredentialInfo(**r) for r in rows]
+
+    @router.get("/api/credentials/{name}", tags=["credentials"])
+    async def get_credential(
+        name: Annotated[Text, PathParam(min_length=1, max_length=200)],
+        ciphertext: Annotated[
+            bool, Query(description="Include the Fernet token (for workers).")
+        ] = False,
+    ) -> SealedCredential | CredentialInfo:
+        """A credential's metadata; with ?ciphertext=true also its encrypted body, which
+        only holders of the master key can read."""
+
+        def read() -> SealedCredential | CredentialInfo:
+            info = runtime.store.credential_info(name)
+            if not ciphertext:
+                return CredentialInfo(**info)
+            _kind, token = runtime.store.get_credential(name)
+            return SealedCredential(**info, ciphertext=_sealed(token))
+
+        return await asyncio.to_thread(read)
+
+    @router.delete("/api/credentials/{name}", tags=["credentials"])
+    async def delete_credential(
+        name: Annotated[Text, PathParam(min_length=1, max_length=200)],
+    ) -> Deleted:
+        await asyncio.to_thread(runtime.store.delete_credential, name)
+        return Deleted(name=name)
+
+    # -- keychain -----------------------------------------------------------------------
+
+    @router.get("/api/keychain", tags=["keychain"])
+    async def list_keychain(
+        catalog_id: Annotated[Text, Query(min_length=1, max_length=4096)],
+    ) -> KeychainList:
+        """The live (unexpired) entries of a catalog entry, metadata only."""
+        try:
+            path, version = await resolve(catalog_id)
+        except ValueError as exc:
+            return _field_error("catalog_id", str(exc))  # type: ignore[return-value]
+        now = time.time()
+        rows = await asyncio.to_thread(lambda: runtime.store.list_keychain(path, version, now=now))
+        return KeychainList(
+            catalog_id=f"{path}@{version}", items=[_keychain_doc(r, now) for r in rows]
+        )
+
+    async def locate(
+        catalog_id: str, scope: str, execution_id: int | None
+    ) -> tuple[str, int] | JSONResponse:
+        problem = _scope_problem(scope, execution_id)
+        if problem:
+            return _field_error("execution_id", problem)
+        try:
+            return await resolve(catalog_id)
+        except ValueError as exc:
+            return _field_error("catalog_id", str(exc))
+
+    @router.post(
+        "/api/keychain/{catalog_id:path}/{name}",
+        tags=["keychain"],
+    )
+    async def put_keychain(
+        catalog_id: CatalogIdParam, name: NameParam, body: KeychainRequest
+    ) -> KeychainEntry:
+        """Cache a secret or token for a catalog entry (replacing the entry of the same
+        name, scope and execution), encrypted; with an expiry when given."""
+        where = await locate(catalog_id, body.scope, body.execution_id)
+        if isinstance(where, JSONResponse):
+            return where  # type: ignore[return-value]
+        path, version = where
+        now = time.time()
+        expires = body.expires_at
+        if body.ttl_seconds is not None:
+            expires = now + body.ttl_seconds
+
+        def write() -> KeychainRow:
+            return runtime.store.put_keychain(  # type: ignore[no-any-return]
+                path,
+                version,
+                name,
+                scope=body.scope,
+                execution_id=body.execution_id,
+                kind=body.kind,
+                ciphertext=vault().seal(body.data),
+                expires=expires,
+                now=now,
+            )
+
+        try:
+            entry = await asyncio.to_thread(write)
+        except CredentialError as exc:
+            return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
+        return _keychain_doc(entry, now)
+
+    @router.get(
+        "/api/keychain/{catalog_id:path}/{name}",
+        tags=["keychain"],
+    )
+    async def get_keychain(
+        catalog_id: CatalogIdParam,
+        name: NameParam,
+        scope: ScopeQuery = "global",
+        execution_id: OwnerQuery = None,
+        ciphertext: Annotated[
+            bool, Query(description="Include the Fernet token (for workers).")
+        ] = False,
+    ) -> SealedKeychainEntry | KeychainEntry:
+        """A keychain entry's metadata (and with ?ciphertext=true its encrypted body);
+        404 when the catalog entry or the keychain entry is unknown or has expired."""
+        where = await locate(catalog_id, scope, execution_id)
+        if isinstance(where, JSONResponse):
+            return where  # type: ignore[return-value]
+        path, version = where
+        now = time.time()
+        entry = await asyncio.to_thread(
+            lambda: runtime.store.get_keychain(
+                path, version, name, scope=scope, execution_id=execution_id, now=now
+            )
+        )
+        doc = _keychain_doc(entry, now)
+        if ciphertext:
+            return SealedKeychainEntry(**doc.model_dump(), ciphertext=_sealed(entry.ciphertext))
+        return doc
+
+    @router.delete("/api/keychain/{catalog_id:path}/{name}", tags=["keychain"])
+    async def delete_keychain(
+        catalog_id: CatalogIdParam,
+        name: NameParam,
+        scope: ScopeQuery = "global",
+        execution_id: OwnerQuery = None,
+    ) -> Deleted:
+        """Remove a keychain entry (404 when unknown or already expired)."""
+        where = await locate(catalog_id, scope, execution_id)
+        if isinstance(where, JSONResponse):
+            return where  # type: ignore[return-value]
+        path, version = where
+        now = time.time()
+        await asyncio.to_thread(
+            lambda: runtime.store.delete_keychain(
+                path, version, name, scope=scope, execution_id=execution_id, now=now
+            )
+        )
+        return Deleted(name=name)
+
+    return router

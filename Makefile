@@ -51,6 +51,7 @@ typecheck: install
 bench: install
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/spark.py
+	$(BIN)/python bench/distributed.py
 
 clean:
 	-@[ -x $(BIN)/flowtide ] && $(BIN)/flowtide dev down 2>/dev/null || true

@@ -42,15 +42,35 @@ class LoopState:
             pass
 
     async def record(
-        self, execution_id: int, step: str, instance: int, index: int, status: str
+        self,
+        execution_id: int,
+        step: str,
+        instance: int,
+        index: int,
+        status: str,
+        command_id: int | None = None,
     ) -> bool:
-        """Record iteration `index` as finished. False when it was already recorded."""
+        """Record iteration `index` as finished. False when it was already recorded.
+
+        With `command_id`, the record names the command that finished the iteration, and
+        a second record for the same command counts again: the KV is written before the
+        event log commits, so a process that died (or a transaction that rolled back) in
+        between leaves a record the log never got, and the command — issued again with
+        the same id — must be able to finish the iteration. Another command's record
+        still makes this one a duplicate.
+        """
+        key = f"{loop_prefix(execution_id, step, instance)}.r.{index}"
+        value = status if command_id is None else f"{status}:{command_id}"
         try:
-            await self.kv.create(
-                f"{loop_prefix(execution_id, step, instance)}.r.{index}", status.encode()
-            )
+            await self.kv.create(key, value.encode())
         except KeyExistsError:
-            return False
+            if command_id is None:
+                return False
+            try:
+                entry = await self.kv.get(key)
+            except KVError:
+                return False
+            return entry.value.decode(errors="replace").endswith(f":{command_id}")
         return True
 
     async def claim_done(self, execution_id: int, step: str, instance: int) -> bool:

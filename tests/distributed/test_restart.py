@@ -9,6 +9,9 @@ loop state when the KV is NATS), and its relay publishes outbox rows the dead on
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,23 +86,75 @@ def _completed_indexes(events: list[dict[str, Any]]) -> list[int]:
     )
 
 
+def _diagnose(stack: Stack, eid: str) -> str:
+    """What a stuck run looks like: command rows by status, outbox backlog, log tails."""
+    import psycopg
+
+    with psycopg.connect(stack.db) as conn:
+        commands = conn.execute(
+            "SELECT status, worker_id, attempt, lease_until - extract(epoch FROM now())"
+            " FROM command WHERE execution_id = %s AND status NOT IN ('completed')",
+            (int(eid),),
+        ).fetchall()
+        outbox = conn.execute(
+            "SELECT count(*) FROM outbox WHERE published IS NULL AND execution_id = %s",
+            (int(eid),),
+        ).fetchone()
+        tail = conn.execute(
+            "SELECT type, step, worker_id FROM event WHERE execution_id = %s"
+            " ORDER BY seq DESC LIMIT 15",
+            (int(eid),),
+        ).fetchall()
+    return (
+        f"execution {eid} stuck; open commands {commands}; unpublished outbox {outbox}; "
+        f"last events {tail}\nserver log:\n{stack.log('server')}\nworker0 log:\n"
+        f"{stack.log('worker0')[-1500:]}"
+    )
+
+
+@pytest.mark.timeout(300)
 def test_server_killed_and_restarted_mid_loop(restart_stack: Stack, tmp_path: Path) -> None:
     stack = restart_stack
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
-        eid = client.post("/api/execute", json={"playbook": LOOP}).json()["execution_id"]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if len(_completed_indexes(_events(client, eid))) >= 80:
-                break
-            time.sleep(0.05)
-        stack.kill_server()
-        # Down long enough for workers to finish what they hold and fail to report it.
-        time.sleep(2.0)
-        stack.start_server()
-        doc = _wait(client, eid, timeout=180)
-        assert doc["status"] == "completed", (doc, stack.log("server"))
-        assert doc["result"] == {"n": 400, "sum": sum(i * i for i in range(400))}
-        assert _completed_indexes(_events(client, eid)) == list(range(400))
-    # The log folds to the same document on a fresh read (no cache involved).
-    shown = stack.run("status", eid, "--json")
-    assert shown.returncode == 0, shown.stderr
+    playbook = tmp_path / "loop.yaml"
+    playbook.write_text(LOOP)
+    # The command line follows the run through the restart.
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "flowtide.cli", "run", str(playbook), "--json"]
+        + ["--server", stack.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stack.env,
+    )
+    try:
+        with httpx.Client(base_url=stack.url, timeout=30) as client:
+            eid = None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if eid is None:
+                    items = client.get("/api/executions", params={"status": "running"}).json()
+                    mine = [i for i in items["items"] if i["playbook"] == "tests/dist/restart_loop"]
+                    eid = mine[0]["execution_id"] if mine else None
+                elif len(_completed_indexes(_events(client, eid))) >= 80:
+                    break
+                time.sleep(0.05)
+            assert eid is not None
+            stack.kill_server()
+            # Down long enough for workers to finish what they hold and fail to report it.
+            time.sleep(2.0)
+            stack.start_server()
+            try:
+                doc = _wait(client, eid, timeout=150)
+            except AssertionError:
+                raise AssertionError(_diagnose(stack, eid)) from None
+            assert doc["status"] == "completed", (doc, stack.log("server"))
+            assert doc["result"] == {"n": 400, "sum": sum(i * i for i in range(400))}
+            assert _completed_indexes(_events(client, eid)) == list(range(400))
+        out, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert follower.returncode == 0, err
+    followed = json.loads(out)
+    assert followed["execution_id"] == eid and followed["result"] == doc["result"]

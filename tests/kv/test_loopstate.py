@@ -201,3 +201,25 @@ def test_state_is_removed_when_the_execution_ends(
     assert status == ("failed" if fail else "completed")
     assert len(seen) == 40
     assert left == []
+
+
+@pytest.mark.parametrize("where", ["memory", "nats"])
+def test_a_record_the_log_never_got_counts_for_the_same_command(nats_url: str, where: str) -> None:
+    """A server that died between the KV write and the log commit left a record; the
+    command, issued again with the same id, still finishes the iteration. A report of
+    another command for the same iteration stays a duplicate."""
+
+    async def main() -> None:
+        url = "memory://" if where == "memory" else nats_url
+        kv = await open_bucket(url, f"orphan_{where}")
+        state = LoopState(kv)
+        assert await state.record(9, "work", 0, 3, "ok", 111) is True
+        assert await state.record(9, "work", 0, 3, "ok", 111) is True
+        assert await state.record(9, "work", 0, 3, "ok", 222) is False
+        assert await state.record(9, "work", 0, 3, "ok") is False
+        assert await state.record(9, "work", 0, 4, "ok") is True
+        assert await state.record(9, "work", 0, 4, "ok", 111) is False
+        assert await state.finished_count(9, "work", 0) == 2
+        await kv.close()
+
+    run(main())

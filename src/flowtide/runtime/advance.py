@@ -179,6 +179,7 @@ class Advancer:
                         record.loop_instance or 0,
                         record.loop_index,
                         (event.payload or {}).get("status", "ok"),
+                        event.command_id,
                     ),
                 )
             )
@@ -202,6 +203,7 @@ class Advancer:
                     record.loop_instance or 0,
                     record.loop_index,
                     (event.payload or {}).get("status", "ok"),
+                    event.command_id,
                 )
         elif event.type == ev.LOOP_DONE and self.loopstate is not None:
             instance = (event.payload or {}).get("instance", 0)

@@ -180,6 +180,12 @@ def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:
         assert r.status_code == 400 and r.json()["error"]["field"] == "playbook"
         r = client.post("/api/execute", json={"path": "no/such/playbook"})
         assert r.status_code == 404 and "no/such/playbook" in r.json()["error"]["message"]
+        r = client.post("/api/execute", json={"catalog_id": "x@99999999999"})
+        assert r.status_code in (404, 422) and "x" in r.json()["error"]["message"]
+        r = client.post("/api/execute", json={"catalog_id": "x@\u00b2"})
+        assert r.status_code == 404
+        r = client.post("/api/execute", json={"path": "x", "version": 99999999999})
+        assert r.status_code == 422 and "version" in r.json()["error"]["message"]
         r = client.post("/api/events/batch", json={"execution_id": "x", "events": []})
         assert r.status_code == 422 and "execution_id" in r.json()["error"]["message"]
         r = client.post("/api/events/batch", json={"execution_id": 1, "events": [{"type": "x"}]})

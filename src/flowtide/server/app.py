@@ -27,7 +27,7 @@ from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, StoreEr
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
-from flowtide.server.api_cluster import cluster_router
+from flowtide.server.api_cluster import cluster_router, parse_catalog_id
 from flowtide.server.coordinator import ClaimConflict, Coordinator
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.urls import redact_url
@@ -75,7 +75,9 @@ class _Body(BaseModel):
 
 class ExecuteRequest(_Body):
     path: str | None = Field(None, description="Catalog path of the playbook.")
-    version: int | None = Field(None, ge=1, description="Catalog version (default: latest).")
+    version: int | None = Field(
+        None, ge=1, le=2**31 - 1, description="Catalog version (default: latest)."
+    )
     catalog_id: str | None = Field(None, description="`path@version` or `path`.")
     playbook: str | None = Field(None, description="Inline playbook YAML.")
     payload: dict[str, Any] = Field(default_factory=dict, description="Workload overrides.")
@@ -128,7 +130,6 @@ class PoolRegister(_Body):
 class Heartbeat(_Body):
     worker_id: str = Field(min_length=1, max_length=200)
     running: int = Field(0, ge=0)
-
     commands: list[Id] | None = Field(
         None,
         max_length=100_000,
@@ -316,8 +317,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             else:
                 path = body.path or ""
                 if body.catalog_id:
-                    path, _, v = body.catalog_id.partition("@")
-                    version = int(v) if v.isdigit() else version
+                    try:
+                        path, parsed = parse_catalog_id(body.catalog_id)
+                    except ValueError as exc:
+                        return _error(422, f"catalog_id: {exc}", field="catalog_id")  # type: ignore[return-value]
+                    version = parsed or version
                 row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
                 playbook = parse_playbook(row.text, row.source_file)
                 version = row.version

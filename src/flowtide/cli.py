@@ -219,6 +219,20 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
 
 
+TargetArg = Annotated[
+    str, typer.Argument(help="Playbook file, or a catalog path (PATH or PATH@VERSION).")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Override a workload key: KEY=VALUE (VALUE parsed as JSON when it can be).",
+    ),
+]
+PayloadOpt = Annotated[
+    str | None,
+    typer.Option("--payload", help="Workload overrides as a JSON object (or @file)."),
+]
 ServerOpt = Annotated[
     str | None,
     typer.Option(
@@ -447,20 +461,9 @@ def _execute(
 
 @app.command()
 def run(
-    target: Annotated[
-        str, typer.Argument(help="Playbook file, or a catalog path (PATH or PATH@VERSION).")
-    ],
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="Override a workload key: KEY=VALUE (VALUE parsed as JSON when it can be).",
-        ),
-    ] = None,
-    payload: Annotated[
-        str | None,
-        typer.Option("--payload", help="Workload overrides as a JSON object (or @file)."),
-    ] = None,
+    target: TargetArg,
+    set_: SetOpt = None,
+    payload: PayloadOpt = None,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
@@ -689,23 +692,12 @@ def _print_event(e: Any) -> None:
 
 @app.command()
 def execute(
-    target: Annotated[
-        str, typer.Argument(help="Playbook file, or a catalog path (PATH or PATH@VERSION).")
-    ],
+    target: TargetArg,
     server: Annotated[
         str, typer.Option("--server", envvar="FLOWTIDE_SERVER", help="flowtide server URL.")
     ],
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="Override a workload key: KEY=VALUE (VALUE parsed as JSON when it can be).",
-        ),
-    ] = None,
-    payload: Annotated[
-        str | None,
-        typer.Option("--payload", help="Workload overrides as a JSON object (or @file)."),
-    ] = None,
+    set_: SetOpt = None,
+    payload: PayloadOpt = None,
     pool: Annotated[
         str | None, typer.Option("--pool", help="Worker pool to run on (default: default).")
     ] = None,

@@ -21,6 +21,7 @@ from cryptography.fernet import Fernet
 from flowtide.store import pgschema
 
 from .stack import Stack, flowtide_env
+from .test_faults import _wait
 
 HELLO = """\
 apiVersion: noetl.io/v2
@@ -60,22 +61,6 @@ workflow:
 
 def _client(stack: Stack) -> httpx.Client:
     return httpx.Client(base_url=stack.url, timeout=30)
-
-
-def _wait(client: httpx.Client, eid: str, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc = client.get(f"/api/executions/{eid}").json()
-        if doc["status"] != "running":
-            return dict(doc)
-        time.sleep(0.1)
-    raise AssertionError(f"execution {eid} still running after {timeout}s")
-
-
-def _events(client: httpx.Client, eid: str) -> list[dict[str, Any]]:
-    r = client.get(f"/api/executions/{eid}/events", params={"limit": 10_000})
-    assert r.status_code == 200, r.text
-    return list(r.json())
 
 
 def _full_log(stack: Stack, name: str) -> str:

@@ -87,10 +87,19 @@ class TestNatsKVWithoutDirectGet(TestNatsKV):
         stream["allow_direct"] = False
         nc = await nats.connect(self.url)
         try:
-            # Refused when the bucket exists with another configuration: then bind it.
-            await nc.request(
-                f"$JS.API.STREAM.CREATE.KV_{bucket}", json.dumps(stream).encode(), timeout=5
-            )
+            # Refused with 10058 when the bucket exists with another configuration: then
+            # bind it. Any other refusal (a busy server) is retried, never ignored: the
+            # connect below would create the bucket itself, with direct get.
+            for attempt in range(5):
+                reply = await nc.request(
+                    f"$JS.API.STREAM.CREATE.KV_{bucket}", json.dumps(stream).encode(), timeout=10
+                )
+                error = json.loads(reply.data).get("error")
+                if error is None or error.get("err_code") == 10058:
+                    break
+                if attempt == 4:
+                    raise AssertionError(f"stream create refused: {error}")
+                await asyncio.sleep(0.2 * (attempt + 1))
         finally:
             await nc.close()
         kv = await connect(self.url, bucket, **config)

@@ -90,6 +90,12 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "worker-0": "running",
     }
 
+    logs = _flowtide(home, "dev", "logs", "server")
+    assert logs.returncode == 0 and f"flowtide server on {url}" in logs.stdout
+    assert state["pg_password"] not in logs.stdout
+    unknown = _flowtide(home, "dev", "logs", "nope")
+    assert unknown.returncode == 2 and "worker-0" in unknown.stderr
+
     run = _flowtide(home, "run", "examples/quickstart.yaml", "--server", url, "--json")
     assert run.returncode == 0, run.stderr
     remote = json.loads(run.stdout)

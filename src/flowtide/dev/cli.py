@@ -156,3 +156,43 @@ def dev_status(as_json: JsonOpt = False, home: HomeOpt = None) -> None:
     _print_status(stack, components, as_json)
     if any(c.state != "running" for c in components):
         raise typer.Exit(1)
+
+
+@dev_app.command("logs")
+def dev_logs(
+    part: Annotated[
+        str,
+        typer.Argument(help="server, nats, postgres or worker-N."),
+    ] = "server",
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="How many lines.")] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C stops).")
+    ] = False,
+    home: HomeOpt = None,
+) -> None:
+    """Print the end of one part's log (and follow it with -f)."""
+    import time
+
+    stack = _stack(home)
+    known = {c.name: Path(c.log) for c in stack.status()}
+    path = known.get(part)
+    if path is None:
+        typer.echo(f"error: no part {part!r}; the parts are {', '.join(known)}", err=True)
+        raise typer.Exit(2)
+    if not path.exists():
+        typer.echo(f"error: {path} does not exist yet (has `flowtide dev up` run?)", err=True)
+        raise typer.Exit(1)
+    with open(path, errors="replace") as handle:
+        tail = handle.readlines()[-lines:] if lines else []
+        typer.echo("".join(tail), nl=False)
+        if not follow:
+            return
+        try:
+            while True:
+                line = handle.readline()
+                if line:
+                    typer.echo(line, nl=False)
+                else:
+                    time.sleep(0.2)
+        except KeyboardInterrupt:
+            return

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from flowtide.ids import Snowflake
+
 from .stack import Stack
 
 LOOP = """
@@ -304,4 +306,83 @@ def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: S
             time.sleep(0.3)
         again_issued = reissued()
         assert again_issued and again_issued[0]["payload"]["attempt"] == 2
+        client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+
+
+def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
+    stack: Stack,
+) -> None:
+    """Reports that the server takes together (group commit) keep their own verdicts: a
+    repeated report is a duplicate, a report by a worker that does not hold the command is
+    stale (409), and only the valid ones are written."""
+    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
+        "count: 500, pause: 0.25", "count: 3, pause: 0"
+    )
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        eid = client.post("/api/execute", json={"playbook": playbook, "pool": "idle"}).json()[
+            "execution_id"
+        ]
+        deadline = time.monotonic() + 30
+        issued: list[dict[str, Any]] = []
+        while len(issued) < 3 and time.monotonic() < deadline:
+            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
+            time.sleep(0.05)
+        assert len(issued) == 3
+        for n, event in enumerate(issued):
+            r = client.post(
+                f"/api/commands/{event['event_id']}/claim",
+                json={"execution_id": eid, "command_id": event["command_id"], "worker_id": f"w{n}"},
+            )
+            assert r.status_code == 200, r.text
+
+        def report(event: dict[str, Any], worker: str, event_id: int) -> dict[str, Any]:
+            index = event["payload"]["loop_index"]
+            return {
+                "execution_id": eid,
+                "worker_id": worker,
+                "events": [
+                    {
+                        "event_id": event_id,
+                        "execution_id": eid,
+                        "type": "command.completed",
+                        "step": "work",
+                        "status": "ok",
+                        "payload": {
+                            "attempt": 1,
+                            "loop_instance": event["payload"].get("loop_instance"),
+                            "loop_index": index,
+                            "status": "ok",
+                            "result": {"index": index},
+                            "action": "continue",
+                        },
+                        "parent_event_id": event["event_id"],
+                        "command_id": event["command_id"],
+                        "worker_id": worker,
+                        "time": time.time(),
+                    }
+                ],
+            }
+
+        gen = Snowflake()
+        ids = [gen.next_id() for _ in range(3)]
+        bodies = [
+            report(issued[0], "w0", ids[0]),
+            report(issued[0], "w0", ids[0]),  # the same report again
+            report(issued[1], "someone-else", ids[1]),  # not the holder
+            report(issued[2], "w2", ids[2]),
+        ]
+
+        def post(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            r = client.post("/api/events/batch", json=body)
+            return r.status_code, r.json()
+
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(post, bodies))
+        first, again, stale, other = answers
+        assert {first[1]["accepted"], again[1]["accepted"]} == {0, 1}, answers
+        assert first[1]["duplicates"] + again[1]["duplicates"] == 1, answers
+        assert stale[0] == 409 and stale[1]["stale"] == 1 and stale[1]["accepted"] == 0
+        assert other[0] == 200 and other[1]["accepted"] == 1
+        completed = [e for e in _events(client, eid) if e["type"] == "command.completed"]
+        assert sorted(int(e["event_id"]) for e in completed) == [ids[0], ids[2]]
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})

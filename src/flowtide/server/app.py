@@ -194,6 +194,7 @@ class _Runtime:
             self.nc = await nats.connect(s.nats, name="flowtide-server", max_reconnect_attempts=-1)
             self.relay = OutboxRelay(self.store, self.nc)
             self.coordinator.on_outbox = self.relay.poke
+            self.coordinator.publish = self.relay.publish
             await self.relay.start()
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
         metrics.process_started()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
-from flowtide.engine.state import ExecutionState
+from flowtide.engine.state import CommandRecord, ExecutionState, LoopRecord
 from flowtide.errors import FlowtideError, NotFoundError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
@@ -31,6 +31,7 @@ from flowtide.playbook.model import Playbook
 from flowtide.runtime.advance import Advance, Advancer, initialized_event
 from flowtide.runtime.local import render_workload
 from flowtide.server import metrics
+from flowtide.server.outbox import OUTBOX_HOLD, OutboxRow
 from flowtide.store.base import CommandUpdate
 from flowtide.store.codec import (
     EVENT_COLUMNS,
@@ -126,6 +127,39 @@ class _Cached:
     last_seq: int = 0
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """What a claim's reply reads from a state, taken while no step was changing it.
+
+    A claim reads it without the execution lock: the state itself is mutated by steps
+    (in the event loop and in worker threads) and may hold uncommitted events.
+    """
+
+    playbook: Playbook
+    parts: dict[str, Any]
+    status: str
+    commands: dict[int, CommandRecord]
+    loops: dict[tuple[str, int], LoopRecord]
+
+    @classmethod
+    def of(cls, state: ExecutionState) -> _Snapshot:
+        return cls(
+            state.playbook,
+            state.context_parts(),
+            state.status,
+            dict(state.commands),
+            dict(state.loops),
+        )
+
+
+@dataclass
+class _Report:
+    """One `submit` call waiting for the step that takes it (see `submit`)."""
+
+    events: list[Event]
+    result: asyncio.Future[SubmitResult]
+
+
 class Coordinator:
     """Starts, advances, cancels executions and hands out commands; one per process."""
 
@@ -147,8 +181,17 @@ class Coordinator:
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._cache_size = cache_size
         self._locks: dict[int, asyncio.Lock] = {}
+        #: Reports waiting for their execution's lock, taken together by the first of
+        #: them to get it (group commit).
+        self._queued: dict[int, list[_Report]] = {}
+        #: Committed states as claim replies read them (one per cached execution).
+        self._snapshots: dict[int, _Snapshot] = {}
         #: Called after a commit that added outbox rows (the relay's wake-up).
         self.on_outbox: Callable[[], None] | None = None
+        #: When set, called after a commit with the outbox rows it added, to publish them
+        #: at once. They are written locked for `OUTBOX_HOLD` seconds, so the relay only
+        #: publishes the ones this process fails to mark published by then.
+        self.publish: Callable[[list[OutboxRow]], None] | None = None
 
     # -- the cache ---------------------------------------------------------------------
 
@@ -164,10 +207,17 @@ class Coordinator:
         return lock
 
     def _remember(self, execution_id: int, cached: _Cached) -> None:
+        """Keep a committed state (the caller holds the execution's lock)."""
         self._cache[execution_id] = cached
         self._cache.move_to_end(execution_id)
+        self._snapshots[execution_id] = _Snapshot.of(cached.state)
         while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+            old, _ = self._cache.popitem(last=False)
+            self._snapshots.pop(old, None)
+
+    def _forget(self, execution_id: int) -> None:
+        self._cache.pop(execution_id, None)
+        self._snapshots.pop(execution_id, None)
 
     def _catch_up(self, conn: psycopg.Connection, execution_id: int) -> _Cached:
         """The execution's state including everything committed so far (caller serialises)."""
@@ -199,9 +249,18 @@ class Coordinator:
     async def state(self, execution_id: int) -> ExecutionState:
         """A caught-up state of the execution (read-only use)."""
         async with self._lock(execution_id):
-            cached = await asyncio.to_thread(self._read_state, execution_id)
-            self._remember(execution_id, cached)
+            cached = await self._read_locked(execution_id)
             return cached.state
+
+    async def _read_locked(self, execution_id: int) -> _Cached:
+        try:
+            cached = await asyncio.to_thread(self._read_state, execution_id)
+        except BaseException:
+            # The catch-up may have applied part of the log to the cached state.
+            self._forget(execution_id)
+            raise
+        self._remember(execution_id, cached)
+        return cached
 
     def _read_state(self, execution_id: int) -> _Cached:
         with self.store.transaction("read state") as conn:
@@ -264,7 +323,52 @@ class Coordinator:
                 raise FlowtideError(
                     f"event {e.event_id} belongs to execution {e.execution_id}, not {execution_id}"
                 )
-        return await self._step(execution_id, list(events), check_workers=True)
+        # Group commit: reports that queue up behind a step of their execution are taken
+        # by whichever of them gets the lock first, in one transaction, each judged as if
+        # it came alone after the ones before it.
+        report = _Report(list(events), asyncio.get_running_loop().create_future())
+        self._queued.setdefault(execution_id, []).append(report)
+        async with self._lock(execution_id):
+            if not report.result.done():
+                group = self._queued.pop(execution_id, [])
+                if report not in group:  # cannot happen: a leader settles what it takes
+                    group.append(report)
+                await self._take_reports(execution_id, group)
+        return report.result.result()
+
+    async def _take_reports(self, execution_id: int, group: list[_Report]) -> None:
+        """Advance `group` in one step and settle each report (the caller holds the lock).
+
+        When the step fails and there was more than one report, each is tried alone, so
+        one bad report does not fail the others."""
+        try:
+            try:
+                results, after = await self._step_locked(
+                    execution_id, [r.events for r in group], check_workers=True
+                )
+            except Exception as exc:
+                if len(group) == 1:
+                    group[0].result.set_exception(exc)
+                    return
+                for r in group:
+                    try:
+                        results, after = await self._step_locked(
+                            execution_id, [r.events], check_workers=True
+                        )
+                    except Exception as one:
+                        r.result.set_exception(one)
+                    else:
+                        r.result.set_result(results[0])
+                        await self._after(*after)
+                return
+            for r, result in zip(group, results, strict=True):
+                r.result.set_result(result)
+            await self._after(*after)
+        finally:
+            # Cancelled midway: what is not settled goes back for its own caller to take.
+            unsettled = [r for r in group if not r.result.done()]
+            if unsettled:
+                self._queued[execution_id] = unsettled + self._queued.get(execution_id, [])
 
     async def cancel(self, execution_id: int, reason: str) -> SubmitResult:
         event = Event(
@@ -392,41 +496,76 @@ class Coordinator:
         reissue: bool = False,
     ) -> SubmitResult:
         async with self._lock(execution_id):
-            pool = self.store.pool("shard")
-            conn = await asyncio.to_thread(pool.getconn)
-            ok = False
-            try:
-                result, out, cached = await self._step_in(
-                    conn, execution_id, incoming, prepare, fresh, check_workers, reissue
-                )
-                await asyncio.to_thread(conn.commit)
-                ok = True
-            finally:
-                if not ok:
-                    self._cache.pop(execution_id, None)
-                    await asyncio.to_thread(conn.rollback)
-                await asyncio.to_thread(pool.putconn, conn)
-            self._remember(execution_id, cached)
-        self._count(cached.pool, result, out)
-        if out.commands and self.on_outbox is not None:
+            results, after = await self._step_locked(
+                execution_id,
+                [incoming],
+                prepare=prepare,
+                fresh=fresh,
+                check_workers=check_workers,
+                reissue=reissue,
+            )
+        await self._after(*after)
+        return results[0]
+
+    async def _step_locked(
+        self,
+        execution_id: int,
+        parts: list[list[Event]],
+        *,
+        prepare: Callable[[psycopg.Connection], None] | None = None,
+        fresh: _Cached | None = None,
+        check_workers: bool = False,
+        reissue: bool = False,
+    ) -> tuple[list[SubmitResult], tuple[int, str, list[SubmitResult], Advance, list[OutboxRow]]]:
+        """One transaction over `parts` (one per caller, in order); the caller holds the
+        execution's lock and calls `_after` with the second value once it let go."""
+        pool = self.store.pool("shard")
+        conn = await asyncio.to_thread(pool.getconn)
+        ok = False
+        try:
+            results, out, cached, notices = await self._step_in(
+                conn, execution_id, parts, prepare, fresh, check_workers, reissue
+            )
+            await asyncio.to_thread(conn.commit)
+            ok = True
+        finally:
+            if not ok:
+                self._forget(execution_id)
+                await asyncio.to_thread(conn.rollback)
+            await asyncio.to_thread(pool.putconn, conn)
+        self._remember(execution_id, cached)
+        return results, (execution_id, cached.pool, results, out, notices)
+
+    async def _after(
+        self,
+        execution_id: int,
+        pool: str,
+        results: list[SubmitResult],
+        out: Advance,
+        notices: list[OutboxRow],
+    ) -> None:
+        """What follows a committed step, outside the lock."""
+        self._count(pool, results, out)
+        if notices and self.publish is not None:
+            self.publish(notices)
+        elif out.commands and self.on_outbox is not None:
             self.on_outbox()
         if out.finished and self.loopstate is not None:
             await self.loopstate.cleanup(execution_id)
-        return result
 
     async def _step_in(
         self,
         conn: psycopg.Connection,
         execution_id: int,
-        incoming: list[Event],
+        parts: list[list[Event]],
         prepare: Callable[[psycopg.Connection], None] | None,
         fresh: _Cached | None,
         check_workers: bool,
         reissue: bool,
-    ) -> tuple[SubmitResult, Advance, _Cached]:
-        result = SubmitResult()
+    ) -> tuple[list[SubmitResult], Advance, _Cached, list[OutboxRow]]:
+        results = [SubmitResult() for _ in parts]
 
-        def lock_and_load() -> tuple[_Cached, list[Event]]:
+        def lock_and_load() -> tuple[_Cached, set[int], dict[int, tuple[Any, Any, Any]]]:
             if prepare is not None:
                 prepare(conn)
             found = conn.execute(
@@ -439,31 +578,68 @@ class Coordinator:
                 cached = fresh
             else:
                 cached = self._catch_up(conn, execution_id)
-            todo = incoming
-            if todo:
+            ids = [e.event_id for part in parts for e in part]
+            known: set[int] = set()
+            if ids:
                 known = {
                     r[0]
                     for r in conn.execute(
                         "SELECT event_id FROM event WHERE execution_id = %s AND event_id = ANY(%s)",
-                        (execution_id, [e.event_id for e in todo]),
+                        (execution_id, ids),
                     )
                 }
-                result.duplicates = sum(1 for e in todo if e.event_id in known)
-                todo = [e for e in todo if e.event_id not in known]
-            if check_workers and todo:
-                todo = self._drop_stale(conn, cached.state, todo, result)
-            return cached, todo
+            current: dict[int, tuple[Any, Any, Any]] = {}
+            if check_workers:
+                held = {
+                    e.command_id
+                    for part in parts
+                    for e in part
+                    if e.type in _WORKER_EVENTS
+                    and e.command_id is not None
+                    and e.event_id not in known
+                }
+                if held:
+                    rows = conn.execute(
+                        "SELECT command_id, status, worker_id, attempt FROM command"
+                        " WHERE command_id = ANY(%s) FOR UPDATE",
+                        (sorted(held),),
+                    ).fetchall()
+                    current = {r[0]: (r[1], r[2], r[3]) for r in rows}
+            return cached, known, current
 
-        cached, todo = await asyncio.to_thread(lock_and_load)
+        cached, seen, current = await asyncio.to_thread(lock_and_load)
         state = cached.state
-        batch = todo
         reissued: list[Event] = []
         if reissue:
             reissued = await asyncio.to_thread(self._expired_commands, conn, state)
-            batch = reissued + batch
-        out = await self.advancer.advance({execution_id: state}, batch, time.time())
-        result.accepted = len(todo)
-        result.status = state.status
+        out = Advance()
+        for i, (part, result) in enumerate(zip(parts, results, strict=True)):
+            # Each part is judged against the log and command rows as the parts before it
+            # left them, as if it had come in its own transaction.
+            result.duplicates = sum(1 for e in part if e.event_id in seen)
+            todo = [e for e in part if e.event_id not in seen]
+            if check_workers and todo:
+                todo = self._drop_stale(current, todo, result)
+            seen.update(e.event_id for e in todo)
+            batch = reissued + todo if i == 0 else todo
+            if batch or i == 0:
+                done = await self.advancer.advance({execution_id: state}, batch, time.time())
+                out.recorded += done.recorded
+                out.commands += done.commands
+                out.command_rows += done.command_rows
+                out.execution_rows += done.execution_rows
+                out.finished += done.finished
+                out.dropped += done.dropped
+                for row in done.command_rows:
+                    if row.command_id in current:
+                        current[row.command_id] = (row.status, *current[row.command_id][1:])
+                if state.terminal:
+                    for command_id, (status, *rest) in list(current.items()):
+                        if status in ("issued", "claimed"):
+                            current[command_id] = ("cancelled", *rest)
+            result.accepted = len(todo)
+            result.status = state.status
+        result = results[0]
         commands = list(out.commands)
         command_rows = list(out.command_rows)
         for event in reissued:
@@ -475,6 +651,9 @@ class Coordinator:
         if state.terminal:
             commands = []
 
+        notices: list[OutboxRow] = []
+        publish_now = self.publish is not None
+
         def write() -> int:
             now = time.time()
             rows = [(u.execution_id, *self.store.execution_update(u)) for u in out.execution_rows]
@@ -482,29 +661,50 @@ class Coordinator:
                 conn, event_params(out.recorded), command_params(command_rows), rows
             )
             if commands:
+                subject = command_subject(cached.pool, execution_id)
+                payloads = [
+                    json.dumps(
+                        {
+                            "event_id": str(c.issued_event_id),
+                            "execution_id": str(execution_id),
+                            "command_id": str(c.command_id),
+                            "attempt": c.attempt,
+                            "step": c.step,
+                        }
+                    )
+                    for c in commands
+                ]
+                held = now + OUTBOX_HOLD if publish_now else None
                 with conn.cursor() as cur:
                     cur.executemany(
-                        "INSERT INTO outbox (execution_id, command_id, subject, payload, created)"
-                        " VALUES (%s, %s, %s, %s, %s)",
+                        "INSERT INTO outbox (execution_id, command_id, subject, payload, created,"
+                        " locked_until, attempts) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                        " RETURNING id",
                         [
                             (
                                 execution_id,
                                 c.command_id,
-                                command_subject(cached.pool, execution_id),
-                                json.dumps(
-                                    {
-                                        "event_id": str(c.issued_event_id),
-                                        "execution_id": str(execution_id),
-                                        "command_id": str(c.command_id),
-                                        "attempt": c.attempt,
-                                        "step": c.step,
-                                    }
-                                ),
+                                subject,
+                                payload,
                                 now,
+                                held,
+                                int(publish_now),
                             )
-                            for c in commands
+                            for c, payload in zip(commands, payloads, strict=True)
                         ],
+                        returning=publish_now,
                     )
+                    if publish_now:
+                        ids: list[int] = []
+                        while True:
+                            got = cur.fetchone()
+                            ids.append(int(got[0]) if got else 0)
+                            if not cur.nextset():
+                                break
+                        notices.extend(
+                            OutboxRow(id_, execution_id, c.command_id, subject, payload, 1)
+                            for id_, c, payload in zip(ids, commands, payloads, strict=True)
+                        )
                     cur.execute(
                         "UPDATE command SET pool = %s WHERE command_id = ANY(%s)",
                         (cached.pool, [c.command_id for c in commands]),
@@ -525,44 +725,38 @@ class Coordinator:
         cached.last_seq = await asyncio.to_thread(write)
         out.commands = commands
         result.reissued = len(reissued)
-        return result, out, cached
+        return results, out, cached, notices
 
     @staticmethod
-    def _count(pool: str, result: SubmitResult, out: Advance) -> None:
+    def _count(pool: str, results: list[SubmitResult], out: Advance) -> None:
         """Count what a committed step wrote (counting before the commit would count
         steps that roll back)."""
         if out.commands:
             metrics.COMMANDS_ISSUED.labels(pool).inc(len(out.commands))
-        if result.reissued:
-            metrics.COMMANDS_REISSUED.labels(pool).inc(result.reissued)
-        if result.stale:
-            metrics.REPORTS_STALE.labels(pool).inc(result.stale)
+        reissued = sum(r.reissued for r in results)
+        if reissued:
+            metrics.COMMANDS_REISSUED.labels(pool).inc(reissued)
+        stale = sum(r.stale for r in results)
+        if stale:
+            metrics.REPORTS_STALE.labels(pool).inc(stale)
         for row in out.command_rows:
             if row.status == "completed":
                 metrics.COMMANDS_COMPLETED.labels(pool).inc()
             elif row.status == "failed":
                 metrics.COMMANDS_FAILED.labels(pool).inc()
 
+    @staticmethod
     def _drop_stale(
-        self,
-        conn: psycopg.Connection,
-        state: ExecutionState,
-        events: list[Event],
-        result: SubmitResult,
+        current: dict[int, tuple[Any, Any, Any]], events: list[Event], result: SubmitResult
     ) -> list[Event]:
-        """Drop every event of a command whose report would be stale (see `submit`)."""
+        """Drop every event of a command whose report would be stale (see `submit`);
+        `current` holds the rows (status, worker_id, attempt) of the commands named."""
         by_command: dict[int, list[Event]] = {}
         for e in events:
             if e.type in _WORKER_EVENTS and e.command_id is not None:
                 by_command.setdefault(e.command_id, []).append(e)
         if not by_command:
             return events
-        rows = conn.execute(
-            "SELECT command_id, status, worker_id, attempt FROM command"
-            " WHERE command_id = ANY(%s) FOR UPDATE",
-            (list(by_command),),
-        ).fetchall()
-        current = {r[0]: (r[1], r[2], r[3]) for r in rows}
         stale: set[int] = set()
         for command_id, group in by_command.items():
             status, holder, attempt = current.get(command_id, (None, None, None))
@@ -632,16 +826,21 @@ class Coordinator:
         """
         now = time.time()
 
-        def take() -> tuple[str, int, int | None, int | None, str, float | None, bool]:
+        def take() -> tuple[str, int, int | None, int | None, str, float | None, bool, bool]:
             with self.store.transaction("claim") as conn:
                 row = conn.execute(
-                    "SELECT status, worker_id, attempt, payload, step, loop_instance, loop_index,"
-                    " pool FROM command WHERE command_id = %s AND execution_id = %s FOR UPDATE",
+                    "SELECT c.status, c.worker_id, c.attempt, c.payload, c.step, c.loop_instance,"
+                    " c.loop_index, c.pool, e.status, e.cancel_requested"
+                    " FROM command c JOIN execution e ON e.execution_id = c.execution_id"
+                    " WHERE c.command_id = %s AND c.execution_id = %s FOR UPDATE OF c",
                     (command_id, execution_id),
                 ).fetchone()
                 if row is None:
                     raise NotFoundError(f"command {command_id} not found")
-                status, holder, attempt, payload, step, instance, index, pool = row
+                status, holder, attempt, payload, step, instance, index, pool = row[:8]
+                # Read here, not only from a state: another server process may have
+                # cancelled the execution since this one last stepped it.
+                stopping = row[8] == "cancelled" or row[9] is not None
                 issued = (json.loads(payload) if payload else {}).get("issued_event_id")
                 if issued is not None and int(issued) != event_id:
                     raise ClaimConflict(
@@ -654,7 +853,7 @@ class Coordinator:
                         "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",
                         (now + self.lease, now, command_id),
                     )
-                    return step, attempt, instance, index, pool or "default", None, True
+                    return step, attempt, instance, index, pool or "default", None, True, stopping
                 if status != "issued":
                     raise ClaimConflict(
                         f"command {command_id} is {status}"
@@ -694,15 +893,27 @@ class Coordinator:
                     pool or "default",
                     issued_at[0] if issued_at else None,
                     False,
+                    stopping,
                 )
 
-        step, attempt, instance, index, pool, issued_at, repeat = await asyncio.to_thread(take)
+        step, attempt, instance, index, pool, issued_at, repeat, stopping = await asyncio.to_thread(
+            take
+        )
         if not repeat:
             metrics.COMMANDS_CLAIMED.labels(pool).inc()
         if issued_at is not None:
             metrics.CLAIM_LATENCY.labels(pool).observe(max(0.0, now - issued_at))
-        state = await self.state(execution_id)
-        record = state.commands.get(command_id)
+        # The reply is built from the last committed state this process holds when that
+        # state already has this issue of the command (the usual case: this process
+        # issued it), so a claim does not wait behind the execution's running step. Any
+        # state at or after the issue is one the command may run against.
+        snap = self._snapshots.get(execution_id)
+        record = snap.commands.get(command_id) if snap is not None else None
+        if snap is None or record is None or record.issued_event_id != event_id:
+            async with self._lock(execution_id):
+                await self._read_locked(execution_id)
+                snap = self._snapshots[execution_id]
+            record = snap.commands.get(command_id)
         command = Command(
             command_id=command_id,
             execution_id=execution_id,
@@ -716,17 +927,17 @@ class Coordinator:
         spec: dict[str, Any] = {
             "command": {**command.to_dict(), "execution_id": str(execution_id)},
             "playbook": {
-                "text": state.playbook.text,
-                "file": state.playbook.file,
+                "text": snap.playbook.text,
+                "file": snap.playbook.file,
             },
-            "context": state.context_parts(),
+            "context": snap.parts,
             "iterator": None,
             "element": None,
-            "cancelled": state.status in ("cancelling", "cancelled"),
+            "cancelled": stopping or snap.status in ("cancelling", "cancelled"),
             "lease": self.lease,
         }
         if index is not None and not command.extra:
-            loop = state.loops.get((step, instance or 0))
+            loop = snap.loops.get((step, instance or 0))
             if loop is not None:
                 spec["iterator"] = loop.iterator
                 spec["element"] = loop.collection[index]

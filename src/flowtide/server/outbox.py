@@ -24,11 +24,14 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-__all__ = ["STREAM", "OutboxRelay", "OutboxRow", "ensure_stream"]
+__all__ = ["OUTBOX_HOLD", "STREAM", "OutboxRelay", "OutboxRow", "ensure_stream"]
 
 log = logging.getLogger("flowtide.server.outbox")
 
 STREAM: Final = "FLOWTIDE_COMMANDS"
+#: Seconds an outbox row written for `OutboxRelay.publish` stays locked: the relay takes
+#: it only if the writing process did not mark it published by then (it died).
+OUTBOX_HOLD: Final = 5.0
 _SUBJECTS: Final = ["flowtide.commands.>"]
 
 
@@ -134,19 +137,76 @@ class OutboxRelay:
         self.failures = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self._to_mark: list[int] = []
+        self._marker: asyncio.Task[None] | None = None
 
     def poke(self) -> None:
         self._wake.set()
+
+    def publish(self, rows: list[OutboxRow]) -> None:
+        """Publish rows this process just committed (locked for OUTBOX_HOLD), without the
+        relay's claim transaction; marked published in batches afterwards."""
+        task = asyncio.create_task(self._publish_now(rows))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _publish_now(self, rows: list[OutboxRow]) -> None:
+        results = await self._send(rows)
+        ok = [
+            r.id for r, res in zip(rows, results, strict=True) if not isinstance(res, BaseException)
+        ]
+        self.published += len(ok)
+        self._to_mark += ok
+        if self._marker is None or self._marker.done():
+            self._marker = asyncio.create_task(self._mark())
+        failed = [r for r, res in zip(rows, results, strict=True) if isinstance(res, BaseException)]
+        if failed:
+            self.failures += len(failed)
+            first = next(res for res in results if isinstance(res, BaseException))
+            # Unlocked for the relay to try again.
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(
+                    self.rows.mark_failed,
+                    [r.id for r in failed],
+                    f"{type(first).__name__}: {first}",
+                )
+            self.poke()
+
+    async def _mark(self) -> None:
+        # One transaction for every row published meanwhile. A row left unmarked (the
+        # update failed, the process died) is published again by a relay after its hold;
+        # JetStream drops the copy (same Nats-Msg-Id).
+        while self._to_mark:
+            ids, self._to_mark = self._to_mark, []
+            try:
+                await asyncio.to_thread(self.rows.mark_published, ids)
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("outbox mark-published: %s", exc)
+
+    async def _send(self, rows: list[OutboxRow]) -> list[Any]:
+        return await asyncio.gather(
+            *(
+                self.js.publish(
+                    r.subject,
+                    r.payload.encode(),
+                    headers={"Nats-Msg-Id": f"{r.command_id}-{r.id}"},
+                )
+                for r in rows
+            ),
+            return_exceptions=True,
+        )
 
     async def start(self) -> None:
         await ensure_stream(self.js)
         self._task = asyncio.create_task(self._run(), name="flowtide-outbox")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, self._marker, *self._sending]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _run(self) -> None:
         last_prune = time.monotonic()
@@ -172,17 +232,7 @@ class OutboxRelay:
         rows = await asyncio.to_thread(self.rows.claim, limit)
         if not rows:
             return 0
-        results = await asyncio.gather(
-            *(
-                self.js.publish(
-                    r.subject,
-                    r.payload.encode(),
-                    headers={"Nats-Msg-Id": f"{r.command_id}-{r.id}"},
-                )
-                for r in rows
-            ),
-            return_exceptions=True,
-        )
+        results = await self._send(rows)
         ok = [
             r.id for r, res in zip(rows, results, strict=True) if not isinstance(res, BaseException)
         ]

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -35,6 +36,10 @@ from flowtide.urls import redact_url
 __all__ = ["ServerSettings", "create_app"]
 
 log = logging.getLogger("flowtide.server")
+
+#: Connections per pool of one server process (PostgreSQL's default max_connections is
+#: 100: mind --workers N times this, times the number of servers).
+_POOL_SIZE = 16
 
 # Snowflake ids exceed 2**53: JSON carries them as strings; int or digit strings are accepted.
 Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
@@ -178,7 +183,13 @@ class _Runtime:
 
         s = self.settings
         self.store = await asyncio.to_thread(
-            lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=16)
+            lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=_POOL_SIZE)
+        )
+        # Blocking database calls run in threads: more threads than the pool has
+        # connections, so a burst of requests waiting for a connection cannot take every
+        # thread from the steps that hold one (see Coordinator's step_slots).
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(_POOL_SIZE * 2, thread_name_prefix="flowtide-db")
         )
         self.outbox = OutboxStore(self.store)
         self.kv = await connect(s.kv, s.kv_bucket, ttl=3600)
@@ -187,6 +198,7 @@ class _Runtime:
             loopstate=LoopState(self.kv),
             local_kv=s.kv.startswith("memory:"),
             lease=s.lease,
+            step_slots=_POOL_SIZE - 4,
         )
         if s.nats:
             import nats

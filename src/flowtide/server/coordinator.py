@@ -172,9 +172,16 @@ class Coordinator:
         ids: Snowflake | None = None,
         lease: float = 30.0,
         cache_size: int = 2000,
+        step_slots: int = 8,
     ) -> None:
         self.store = store
         self.loopstate = loopstate
+        #: Steps hold a pooled connection across awaits. Fewer of them than the pool has
+        #: connections leaves some for the one-shot reads and claims that take theirs in a
+        #: worker thread: otherwise every thread can end up waiting in getconn() for a
+        #: connection held by a step that needs a thread to finish (a stall until the
+        #: pool's timeout).
+        self._step_slots = asyncio.Semaphore(step_slots)
         self.ids = ids or Snowflake()
         self.lease = lease
         self.advancer = Advancer(loopstate, self.ids.next_id, local_kv=local_kv)
@@ -520,19 +527,20 @@ class Coordinator:
         """One transaction over `parts` (one per caller, in order); the caller holds the
         execution's lock and calls `_after` with the second value once it let go."""
         pool = self.store.pool("shard")
-        conn = await asyncio.to_thread(pool.getconn)
-        ok = False
-        try:
-            results, out, cached, notices = await self._step_in(
-                conn, execution_id, parts, prepare, fresh, check_workers, reissue
-            )
-            await asyncio.to_thread(conn.commit)
-            ok = True
-        finally:
-            if not ok:
-                self._forget(execution_id)
-                await asyncio.to_thread(conn.rollback)
-            await asyncio.to_thread(pool.putconn, conn)
+        async with self._step_slots:
+            conn = await asyncio.to_thread(pool.getconn)
+            ok = False
+            try:
+                results, out, cached, notices = await self._step_in(
+                    conn, execution_id, parts, prepare, fresh, check_workers, reissue
+                )
+                await asyncio.to_thread(conn.commit)
+                ok = True
+            finally:
+                if not ok:
+                    self._forget(execution_id)
+                    await asyncio.to_thread(conn.rollback)
+                await asyncio.to_thread(pool.putconn, conn)
         self._remember(execution_id, cached)
         return results, (execution_id, cached.pool, results, out, notices)
 

@@ -60,7 +60,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -69,8 +68,12 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The same playbook as the embedded benchmark.
+from loop import LOOP_STEP  # noqa: E402
+from loop import playbook_text as loop_playbook  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-LOOP_STEP = "square"
 TERMINAL_EVENTS = ("playbook.completed", "playbook.failed", "playbook.cancelled")
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -92,46 +95,6 @@ workflow:
   - step: only
     tool: {kind: python, code: "result = {'ok': True}"}
 """
-
-
-def loop_playbook(n: int, max_in_flight: int) -> str:
-    """The loop playbook; the same text runs embedded and distributed."""
-    return textwrap.dedent(
-        f"""\
-        apiVersion: noetl.io/v2
-        kind: Playbook
-        metadata:
-          name: bench_distributed_loop
-          path: bench/distributed_loop
-        workload:
-          n: {n}
-        workflow:
-          - step: start
-            tool:
-              kind: python
-              input: {{n: "{{{{ workload.n }}}}"}}
-              code: |
-                result = {{"numbers": list(range(n))}}
-            next: [{LOOP_STEP}]
-          - step: {LOOP_STEP}
-            loop:
-              in: "{{{{ start.numbers }}}}"
-              iterator: item
-              spec: {{mode: parallel, max_in_flight: {max_in_flight}}}
-            tool:
-              kind: python
-              input: {{item: "{{{{ iter.item }}}}"}}
-              code: |
-                result = {{"i": item, "sq": item * item}}
-            next: [end]
-          - step: end
-            tool:
-              kind: python
-              input: {{stats: "{{{{ {LOOP_STEP}.stats }}}}"}}
-              code: |
-                result = {{"stats": stats}}
-        """
-    )
 
 
 def check_loop_doc(doc: dict[str, Any], n: int) -> None:

@@ -217,7 +217,7 @@ def test_register_bad_playbook_is_400_naming_file_line_and_field(stack: Stack) -
             error = _error(client.post("/api/catalog/register", json={"content": listed}), 400)
             assert error["fields"][0]["playbook_field"] == "metadata.path", path
         deep = _error(client.post("/api/catalog/register", json={"content": "[" * 1000}), 400)
-        assert "nests too deeply" in deep["message"]
+        assert "nests deeper than 100 levels" in deep["message"]
         # Text PostgreSQL cannot hold is bad input, not a store failure.
         nul = HELLO.format(path='"a\\0b"', v=1)
         error = _error(client.post("/api/catalog/register", json={"content": nul}), 400)

@@ -983,3 +983,19 @@ def test_file_errors(tmp_path: Path) -> None:
     with pytest.raises(PlaybookError) as info:
         load_playbook(bad)
     assert (info.value.file, info.value.line) == (str(bad), 3)
+
+
+def test_deep_nesting_is_refused_before_the_parser_recurses() -> None:
+    from flowtide.playbook.source import MAX_NESTING
+
+    head = "apiVersion: noetl.io/v2\nkind: Playbook\nworkload:\n  x: "
+    tail = "\nworkflow:\n  - step: a\n    tool: {kind: python, code: 'result = 1'}\n"
+    ok = head + "[" * MAX_NESTING + "]" * MAX_NESTING + tail
+    assert parse_playbook(ok, "ok.yaml").workload["x"] is not None
+    deep = head + "[" * 5000 + "]" * 5000 + tail
+    with pytest.raises(PlaybookError, match="deeper than 100 levels") as err:
+        parse_playbook(deep, "deep.yaml")
+    assert "deep.yaml:4" in str(err.value)
+    block = head + "\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(300)) + tail
+    with pytest.raises(PlaybookError, match="indented deeper"):
+        parse_playbook(block, "block.yaml")

@@ -8,6 +8,7 @@ line and column of that node, so validation errors can point into the file.
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -77,11 +78,48 @@ def _plain(node: Any, path: Path, positions: Positions) -> Any:
     return node
 
 
+#: Nesting a playbook may use. The YAML parser recurses per level (and slows down
+#: sharply past a few hundred); real playbooks stay far below.
+MAX_NESTING = 100
+_NESTING_CHARS = re.compile(r"[\[\]{}\n]")
+_INDENT = re.compile(r"^( *)\S", re.MULTILINE)
+
+
+def _check_nesting(text: str, file: str | None) -> None:
+    """Refuse flow collections nested deeper than MAX_NESTING, or block indentation deep
+    enough to hold that many levels, before the parser recurses into them."""
+    depth, line = 0, 1
+    for match in _NESTING_CHARS.finditer(text):
+        char = match.group()
+        if char == "\n":
+            line += 1
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise PlaybookError(
+                    f"the YAML nests deeper than {MAX_NESTING} levels",
+                    file=file,
+                    line=line,
+                )
+        else:
+            depth = max(0, depth - 1)
+    for match in _INDENT.finditer(text):
+        if len(match.group(1)) > 2 * MAX_NESTING:
+            raise PlaybookError(
+                f"the YAML is indented deeper than {2 * MAX_NESTING} columns",
+                file=file,
+                line=text.count("\n", 0, match.start()) + 1,
+            )
+
+
 def load_yaml(text: str, file: str | None = None) -> tuple[Any, Positions]:
     """Parse `text`; raise PlaybookError with the file position on a syntax error."""
+    _check_nesting(text, file)
     yaml = YAML(typ="rt")
     try:
         raw = yaml.load(text)
+    except RecursionError:
+        raise PlaybookError("the YAML nests too deeply", file=file, line=1) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = f"YAML syntax error: {exc.problem or exc.context}"

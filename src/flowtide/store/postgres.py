@@ -284,40 +284,10 @@ class PostgresStore(SQLStore):
 
     # -- executions ------------------------------------------------------------------
 
-    def create_execution(
-        self,
-        execution_id: int,
-        *,
-        playbook_path: str | None,
-        playbook_version: int | None,
-        playbook_file: str | None,
-        playbook_text: str,
-        workload: dict[str, Any],
-        parent_execution_id: int | None = None,
-        parent_command_id: int | None = None,
-        created: float,
-    ) -> None:
-        """See `flowtide.store.base.Store.create_execution`."""
+    def _is_duplicate(self, error: BaseException | None) -> bool:
         import psycopg
 
-        sql, row = self.execution_insert(
-            execution_id,
-            playbook_path=playbook_path,
-            playbook_version=playbook_version,
-            playbook_file=playbook_file,
-            playbook_text=playbook_text,
-            workload=workload,
-            parent_execution_id=parent_execution_id,
-            parent_command_id=parent_command_id,
-            created=created,
-        )
-        try:
-            with self.transaction("create_execution") as conn:
-                conn.execute(sql, row)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                raise StoreError(f"execution {execution_id} already exists") from exc
-            raise
+        return isinstance(error, psycopg.errors.UniqueViolation)
 
     # -- events ----------------------------------------------------------------------
 

@@ -256,36 +256,8 @@ class SQLiteStore(SQLStore):
 
     # -- executions ------------------------------------------------------------------
 
-    def create_execution(
-        self,
-        execution_id: int,
-        *,
-        playbook_path: str | None,
-        playbook_version: int | None,
-        playbook_file: str | None,
-        playbook_text: str,
-        workload: dict[str, Any],
-        parent_execution_id: int | None = None,
-        parent_command_id: int | None = None,
-        created: float,
-    ) -> None:
-        """See `flowtide.store.base.Store.create_execution`."""
-        sql, row = self.execution_insert(
-            execution_id,
-            playbook_path=playbook_path,
-            playbook_version=playbook_version,
-            playbook_file=playbook_file,
-            playbook_text=playbook_text,
-            workload=workload,
-            parent_execution_id=parent_execution_id,
-            parent_command_id=parent_command_id,
-            created=created,
-        )
-        with self.transaction("create_execution") as conn:
-            try:
-                conn.execute(sql, row)
-            except sqlite3.IntegrityError as exc:
-                raise StoreError(f"execution {execution_id} already exists") from exc
+    def _is_duplicate(self, error: BaseException | None) -> bool:
+        return isinstance(error, sqlite3.IntegrityError)
 
     # -- events ----------------------------------------------------------------------
 

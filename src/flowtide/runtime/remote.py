@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,100 @@ class _RemoteCredentials:
         raise NotImplementedError("workers do not delete credentials")
 
 
+@dataclass
+class _Pending:
+    execution_id: int
+    events: list[dict[str, Any]]
+    done: asyncio.Future[None]
+    give_up: float
+
+
+class _Reporter:
+    """Sends the worker's reports to the server, as many per request as are waiting.
+
+    One request is in flight at a time; what finishes meanwhile goes in the next one, so
+    under load a request carries many reports (one transaction per execution on the
+    server) and a lone report leaves at once. A report the server could not take (a
+    restart, a network blip, a 5xx) is sent again for up to `patience` seconds; past
+    that its command has been issued again and the report would be stale anyway.
+    """
+
+    def __init__(self, worker_id: str, patience: float, *, max_batch: int = 256) -> None:
+        self.worker_id = worker_id
+        self.patience = patience
+        self.max_batch = max_batch
+        self._waiting: list[_Pending] = []
+        self._wake = asyncio.Event()
+
+    async def send(self, execution_id: int, events: list[dict[str, Any]]) -> None:
+        """Queue one command's report; returns when the server took it (or refused it as
+        stale or invalid, which is logged). Raises RuntimeError when it gave up."""
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Pending(execution_id, events, done, time.monotonic() + self.patience))
+        self._wake.set()
+        await done
+
+    async def run(self, client: httpx.AsyncClient) -> None:
+        delay = 0.2
+        while True:
+            if not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = self._waiting[: self.max_batch]
+            del self._waiting[: self.max_batch]
+            problem = await self._post(client, batch)
+            if problem is None:
+                delay = 0.2
+                continue
+            now = time.monotonic()
+            retry = []
+            for p in batch:
+                if p.done.done():
+                    continue
+                if now > p.give_up:
+                    p.done.set_exception(
+                        RuntimeError(f"report for execution {p.execution_id} failed: {problem}")
+                    )
+                else:
+                    retry.append(p)
+            self._waiting[:0] = retry
+            if retry:
+                log.warning(
+                    "%d reports not taken, retrying in %.1fs: %s", len(retry), delay, problem
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _post(self, client: httpx.AsyncClient, batch: list[_Pending]) -> str | None:
+        """Settle what the server took; the problem when some of it is to be sent again."""
+        body = {
+            "worker_id": self.worker_id,
+            "reports": [{"execution_id": p.execution_id, "events": p.events} for p in batch],
+        }
+        try:
+            r = await client.post("/api/events/reports", json=body)
+        except httpx.HTTPError as exc:
+            return str(exc) or type(exc).__name__
+        if r.status_code >= 500:
+            return f"HTTP {r.status_code}"
+        if r.status_code >= 400:
+            # The whole body was refused (it is ours, so this is a bug): nothing to retry.
+            for p in batch:
+                p.done.set_exception(RuntimeError(f"reports refused: {r.text[:500]}"))
+            return None
+        problem = None
+        for p, result in zip(batch, r.json()["results"], strict=True):
+            code = int(result.get("code", 500))
+            if code >= 500:
+                problem = f"HTTP {code}: {result.get('error', {}).get('message', '')}"
+                continue
+            if code >= 400:
+                # 409: stale (the command was issued again meanwhile).
+                log.warning("report for execution %s refused: %s", p.execution_id, result)
+            p.done.set_result(None)
+        return problem
+
+
 class RemoteWorker:
     """Claims and runs commands of one pool until `stop()`."""
 
@@ -95,6 +190,12 @@ class RemoteWorker:
         self._runners_lock = threading.Lock()
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=self.worker_id)
         self._stop = asyncio.Event()
+        #: Fetched notifications not yet settled (claim lost, or command reported).
+        self._taken = 0
+        self._slot_freed = asyncio.Event()
+        # Reports are retried while the server is away for up to four leases (the
+        # register reply sets the lease).
+        self._reports = _Reporter(self.worker_id, 120.0)
         self._cancel_cache: dict[int, tuple[float, bool]] = {}
         self._sync = httpx.Client(base_url=self.server, timeout=30.0)
         from flowtide.credentials import CredentialVault
@@ -122,6 +223,7 @@ class RemoteWorker:
             )
             r.raise_for_status()
             self.lease = float(r.json().get("lease", 30.0))
+            self._reports.patience = max(60.0, 4 * self.lease)
             nc = await nats.connect(self.nats_url, name=self.worker_id, max_reconnect_attempts=-1)
             js = nc.jetstream()
             from flowtide.server.outbox import ensure_stream
@@ -144,29 +246,31 @@ class RemoteWorker:
 
             await asyncio.to_thread(http_tool.warm_up)
             beat = asyncio.create_task(self._heartbeat())
+            reporter = asyncio.create_task(self._reports.run(client))
             tasks: set[asyncio.Task[None]] = set()
-            slot_freed = asyncio.Event()
             try:
                 while not self._stop.is_set():
-                    free = self.concurrency - len(tasks)
+                    # A slot is taken from the fetch until the command's report is settled
+                    # (or its claim is lost): no more is pulled than can run.
+                    free = self.concurrency - self._taken
                     if free <= 0:
-                        slot_freed.clear()
+                        self._slot_freed.clear()
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(slot_freed.wait(), 1.0)
+                            await asyncio.wait_for(self._slot_freed.wait(), 1.0)
                         continue
                     try:
                         msgs = await sub.fetch(batch=free, timeout=1.0)
                     except (TimeoutError, nats.errors.TimeoutError):
                         continue
-                    for msg in msgs:
-                        task = asyncio.create_task(self._handle(msg))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                        task.add_done_callback(lambda _t: slot_freed.set())
+                    self._taken += len(msgs)
+                    task = asyncio.create_task(self._claim(msgs, tasks))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
             finally:
                 beat.cancel()
-                if tasks:
-                    await asyncio.gather(*tasks, return_exceptions=True)
+                while tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+                reporter.cancel()
                 with contextlib.suppress(Exception):
                     await client.post(
                         "/api/worker/pool/deregister",
@@ -176,6 +280,10 @@ class RemoteWorker:
                     await nc.close()
                 self._threads.shutdown(wait=False, cancel_futures=True)
                 self._sync.close()
+
+    def _release(self, n: int = 1) -> None:
+        self._taken -= n
+        self._slot_freed.set()
 
     async def _heartbeat(self) -> None:
         while True:
@@ -192,71 +300,81 @@ class RemoteWorker:
             except httpx.HTTPError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
-    async def _handle(self, msg: Any) -> None:
+    async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:
+        """Claim a fetched batch in one request, ack it, and start the commands won."""
         import json
 
-        try:
-            note = json.loads(msg.data)
-            r = await self.client.post(
-                f"/api/commands/{note['event_id']}/claim",
-                json={
-                    "worker_id": self.worker_id,
-                    "execution_id": int(note["execution_id"]),
-                    "command_id": int(note["command_id"]),
-                },
-            )
-            # Claimed or not, the notification has done its job: the claim row is the
-            # durable record, and the reaper re-issues a claimed command that is lost.
-            await msg.ack()
-            if r.status_code in (404, 409):
-                return
-            r.raise_for_status()
-            spec = r.json()
-            command_id = int(note["command_id"])
-            self.held.add(command_id)
-            self.running += 1
+        notes: list[dict[str, Any]] = []
+        kept: list[Any] = []
+        for msg in msgs:
             try:
-                try:
-                    events = await asyncio.get_running_loop().run_in_executor(
-                        self._threads, self._run_command, spec
-                    )
-                finally:
-                    self.running -= 1
-                await self._report(int(note["execution_id"]), events)
+                note = json.loads(msg.data)
+                notes.append(
+                    {
+                        "event_id": int(note["event_id"]),
+                        "execution_id": int(note["execution_id"]),
+                        "command_id": int(note["command_id"]),
+                    }
+                )
+                kept.append(msg)
+            except (ValueError, KeyError, TypeError) as exc:
+                # Not ours to run, ever: dropped rather than redelivered forever.
+                log.warning("unreadable notification %r: %s", msg.data[:200], exc)
+                with contextlib.suppress(Exception):
+                    await msg.term()
+                self._release()
+        if not notes:
+            return
+        try:
+            r = await self.client.post(
+                "/api/commands/claim", json={"worker_id": self.worker_id, "claims": notes}
+            )
+            r.raise_for_status()
+            doc = r.json()
+        except Exception as exc:  # noqa: BLE001 - the notifications come back later
+            log.warning("claim of %d commands failed: %s", len(notes), exc)
+            for msg in kept:
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=1.0)
+            self._release(len(kept))
+            return
+        # Claimed or not, the notifications have done their job: the claim row is the
+        # durable record, and the reaper re-issues a claimed command that is lost.
+        for msg in kept:
+            with contextlib.suppress(Exception):
+                await msg.ack()
+        shared = doc["executions"]
+        for result in doc["results"]:
+            if result.get("code") != 200:
+                self._release()
+                continue
+            raw = result["command"]
+            spec = {**result, **shared[str(raw["execution_id"])]}
+            task = asyncio.create_task(self._handle(spec))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _handle(self, spec: dict[str, Any]) -> None:
+        raw = spec["command"]
+        command_id = int(raw["command_id"])
+        execution_id = int(raw["execution_id"])
+        self.held.add(command_id)
+        self.running += 1
+        try:
+            try:
+                events = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._run_command, spec
+                )
             finally:
-                self.held.discard(command_id)
+                self.running -= 1
+            await self._reports.send(execution_id, [e.to_dict() for e in events])
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
-            log.warning("command %s: %s", getattr(msg, "data", b"")[:200], exc)
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
-
-    async def _report(self, execution_id: int, events: list[Any]) -> None:
-        body = {
-            "execution_id": execution_id,
-            "worker_id": self.worker_id,
-            "events": [e.to_dict() for e in events],
-        }
-        # Retried while the server is away (a restart, a network blip) for up to four
-        # leases; past that the command has been issued again and the report is stale.
-        delay = 0.2
-        give_up = time.monotonic() + max(60.0, 4 * self.lease)
-        while True:
-            try:
-                r = await self.client.post("/api/events/batch", json=body)
-                if r.status_code < 500:
-                    if r.status_code >= 400:
-                        # 409: stale (the command was issued again meanwhile).
-                        log.warning("report for execution %s refused: %s", execution_id, r.text)
-                    return
-                problem = f"HTTP {r.status_code}"
-            except httpx.HTTPError as exc:
-                problem = str(exc) or type(exc).__name__
-            if time.monotonic() > give_up:
-                raise RuntimeError(f"report for execution {execution_id} failed: {problem}")
-            log.warning("report failed, retrying in %.1fs: %s", delay, problem)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            # Its lease runs out and the reaper issues it again.
+            log.warning("command %s of execution %s: %s", command_id, execution_id, exc)
+        finally:
+            self.held.discard(command_id)
+            self._release()
 
     def _runner(self, execution_id: int, playbook: Mapping[str, Any]) -> StepRunner:
         # One parse per playbook text (the commands of an execution arrive together, and

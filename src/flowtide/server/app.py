@@ -29,7 +29,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
 from flowtide.server.api_cluster import cluster_router, parse_catalog_id
-from flowtide.server.coordinator import ClaimConflict, Coordinator
+from flowtide.server.coordinator import ClaimConflict, ClaimItem, Coordinator, SubmitResult
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.urls import redact_url
 
@@ -118,6 +118,27 @@ class ClaimRequest(_Body):
     worker_id: str = Field(min_length=1, max_length=200)
     execution_id: Id
     command_id: Id
+
+
+class ClaimManyItem(_Body):
+    event_id: Id
+    execution_id: Id
+    command_id: Id
+
+
+class ClaimMany(_Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    claims: list[ClaimManyItem] = Field(min_length=1, max_length=1000)
+
+
+class WorkerReport(_Body):
+    execution_id: Id
+    events: list[EventBody] = Field(max_length=10_000)
+
+
+class WorkerReports(_Body):
+    worker_id: str | None = None
+    reports: list[WorkerReport] = Field(min_length=1, max_length=1000)
 
 
 class CancelRequest(_Body):
@@ -264,6 +285,26 @@ class _Runtime:
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
+
+
+def _item_doc(outcome: Any, ok: dict[str, Any]) -> dict[str, Any]:
+    """One entry of a batch reply: `ok` merged into a result, or the error an exception
+    would have answered as its own request (code 5xx: not done, may be sent again)."""
+    if not isinstance(outcome, BaseException):
+        return {**ok, **outcome}
+    doc: dict[str, Any]
+    if isinstance(outcome, ClaimConflict):
+        doc = {"code": 409, "error": {"message": str(outcome), "holder": outcome.holder}}
+    elif isinstance(outcome, NotFoundError):
+        doc = {"code": 404, "error": {"message": str(outcome)}}
+    elif isinstance(outcome, StoreError):
+        doc = {"code": 503, "error": {"message": f"store unavailable: {outcome}"}}
+    elif isinstance(outcome, FlowtideError):
+        doc = {"code": 422, "error": {"message": str(outcome)}}
+    else:
+        log.exception("batch item failed", exc_info=outcome)
+        doc = {"code": 500, "error": {"message": f"{type(outcome).__name__}: {outcome}"}}
+    return doc
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -440,6 +481,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def post_events(body: EventBatch) -> dict[str, Any]:
         """Worker reports for one execution; idempotent (known event ids are skipped).
         409 when every report is stale (the worker no longer holds the command)."""
+        for i, e in enumerate(body.events):
+            if e.execution_id != body.execution_id:
+                field = f"events.{i}.execution_id"
+                message = f"{field}: {e.execution_id} is not the batch's {body.execution_id}"
+                return _error(422, message, fields=[{"field": field, "message": message}])  # type: ignore[return-value]
         events = [e.to_event() for e in body.events]
         result = await coord().submit(body.execution_id, events)
         doc = {
@@ -452,6 +498,43 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             return JSONResponse({"error": {"status": 409, "message": "stale report"}, **doc}, 409)  # type: ignore[return-value]
         return doc
 
+    @app.post("/api/events/reports")
+    async def post_reports(body: WorkerReports) -> dict[str, Any]:
+        """Several worker reports at once (each one command's events), of any executions.
+
+        `results` has one entry per report, in order: `{"code": 200, "accepted",
+        "duplicates", "stale", "status"}`, with code 409 when the report is stale (as
+        `POST /api/events/batch` answers it), or `{"code": 4xx|5xx, "error": ...}`; a
+        report with code 500 or above was not taken and may be sent again."""
+        by_execution: dict[int, list[int]] = {}
+        for i, report in enumerate(body.reports):
+            by_execution.setdefault(report.execution_id, []).append(i)
+
+        async def one(execution_id: int, indexes: list[int]) -> list[Any]:
+            parts = [[e.to_event() for e in body.reports[i].events] for i in indexes]
+            try:
+                return await coord().submit_many(execution_id, parts)
+            except Exception as exc:  # noqa: BLE001 - every report of it gets the error
+                return [exc] * len(indexes)
+
+        groups = list(by_execution.items())
+        outcomes = await asyncio.gather(*(one(eid, idx) for eid, idx in groups))
+        results: list[dict[str, Any]] = [{} for _ in body.reports]
+        for (_, indexes), got in zip(groups, outcomes, strict=True):
+            for i, outcome in zip(indexes, got, strict=True):
+                if isinstance(outcome, SubmitResult):
+                    doc = {
+                        "code": 409 if outcome.stale and not outcome.accepted else 200,
+                        "accepted": outcome.accepted,
+                        "duplicates": outcome.duplicates,
+                        "stale": outcome.stale,
+                        "status": outcome.status,
+                    }
+                else:
+                    doc = _item_doc(outcome, {})
+                results[i] = doc
+        return {"results": results}
+
     @app.post("/api/events")
     async def post_event(body: EventBody) -> dict[str, Any]:
         return await post_events(EventBatch(execution_id=body.execution_id, events=[body]))
@@ -461,6 +544,24 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         """Claim the command issued by event `event_id`: exactly one worker wins; others
         get 409 (ack the notification and move on)."""
         return await coord().claim(body.execution_id, body.command_id, event_id, body.worker_id)
+
+    @app.post("/api/commands/claim")
+    async def claim_many(body: ClaimMany) -> dict[str, Any]:
+        """Claim several commands in one transaction (a worker's batch of notifications).
+
+        `results` has one entry per claim, in order: `{"code": 200, "command": ...,
+        "iterator": ..., "element": ..., "lease": ...}` for a command won, or `{"code":
+        404|409, "error": ...}` as `POST /api/commands/{event_id}/claim` would have
+        answered. `executions` holds, once per execution, what its commands share:
+        `playbook`, `context`, `cancelled`."""
+        batch = await coord().claim_many(
+            body.worker_id,
+            [ClaimItem(c.execution_id, c.command_id, c.event_id) for c in body.claims],
+        )
+        return {
+            "results": [_item_doc(r, {"code": 200}) for r in batch.results],
+            "executions": {str(k): v for k, v in batch.executions.items()},
+        }
 
     @app.get("/api/commands/{event_id}")
     async def get_command(

@@ -17,7 +17,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.engine import events as ev
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINALIZE_STATUSES",
+    "ClaimBatch",
     "ClaimConflict",
+    "ClaimItem",
     "Coordinator",
     "ExecutionFinished",
     "FinalizeResult",
@@ -118,6 +120,38 @@ class SubmitResult:
     #: Commands issued again because their worker's lease expired (`nudge`).
     reissued: int = 0
     status: str = ""
+
+
+@dataclass(frozen=True)
+class ClaimItem:
+    """One command a worker asks for, named as its notification names it."""
+
+    execution_id: int
+    command_id: int
+    event_id: int
+
+
+@dataclass
+class ClaimBatch:
+    """The reply to `claim_many`: per item, the command's part of the reply or the error
+    it got; per execution, what its commands share (playbook, context, cancelled)."""
+
+    results: list[dict[str, Any] | Exception] = field(default_factory=list)
+    executions: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class _Taken:
+    """What the claim transaction read of a command it gave (or gave again) to a worker."""
+
+    step: str
+    attempt: int
+    instance: int | None
+    index: int | None
+    pool: str
+    stopping: bool
+    repeat: bool = False
+    issued_at: float | None = None
 
 
 @dataclass
@@ -245,13 +279,18 @@ class Coordinator:
             " ORDER BY seq",
             (execution_id, cached.last_seq),
         ).fetchall()
+        self._apply_rows(cached, rows)
+        return cached
+
+    @staticmethod
+    def _apply_rows(cached: _Cached, rows: list[Any]) -> None:
+        """Apply log rows (EVENT_COLUMNS, seq; in seq order) to a cached state."""
         for r in rows:
             event = event_row(r)
             cached.state.apply(event)
             cached.last_seq = r[11]
             if event.type == ev.PLAYBOOK_INITIALIZED:
                 cached.pool = (event.payload or {}).get("pool") or cached.pool
-        return cached
 
     async def state(self, execution_id: int) -> ExecutionState:
         """A caught-up state of the execution (read-only use)."""
@@ -325,23 +364,41 @@ class Coordinator:
         command was issued again, or it is closed) is rejected as stale: none of that
         command's events are written.
         """
-        for e in events:
-            if e.execution_id != execution_id:
-                raise FlowtideError(
-                    f"event {e.event_id} belongs to execution {e.execution_id}, not {execution_id}"
-                )
+        outcome = (await self.submit_many(execution_id, [events]))[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def submit_many(
+        self, execution_id: int, reports: Sequence[Sequence[Event]]
+    ) -> list[SubmitResult | Exception]:
+        """`submit` for several reports of one execution (a worker's batch), each judged
+        as if it came alone after the ones before it; in the place of each, its result or
+        the error it got."""
+        for events in reports:
+            for e in events:
+                if e.execution_id != execution_id:
+                    raise FlowtideError(
+                        f"event {e.event_id} belongs to execution {e.execution_id},"
+                        f" not {execution_id}"
+                    )
         # Group commit: reports that queue up behind a step of their execution are taken
         # by whichever of them gets the lock first, in one transaction, each judged as if
         # it came alone after the ones before it.
-        report = _Report(list(events), asyncio.get_running_loop().create_future())
-        self._queued.setdefault(execution_id, []).append(report)
+        loop = asyncio.get_running_loop()
+        mine = [_Report(list(events), loop.create_future()) for events in reports]
+        self._queued.setdefault(execution_id, []).extend(mine)
         async with self._lock(execution_id):
-            if not report.result.done():
+            if not all(r.result.done() for r in mine):
                 group = self._queued.pop(execution_id, [])
-                if report not in group:  # cannot happen: a leader settles what it takes
-                    group.append(report)
+                # Cannot happen: a leader settles all it takes.
+                group += [r for r in mine if not r.result.done() and r not in group]
                 await self._take_reports(execution_id, group)
-        return report.result.result()
+        out: list[SubmitResult | Exception] = []
+        for r in mine:
+            exc = r.result.exception()
+            out.append(exc if isinstance(exc, Exception) else r.result.result())
+        return out
 
     async def _take_reports(self, execution_id: int, group: list[_Report]) -> None:
         """Advance `group` in one step and settle each report (the caller holds the lock).
@@ -528,21 +585,30 @@ class Coordinator:
         execution's lock and calls `_after` with the second value once it let go."""
         pool = self.store.pool("shard")
         async with self._step_slots:
-            conn = await asyncio.to_thread(pool.getconn)
+            # The connection is taken in the step's first thread call and given back in
+            # its last, after the commit (each thread hop costs a GIL hand-over under load).
+            held: list[psycopg.Connection] = []
             ok = False
             try:
                 results, out, cached, notices = await self._step_in(
-                    conn, execution_id, parts, prepare, fresh, check_workers, reissue
+                    pool, held, execution_id, parts, prepare, fresh, check_workers, reissue
                 )
-                await asyncio.to_thread(conn.commit)
                 ok = True
             finally:
                 if not ok:
                     self._forget(execution_id)
-                    await asyncio.to_thread(conn.rollback)
-                await asyncio.to_thread(pool.putconn, conn)
+                    if held:
+                        await asyncio.to_thread(self._give_back, pool, held[0])
         self._remember(execution_id, cached)
         return results, (execution_id, cached.pool, results, out, notices)
+
+    @staticmethod
+    def _give_back(pool: Any, conn: psycopg.Connection) -> None:
+        """Return a connection whose transaction failed (rolled back first)."""
+        try:
+            conn.rollback()
+        finally:
+            pool.putconn(conn)
 
     async def _after(
         self,
@@ -563,7 +629,8 @@ class Coordinator:
 
     async def _step_in(
         self,
-        conn: psycopg.Connection,
+        pool: Any,
+        held: list[psycopg.Connection],
         execution_id: int,
         parts: list[list[Event]],
         prepare: Callable[[psycopg.Connection], None] | None,
@@ -572,50 +639,69 @@ class Coordinator:
         reissue: bool,
     ) -> tuple[list[SubmitResult], Advance, _Cached, list[OutboxRow]]:
         results = [SubmitResult() for _ in parts]
-
-        def lock_and_load() -> tuple[_Cached, set[int], dict[int, tuple[Any, Any, Any]]]:
-            if prepare is not None:
-                prepare(conn)
-            found = conn.execute(
-                "SELECT status FROM execution WHERE execution_id = %s FOR UPDATE",
-                (execution_id,),
-            ).fetchone()
-            if found is None:
-                raise NotFoundError(f"execution {execution_id} not found")
-            if fresh is not None:
-                cached = fresh
-            else:
-                cached = self._catch_up(conn, execution_id)
-            ids = [e.event_id for part in parts for e in part]
-            known: set[int] = set()
-            if ids:
-                known = {
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT event_id FROM event WHERE execution_id = %s AND event_id = ANY(%s)",
-                        (execution_id, ids),
-                    )
-                }
-            current: dict[int, tuple[Any, Any, Any]] = {}
-            if check_workers:
-                held = {
+        ids = [e.event_id for part in parts for e in part]
+        # The rows of every command the reports name (those already in the log too: a
+        # few more rows locked is cheaper than a second round trip).
+        named = (
+            sorted(
+                {
                     e.command_id
                     for part in parts
                     for e in part
-                    if e.type in _WORKER_EVENTS
-                    and e.command_id is not None
-                    and e.event_id not in known
+                    if e.type in _WORKER_EVENTS and e.command_id is not None
                 }
-                if held:
+            )
+            if check_workers
+            else []
+        )
+
+        def lock_and_load() -> tuple[
+            psycopg.Connection, _Cached, set[int], dict[int, tuple[Any, Any, Any]]
+        ]:
+            conn = pool.getconn()
+            held.append(conn)
+            if prepare is not None:
+                prepare(conn)
+            cached = fresh or self._cache.get(execution_id)
+            # One round trip: the execution's row lock first, then (under it) what was
+            # committed since this process last stepped it, the event ids of the reports
+            # already in the log, and the reported commands' rows.
+            with conn.pipeline():
+                lock = conn.execute(
+                    "SELECT status FROM execution WHERE execution_id = %s FOR UPDATE",
+                    (execution_id,),
+                )
+                since = None
+                if cached is not None and fresh is None:
+                    since = conn.execute(
+                        f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s"
+                        " AND seq > %s ORDER BY seq",
+                        (execution_id, cached.last_seq),
+                    )
+                dup = None
+                if ids:
+                    dup = conn.execute(
+                        "SELECT event_id FROM event WHERE execution_id = %s AND event_id = ANY(%s)",
+                        (execution_id, ids),
+                    )
+                rows = None
+                if named:
                     rows = conn.execute(
                         "SELECT command_id, status, worker_id, attempt FROM command"
                         " WHERE command_id = ANY(%s) FOR UPDATE",
-                        (sorted(held),),
-                    ).fetchall()
-                    current = {r[0]: (r[1], r[2], r[3]) for r in rows}
-            return cached, known, current
+                        (named,),
+                    )
+                if lock.fetchone() is None:
+                    raise NotFoundError(f"execution {execution_id} not found")
+                if cached is None:
+                    cached = self._catch_up(conn, execution_id)
+                elif since is not None:
+                    self._apply_rows(cached, since.fetchall())
+                known = {r[0] for r in dup.fetchall()} if dup is not None else set()
+                current = {r[0]: (r[1], r[2], r[3]) for r in rows.fetchall()} if rows else {}
+            return conn, cached, known, current
 
-        cached, seen, current = await asyncio.to_thread(lock_and_load)
+        conn, cached, seen, current = await asyncio.to_thread(lock_and_load)
         state = cached.state
         reissued: list[Event] = []
         if reissue:
@@ -662,75 +748,76 @@ class Coordinator:
         notices: list[OutboxRow] = []
         publish_now = self.publish is not None
 
-        def write() -> int:
+        def write_and_commit() -> int:
+            """Write the step, commit, give the connection back; the log's last seq."""
             now = time.time()
             rows = [(u.execution_id, *self.store.execution_update(u)) for u in out.execution_rows]
-            PostgresStore.write_batch(
-                conn, event_params(out.recorded), command_params(command_rows), rows
-            )
-            if commands:
-                subject = command_subject(cached.pool, execution_id)
-                payloads = [
-                    json.dumps(
-                        {
-                            "event_id": str(c.issued_event_id),
-                            "execution_id": str(execution_id),
-                            "command_id": str(c.command_id),
-                            "attempt": c.attempt,
-                            "step": c.step,
-                        }
-                    )
-                    for c in commands
-                ]
-                held = now + OUTBOX_HOLD if publish_now else None
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO outbox (execution_id, command_id, subject, payload, created,"
-                        " locked_until, attempts) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-                        " RETURNING id",
-                        [
-                            (
-                                execution_id,
-                                c.command_id,
-                                subject,
-                                payload,
-                                now,
-                                held,
-                                int(publish_now),
-                            )
-                            for c, payload in zip(commands, payloads, strict=True)
-                        ],
-                        returning=publish_now,
-                    )
-                    if publish_now:
-                        ids: list[int] = []
-                        while True:
-                            got = cur.fetchone()
-                            ids.append(int(got[0]) if got else 0)
-                            if not cur.nextset():
-                                break
-                        notices.extend(
-                            OutboxRow(id_, execution_id, c.command_id, subject, payload, 1)
-                            for id_, c, payload in zip(ids, commands, payloads, strict=True)
-                        )
-                    cur.execute(
-                        "UPDATE command SET pool = %s WHERE command_id = ANY(%s)",
-                        (cached.pool, [c.command_id for c in commands]),
-                    )
-            if state.terminal:
-                # Nothing runs any more: open commands are closed with the execution.
-                conn.execute(
-                    "UPDATE command SET status = 'cancelled', updated = %s"
-                    " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
-                    (now, execution_id),
+            subject = command_subject(cached.pool, execution_id)
+            payloads = [
+                json.dumps(
+                    {
+                        "event_id": str(c.issued_event_id),
+                        "execution_id": str(execution_id),
+                        "command_id": str(c.command_id),
+                        "attempt": c.attempt,
+                        "step": c.step,
+                    }
                 )
-            last = conn.execute(
-                "SELECT COALESCE(MAX(seq), 0) FROM event WHERE execution_id = %s",
-                (execution_id,),
-            ).fetchone()
+                for c in commands
+            ]
+            # One round trip for all of it (the statements run in order on the server).
+            with conn.pipeline():
+                PostgresStore.write_batch(
+                    conn, event_params(out.recorded), command_params(command_rows), rows
+                )
+                added = None
+                if commands:
+                    ids = [c.command_id for c in commands]
+                    added = conn.execute(
+                        "INSERT INTO outbox (execution_id, command_id, subject, payload,"
+                        " created, locked_until, attempts)"
+                        " SELECT %s, u.command_id, %s, u.payload, %s, %s, %s"
+                        " FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY"
+                        " AS u(command_id, payload, n) ORDER BY u.n RETURNING id, command_id",
+                        (
+                            execution_id,
+                            subject,
+                            now,
+                            now + OUTBOX_HOLD if publish_now else None,
+                            int(publish_now),
+                            ids,
+                            payloads,
+                        ),
+                    )
+                    conn.execute(
+                        "UPDATE command SET pool = %s WHERE command_id = ANY(%s)",
+                        (cached.pool, ids),
+                    )
+                if state.terminal:
+                    # Nothing runs any more: open commands are closed with the execution.
+                    conn.execute(
+                        "UPDATE command SET status = 'cancelled', updated = %s"
+                        " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
+                        (now, execution_id),
+                    )
+                last = conn.execute(
+                    "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1",
+                    (execution_id,),
+                ).fetchone()
+                if added is not None and publish_now:
+                    outbox_id = {int(r[1]): int(r[0]) for r in added.fetchall()}
+                    notices.extend(
+                        OutboxRow(
+                            outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1
+                        )
+                        for c, p in zip(commands, payloads, strict=True)
+                    )
+            conn.commit()
+            held.clear()
+            pool.putconn(conn)
             return int(last[0]) if last else 0
 
-        cached.last_seq = await asyncio.to_thread(write)
+        cached.last_seq = await asyncio.to_thread(write_and_commit)
         out.commands = commands
         result.reissued = len(reissued)
         return results, out, cached, notices
@@ -832,124 +919,185 @@ class Coordinator:
             ClaimConflict: another worker holds it, it is closed, or the notification is
                 for an earlier issue of the command (`event_id` is not its latest).
         """
-        now = time.time()
+        batch = await self.claim_many(worker_id, [ClaimItem(execution_id, command_id, event_id)])
+        outcome = batch.results[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return {**outcome, **batch.executions[execution_id]}
 
-        def take() -> tuple[str, int, int | None, int | None, str, float | None, bool, bool]:
-            with self.store.transaction("claim") as conn:
-                row = conn.execute(
-                    "SELECT c.status, c.worker_id, c.attempt, c.payload, c.step, c.loop_instance,"
-                    " c.loop_index, c.pool, e.status, e.cancel_requested"
+    async def claim_many(self, worker_id: str, items: Sequence[ClaimItem]) -> ClaimBatch:
+        """Claim several commands for `worker_id` in one transaction (a worker's batch of
+        notifications). Each item is judged alone, in order, as `claim` judges one: the
+        result in its place is the command's part of the reply, or the NotFoundError /
+        ClaimConflict it would have raised. What the commands of one execution share (the
+        playbook, the context) is in `executions` once.
+        """
+        now = time.time()
+        taken = await asyncio.to_thread(self._take_claims, worker_id, items, now)
+        batch = ClaimBatch()
+        snaps: dict[int, _Snapshot] = {}
+        for item, got in zip(items, taken, strict=True):
+            if isinstance(got, Exception):
+                batch.results.append(got)
+                continue
+            if not got.repeat:
+                metrics.COMMANDS_CLAIMED.labels(got.pool).inc()
+            if got.issued_at is not None:
+                metrics.CLAIM_LATENCY.labels(got.pool).observe(max(0.0, now - got.issued_at))
+            snap = await self._claim_snapshot(snaps, item)
+            record = snap.commands.get(item.command_id)
+            command = Command(
+                command_id=item.command_id,
+                execution_id=item.execution_id,
+                step=got.step,
+                attempt=got.attempt,
+                loop_instance=got.instance,
+                loop_index=got.index,
+                issued_event_id=item.event_id,
+                extra={"cursor": True} if record is not None and record.cursor else {},
+            )
+            part: dict[str, Any] = {
+                "command": {**command.to_dict(), "execution_id": str(item.execution_id)},
+                "iterator": None,
+                "element": None,
+                "lease": self.lease,
+            }
+            if got.index is not None and not command.extra:
+                loop = snap.loops.get((got.step, got.instance or 0))
+                if loop is not None:
+                    part["iterator"] = loop.iterator
+                    part["element"] = loop.collection[got.index]
+            batch.results.append(part)
+            shared = batch.executions.get(item.execution_id)
+            cancelled = got.stopping or snap.status in ("cancelling", "cancelled")
+            if shared is None:
+                batch.executions[item.execution_id] = {
+                    "playbook": {"text": snap.playbook.text, "file": snap.playbook.file},
+                    "context": snap.parts,
+                    "cancelled": cancelled,
+                }
+            elif cancelled:
+                shared["cancelled"] = True
+        return batch
+
+    async def _claim_snapshot(self, snaps: dict[int, _Snapshot], item: ClaimItem) -> _Snapshot:
+        """The committed state a claim's reply reads: the last one this process holds when
+        it already has this issue of the command (the usual case: this process issued
+        it), so a claim does not wait behind the execution's running step; otherwise the
+        execution is caught up under its lock. Any state at or after the issue is one the
+        command may run against. One snapshot per execution per batch."""
+        snap = snaps.get(item.execution_id) or self._snapshots.get(item.execution_id)
+        record = snap.commands.get(item.command_id) if snap is not None else None
+        if snap is None or record is None or record.issued_event_id != item.event_id:
+            async with self._lock(item.execution_id):
+                await self._read_locked(item.execution_id)
+                snap = self._snapshots[item.execution_id]
+        snaps[item.execution_id] = snap
+        return snap
+
+    def _take_claims(
+        self, worker_id: str, items: Sequence[ClaimItem], now: float
+    ) -> list[_Taken | Exception]:
+        """The claims' transaction: command rows locked in id order (two batches never
+        wait on each other in a cycle), each item judged against the rows as the items
+        before it left them."""
+        with self.store.transaction("claim") as conn:
+            found = {
+                r[0]: list(r[1:])
+                for r in conn.execute(
+                    "SELECT c.command_id, c.execution_id, c.status, c.worker_id, c.attempt,"
+                    " c.payload, c.step, c.loop_instance, c.loop_index, c.pool, e.status,"
+                    " e.cancel_requested"
                     " FROM command c JOIN execution e ON e.execution_id = c.execution_id"
-                    " WHERE c.command_id = %s AND c.execution_id = %s FOR UPDATE OF c",
-                    (command_id, execution_id),
-                ).fetchone()
-                if row is None:
-                    raise NotFoundError(f"command {command_id} not found")
-                status, holder, attempt, payload, step, instance, index, pool = row[:8]
+                    " WHERE c.command_id = ANY(%s) ORDER BY c.command_id FOR UPDATE OF c",
+                    (sorted({i.command_id for i in items}),),
+                ).fetchall()
+            }
+            out: list[_Taken | Exception] = []
+            renew: list[tuple[Any, ...]] = []
+            claims: list[tuple[Any, ...]] = []
+            events: list[tuple[Any, ...]] = []
+            for item in items:
+                row = found.get(item.command_id)
+                if row is None or row[0] != item.execution_id:
+                    out.append(NotFoundError(f"command {item.command_id} not found"))
+                    continue
+                _, status, holder, attempt, payload, step, instance, index, pool = row[:9]
                 # Read here, not only from a state: another server process may have
                 # cancelled the execution since this one last stepped it.
-                stopping = row[8] == "cancelled" or row[9] is not None
+                stopping = row[9] == "cancelled" or row[10] is not None
                 issued = (json.loads(payload) if payload else {}).get("issued_event_id")
-                if issued is not None and int(issued) != event_id:
-                    raise ClaimConflict(
-                        f"command {command_id}: event {event_id} is not its latest issue"
+                taken = _Taken(step, attempt, instance, index, pool or "default", stopping)
+                if issued is not None and int(issued) != item.event_id:
+                    out.append(
+                        ClaimConflict(
+                            f"command {item.command_id}: event {item.event_id} is not its"
+                            " latest issue"
+                        )
                     )
-                if status == "claimed" and holder == worker_id:
+                elif status == "claimed" and holder == worker_id:
                     # The same worker again: its first claim went through but the answer
                     # was lost (a server restart, a broken connection). Same claim, new lease.
-                    conn.execute(
+                    renew.append((now + self.lease, now, item.command_id))
+                    taken.repeat = True
+                    out.append(taken)
+                elif status != "issued":
+                    out.append(
+                        ClaimConflict(
+                            f"command {item.command_id} is {status}"
+                            + (f" by {holder}" if status == "claimed" and holder else ""),
+                            holder=holder,
+                        )
+                    )
+                else:
+                    row[1], row[2] = "claimed", worker_id
+                    claims.append((worker_id, now, now + self.lease, now, item.command_id))
+                    events.append(
+                        (
+                            item.execution_id,
+                            self.ids.next_id(),
+                            ev.COMMAND_CLAIMED,
+                            step,
+                            json.dumps({"attempt": attempt}),
+                            item.event_id,
+                            item.command_id,
+                            worker_id,
+                            now,
+                        )
+                    )
+                    out.append(taken)
+            with conn.cursor() as cur:
+                if renew:
+                    cur.executemany(
                         "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",
-                        (now + self.lease, now, command_id),
+                        renew,
                     )
-                    return step, attempt, instance, index, pool or "default", None, True, stopping
-                if status != "issued":
-                    raise ClaimConflict(
-                        f"command {command_id} is {status}"
-                        + (f" by {holder}" if status == "claimed" and holder else ""),
-                        holder=holder,
+                if claims:
+                    cur.executemany(
+                        "UPDATE command SET status = 'claimed', worker_id = %s, claimed = %s,"
+                        " lease_until = %s, updated = %s WHERE command_id = %s",
+                        claims,
                     )
-                conn.execute(
-                    "UPDATE command SET status = 'claimed', worker_id = %s, claimed = %s,"
-                    " lease_until = %s, updated = %s WHERE command_id = %s",
-                    (worker_id, now, now + self.lease, now, command_id),
-                )
-                conn.execute(
-                    "INSERT INTO event (execution_id, event_id, type, step, status, payload,"
-                    " parent_event_id, command_id, worker_id, time)"
-                    " VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, %s, %s)",
-                    (
-                        execution_id,
-                        self.ids.next_id(),
-                        ev.COMMAND_CLAIMED,
-                        step,
-                        json.dumps({"attempt": attempt}),
-                        event_id,
-                        command_id,
-                        worker_id,
-                        now,
-                    ),
-                )
-                issued_at = conn.execute(
-                    "SELECT time FROM event WHERE execution_id = %s AND event_id = %s",
-                    (execution_id, event_id),
-                ).fetchone()
-                return (
-                    step,
-                    attempt,
-                    instance,
-                    index,
-                    pool or "default",
-                    issued_at[0] if issued_at else None,
-                    False,
-                    stopping,
-                )
-
-        step, attempt, instance, index, pool, issued_at, repeat, stopping = await asyncio.to_thread(
-            take
-        )
-        if not repeat:
-            metrics.COMMANDS_CLAIMED.labels(pool).inc()
-        if issued_at is not None:
-            metrics.CLAIM_LATENCY.labels(pool).observe(max(0.0, now - issued_at))
-        # The reply is built from the last committed state this process holds when that
-        # state already has this issue of the command (the usual case: this process
-        # issued it), so a claim does not wait behind the execution's running step. Any
-        # state at or after the issue is one the command may run against.
-        snap = self._snapshots.get(execution_id)
-        record = snap.commands.get(command_id) if snap is not None else None
-        if snap is None or record is None or record.issued_event_id != event_id:
-            async with self._lock(execution_id):
-                await self._read_locked(execution_id)
-                snap = self._snapshots[execution_id]
-            record = snap.commands.get(command_id)
-        command = Command(
-            command_id=command_id,
-            execution_id=execution_id,
-            step=step,
-            attempt=attempt,
-            loop_instance=instance,
-            loop_index=index,
-            issued_event_id=event_id,
-            extra={"cursor": True} if record is not None and record.cursor else {},
-        )
-        spec: dict[str, Any] = {
-            "command": {**command.to_dict(), "execution_id": str(execution_id)},
-            "playbook": {
-                "text": snap.playbook.text,
-                "file": snap.playbook.file,
-            },
-            "context": snap.parts,
-            "iterator": None,
-            "element": None,
-            "cancelled": stopping or snap.status in ("cancelling", "cancelled"),
-            "lease": self.lease,
-        }
-        if index is not None and not command.extra:
-            loop = snap.loops.get((step, instance or 0))
-            if loop is not None:
-                spec["iterator"] = loop.iterator
-                spec["element"] = loop.collection[index]
-        return spec
+                    cur.executemany(
+                        "INSERT INTO event (execution_id, event_id, type, step, status,"
+                        " payload, parent_event_id, command_id, worker_id, time)"
+                        " VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, %s, %s)",
+                        events,
+                    )
+                    issued_at = dict(
+                        cur.execute(
+                            "SELECT event_id, time FROM event WHERE execution_id = ANY(%s)"
+                            " AND event_id = ANY(%s)",
+                            (
+                                sorted({e[0] for e in events}),
+                                [e[5] for e in events],
+                            ),
+                        ).fetchall()
+                    )
+                    for item, got in zip(items, out, strict=True):
+                        if isinstance(got, _Taken) and not got.repeat:
+                            got.issued_at = issued_at.get(item.event_id)
+            return out
 
     async def extend_leases(self, worker_id: str, command_ids: list[int] | None = None) -> int:
         """Extend the leases `worker_id` holds (its heartbeat): those of `command_ids`, the

@@ -386,3 +386,116 @@ def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
         completed = [e for e in _events(client, eid) if e["type"] == "command.completed"]
         assert sorted(int(e["event_id"]) for e in completed) == [ids[0], ids[2]]
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+
+
+def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> None:
+    """The workers' batch endpoints: one claim request and one report request carry many
+    items, each answered as its own request would be, in order."""
+    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
+        "count: 500, pause: 0.25", "count: 3, pause: 0"
+    )
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        eid = client.post("/api/execute", json={"playbook": playbook, "pool": "idle"}).json()[
+            "execution_id"
+        ]
+        deadline = time.monotonic() + 30
+        issued: list[dict[str, Any]] = []
+        while len(issued) < 3 and time.monotonic() < deadline:
+            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
+            time.sleep(0.05)
+        assert len(issued) == 3
+        issued.sort(key=lambda e: e["payload"]["loop_index"])
+
+        def item(event: dict[str, Any], **change: Any) -> dict[str, Any]:
+            return {
+                "event_id": event["event_id"],
+                "execution_id": eid,
+                "command_id": event["command_id"],
+                **change,
+            }
+
+        claims = [
+            *(item(e) for e in issued),
+            item(issued[0]),  # the same worker again: the same claim
+            item(issued[1], event_id=int(issued[1]["event_id"]) + 1),  # not its latest issue
+            item(issued[2], command_id=Snowflake().next_id()),  # no such command
+        ]
+        r = client.post("/api/commands/claim", json={"worker_id": "w0", "claims": claims})
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert [x["code"] for x in doc["results"]] == [200, 200, 200, 200, 409, 404]
+        assert "not its latest issue" in doc["results"][4]["error"]["message"]
+        for n, got in enumerate(doc["results"][:3]):
+            assert got["command"]["command_id"] == issued[n]["command_id"]
+            assert (got["iterator"], got["element"]) == ("item", n)
+        assert list(doc["executions"]) == [eid]
+        shared = doc["executions"][eid]
+        assert "kill_loop" in shared["playbook"]["text"] and shared["cancelled"] is False
+        assert shared["context"]["workload"]["count"] == 3
+        claimed = [e for e in _events(client, eid) if e["type"] == "command.claimed"]
+        assert len(claimed) == 3 and {e["worker_id"] for e in claimed} == {"w0"}
+
+        # Another worker gets none of them: each one names its holder.
+        r = client.post(
+            "/api/commands/claim", json={"worker_id": "w1", "claims": [item(e) for e in issued]}
+        )
+        assert [(x["code"], x["error"]["holder"]) for x in r.json()["results"]] == [(409, "w0")] * 3
+
+        gen = Snowflake()
+        ids = [gen.next_id() for _ in range(4)]
+
+        def report(event: dict[str, Any], worker: str, event_id: int, **change: Any) -> Any:
+            index = event["payload"]["loop_index"]
+            return {
+                "execution_id": change.pop("execution_id", eid),
+                "events": [
+                    {
+                        "event_id": event_id,
+                        "execution_id": change.pop("event_execution_id", eid),
+                        "type": "command.completed",
+                        "step": "work",
+                        "status": "ok",
+                        "payload": {
+                            "attempt": 1,
+                            "loop_index": index,
+                            "status": "ok",
+                            "result": {"index": index},
+                            "action": "continue",
+                        },
+                        "parent_event_id": event["event_id"],
+                        "command_id": event["command_id"],
+                        "worker_id": worker,
+                        "time": time.time(),
+                    }
+                ],
+            }
+
+        missing = str(Snowflake().next_id())
+        reports = [
+            report(issued[0], "w0", ids[0]),
+            report(issued[0], "w0", ids[0]),  # the same report again
+            report(issued[1], "someone-else", ids[1]),  # not the holder
+            report(issued[2], "w0", ids[2]),
+            report(issued[2], "w0", ids[3], execution_id=missing, event_execution_id=missing),
+            report(issued[2], "w0", ids[3], event_execution_id=missing),  # not its execution
+        ]
+        r = client.post("/api/events/reports", json={"worker_id": "w0", "reports": reports})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert [x["code"] for x in results] == [200, 200, 409, 200, 404, 422], results
+        assert [(x["accepted"], x["duplicates"]) for x in results[:2]] == [(1, 0), (0, 1)]
+        assert results[2]["stale"] == 1 and results[3]["accepted"] == 1
+        assert "belongs to execution" in results[5]["error"]["message"]
+        completed = [e for e in _events(client, eid) if e["type"] == "command.completed"]
+        assert sorted(int(e["event_id"]) for e in completed) == sorted([ids[0], ids[2]])
+
+        # Bad bodies are refused whole, naming the field.
+        r = client.post("/api/commands/claim", json={"worker_id": "w0", "claims": []})
+        assert r.status_code == 422 and "claims" in r.json()["error"]["message"]
+        r = client.post("/api/events/reports", json={"reports": [{"execution_id": eid}]})
+        assert r.status_code == 422 and "reports.0.events" in r.json()["error"]["message"]
+        r = client.post(
+            "/api/events/batch", json={"execution_id": eid, "events": reports[5]["events"]}
+        )
+        assert r.status_code == 422 and "events.0.execution_id" in r.json()["error"]["message"]
+        client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})

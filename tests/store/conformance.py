@@ -405,6 +405,40 @@ class StoreConformance:
             T0 + 2,
         )
 
+    def test_many_commands_in_one_batch(self, store: Store) -> None:
+        # A batch of distinct commands (the server's steps): new ones, status-only
+        # updates that keep attempt/worker/payload, and a re-issue with a new attempt,
+        # each as if written alone.
+        store.append(
+            [],
+            commands=[
+                command(1, attempt=1, payload={"p": 1}),
+                command(2, attempt=3, loop_instance=1, loop_index=0),
+                command(3),
+            ],
+        )
+        store.append([], commands=[command(2, status="claimed", worker_id="w-2", time=T0 + 1)])
+        store.append(
+            [],
+            commands=[
+                command(1, status="completed", worker_id="w-1", time=T0 + 2),
+                command(2, status="completed", time=T0 + 2),
+                command(3, attempt=2, time=T0 + 2, payload={"p": 3}),
+                command(4, loop_index=7, time=T0 + 2),
+            ],
+        )
+        rows = {c: store.get_command(c) for c in (1, 2, 3, 4)}
+        got = {
+            c: (r.status, r.attempt, r.worker_id, r.payload, r.loop_index, r.created, r.updated)
+            for c, r in rows.items()
+        }
+        assert got == {
+            1: ("completed", 1, "w-1", {"p": 1}, None, T0, T0 + 2),
+            2: ("completed", 3, "w-2", None, 0, T0, T0 + 2),
+            3: ("issued", 2, None, {"p": 3}, None, T0, T0 + 2),
+            4: ("issued", 1, None, None, 7, T0 + 2, T0 + 2),
+        }
+
     def test_pending_commands(self, store: Store) -> None:
         store.append(
             [],

@@ -92,12 +92,23 @@ class Advancer:
         self.local_kv = local_kv
 
     async def advance(
-        self, states: Mapping[int, ExecutionState], batch: list[Event], now: float
+        self,
+        states: Mapping[int, ExecutionState],
+        batch: list[Event],
+        now: float,
+        *,
+        recorded: dict[int, bool] | None = None,
     ) -> Advance:
         """Apply `batch` in order (depth first: what an event causes is applied before the
-        next input event). Events of executions missing from `states` are ignored."""
+        next input event). Events of executions missing from `states` are ignored.
+
+        `recorded`: verdicts of `record_iterations` taken beforehand for this batch and
+        others (the caller advances several batches in one transaction); without it the
+        batch's iteration results are recorded here."""
         out = Advance()
-        prerecorded = await self._record_iterations(states, batch)
+        prerecorded = (
+            recorded if recorded is not None else await self.record_iterations(states, batch)
+        )
         pending = deque(batch)
         while pending:
             event = pending.popleft()
@@ -146,7 +157,7 @@ class Advancer:
                 out.finished.append(state.execution_id)
         return out
 
-    async def _record_iterations(
+    async def record_iterations(
         self, states: Mapping[int, ExecutionState], batch: list[Event]
     ) -> dict[int, bool]:
         """Record every loop iteration result of `batch` in the KV at once.

@@ -506,8 +506,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         "duplicates", "stale", "status"}`, with code 409 when the report is stale (as
         `POST /api/events/batch` answers it), or `{"code": 4xx|5xx, "error": ...}`; a
         report with code 500 or above was not taken and may be sent again."""
+        results: list[dict[str, Any]] = [{} for _ in body.reports]
         by_execution: dict[int, list[int]] = {}
         for i, report in enumerate(body.reports):
+            wrong = next((e for e in report.events if e.execution_id != report.execution_id), None)
+            if wrong is not None:
+                message = (
+                    f"reports.{i}: event {wrong.event_id} belongs to execution"
+                    f" {wrong.execution_id}, not {report.execution_id}"
+                )
+                results[i] = {"code": 422, "error": {"message": message}}
+                continue
             by_execution.setdefault(report.execution_id, []).append(i)
 
         async def one(execution_id: int, indexes: list[int]) -> list[Any]:
@@ -519,7 +528,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
         groups = list(by_execution.items())
         outcomes = await asyncio.gather(*(one(eid, idx) for eid, idx in groups))
-        results: list[dict[str, Any]] = [{} for _ in body.reports]
         for (_, indexes), got in zip(groups, outcomes, strict=True):
             for i, outcome in zip(indexes, got, strict=True):
                 if isinstance(outcome, SubmitResult):

@@ -707,6 +707,7 @@ class Coordinator:
         if reissue:
             reissued = await asyncio.to_thread(self._expired_commands, conn, state)
         out = Advance()
+        recorded = await self._record_ahead(state, parts, seen, current) if check_workers else None
         for i, (part, result) in enumerate(zip(parts, results, strict=True)):
             # Each part is judged against the log and command rows as the parts before it
             # left them, as if it had come in its own transaction.
@@ -717,7 +718,9 @@ class Coordinator:
             seen.update(e.event_id for e in todo)
             batch = reissued + todo if i == 0 else todo
             if batch or i == 0:
-                done = await self.advancer.advance({execution_id: state}, batch, time.time())
+                done = await self.advancer.advance(
+                    {execution_id: state}, batch, time.time(), recorded=recorded
+                )
                 out.recorded += done.recorded
                 out.commands += done.commands
                 out.command_rows += done.command_rows
@@ -821,6 +824,32 @@ class Coordinator:
         out.commands = commands
         result.reissued = len(reissued)
         return results, out, cached, notices
+
+    async def _record_ahead(
+        self,
+        state: ExecutionState,
+        parts: list[list[Event]],
+        seen: set[int],
+        current: dict[int, tuple[Any, Any, Any]],
+    ) -> dict[int, bool] | None:
+        """Record the loop iterations of all parts in the KV at once (one round trip for
+        the step, not one per part), when the parts name disjoint commands: then what a
+        part does to the command rows cannot make a later part's report stale, except by
+        ending the execution, and an iteration recorded for a finished execution is
+        harmless. None (each part records its own) otherwise."""
+        if len(parts) < 2:
+            return None
+        owner: dict[int, int] = {}
+        candidates: list[Event] = []
+        for i, part in enumerate(parts):
+            for e in part:
+                if e.command_id is None or e.event_id in seen:
+                    continue
+                if owner.setdefault(e.command_id, i) != i:
+                    return None
+                candidates.append(e)
+        fresh = self._drop_stale(current, candidates, SubmitResult())
+        return await self.advancer.record_iterations({state.execution_id: state}, fresh)
 
     @staticmethod
     def _count(pool: str, results: list[SubmitResult], out: Advance) -> None:
@@ -1066,7 +1095,8 @@ class Coordinator:
                         )
                     )
                     out.append(taken)
-            with conn.cursor() as cur:
+            # The writes and the read of the issue times in one round trip.
+            with conn.pipeline(), conn.cursor() as cur:
                 if renew:
                     cur.executemany(
                         "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",

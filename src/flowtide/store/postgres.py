@@ -122,6 +122,41 @@ def _password(dsn: str) -> str | None:
     return str(value) if value else None
 
 
+#: INSERT_EVENT over column arrays (in EVENT order), rows inserted in array order.
+_INSERT_EVENTS: Final = (
+    "INSERT INTO event (execution_id, event_id, type, step, status, payload, error,"
+    " parent_event_id, command_id, worker_id, time)"
+    " SELECT u.execution_id, u.event_id, u.type, u.step, u.status, u.payload, u.error,"
+    " u.parent_event_id, u.command_id, u.worker_id, u.time"
+    " FROM unnest(%b::bigint[], %b::bigint[], %b::text[], %b::text[], %b::text[],"
+    " %b::text[], %b::text[], %b::bigint[], %b::bigint[], %b::text[], %b::float8[])"
+    " WITH ORDINALITY AS u(execution_id, event_id, type, step, status, payload, error,"
+    " parent_event_id, command_id, worker_id, time, n) ORDER BY u.n"
+)
+#: UPSERT_COMMAND over column arrays (distinct command ids), by whether the rows give
+#: an attempt (True: the update sets it; False: inserted as 1, the row's kept on update).
+_UPSERT_COMMANDS_SQL: Final = (
+    "INSERT INTO command (command_id, execution_id, step, status, attempt, loop_instance,"
+    " loop_index, worker_id, payload, created, updated)"
+    " SELECT u.command_id, u.execution_id, u.step, u.status, COALESCE(u.attempt, 1),"
+    " u.loop_instance, u.loop_index, u.worker_id, u.payload, u.created, u.updated"
+    " FROM unnest(%b::bigint[], %b::bigint[], %b::text[], %b::text[], %b::integer[],"
+    " %b::bigint[], %b::bigint[], %b::text[], %b::text[], %b::float8[], %b::float8[])"
+    " AS u(command_id, execution_id, step, status, attempt, loop_instance, loop_index,"
+    " worker_id, payload, created, updated)"
+    " ON CONFLICT (command_id) DO UPDATE SET"
+    " status = excluded.status,"
+    " {attempt}"
+    " worker_id = CASE WHEN excluded.status = 'issued' THEN excluded.worker_id"
+    " ELSE COALESCE(excluded.worker_id, command.worker_id) END,"
+    " payload = COALESCE(excluded.payload, command.payload),"
+    " updated = excluded.updated"
+)
+_UPSERT_COMMANDS: Final = {
+    True: _UPSERT_COMMANDS_SQL.format(attempt="attempt = excluded.attempt,"),
+    False: _UPSERT_COMMANDS_SQL.format(attempt=""),
+}
+
 #: A connection back in the pool for less than this is handed out without the check's
 #: round trip (under load that round trip was one in four of a step's).
 _CHECK_AFTER_IDLE = 2.0
@@ -342,9 +377,22 @@ class PostgresStore(SQLStore):
         """Write prepared rows inside the caller's transaction on `conn`; `updates` are
         (execution_id, sql, params) from `execution_update`."""
         with conn.cursor() as cur:
-            if event_rows:
-                cur.executemany(cls._sql(INSERT_EVENT), event_rows)
-            if command_rows:
+            if len(event_rows) > 1:
+                # One statement over column arrays: executemany sends a statement per row,
+                # and processing their results cost more than the rows themselves.
+                cur.execute(_INSERT_EVENTS, [list(c) for c in zip(*event_rows, strict=True)])
+            elif event_rows:
+                cur.execute(cls._sql(INSERT_EVENT), event_rows[0])
+            if len(command_rows) > 1 and len({r[0] for r in command_rows}) == len(command_rows):
+                # (An upsert statement cannot touch a row twice: a command with two rows
+                # in one batch goes the slow way.)
+                # Rows without an attempt keep the row's on update: two statements.
+                for given in (True, False):
+                    part = [r for r in command_rows if (r[4] is not None) is given]
+                    if part:
+                        columns = [list(c) for c in zip(*part, strict=True)][:11]
+                        cur.execute(_UPSERT_COMMANDS[given], columns)
+            elif command_rows:
                 cur.executemany(cls._sql(UPSERT_COMMAND), command_rows)
             for execution_id, sql, params in updates:
                 cur.execute(sql, params)

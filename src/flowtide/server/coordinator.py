@@ -986,7 +986,13 @@ class Coordinator:
                 extra={"cursor": True} if record is not None and record.cursor else {},
             )
             part: dict[str, Any] = {
-                "command": {**command.to_dict(), "execution_id": str(item.execution_id)},
+                # Ids as strings, as everywhere in the API (JSON numbers lose them).
+                "command": {
+                    **command.to_dict(),
+                    "command_id": str(item.command_id),
+                    "execution_id": str(item.execution_id),
+                    "issued_event_id": str(item.event_id),
+                },
                 "iterator": None,
                 "element": None,
                 "lease": self.lease,

@@ -309,25 +309,56 @@ def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: S
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
 
 
+def _completed(eid: str, issued: dict[str, Any], worker: str, event_id: int) -> dict[str, Any]:
+    """The `command.completed` event a worker would report for an issued loop command."""
+    index = issued["payload"]["loop_index"]
+    return {
+        "event_id": event_id,
+        "execution_id": eid,
+        "type": "command.completed",
+        "step": "work",
+        "status": "ok",
+        "payload": {
+            "attempt": 1,
+            "loop_instance": issued["payload"].get("loop_instance"),
+            "loop_index": index,
+            "status": "ok",
+            "result": {"index": index},
+            "action": "continue",
+        },
+        "parent_event_id": issued["event_id"],
+        "command_id": issued["command_id"],
+        "worker_id": worker,
+        "time": time.time(),
+    }
+
+
+def _three_waiting_commands(client: httpx.Client) -> tuple[str, list[dict[str, Any]]]:
+    """A 3-iteration loop on a pool without workers: its id and the 3 `command.issued`
+    events, in loop index order, waiting for the test to claim them."""
+    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
+        "count: 500, pause: 0.25", "count: 3, pause: 0"
+    )
+    eid = client.post("/api/execute", json={"playbook": playbook, "pool": "idle"}).json()[
+        "execution_id"
+    ]
+    deadline = time.monotonic() + 30
+    issued: list[dict[str, Any]] = []
+    while len(issued) < 3 and time.monotonic() < deadline:
+        issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
+        time.sleep(0.05)
+    assert len(issued) == 3
+    return eid, sorted(issued, key=lambda e: e["payload"]["loop_index"])
+
+
 def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
     stack: Stack,
 ) -> None:
     """Reports that the server takes together (group commit) keep their own verdicts: a
     repeated report is a duplicate, a report by a worker that does not hold the command is
     stale (409), and only the valid ones are written."""
-    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
-        "count: 500, pause: 0.25", "count: 3, pause: 0"
-    )
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        eid = client.post("/api/execute", json={"playbook": playbook, "pool": "idle"}).json()[
-            "execution_id"
-        ]
-        deadline = time.monotonic() + 30
-        issued: list[dict[str, Any]] = []
-        while len(issued) < 3 and time.monotonic() < deadline:
-            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
-            time.sleep(0.05)
-        assert len(issued) == 3
+        eid, issued = _three_waiting_commands(client)
         for n, event in enumerate(issued):
             r = client.post(
                 f"/api/commands/{event['event_id']}/claim",
@@ -336,31 +367,10 @@ def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
             assert r.status_code == 200, r.text
 
         def report(event: dict[str, Any], worker: str, event_id: int) -> dict[str, Any]:
-            index = event["payload"]["loop_index"]
             return {
                 "execution_id": eid,
                 "worker_id": worker,
-                "events": [
-                    {
-                        "event_id": event_id,
-                        "execution_id": eid,
-                        "type": "command.completed",
-                        "step": "work",
-                        "status": "ok",
-                        "payload": {
-                            "attempt": 1,
-                            "loop_instance": event["payload"].get("loop_instance"),
-                            "loop_index": index,
-                            "status": "ok",
-                            "result": {"index": index},
-                            "action": "continue",
-                        },
-                        "parent_event_id": event["event_id"],
-                        "command_id": event["command_id"],
-                        "worker_id": worker,
-                        "time": time.time(),
-                    }
-                ],
+                "events": [_completed(eid, event, worker, event_id)],
             }
 
         gen = Snowflake()
@@ -391,20 +401,8 @@ def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
 def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> None:
     """The workers' batch endpoints: one claim request and one report request carry many
     items, each answered as its own request would be, in order."""
-    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
-        "count: 500, pause: 0.25", "count: 3, pause: 0"
-    )
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        eid = client.post("/api/execute", json={"playbook": playbook, "pool": "idle"}).json()[
-            "execution_id"
-        ]
-        deadline = time.monotonic() + 30
-        issued: list[dict[str, Any]] = []
-        while len(issued) < 3 and time.monotonic() < deadline:
-            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
-            time.sleep(0.05)
-        assert len(issued) == 3
-        issued.sort(key=lambda e: e["payload"]["loop_index"])
+        eid, issued = _three_waiting_commands(client)
 
         def item(event: dict[str, Any], **change: Any) -> dict[str, Any]:
             return {
@@ -445,30 +443,9 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
         ids = [gen.next_id() for _ in range(4)]
 
         def report(event: dict[str, Any], worker: str, event_id: int, **change: Any) -> Any:
-            index = event["payload"]["loop_index"]
-            return {
-                "execution_id": change.pop("execution_id", eid),
-                "events": [
-                    {
-                        "event_id": event_id,
-                        "execution_id": change.pop("event_execution_id", eid),
-                        "type": "command.completed",
-                        "step": "work",
-                        "status": "ok",
-                        "payload": {
-                            "attempt": 1,
-                            "loop_index": index,
-                            "status": "ok",
-                            "result": {"index": index},
-                            "action": "continue",
-                        },
-                        "parent_event_id": event["event_id"],
-                        "command_id": event["command_id"],
-                        "worker_id": worker,
-                        "time": time.time(),
-                    }
-                ],
-            }
+            completed = _completed(eid, event, worker, event_id)
+            completed["execution_id"] = change.get("event_execution_id", eid)
+            return {"execution_id": change.get("execution_id", eid), "events": [completed]}
 
         missing = str(Snowflake().next_id())
         reports = [

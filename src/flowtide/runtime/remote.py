@@ -1,12 +1,13 @@
 """A worker process of the distributed runtime (`flowtide worker`).
 
 It pulls command notifications of its pool from NATS JetStream (one durable consumer per
-pool, shared by every worker of the pool), claims each command through the API (exactly
-one claimer wins; a loser acks and moves on), runs it with the same `StepRunner` as the
-embedded runtime in a thread, and posts the events back in one batch (retried; the
-server drops event ids it already has). It registers its pool and heartbeats; the
-heartbeat extends the leases of the commands it holds, so a worker that dies loses them
-to the server's reaper after one lease.
+pool, shared by every worker of the pool) and claims what one pull returned in one
+request (`POST /api/commands/claim`: per command exactly one claimer wins; a loser acks
+and moves on). It runs each command won with the same `StepRunner` as the embedded
+runtime in a thread, and sends the events back in batches (`POST /api/events/reports`,
+retried; the server drops event ids it already has). It registers its pool and
+heartbeats; the heartbeat extends the leases of the commands it holds, so a worker that
+dies loses them to the server's reaper after one lease.
 """
 
 from __future__ import annotations

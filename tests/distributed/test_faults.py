@@ -125,15 +125,7 @@ def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> No
 def test_exactly_one_of_many_claimers_wins(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         # Pool "idle" has no workers: the command waits for our claimers.
-        eid = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "idle"}).json()[
-            "execution_id"
-        ]
-        deadline = time.monotonic() + 30
-        issued: list[dict[str, Any]] = []
-        while not issued and time.monotonic() < deadline:
-            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
-            time.sleep(0.05)
-        event = issued[0]
+        eid, (event,) = _waiting_commands(client, ONE_STEP, 1)
         body = {"execution_id": eid, "command_id": event["command_id"]}
 
         def claim(n: int) -> int:
@@ -247,15 +239,7 @@ def test_run_by_catalog_path_is_refused_cleanly_when_missing(stack: Stack, tmp_p
 
 def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        eid = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "idle"}).json()[
-            "execution_id"
-        ]
-        deadline = time.monotonic() + 30
-        issued: list[dict[str, Any]] = []
-        while not issued and time.monotonic() < deadline:
-            issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
-            time.sleep(0.05)
-        event = issued[0]
+        eid, (event,) = _waiting_commands(client, ONE_STEP, 1)
         cid = event["command_id"]
         body = {"execution_id": eid, "command_id": cid, "worker_id": "ghost"}
         client.post(
@@ -333,22 +317,29 @@ def _completed(eid: str, issued: dict[str, Any], worker: str, event_id: int) -> 
     }
 
 
-def _three_waiting_commands(client: httpx.Client) -> tuple[str, list[dict[str, Any]]]:
-    """A 3-iteration loop on a pool without workers: its id and the 3 `command.issued`
-    events, in loop index order, waiting for the test to claim them."""
-    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
-        "count: 500, pause: 0.25", "count: 3, pause: 0"
-    )
+def _waiting_commands(
+    client: httpx.Client, playbook: str, count: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """Start `playbook` on a pool without workers: its id and its first `count`
+    `command.issued` events (in loop index order), waiting for the test to claim them."""
     eid = client.post("/api/execute", json={"playbook": playbook, "pool": "idle"}).json()[
         "execution_id"
     ]
     deadline = time.monotonic() + 30
     issued: list[dict[str, Any]] = []
-    while len(issued) < 3 and time.monotonic() < deadline:
+    while len(issued) < count and time.monotonic() < deadline:
         issued = [e for e in _events(client, eid) if e["type"] == "command.issued"]
         time.sleep(0.05)
-    assert len(issued) == 3
-    return eid, sorted(issued, key=lambda e: e["payload"]["loop_index"])
+    assert len(issued) == count
+    return eid, sorted(issued, key=lambda e: e["payload"].get("loop_index") or 0)
+
+
+def _three_waiting_commands(client: httpx.Client) -> tuple[str, list[dict[str, Any]]]:
+    """A 3-iteration loop's 3 commands, waiting on a pool without workers."""
+    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
+        "count: 500, pause: 0.25", "count: 3, pause: 0"
+    )
+    return _waiting_commands(client, playbook, 3)
 
 
 def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(

@@ -59,6 +59,10 @@ __all__ = [
 #: JetStream subjects of command notifications: flowtide.commands.<pool>.<execution_id>.
 SUBJECT_PREFIX: Final = "flowtide.commands"
 _REPORTS: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+#: What an execution's log got after a `seq` (EVENT_COLUMNS, seq), in insertion order.
+_SINCE: Final = (
+    f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s ORDER BY seq"
+)
 _ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED})
 _WORKER_EVENTS: Final = frozenset(
     {
@@ -275,8 +279,7 @@ class Coordinator:
             pool = "default"
             cached = _Cached(ExecutionState(playbook, execution_id), pool)
         rows = conn.execute(
-            f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s"
-            " ORDER BY seq",
+            _SINCE,
             (execution_id, cached.last_seq),
         ).fetchall()
         self._apply_rows(cached, rows)
@@ -674,8 +677,7 @@ class Coordinator:
                 since = None
                 if cached is not None and fresh is None:
                     since = conn.execute(
-                        f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s"
-                        " AND seq > %s ORDER BY seq",
+                        _SINCE,
                         (execution_id, cached.last_seq),
                     )
                 dup = None

@@ -111,7 +111,11 @@ def test_counters_latency_and_gauges_follow_a_run(stack: Stack) -> None:
     def settled() -> bool:
         nonlocal after
         after = _scrape(stack.url)
-        return delta(after, "flowtide_commands_completed_total") >= 3
+        # Published rows are marked in batches shortly after (outbox.MARK_DELAY).
+        return (
+            delta(after, "flowtide_commands_completed_total") >= 3
+            and _value(after, "flowtide_outbox_pending") == 0
+        )
 
     _eventually(settled)
     counts = {n: delta(after, f"flowtide_commands_{n}_total") for n in names}

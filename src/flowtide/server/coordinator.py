@@ -625,6 +625,11 @@ class Coordinator:
         self._count(pool, results, out)
         if notices and self.publish is not None:
             self.publish(notices)
+            # Two turns of the loop: the publish task hands the notifications to the
+            # NATS client, its flusher writes them to the socket. Without them the
+            # notifications would wait behind the caller's HTTP reply (~1 ms).
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
         elif out.commands and self.on_outbox is not None:
             self.on_outbox()
         if out.finished and self.loopstate is not None:

@@ -32,6 +32,10 @@ STREAM: Final = "FLOWTIDE_COMMANDS"
 #: Seconds an outbox row written for `OutboxRelay.publish` stays locked: the relay takes
 #: it only if the writing process did not mark it published by then (it died).
 OUTBOX_HOLD: Final = 5.0
+#: Seconds published rows wait before they are marked, in one transaction for all of
+#: them: the mark stays out of the way of the claims the notifications set off (it ran
+#: between the publish and the claim), and far below OUTBOX_HOLD.
+MARK_DELAY: Final = 0.05
 _SUBJECTS: Final = ["flowtide.commands.>"]
 
 
@@ -140,6 +144,7 @@ class OutboxRelay:
         self._sending: set[asyncio.Task[None]] = set()
         self._to_mark: list[int] = []
         self._marker: asyncio.Task[None] | None = None
+        self._closing = False
 
     def poke(self) -> None:
         self._wake.set()
@@ -178,6 +183,8 @@ class OutboxRelay:
         # update failed, the process died) is published again by a relay after its hold;
         # JetStream drops the copy (same Nats-Msg-Id).
         while self._to_mark:
+            if not self._closing:
+                await asyncio.sleep(MARK_DELAY)
             ids, self._to_mark = self._to_mark, []
             try:
                 await asyncio.to_thread(self.rows.mark_published, ids)
@@ -202,11 +209,16 @@ class OutboxRelay:
         self._task = asyncio.create_task(self._run(), name="flowtide-outbox")
 
     async def stop(self) -> None:
-        for task in [self._task, self._marker, *self._sending]:
+        for task in [self._task, *self._sending]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        # What was published is marked now rather than published again after its hold.
+        self._closing = True
+        if self._marker is not None and not self._marker.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._marker, 5.0)
 
     async def _run(self) -> None:
         last_prune = time.monotonic()

@@ -56,12 +56,34 @@ def _status(home: Path) -> tuple[int, dict[str, dict[str, Any]]]:
     return r.returncode, {c["name"]: c for c in doc["components"]}
 
 
+SCRIPT_PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: script_file, path: tests/dev/script_file}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      script: {uri: ./scripts/greet.py, source: {type: file}}
+      input: {name: dev}
+"""
+
+
 def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
+    # The workers run in --workdir: a playbook's relative script path resolves there.
+    project = home.parent / "project"
+    (project / "scripts").mkdir(parents=True)
+    (project / "scripts" / "greet.py").write_text(
+        "def main(name):\n    return {'hello': name, 'cwd': __import__('os').getcwd()}\n"
+    )
+    (project / "script.yaml").write_text(SCRIPT_PLAYBOOK)
     ports = [str(free_port()) for _ in range(3)]
     up = _flowtide(
         home,
         "dev",
         "up",
+        "--workdir",
+        project,
         "--workers",
         "1",
         "--port",
@@ -104,6 +126,13 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     )
     assert remote["status"] == "completed"
     assert remote["result"] == embedded["result"]
+    assert parts["worker-0"]["detail"].endswith(f" in {project}")
+    scripted = _flowtide(home, "run", project / "script.yaml", "--server", url, "--json")
+    assert scripted.returncode == 0, scripted.stderr
+    assert json.loads(scripted.stdout)["steps"]["start"]["result"] == {
+        "hello": "dev",
+        "cwd": str(project),
+    }
 
     # A worker killed behind the stack's back shows as stopped; `up` replaces only it.
     worker_pid = parts["worker-0"]["pid"]
@@ -137,6 +166,14 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     purge = _flowtide(home, "dev", "down", "--purge")
     assert purge.returncode == 0
     assert not (home / "dev").exists()
+
+
+def test_dev_up_refuses_a_missing_workdir_before_starting_anything(home: Path) -> None:
+    missing = home.parent / "no-such-dir"
+    r = _flowtide(home, "dev", "up", "--workdir", missing, "--pg-port", free_port())
+    assert r.returncode == 1
+    assert f"the workers' directory {missing} does not exist" in r.stderr
+    assert not (home / "dev" / "pg").exists()
 
 
 def test_dev_up_names_a_taken_port(home: Path) -> None:

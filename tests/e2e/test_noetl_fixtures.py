@@ -89,6 +89,10 @@ def _server_mode(
     db = pg_server.create_database("noetl_e2e")
     key = Fernet.generate_key().decode()
     stack = Stack(db=db, nats=nats_url, root=root, kv=nats_url, master_key=key)
+    # The workers run in `root`, laid out like the e2e repository's root (fixtures/ in
+    # it): a relative script path in a playbook resolves where the workers run, as in
+    # NoETL, where the workers' image holds the scripts.
+    (root / "fixtures").symlink_to(NOETL_E2E)
     try:
         stack.start_server()
         stack.start_worker()
@@ -204,14 +208,10 @@ def test_duckdb(home: Path) -> None:
     assert doc["steps"]["verify"]["result"]["verified"] is True
 
 
-def test_python_file_script(home: Path, tmp_path: Path, mode: dict[str, str]) -> None:
-    if "FLOWTIDE_SERVER" in mode:
-        pytest.skip(
-            "the fixture's script path is relative to the submitter's working directory; "
-            "a worker resolves it against its own"
-        )
+def test_python_file_script(home: Path, tmp_path: Path) -> None:
     # The fixture's script path is relative to the e2e repository root, where the
-    # playbooks live under fixtures/: recreate that layout and run from its root.
+    # playbooks live under fixtures/: recreate that layout and run from its root (on the
+    # stack, the workers run in such a root too: `_server_mode`).
     root = tmp_path / "e2e-root"
     root.mkdir()
     (root / "fixtures").symlink_to(NOETL_E2E)

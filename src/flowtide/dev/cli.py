@@ -86,6 +86,16 @@ def dev_up(
             help="Seconds a claimed command survives without its worker's heartbeat (default 30).",
         ),
     ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            "--workdir",
+            file_okay=False,
+            help="Directory the workers run in: relative paths in playbooks (a python"
+            " step's script file) resolve against it, as embedded runs resolve them against"
+            " the current directory (default: the current directory of the first `up`).",
+        ),
+    ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1, help="Seconds to wait for each part.")
     ] = 60.0,
@@ -108,6 +118,7 @@ def dev_up(
             pg_port=pg_port,
             concurrency=concurrency,
             lease=lease,
+            workdir=workdir,
             timeout=timeout,
             progress=_progress,
         )

@@ -57,6 +57,10 @@ class StackConfig:
     pool: str = "default"
     concurrency: int = 8
     lease: float = 30.0
+    #: Where the workers run: relative paths in playbooks (a python step's script file)
+    #: resolve against it, as an embedded run resolves them against its current
+    #: directory. The current directory of the first `up` unless given.
+    workdir: str | None = None
     pids: dict[str, int] = field(default_factory=dict)
 
 
@@ -148,6 +152,7 @@ class DevStack:
         pg_port: int | None = None,
         concurrency: int | None = None,
         lease: float | None = None,
+        workdir: Path | None = None,
         progress: Progress = _quiet,
         timeout: float = 60.0,
     ) -> list[Component]:
@@ -160,6 +165,12 @@ class DevStack:
         c.workers = c.workers if workers is None else workers
         c.concurrency = c.concurrency if concurrency is None else concurrency
         c.lease = c.lease if lease is None else lease
+        if workdir is not None or c.workdir is None:
+            c.workdir = str((workdir or Path.cwd()).absolute())
+        if not Path(c.workdir).is_dir():
+            raise DevStackError(
+                f"the workers' directory {c.workdir} does not exist (choose one with --workdir)"
+            )
         for part, attr, value in (
             ("server", "server_port", server_port),
             ("nats", "nats_port", nats_port),
@@ -287,7 +298,7 @@ class DevStack:
                 "--worker-id",
                 f"dev-{name}",
             ]
-            self._spawn(name, argv, self._log(name))
+            self._spawn(name, argv, self._log(name), cwd=Path(self.config.workdir or self.dir))
             started.append(name)
         for name in started:
 
@@ -372,7 +383,10 @@ class DevStack:
             if self._alive(name):
                 registered = self._worker_state(name) if server_state == "running" else None
                 state = "running" if registered == "ready" else "unhealthy"
-                detail = f"pool {self.config.pool}, {self.config.concurrency} at once"
+                detail = (
+                    f"pool {self.config.pool}, {self.config.concurrency} at once,"
+                    f" in {self.config.workdir or self.dir}"
+                )
                 if registered and registered != "ready":
                     detail += f", server says {registered}"
             out.append(Component(name, state, self._pid(name), None, str(self._log(name)), detail))
@@ -385,7 +399,12 @@ class DevStack:
         return [sys.executable, "-m", "flowtide.cli"]
 
     def _spawn(
-        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         child_env = {**os.environ, "FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"}
         child_env.update(env or {})
@@ -396,7 +415,7 @@ class DevStack:
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 env=child_env,
-                cwd=self.dir,
+                cwd=cwd or self.dir,
                 start_new_session=True,
             )
         self._children[name] = proc

@@ -126,6 +126,11 @@ class SubmitResult:
     status: str = ""
 
 
+#: What `_after` needs of a committed step: execution id, pool, the parts' results, the
+#: step's output and the outbox rows to publish.
+_After = tuple[int, str, list[SubmitResult], Advance, list[OutboxRow]]
+
+
 @dataclass(frozen=True)
 class ClaimItem:
     """One command a worker asks for, named as its notification names it."""
@@ -391,23 +396,28 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         mine = [_Report(list(events), loop.create_future()) for events in reports]
         self._queued.setdefault(execution_id, []).extend(mine)
+        afters: list[_After] = []
         async with self._lock(execution_id):
             if not all(r.result.done() for r in mine):
                 group = self._queued.pop(execution_id, [])
                 # Cannot happen: a leader settles all it takes.
                 group += [r for r in mine if not r.result.done() and r not in group]
-                await self._take_reports(execution_id, group)
+                afters = await self._take_reports(execution_id, group)
+        for after in afters:
+            await self._after(*after)
         out: list[SubmitResult | Exception] = []
         for r in mine:
             exc = r.result.exception()
             out.append(exc if isinstance(exc, Exception) else r.result.result())
         return out
 
-    async def _take_reports(self, execution_id: int, group: list[_Report]) -> None:
-        """Advance `group` in one step and settle each report (the caller holds the lock).
+    async def _take_reports(self, execution_id: int, group: list[_Report]) -> list[_After]:
+        """Advance `group` in one step and settle each report (the caller holds the lock
+        and runs `_after` on what this returns once it let go).
 
         When the step fails and there was more than one report, each is tried alone, so
         one bad report does not fail the others."""
+        afters: list[_After] = []
         try:
             try:
                 results, after = await self._step_locked(
@@ -416,7 +426,7 @@ class Coordinator:
             except Exception as exc:
                 if len(group) == 1:
                     group[0].result.set_exception(exc)
-                    return
+                    return afters
                 for r in group:
                     try:
                         results, after = await self._step_locked(
@@ -426,11 +436,12 @@ class Coordinator:
                         r.result.set_exception(one)
                     else:
                         r.result.set_result(results[0])
-                        await self._after(*after)
-                return
+                        afters.append(after)
+                return afters
             for r, result in zip(group, results, strict=True):
                 r.result.set_result(result)
-            await self._after(*after)
+            afters.append(after)
+            return afters
         finally:
             # Cancelled midway: what is not settled goes back for its own caller to take.
             unsettled = [r for r in group if not r.result.done()]
@@ -583,7 +594,7 @@ class Coordinator:
         fresh: _Cached | None = None,
         check_workers: bool = False,
         reissue: bool = False,
-    ) -> tuple[list[SubmitResult], tuple[int, str, list[SubmitResult], Advance, list[OutboxRow]]]:
+    ) -> tuple[list[SubmitResult], _After]:
         """One transaction over `parts` (one per caller, in order); the caller holds the
         execution's lock and calls `_after` with the second value once it let go."""
         pool = self.store.pool("shard")

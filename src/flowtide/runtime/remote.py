@@ -1,8 +1,8 @@
 """A worker process of the distributed runtime (`flowtide worker`).
 
 It pulls command notifications of its pool from NATS JetStream (one durable consumer per
-pool, shared by every worker of the pool) and claims what one pull returned in one
-request (`POST /api/commands/claim`: per command exactly one claimer wins; a loser acks
+pool, shared by every worker of the pool; pull requests kept open for its free slots) and
+claims what arrived together in one request (`POST /api/commands/claim`: per command exactly one claimer wins; a loser acks
 and moves on). It runs each command won with the same `StepRunner` as the embedded
 runtime in a thread, and sends the events back in batches (`POST /api/events/reports`,
 retried; the server drops event ids it already has). It registers its pool and
@@ -163,6 +163,100 @@ class _Reporter:
         return problem
 
 
+class _Puller:
+    """Pull requests on a JetStream consumer kept open for a worker's free slots, with the
+    messages handed over as they arrive.
+
+    nats-py's `fetch(batch=n)` returns once it has n messages or its pull request ends:
+    when fewer than n arrive on a lingering request, the ones that did wait for its
+    expiry (up to a second here, seen as 0.8 s gaps in a loop's log). Here each message
+    is the caller's as soon as it lands, with whatever else landed meanwhile.
+
+    `credit` counts the messages asked for and not delivered: a request that expires
+    ends with a 408 status saying how many of its batch it did not deliver. The credit
+    of requests lost otherwise (a reconnect, a 409) is dropped once every request asked
+    for must have expired.
+    """
+
+    def __init__(
+        self, nc: Any, stream: str, consumer: str, changed: asyncio.Event, *, expires: float = 5.0
+    ) -> None:
+        self.nc = nc
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.expires = expires
+        self.credit = 0
+        self._asked_at = 0.0
+        self._inbox = nc.new_inbox()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._sub: Any = None
+        #: Set when credit was returned (a request ended) or nothing arrived for a while:
+        #: the asker looks again.
+        self.changed = changed
+
+    async def start(self) -> None:
+        async def deliver(msg: Any) -> None:
+            self._queue.put_nowait(msg)
+
+        self._sub = await self.nc.subscribe(self._inbox, cb=deliver)
+
+    async def ask(self, free: int) -> None:
+        """Ask for messages up to `free` minus what is already asked for; small top-ups
+        wait until a quarter of the slots are free, so that a busy worker keeps a few
+        requests open rather than one per finished command."""
+        now = time.monotonic()
+        if self.credit and now - self._asked_at > self.expires + 2.0:
+            self.credit = 0  # every request asked for has expired by now
+        want = free - self.credit
+        if want <= 0 or (self.credit and want < max(1, free // 4)):
+            return
+        import json
+
+        body = {"batch": want, "expires": int(self.expires * 1e9)}
+        await self.nc.publish(self.subject, json.dumps(body).encode(), reply=self._inbox)
+        self.credit += want
+        self._asked_at = now
+
+    async def take(self, timeout: float) -> list[Any]:
+        """The messages that arrived (at least one, or none after `timeout` seconds)."""
+        try:
+            first = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            self.changed.set()  # a stale credit is dropped by the next ask
+            return []
+        got = [first]
+        while not self._queue.empty():
+            got.append(self._queue.get_nowait())
+        msgs = []
+        for msg in got:
+            status = msg.headers.get("Status") if msg.headers else None
+            if status is None and msg.reply:
+                self.credit -= 1
+                msgs.append(msg)
+            elif status is not None:
+                # 408: the request expired; 409: it was ended (consumer changed, too
+                # many waiting). Either way its undelivered part is no longer asked for.
+                undelivered = msg.headers.get("Nats-Pending-Messages")
+                if undelivered is not None:
+                    self.credit -= int(undelivered)
+                elif status != "100":
+                    log.info("pull request ended: %s %s", status, msg.headers.get("Description"))
+                self.changed.set()
+        self.credit = max(0, self.credit)
+        return msgs
+
+    async def close(self) -> list[Any]:
+        """Stop receiving; the messages received and not taken (to be nak'ed)."""
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        left = []
+        while not self._queue.empty():
+            msg = self._queue.get_nowait()
+            if msg.reply and not msg.headers:
+                left.append(msg)
+        return left
+
+
 class RemoteWorker:
     """Claims and runs commands of one pool until `stop()`."""
 
@@ -208,7 +302,6 @@ class RemoteWorker:
 
     async def run(self) -> None:
         import nats
-        from nats.js.api import AckPolicy, ConsumerConfig
 
         async with httpx.AsyncClient(base_url=self.server, timeout=30.0) as client:
             self.client = client
@@ -230,44 +323,34 @@ class RemoteWorker:
             from flowtide.server.outbox import ensure_stream
 
             await ensure_stream(js)
-            sub = await js.pull_subscribe(
-                f"flowtide.commands.{self.pool}.>",
-                durable=f"flowtide-{self.pool}",
-                stream=_STREAM,
-                config=ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT,
-                    # Acked right after the claim: this only covers fetch -> claim.
-                    ack_wait=10.0,
-                    max_ack_pending=-1,
-                    max_waiting=512,
-                ),
-            )
+            durable = f"flowtide-{self.pool}"
+            await self._ensure_consumer(js, durable)
+            puller = _Puller(nc, _STREAM, durable, self._slot_freed)
+            await puller.start()
             # Paid once here rather than inside the first HTTP step it runs.
             from flowtide.tools import http as http_tool
 
             await asyncio.to_thread(http_tool.warm_up)
             beat = asyncio.create_task(self._heartbeat())
             reporter = asyncio.create_task(self._reports.run(client))
+            asker = asyncio.create_task(self._ask(puller))
             tasks: set[asyncio.Task[None]] = set()
             try:
                 while not self._stop.is_set():
-                    # A slot is taken from the fetch until the command's report is settled
-                    # (or its claim is lost): no more is pulled than can run.
-                    free = self.concurrency - self._taken
-                    if free <= 0:
-                        self._slot_freed.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._slot_freed.wait(), 1.0)
-                        continue
-                    try:
-                        msgs = await sub.fetch(batch=free, timeout=1.0)
-                    except (TimeoutError, nats.errors.TimeoutError):
+                    # A slot is taken from the delivery until the command's report is
+                    # settled (or its claim is lost): no more is asked for than can run.
+                    msgs = await puller.take(timeout=1.0)
+                    if not msgs:
                         continue
                     self._taken += len(msgs)
                     task = asyncio.create_task(self._claim(msgs, tasks))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             finally:
+                asker.cancel()
+                for msg in await puller.close():
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
                 beat.cancel()
                 while tasks:
                     await asyncio.gather(*list(tasks), return_exceptions=True)
@@ -281,6 +364,37 @@ class RemoteWorker:
                     await nc.close()
                 self._threads.shutdown(wait=False, cancel_futures=True)
                 self._sync.close()
+
+    async def _ensure_consumer(self, js: Any, durable: str) -> None:
+        """The pool's durable pull consumer (created by the first worker of the pool)."""
+        from nats.js.api import AckPolicy, ConsumerConfig
+        from nats.js.errors import NotFoundError
+
+        try:
+            await js.consumer_info(_STREAM, durable)
+            return
+        except NotFoundError:
+            pass
+        config = ConsumerConfig(
+            durable_name=durable,
+            filter_subject=f"flowtide.commands.{self.pool}.>",
+            ack_policy=AckPolicy.EXPLICIT,
+            # Acked right after the claim: this only covers delivery -> claim.
+            ack_wait=10.0,
+            max_ack_pending=-1,
+            max_waiting=512,
+        )
+        with contextlib.suppress(Exception):  # another worker created it meanwhile
+            await js.add_consumer(_STREAM, config=config)
+        await js.consumer_info(_STREAM, durable)
+
+    async def _ask(self, puller: _Puller) -> None:
+        """Keep pull requests open for the free slots: asks again when a slot frees up, a
+        request ends, or nothing arrived for a second."""
+        while True:
+            self._slot_freed.clear()
+            await puller.ask(self.concurrency - self._taken)
+            await self._slot_freed.wait()
 
     def _release(self, n: int = 1) -> None:
         self._taken -= n

@@ -2,12 +2,13 @@
 
 It pulls command notifications of its pool from NATS JetStream (one durable consumer per
 pool, shared by every worker of the pool; pull requests kept open for its free slots) and
-claims what arrived together in one request (`POST /api/commands/claim`: per command exactly one claimer wins; a loser acks
-and moves on). It runs each command won with the same `StepRunner` as the embedded
-runtime in a thread, and sends the events back in batches (`POST /api/events/reports`,
-retried; the server drops event ids it already has). It registers its pool and
-heartbeats; the heartbeat extends the leases of the commands it holds, so a worker that
-dies loses them to the server's reaper after one lease.
+claims what arrived together in one request (`POST /api/commands/claim`: per command
+exactly one claimer wins; a loser acks and moves on). It runs each command won with the
+same `StepRunner` as the embedded runtime in a thread, and sends the events back in
+batches (`POST /api/events/reports`, retried; the server drops event ids it already
+has). It registers its pool and heartbeats; the heartbeat extends the leases of the
+commands it holds, so a worker that dies loses them to the server's reaper after one
+lease.
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ class _Puller:
         left = []
         while not self._queue.empty():
             msg = self._queue.get_nowait()
-            if msg.reply and not msg.headers:
+            if msg.reply and "Status" not in (msg.headers or {}):
                 left.append(msg)
         return left
 

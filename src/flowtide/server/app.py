@@ -287,6 +287,21 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
 
 
+def _submit_doc(result: SubmitResult) -> dict[str, Any]:
+    """What a worker report's reply says of it (single or in a batch)."""
+    return {
+        "accepted": result.accepted,
+        "duplicates": result.duplicates,
+        "stale": result.stale,
+        "status": result.status,
+    }
+
+
+def _refused_stale(result: SubmitResult) -> bool:
+    """A report whose every command was stale: answered 409."""
+    return bool(result.stale and not result.accepted)
+
+
 def _item_doc(outcome: Any, ok: dict[str, Any]) -> dict[str, Any]:
     """One entry of a batch reply: `ok` merged into a result, or the error an exception
     would have answered as its own request (code 5xx: not done, may be sent again)."""
@@ -488,13 +503,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 return _error(422, message, fields=[{"field": field, "message": message}])  # type: ignore[return-value]
         events = [e.to_event() for e in body.events]
         result = await coord().submit(body.execution_id, events)
-        doc = {
-            "accepted": result.accepted,
-            "duplicates": result.duplicates,
-            "stale": result.stale,
-            "status": result.status,
-        }
-        if result.stale and not result.accepted:
+        doc = _submit_doc(result)
+        if _refused_stale(result):
             return JSONResponse({"error": {"status": 409, "message": "stale report"}, **doc}, 409)  # type: ignore[return-value]
         return doc
 
@@ -531,13 +541,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         for (_, indexes), got in zip(groups, outcomes, strict=True):
             for i, outcome in zip(indexes, got, strict=True):
                 if isinstance(outcome, SubmitResult):
-                    doc = {
-                        "code": 409 if outcome.stale and not outcome.accepted else 200,
-                        "accepted": outcome.accepted,
-                        "duplicates": outcome.duplicates,
-                        "stale": outcome.stale,
-                        "status": outcome.status,
-                    }
+                    code = 409 if _refused_stale(outcome) else 200
+                    doc = {"code": code, **_submit_doc(outcome)}
                 else:
                     doc = _item_doc(outcome, {})
                 results[i] = doc

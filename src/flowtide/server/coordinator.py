@@ -821,21 +821,22 @@ class Coordinator:
                         " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
                         (now, execution_id),
                     )
-                last = conn.execute(
+                seq = conn.execute(
                     "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1",
                     (execution_id,),
-                ).fetchone()
-                if added is not None and publish_now:
-                    outbox_id = {int(r[1]): int(r[0]) for r in added.fetchall()}
-                    notices.extend(
-                        OutboxRow(
-                            outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1
-                        )
-                        for c, p in zip(commands, payloads, strict=True)
-                    )
-            conn.commit()
+                )
+                # The COMMIT is queued behind the writes and goes with the pipeline's sync:
+                # one round trip for the whole step, the commit's wait included.
+                conn.commit()
             held.clear()
             pool.putconn(conn)
+            if added is not None and publish_now:
+                outbox_id = {int(r[1]): int(r[0]) for r in added.fetchall()}
+                notices.extend(
+                    OutboxRow(outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1)
+                    for c, p in zip(commands, payloads, strict=True)
+                )
+            last = seq.fetchone()
             return int(last[0]) if last else 0
 
         cached.last_seq = await asyncio.to_thread(write_and_commit)
@@ -1119,38 +1120,40 @@ class Coordinator:
                         )
                     )
                     out.append(taken)
-            # The writes and the read of the issue times in one round trip.
-            with conn.pipeline(), conn.cursor() as cur:
-                if renew:
-                    cur.executemany(
-                        "UPDATE command SET lease_until = %s, updated = %s WHERE command_id = %s",
-                        renew,
-                    )
+            # The writes, the read of the issue times and the commit in one round trip.
+            times = None
+            with conn.pipeline():
+                with conn.cursor() as cur:
+                    if renew:
+                        cur.executemany(
+                            "UPDATE command SET lease_until = %s, updated = %s"
+                            " WHERE command_id = %s",
+                            renew,
+                        )
+                    if claims:
+                        cur.executemany(
+                            "UPDATE command SET status = 'claimed', worker_id = %s, claimed = %s,"
+                            " lease_until = %s, updated = %s WHERE command_id = %s",
+                            claims,
+                        )
+                        cur.executemany(
+                            "INSERT INTO event (execution_id, event_id, type, step, status,"
+                            " payload, parent_event_id, command_id, worker_id, time)"
+                            " VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, %s, %s)",
+                            events,
+                        )
                 if claims:
-                    cur.executemany(
-                        "UPDATE command SET status = 'claimed', worker_id = %s, claimed = %s,"
-                        " lease_until = %s, updated = %s WHERE command_id = %s",
-                        claims,
+                    times = conn.execute(
+                        "SELECT event_id, time FROM event WHERE execution_id = ANY(%s)"
+                        " AND event_id = ANY(%s)",
+                        (sorted({e[0] for e in events}), [e[5] for e in events]),
                     )
-                    cur.executemany(
-                        "INSERT INTO event (execution_id, event_id, type, step, status,"
-                        " payload, parent_event_id, command_id, worker_id, time)"
-                        " VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, %s, %s)",
-                        events,
-                    )
-                    issued_at = dict(
-                        cur.execute(
-                            "SELECT event_id, time FROM event WHERE execution_id = ANY(%s)"
-                            " AND event_id = ANY(%s)",
-                            (
-                                sorted({e[0] for e in events}),
-                                [e[5] for e in events],
-                            ),
-                        ).fetchall()
-                    )
-                    for item, got in zip(items, out, strict=True):
-                        if isinstance(got, _Taken) and not got.repeat:
-                            got.issued_at = issued_at.get(item.event_id)
+                conn.commit()
+            if times is not None:
+                issued_at = dict(times.fetchall())
+                for item, got in zip(items, out, strict=True):
+                    if isinstance(got, _Taken) and not got.repeat:
+                        got.issued_at = issued_at.get(item.event_id)
             return out
 
     async def extend_leases(self, worker_id: str, command_ids: list[int] | None = None) -> int:

@@ -1132,7 +1132,12 @@ def worker_cmd(
         await worker.run()
 
     _err(f"flowtide worker {worker.worker_id} (pool {pool}) -> {redact_url(server)}")
-    asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
 
 
 # ------------------------------------------------------------------------------ db

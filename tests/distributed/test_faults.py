@@ -467,3 +467,63 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
         )
         assert r.status_code == 422 and "events.0.execution_id" in r.json()["error"]["message"]
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+
+
+CHILD = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: slow_child, path: tests/dist/slow_child}
+workflow:
+  - step: work
+    loop:
+      in: "{{ range(200) | list }}"
+      iterator: item
+      spec: {mode: sequential}
+    tool:
+      kind: python
+      code: |
+        import time
+        time.sleep(0.05)
+        result = {"ok": True}
+"""
+
+PARENT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: parent, path: tests/dist/parent}
+workflow:
+  - step: call
+    tool: {kind: playbook, path: tests/dist/slow_child}
+"""
+
+
+def test_cancel_goes_down_to_sub_playbooks(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        assert client.post("/api/catalog/register", json={"content": CHILD}).status_code < 300
+        parent = client.post("/api/execute", json={"playbook": PARENT}).json()["execution_id"]
+        child = None
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline:
+            for item in client.get("/api/executions", params={"limit": 50}).json()["items"]:
+                if item["parent_execution_id"] == parent:
+                    child = item["execution_id"]
+            time.sleep(0.1)
+        assert child is not None, "the sub-playbook never started"
+        r = client.post(f"/api/executions/{parent}/cancel", json={"reason": "enough"})
+        assert r.status_code == 200
+        assert _wait(client, parent, timeout=30)["status"] == "cancelled"
+        doc = _wait(client, child, timeout=30)
+        assert doc["status"] == "cancelled"
+        # It stopped early: a 200-iteration loop at 50 ms each would run for 10 s.
+        done = [e for e in _events(client, child) if e["type"] == "command.completed"]
+        assert len(done) < 150
+        assert client.get(f"/api/executions/{child}/cancellation-check").json()["cancelled"]
+        # Nothing new starts under a cancelled parent, and an unknown parent is a 404.
+        r = client.post("/api/execute", json={"playbook": ONE_STEP, "parent_execution_id": parent})
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["field"] == "parent_execution_id"
+        assert "cancelled" in r.json()["error"]["message"]
+        r = client.post(
+            "/api/execute", json={"playbook": ONE_STEP, "parent_execution_id": "123456789"}
+        )
+        assert r.status_code == 404 and "123456789" in r.json()["error"]["message"]

@@ -284,6 +284,11 @@ class LocalRuntime:
                 )
             ]
         )
+        # Its sub-playbook executions go with it, and theirs with them. One still being
+        # started (its first event not in yet) is cancelled by `_run_child` once it is.
+        for child_id, child in list(self._executions.items()):
+            if child.state.parent_execution_id == execution_id:
+                await self.cancel(child_id, f"parent execution {execution_id} cancelled")
 
     async def _warm(self, playbook: Playbook) -> None:
         kinds = {t.kind for s in playbook.steps.values() for t in s.tasks}
@@ -502,6 +507,12 @@ class LocalRuntime:
             playbook, version = self.resolve_playbook(path, base_dir)
         except NotFoundError as exc:
             raise ToolError(str(exc), kind="not_found") from exc
+        parent = self._executions.get(parent_execution_id)
+        if parent is not None and parent.cancelled.is_set():
+            raise ToolError(
+                f"sub-playbook '{path}': parent execution {parent_execution_id} is cancelled",
+                kind="cancelled",
+            )
         try:
             child_id = await self.start(
                 playbook,
@@ -511,6 +522,9 @@ class LocalRuntime:
             )
         except (TemplateError, FlowtideError) as exc:
             raise ToolError(f"sub-playbook '{path}': {exc}", kind="playbook_error") from exc
+        if parent is not None and parent.cancelled.is_set():
+            # The parent was cancelled while this child was being started.
+            await self.cancel(child_id, f"parent execution {parent_execution_id} cancelled")
         state = await self.wait(child_id)
         return child_result(
             path,

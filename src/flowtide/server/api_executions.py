@@ -25,7 +25,7 @@ from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError
 from flowtide.server.app import _error, _event_doc
-from flowtide.server.coordinator import Coordinator, ExecutionFinished
+from flowtide.server.coordinator import TERMINAL, Coordinator, ExecutionFinished
 from flowtide.store.codec import EVENT_COLUMNS, event_row
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ __all__ = ["executions_router"]
 POLL_INTERVAL: Final = 0.25
 KEEPALIVE: Final = 15.0
 _BATCH: Final = 500
-_TERMINAL: Final = ("completed", "failed", "cancelled")
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _NAME_RULE: Final = "a variable name is a letter or _ then letters, digits or _ (max 128)"
@@ -188,7 +187,7 @@ def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Pol
         ).fetchall()
         events = [(event_row(r[:11]), (str(r[11]), int(r[12]))) for r in rows]
         finished = False
-        if status in _TERMINAL and len(events) < _BATCH:
+        if status in TERMINAL and len(events) < _BATCH:
             last = events[-1][1] if events else cursor
             more = conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM event WHERE execution_id = %s"

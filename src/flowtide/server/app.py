@@ -29,7 +29,13 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
 from flowtide.server.api_cluster import cluster_router, parse_catalog_id
-from flowtide.server.coordinator import ClaimConflict, ClaimItem, Coordinator, SubmitResult
+from flowtide.server.coordinator import (
+    ClaimConflict,
+    ClaimItem,
+    Coordinator,
+    ExecutionFinished,
+    SubmitResult,
+)
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.urls import redact_url
 
@@ -404,6 +410,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             )
         except (PlaybookError, TemplateError) as exc:
             return _error(400, str(exc), field="playbook")  # type: ignore[return-value]
+        except ExecutionFinished as exc:
+            # A sub-playbook of a parent that is ending: nothing may start under it.
+            return _error(  # type: ignore[return-value]
+                409, f"parent {exc}: no sub-playbook starts under it", field="parent_execution_id"
+            )
         return {"execution_id": str(execution_id), "status": "running"}
 
     @app.get("/api/executions")

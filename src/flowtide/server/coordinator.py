@@ -53,6 +53,7 @@ __all__ = [
     "ExecutionFinished",
     "FinalizeResult",
     "SubmitResult",
+    "TERMINAL",
     "command_subject",
 ]
 
@@ -96,6 +97,9 @@ class ExecutionFinished(FlowtideError):
         self.execution_id = execution_id
         self.status = status
 
+
+#: The statuses an execution ends in.
+TERMINAL: Final = ("completed", "failed", "cancelled")
 
 #: The terminal statuses `finalize` can force, with the engine's events for each.
 FINALIZE_STATUSES: Final = {
@@ -359,6 +363,21 @@ class Coordinator:
         )
 
         def create(conn: psycopg.Connection) -> None:
+            if parent_execution_id is not None:
+                # A share lock on the parent's row: a cancel of the parent either
+                # committed before (then it is seen here) or waits for this commit (then
+                # its cascade finds this child).
+                row = conn.execute(
+                    "SELECT status, cancel_requested FROM execution"
+                    " WHERE execution_id = %s FOR SHARE",
+                    (parent_execution_id,),
+                ).fetchone()
+                if row is None:
+                    raise NotFoundError(f"parent execution {parent_execution_id} not found")
+                if row[0] in TERMINAL or row[1] is not None:
+                    raise ExecutionFinished(
+                        parent_execution_id, row[0] if row[0] in TERMINAL else "cancelling"
+                    )
             conn.execute(*insert)
 
         cached = _Cached(ExecutionState(playbook, execution_id), pool)
@@ -464,7 +483,21 @@ class Coordinator:
                 (time.time(), execution_id),
             )
 
-        return await self._step(execution_id, [event], prepare=mark)
+        def open_children() -> list[int]:
+            with self.store.transaction("cancel children") as conn:
+                rows = conn.execute(
+                    "SELECT execution_id FROM execution WHERE parent_execution_id = %s"
+                    " AND status <> ALL(%s)",
+                    (execution_id, list(TERMINAL)),
+                ).fetchall()
+            return [int(r[0]) for r in rows]
+
+        result = await self._step(execution_id, [event], prepare=mark)
+        # Its sub-playbook executions go with it, and theirs with them. A child being
+        # created now is refused (`execute` reads the parent under a share lock).
+        for child in await asyncio.to_thread(open_children):
+            await self.cancel(child, f"parent execution {execution_id} cancelled")
+        return result
 
     async def finalize(self, execution_id: int, status: str, reason: str) -> FinalizeResult:
         """Force an execution to a terminal `status` (an operator's tool for executions

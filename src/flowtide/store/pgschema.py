@@ -184,6 +184,11 @@ SHARD: Final = Component(
             "ALTER TABLE command ALTER COLUMN execution_id SET STATISTICS 0",
             "ALTER TABLE outbox ALTER COLUMN execution_id SET STATISTICS 0",
         ),
+        # The sub-playbook executions of a parent (a cancel goes down to them).
+        5: (
+            "CREATE INDEX execution_parent ON execution (parent_execution_id)"
+            " WHERE parent_execution_id IS NOT NULL",
+        ),
     },
 )
 

@@ -1,0 +1,74 @@
+"""Embedded runtime: cancelling an execution cancels its sub-playbook executions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from flowtide.playbook.loader import parse_playbook
+from flowtide.runtime.local import LocalRuntime
+from flowtide.store.sqlite import SQLiteStore
+
+CHILD = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: slow_child, path: tests/embedded/slow_child}
+workflow:
+  - step: work
+    loop:
+      in: "{{ range(200) | list }}"
+      iterator: item
+      spec: {mode: sequential}
+    tool:
+      kind: python
+      code: |
+        import time
+        time.sleep(0.05)
+        result = {"ok": True}
+"""
+
+PARENT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: parent, path: tests/embedded/parent}
+workflow:
+  - step: call
+    tool: {kind: playbook, path: tests/embedded/slow_child}
+"""
+
+
+def test_cancel_goes_down_to_sub_playbooks(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    store.register_playbook(
+        "tests/embedded/slow_child", CHILD, source_file=None, created=time.time()
+    )
+
+    async def main() -> tuple[str, str, float]:
+        async with LocalRuntime(store, data_dir=tmp_path / "data") as rt:
+            parent = await rt.start(parse_playbook(PARENT, None))
+            deadline = time.monotonic() + 60
+            children: list[int] = []
+            while not children and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                children = [
+                    r.execution_id
+                    for r in store.list_executions(limit=50)
+                    if r.parent_execution_id == parent
+                ]
+            assert children, "the sub-playbook never started"
+            await asyncio.sleep(0.3)  # a few iterations in
+            t = time.monotonic()
+            await rt.cancel(parent, "enough")
+            parent_state = await rt.wait(parent, timeout=30)
+            child_state = await rt.wait(children[0], timeout=30)
+            return parent_state.status, child_state.status, time.monotonic() - t
+
+    try:
+        parent_status, child_status, took = asyncio.run(main())
+    finally:
+        store.close()
+    assert parent_status == "cancelled"
+    assert child_status == "cancelled"
+    # The child's 200 iterations at 50 ms would take 10 s; it stopped at the cancel.
+    assert took < 5.0

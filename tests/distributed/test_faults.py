@@ -527,3 +527,29 @@ def test_cancel_goes_down_to_sub_playbooks(stack: Stack) -> None:
             "/api/execute", json={"playbook": ONE_STEP, "parent_execution_id": "123456789"}
         )
         assert r.status_code == 404 and "123456789" in r.json()["error"]["message"]
+
+
+def _ready_workers(client: httpx.Client, want: int, timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    workers: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        pools = client.get("/api/worker/pools").json()["pools"]
+        workers = [w for p in pools for w in p["workers"] if w["status"] == "ready"]
+        if len(workers) >= want:
+            break
+        time.sleep(0.2)
+    return workers
+
+
+def test_a_worker_the_server_forgot_registers_again(stack: Stack) -> None:
+    import psycopg
+
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        assert len(_ready_workers(client, 2, timeout=60)) >= 2
+        with psycopg.connect(stack.db, autocommit=True) as conn:
+            assert conn.execute("DELETE FROM worker").rowcount >= 2
+        workers = _ready_workers(client, 2, timeout=20)
+        assert len(workers) >= 2, workers
+        # And they still run commands.
+        eid = client.post("/api/execute", json={"playbook": ONE_STEP}).json()["execution_id"]
+        assert _wait(client, eid)["status"] == "completed"

@@ -9,40 +9,12 @@ from pathlib import Path
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.local import LocalRuntime
 from flowtide.store.sqlite import SQLiteStore
-
-CHILD = """
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: slow_child, path: tests/embedded/slow_child}
-workflow:
-  - step: work
-    loop:
-      in: "{{ range(200) | list }}"
-      iterator: item
-      spec: {mode: sequential}
-    tool:
-      kind: python
-      code: |
-        import time
-        time.sleep(0.05)
-        result = {"ok": True}
-"""
-
-PARENT = """
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: parent, path: tests/embedded/parent}
-workflow:
-  - step: call
-    tool: {kind: playbook, path: tests/embedded/slow_child}
-"""
+from subplaybooks import PARENT, SLOW_CHILD
 
 
 def test_cancel_goes_down_to_sub_playbooks(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "flowtide.db")
-    store.register_playbook(
-        "tests/embedded/slow_child", CHILD, source_file=None, created=time.time()
-    )
+    store.register_playbook("tests/slow_child", SLOW_CHILD, source_file=None, created=time.time())
 
     async def main() -> tuple[str, str, float]:
         async with LocalRuntime(store, data_dir=tmp_path / "data") as rt:

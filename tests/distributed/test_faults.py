@@ -13,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from flowtide.ids import Snowflake
+from subplaybooks import PARENT, SLOW_CHILD
 
 from .stack import Stack
 
@@ -469,37 +470,9 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
 
 
-CHILD = """
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: slow_child, path: tests/dist/slow_child}
-workflow:
-  - step: work
-    loop:
-      in: "{{ range(200) | list }}"
-      iterator: item
-      spec: {mode: sequential}
-    tool:
-      kind: python
-      code: |
-        import time
-        time.sleep(0.05)
-        result = {"ok": True}
-"""
-
-PARENT = """
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: parent, path: tests/dist/parent}
-workflow:
-  - step: call
-    tool: {kind: playbook, path: tests/dist/slow_child}
-"""
-
-
 def test_cancel_goes_down_to_sub_playbooks(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        assert client.post("/api/catalog/register", json={"content": CHILD}).status_code < 300
+        assert client.post("/api/catalog/register", json={"content": SLOW_CHILD}).status_code < 300
         parent = client.post("/api/execute", json={"playbook": PARENT}).json()["execution_id"]
         child = None
         deadline = time.monotonic() + 60

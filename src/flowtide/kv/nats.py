@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import calendar
+import contextlib
 import json
 import logging
 import re
@@ -503,20 +504,29 @@ class _Connection:
                 self.spawn(self.nc.close())
 
     async def _connect(self) -> None:
+        from nats.aio.client import Client
+
+        # (nats-py annotates the timeouts as int; they are seconds as floats.)
+        options: dict[str, Any] = {
+            "servers": [part.strip() for part in self.url.split(",")],
+            "name": "flowtide",
+            "allow_reconnect": True,
+            "connect_timeout": _CONNECT_TIMEOUT,
+            "reconnect_time_wait": _RECONNECT_WAIT,
+            "max_reconnect_attempts": _CONNECT_ATTEMPTS,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            "closed_cb": self._on_closed,
+        }
+        nc = Client()
         try:
-            nc = await nats.connect(
-                servers=[part.strip() for part in self.url.split(",")],
-                name="flowtide",
-                allow_reconnect=True,
-                connect_timeout=_CONNECT_TIMEOUT,
-                reconnect_time_wait=_RECONNECT_WAIT,
-                max_reconnect_attempts=_CONNECT_ATTEMPTS,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-                closed_cb=self._on_closed,
-            )
+            await nc.connect(**options)
         except Exception as exc:
+            # A failed connect leaves its transport open (a ws:// one holds an aiohttp
+            # session that would otherwise be collected unclosed).
+            with contextlib.suppress(Exception):
+                await nc.close()
             # `from None`: a parser or transport error may quote the URL, password included.
             raise KVError(f"cannot connect to NATS at {self.shown}: {self._reason(exc)}") from None
         # The attempt limit is for the first connect only: a connection that worked

@@ -30,6 +30,7 @@ from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
 from flowtide.server.api_cluster import cluster_router, parse_catalog_id
 from flowtide.server.coordinator import (
+    TERMINAL,
     ClaimConflict,
     ClaimItem,
     Coordinator,
@@ -460,7 +461,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             "execution_id": str(execution_id),
             "status": row.status,
             "updated": row.updated,
-            "terminal": row.status in ("completed", "failed", "cancelled"),
+            "terminal": row.status in TERMINAL,
         }
 
     @app.post("/api/executions/{execution_id}/cancel")

@@ -98,16 +98,14 @@ class ExecutionFinished(FlowtideError):
         self.status = status
 
 
-#: The statuses an execution ends in.
-TERMINAL: Final = ("completed", "failed", "cancelled")
-
 #: The terminal statuses `finalize` can force, with the engine's events for each.
 FINALIZE_STATUSES: Final = {
     "failed": (ev.WORKFLOW_FAILED, ev.PLAYBOOK_FAILED),
     "cancelled": (ev.PLAYBOOK_CANCELLED,),
     "completed": (ev.WORKFLOW_COMPLETED, ev.PLAYBOOK_COMPLETED),
 }
-_TERMINAL_STATUSES: Final = frozenset(FINALIZE_STATUSES)
+#: The statuses an execution ends in.
+TERMINAL: Final = frozenset(FINALIZE_STATUSES)
 
 
 @dataclass
@@ -488,7 +486,7 @@ class Coordinator:
                 rows = conn.execute(
                     "SELECT execution_id FROM execution WHERE parent_execution_id = %s"
                     " AND status <> ALL(%s)",
-                    (execution_id, list(TERMINAL)),
+                    (execution_id, sorted(TERMINAL)),
                 ).fetchall()
             return [int(r[0]) for r in rows]
 
@@ -588,7 +586,7 @@ class Coordinator:
         ).fetchone()
         if row is None:
             raise NotFoundError(f"execution {execution_id} not found")
-        if row[0] in _TERMINAL_STATUSES:
+        if row[0] in TERMINAL:
             raise ExecutionFinished(execution_id, row[0])
         return str(row[0])
 

@@ -824,51 +824,66 @@ class Coordinator:
                 )
                 added = None
                 if commands:
-                    ids = [c.command_id for c in commands]
+                    issued = [c.command_id for c in commands]
+                    # One statement: the commands' pool, their outbox rows and the log's
+                    # last seq (the CTE and the subquery see the writes above; each
+                    # statement less is ~0.1 ms of the issue's path).
                     added = conn.execute(
-                        "INSERT INTO outbox (execution_id, command_id, subject, payload,"
+                        "WITH p AS (UPDATE command SET pool = %s WHERE command_id = ANY(%s)),"
+                        " o AS (INSERT INTO outbox (execution_id, command_id, subject, payload,"
                         " created, locked_until, attempts)"
                         " SELECT %s, u.command_id, %s, u.payload, %s, %s, %s"
                         " FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY"
-                        " AS u(command_id, payload, n) ORDER BY u.n RETURNING id, command_id",
+                        " AS u(command_id, payload, n) ORDER BY u.n RETURNING id, command_id)"
+                        " SELECT o.id, o.command_id, (SELECT seq FROM event"
+                        " WHERE execution_id = %s ORDER BY seq DESC LIMIT 1) FROM o",
                         (
+                            cached.pool,
+                            issued,
                             execution_id,
                             subject,
                             now,
                             now + OUTBOX_HOLD if publish_now else None,
                             int(publish_now),
-                            ids,
+                            issued,
                             payloads,
+                            execution_id,
                         ),
                     )
-                    conn.execute(
-                        "UPDATE command SET pool = %s WHERE command_id = ANY(%s)",
-                        (cached.pool, ids),
+                    seq = None
+                else:
+                    if state.terminal:
+                        # Nothing runs any more: open commands are closed with the execution.
+                        conn.execute(
+                            "UPDATE command SET status = 'cancelled', updated = %s"
+                            " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
+                            (now, execution_id),
+                        )
+                    seq = conn.execute(
+                        "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1",
+                        (execution_id,),
                     )
-                if state.terminal:
-                    # Nothing runs any more: open commands are closed with the execution.
-                    conn.execute(
-                        "UPDATE command SET status = 'cancelled', updated = %s"
-                        " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
-                        (now, execution_id),
-                    )
-                seq = conn.execute(
-                    "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1",
-                    (execution_id,),
-                )
                 # The COMMIT is queued behind the writes and goes with the pipeline's sync:
                 # one round trip for the whole step, the commit's wait included.
                 conn.commit()
             held.clear()
             pool.putconn(conn)
-            if added is not None and publish_now:
-                outbox_id = {int(r[1]): int(r[0]) for r in added.fetchall()}
-                notices.extend(
-                    OutboxRow(outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1)
-                    for c, p in zip(commands, payloads, strict=True)
-                )
-            last = seq.fetchone()
-            return int(last[0]) if last else 0
+            if added is not None:
+                got = added.fetchall()
+                if publish_now:
+                    outbox_id = {int(r[1]): int(r[0]) for r in got}
+                    notices.extend(
+                        OutboxRow(
+                            outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1
+                        )
+                        for c, p in zip(commands, payloads, strict=True)
+                    )
+                last = got[0][2] if got else None
+            else:
+                assert seq is not None
+                row = seq.fetchone()
+                last = row[0] if row else None
+            return int(last) if last is not None else 0
 
         cached.last_seq = await asyncio.to_thread(write_and_commit)
         out.commands = commands

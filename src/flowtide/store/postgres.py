@@ -375,7 +375,16 @@ class PostgresStore(SQLStore):
         updates: list[tuple[int, str, tuple[Any, ...]]],
     ) -> None:
         """Write prepared rows inside the caller's transaction on `conn`; `updates` are
-        (execution_id, sql, params) from `execution_update`."""
+        (execution_id, sql, params) from `execution_update`.
+
+        Raises NotFoundError when an update finds no execution row, except inside a
+        pipeline: there a statement's row count is known only once the pipeline syncs,
+        after the caller's commit went with it. A caller writing in a pipeline locks the
+        executions' rows first (the coordinator does: `SELECT ... FOR UPDATE`).
+        """
+        from psycopg import pq
+
+        checked = conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
         with conn.cursor() as cur:
             if len(event_rows) > 1:
                 # One statement over column arrays: executemany sends a statement per row,
@@ -396,7 +405,7 @@ class PostgresStore(SQLStore):
                 cur.executemany(cls._sql(UPSERT_COMMAND), command_rows)
             for execution_id, sql, params in updates:
                 cur.execute(sql, params)
-                if cur.rowcount == 0:
+                if checked and cur.rowcount == 0:
                     raise NotFoundError(f"execution {execution_id} not found (batch rolled back)")
 
     # -- keychain (cluster) ----------------------------------------------------------

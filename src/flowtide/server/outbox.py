@@ -37,6 +37,8 @@ OUTBOX_HOLD: Final = 5.0
 #: between the publish and the claim), and far below OUTBOX_HOLD.
 MARK_DELAY: Final = 0.05
 _SUBJECTS: Final = ["flowtide.commands.>"]
+#: Seconds a publish waits for JetStream's ack (nats-py's default for `js.publish`).
+PUBLISH_TIMEOUT: Final = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,15 @@ class OutboxRow:
     subject: str
     payload: str
     attempts: int
+
+
+def _outcome(sent: Any) -> Any:
+    """A row's result from what `_send` got for it: the PubAck, or the exception."""
+    if not isinstance(sent, asyncio.Future):
+        return sent
+    if sent.cancelled():
+        return TimeoutError(f"no ack from JetStream within {PUBLISH_TIMEOUT:.0f} s")
+    return sent.exception() or sent.result()
 
 
 async def ensure_stream(js: JetStreamContext) -> None:
@@ -192,17 +203,33 @@ class OutboxRelay:
                 log.warning("outbox mark-published: %s", exc)
 
     async def _send(self, rows: list[OutboxRow]) -> list[Any]:
-        return await asyncio.gather(
-            *(
-                self.js.publish(
-                    r.subject,
-                    r.payload.encode(),
-                    headers={"Nats-Msg-Id": f"{r.command_id}-{r.id}"},
+        """Publish `rows`; one result per row, in order: the PubAck or the exception.
+
+        Every row's PUB is handed to the NATS client in this task's first step and the
+        client's flusher writes them in the loop's next turn (`Coordinator._after` counts
+        on that); then the acks are awaited together. (`asyncio.gather` over `js.publish`
+        took a turn more: a task per row, so the step's HTTP reply went out first.)
+        """
+        sent: list[Any] = []
+        for r in rows:
+            try:
+                sent.append(
+                    await self.js.publish_async(
+                        r.subject,
+                        r.payload.encode(),
+                        headers={"Nats-Msg-Id": f"{r.command_id}-{r.id}"},
+                    )
                 )
-                for r in rows
-            ),
-            return_exceptions=True,
-        )
+            except Exception as exc:  # noqa: BLE001 - reported per row
+                sent.append(exc)
+        waiting = [f for f in sent if isinstance(f, asyncio.Future)]
+        try:
+            if waiting:
+                await asyncio.wait(waiting, timeout=PUBLISH_TIMEOUT)
+        finally:
+            for f in waiting:
+                f.cancel()  # no-op for the acked; frees nats-py's slot for the others
+        return [_outcome(f) for f in sent]
 
     async def start(self) -> None:
         await ensure_stream(self.js)

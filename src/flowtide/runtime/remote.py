@@ -272,7 +272,10 @@ class _Puller:
     async def take(self, timeout: float) -> list[Any]:
         """The messages that arrived (at least one, or none after `timeout` seconds)."""
         try:
-            first = await asyncio.wait_for(self._queue.get(), timeout)
+            # (asyncio.timeout, not wait_for: on 3.11 wait_for runs the get in a task of
+            # its own, one more turn of the loop before the message is the caller's.)
+            async with asyncio.timeout(timeout):
+                first = await self._queue.get()
         except TimeoutError:
             self.changed.set()  # a stale credit is dropped by the next ask
             return []

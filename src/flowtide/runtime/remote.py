@@ -7,9 +7,9 @@ exactly one claimer wins; a loser acks and moves on). It runs each command won w
 same `StepRunner` as the embedded runtime in a thread, and sends the events back in
 batches (`POST /api/events/reports`, retried; the server drops event ids it already
 has). Its own calls to the server go through aiohttp (`_Api`); the steps' threads use a
-blocking httpx client (credentials, cancellation checks). It registers its pool and heartbeats; the heartbeat extends the leases of the
-commands it holds, so a worker that dies loses them to the server's reaper after one
-lease.
+blocking httpx client (credentials, cancellation checks). It registers its pool and
+heartbeats; the heartbeat extends the leases of the commands it holds, so a worker that
+dies loses them to the server's reaper after one lease.
 """
 
 from __future__ import annotations
@@ -482,8 +482,8 @@ class RemoteWorker:
                 log.warning("heartbeat failed: %s", exc)
 
     async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:
-        """Claim a fetched batch in one request, ack it, and start the commands won."""
-
+        """Claim the notifications that arrived together in one request, ack them, and
+        start the commands won."""
         notes: list[dict[str, Any]] = []
         kept: list[Any] = []
         for msg in msgs:

@@ -60,6 +60,8 @@ __all__ = [
 #: JetStream subjects of command notifications: flowtide.commands.<pool>.<execution_id>.
 SUBJECT_PREFIX: Final = "flowtide.commands"
 _REPORTS: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+#: The seq of an execution's last event (a subquery of the step's last statement).
+_LAST_SEQ: Final = "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1"
 #: What an execution's log got after a `seq` (EVENT_COLUMNS, seq), in insertion order.
 _SINCE: Final = (
     f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s ORDER BY seq"
@@ -822,21 +824,21 @@ class Coordinator:
                 PostgresStore.write_batch(
                     conn, event_params(out.recorded), command_params(command_rows), rows
                 )
-                added = None
+                # The last statement's rows are (outbox id, command id, the log's last
+                # seq): one per command issued, or one (None, None, seq) without any.
                 if commands:
                     issued = [c.command_id for c in commands]
-                    # One statement: the commands' pool, their outbox rows and the log's
-                    # last seq (the CTE and the subquery see the writes above; each
-                    # statement less is ~0.1 ms of the issue's path).
-                    added = conn.execute(
+                    # One statement: the commands' pool, their outbox rows and the seq (the
+                    # CTE and the subquery see the writes above; each statement less is
+                    # ~0.1 ms of the issue's path).
+                    tail = conn.execute(
                         "WITH p AS (UPDATE command SET pool = %s WHERE command_id = ANY(%s)),"
                         " o AS (INSERT INTO outbox (execution_id, command_id, subject, payload,"
                         " created, locked_until, attempts)"
                         " SELECT %s, u.command_id, %s, u.payload, %s, %s, %s"
                         " FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY"
                         " AS u(command_id, payload, n) ORDER BY u.n RETURNING id, command_id)"
-                        " SELECT o.id, o.command_id, (SELECT seq FROM event"
-                        " WHERE execution_id = %s ORDER BY seq DESC LIMIT 1) FROM o",
+                        f" SELECT o.id, o.command_id, ({_LAST_SEQ}) FROM o",
                         (
                             cached.pool,
                             issued,
@@ -850,7 +852,6 @@ class Coordinator:
                             execution_id,
                         ),
                     )
-                    seq = None
                 else:
                     if state.terminal:
                         # Nothing runs any more: open commands are closed with the execution.
@@ -859,30 +860,20 @@ class Coordinator:
                             " WHERE execution_id = %s AND status IN ('issued', 'claimed')",
                             (now, execution_id),
                         )
-                    seq = conn.execute(
-                        "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1",
-                        (execution_id,),
-                    )
+                    tail = conn.execute(f"SELECT NULL, NULL, ({_LAST_SEQ})", (execution_id,))
                 # The COMMIT is queued behind the writes and goes with the pipeline's sync:
                 # one round trip for the whole step, the commit's wait included.
                 conn.commit()
             held.clear()
             pool.putconn(conn)
-            if added is not None:
-                got = added.fetchall()
-                if publish_now:
-                    outbox_id = {int(r[1]): int(r[0]) for r in got}
-                    notices.extend(
-                        OutboxRow(
-                            outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1
-                        )
-                        for c, p in zip(commands, payloads, strict=True)
-                    )
-                last = got[0][2] if got else None
-            else:
-                assert seq is not None
-                row = seq.fetchone()
-                last = row[0] if row else None
+            got = tail.fetchall()
+            if commands and publish_now:
+                outbox_id = {int(r[1]): int(r[0]) for r in got}
+                notices.extend(
+                    OutboxRow(outbox_id[c.command_id], execution_id, c.command_id, subject, p, 1)
+                    for c, p in zip(commands, payloads, strict=True)
+                )
+            last = got[0][2]
             return int(last) if last is not None else 0
 
         cached.last_seq = await asyncio.to_thread(write_and_commit)

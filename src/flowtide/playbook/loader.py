@@ -26,8 +26,8 @@ from flowtide.playbook.model import (
     Step,
     Task,
 )
+from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, Positions, load_yaml
 from flowtide.playbook.source import Path as NodePath
-from flowtide.playbook.source import Positions, load_yaml
 from flowtide.playbook.template import check_syntax, is_template
 
 # Fields of a tool mapping that are structure, not tool configuration.
@@ -957,6 +957,13 @@ def load_playbook(path: str | Path) -> Playbook:
     """
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_PLAYBOOK_BYTES:
+            # Refused before reading: the file could be any size.
+            raise PlaybookError(
+                f"the playbook is {p.stat().st_size:,} bytes, more than the limit of "
+                f"{MAX_PLAYBOOK_BYTES:,} bytes",
+                file=str(path),
+            )
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise PlaybookError("file not found", file=str(path)) from exc

@@ -3,25 +3,39 @@
 - Sandboxed environment, strict undefined: a missing name is an error, not "".
 - A string that is exactly one `{{ expr }}` renders to the native value (int, list,
   dict), anything else renders to a string.
+- Sizes and work are limited (`flowtide.playbook.sandbox`): a template cannot make a
+  10 GB string or loop for hours, on the server least of all.
 - Compiled templates are cached by source text: a 100,000-iteration loop renders the
   same few templates over and over.
 - Contexts are passed as mappings (e.g. a ChainMap of iteration variables over the
   execution's context) and are never copied.
+- `env` in a context is whatever the runtime passes (`visible_env`): templates never
+  read the process environment themselves.
 """
 
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
+from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, nodes
 from jinja2.nodes import Template as TemplateNode
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from flowtide.errors import TemplateError
+from flowtide.playbook.sandbox import (
+    TEMPLATE_LIMITS,
+    LimitExceeded,
+    SizedSandbox,
+    TemplateEnv,
+    measure,
+    render_budget,
+    tojson,
+)
 
 _SINGLE_EXPR = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.DOTALL)
 
@@ -39,35 +53,15 @@ class NotRun(StrictUndefined):
         return False
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, indent=indent, default=str, ensure_ascii=False)
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat()
 
 
-class _Environment(ImmutableSandboxedEnvironment):
-    """Sandboxed, and templates cannot mutate the values they render against.
-
-    `a.b` on a mapping prefers the key `b` over an attribute of the same name, so
-    `{{ start.items }}` is the step's `items` field, not `dict.items`.
-    """
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if isinstance(obj, Mapping):
-            try:
-                return obj[attribute]
-            except (KeyError, TypeError):
-                pass
-        return super().getattr(obj, attribute)
-
-
-def _make_env() -> _Environment:
-    env = _Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
-    env.filters["tojson"] = _tojson
-    env.filters["to_json"] = _tojson
-    env.filters["from_json"] = json.loads
+def _make_env() -> SizedSandbox:
+    env = SizedSandbox(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env.add_filter("tojson", tojson, guarded=False)
+    env.add_filter("to_json", tojson, guarded=False)
+    env.add_filter("from_json", json.loads)
     env.globals["now"] = _now
     return env
 
@@ -75,8 +69,98 @@ def _make_env() -> _Environment:
 ENV = _make_env()
 _GLOBALS = dict(ENV.globals)
 
-_expr_cache: dict[str, Any] = {}
-_text_cache: dict[str, Any] = {}
+#: Variable that lists the environment variables templates may read (comma-separated
+#: names or shell-style patterns such as `MY_APP_*`).
+TEMPLATE_ENV_VAR = "FLOWTIDE_TEMPLATE_ENV"
+#: Prefix of flowtide's own settings (tokens, master key, database DSNs): never visible.
+_PRIVATE_PREFIX = "FLOWTIDE_"
+
+
+def visible_env(environ: Mapping[str, str], *, embedded: bool) -> TemplateEnv:
+    """The `env` mapping templates see, chosen from `environ` (the process environment).
+
+    `FLOWTIDE_TEMPLATE_ENV` (in `environ`) lists the names to show, comma-separated,
+    shell-style patterns allowed. Unset, an embedded run (`flowtide run`: the user's own
+    machine) shows every variable, a server or worker none. Names starting with
+    `FLOWTIDE_` are never shown, listed or not: flowtide's secrets live there.
+    """
+    spec = environ.get(TEMPLATE_ENV_VAR)
+    patterns = [p.strip() for p in spec.split(",") if p.strip()] if spec is not None else None
+    if patterns is None:
+        chosen = dict(environ) if embedded else {}
+        why = (
+            "it is not set"
+            if embedded
+            else f"a server or worker shows templates only the variables listed in "
+            f"{TEMPLATE_ENV_VAR}, and it is not set"
+        )
+    else:
+        chosen = {
+            name: value
+            for name, value in environ.items()
+            if any(fnmatch.fnmatchcase(name, p) for p in patterns)
+        }
+        why = f"it is not set, or not listed in {TEMPLATE_ENV_VAR} ({spec})"
+    shown = {k: v for k, v in chosen.items() if not k.startswith(_PRIVATE_PREFIX)}
+    private = f"variables named {_PRIVATE_PREFIX}* are never visible to templates"
+    return _PrefixAwareEnv(shown, why, private)
+
+
+class _PrefixAwareEnv(TemplateEnv):
+    __slots__ = ("_private",)
+
+    def __init__(self, values: Mapping[str, str], why: str, private: str) -> None:
+        super().__init__(values, why)
+        self._private = private
+
+    def explain(self, name: str) -> str:
+        if name.startswith(_PRIVATE_PREFIX):
+            return f"'env' has no attribute '{name}': {self._private}"
+        return super().explain(name)
+
+
+@dataclass(frozen=True)
+class SyntaxProblem:
+    """A template that does not parse: what is wrong and on which line of the template."""
+
+    message: str
+    line: int
+    text: str  # that line of the template
+
+    def __str__(self) -> str:
+        return f"{self.message} in {self.text!r}"
+
+
+# Jinja2 names tokens for its own parser ("unexpected 'end of print statement'"); a user
+# wrote the delimiters.
+_TOKEN_WORDS = (
+    ("end of print statement", "}}"),
+    ("begin of print statement", "{{"),
+    ("end of statement block", "%}"),
+    ("begin of statement block", "{%"),
+)
+
+
+def _problem(exc: TemplateSyntaxError, source: str) -> SyntaxProblem:
+    message = exc.message or "syntax error"
+    for words, token in _TOKEN_WORDS:
+        message = message.replace(f"'{words}'", f"'{token}'").replace(words, f"'{token}'")
+    lines = source.splitlines() or [source]
+    line = min(max(exc.lineno or 1, 1), len(lines))
+    text = lines[line - 1].strip()
+    if len(text) > 120:
+        text = text[:117] + "..."
+    return SyntaxProblem(message.rstrip("."), line, text)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    template: Any
+    native: bool  # a single `{{ expr }}`: the value itself, not its text
+    lookup: bool  # ... and the expression only reads the context (`a.b`, `a['b']`)
+
+
+_cache: dict[str, _Compiled] = {}
 _CACHE_LIMIT = 4096
 
 
@@ -85,34 +169,49 @@ def is_template(value: object) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def _single_expression(source: str) -> str | None:
+def _single_expression(source: str, tree: nodes.Template) -> nodes.Expr | None:
     match = _SINGLE_EXPR.match(source)
     if not match:
         return None
     expr = match.group("expr")
     if "{{" in expr or "}}" in expr or "{%" in expr:
         return None
-    return expr
+    if len(tree.body) != 1 or not isinstance(tree.body[0], nodes.Output):
+        return None
+    exprs = [n for n in tree.body[0].nodes if not isinstance(n, nodes.TemplateData)]
+    return exprs[0] if len(exprs) == 1 else None
 
 
-def _compile_expr(expr: str) -> Any:
-    tmpl = _expr_cache.get(expr)
-    if tmpl is None:
-        if len(_expr_cache) > _CACHE_LIMIT:
-            _expr_cache.clear()
-        tmpl = ENV.from_string("{% set __value__ = (" + expr + ") %}")
-        _expr_cache[expr] = tmpl
-    return tmpl
+def _is_lookup(expr: nodes.Node) -> bool:
+    while isinstance(expr, nodes.Getattr | nodes.Getitem):
+        if isinstance(expr, nodes.Getitem) and not isinstance(expr.arg, nodes.Const):
+            return False
+        expr = expr.node
+    return isinstance(expr, nodes.Name)
 
 
-def _compile_text(source: str) -> Any:
-    tmpl = _text_cache.get(source)
-    if tmpl is None:
-        if len(_text_cache) > _CACHE_LIMIT:
-            _text_cache.clear()
-        tmpl = ENV.from_string(source)
-        _text_cache[source] = tmpl
-    return tmpl
+def _compile(source: str) -> _Compiled:
+    """Parse, instrument and compile `source` (cached).
+
+    Raises:
+        TemplateSyntaxError: the template does not parse, or names an unknown filter.
+    """
+    compiled = _cache.get(source)
+    if compiled is not None:
+        return compiled
+    tree = ENV.parse(source)
+    expr = _single_expression(source, tree)
+    if expr is not None:
+        # `{% set __value__ = expr %}`, built from the user's own parse tree: errors and
+        # line numbers refer to what they wrote.
+        target = nodes.Name("__value__", "store", lineno=expr.lineno)
+        tree = nodes.Template([nodes.Assign(target, expr, lineno=expr.lineno)], lineno=1)
+    template = ENV.from_string(ENV.instrument(tree))
+    compiled = _Compiled(template, expr is not None, expr is not None and _is_lookup(expr))
+    if len(_cache) > _CACHE_LIMIT:
+        _cache.clear()
+    _cache[source] = compiled
+    return compiled
 
 
 class _Scope(Mapping[str, Any]):
@@ -150,39 +249,69 @@ def _missing_name(exc: UndefinedError) -> str | None:
     return match.group(1) if match else None
 
 
+def _run(compiled: _Compiled, context: Mapping[str, Any]) -> Any:
+    template = compiled.template
+    ctx = template.new_context(_Scope(context), shared=True)
+    limits = TEMPLATE_LIMITS
+    if compiled.native:
+        for _ in template.root_render_func(ctx):
+            pass
+        value = ctx.vars["__value__"]
+        if isinstance(value, StrictUndefined):
+            # Touching it raises with Jinja's own message naming what is missing.
+            str(value)
+        if isinstance(value, str):
+            size = len(value)
+        elif compiled.lookup:
+            size = 0
+        else:
+            size = measure(value, limits.max_chars, limits)
+        if size > limits.max_chars:
+            # A value read as-is from the context is data that already exists; one the
+            # template built (`[big] * 1000`) is checked before it is stored or sent.
+            raise LimitExceeded(
+                f"the result would take more than {limits.max_chars:,} characters to write out"
+            )
+        return value
+    # Every `{{ }}` and every repeated piece of literal text has been counted against the
+    # budget's `max_written` as it was made, so the join below is bounded; the rendered
+    # text has its own, smaller limit.
+    text = "".join(template.root_render_func(ctx))
+    if len(text) > limits.max_chars:
+        raise LimitExceeded(
+            f"the rendered text is {len(text):,} characters, "
+            f"longer than the limit of {limits.max_chars:,}"
+        )
+    return text
+
+
 def render_string(
     source: str, context: Mapping[str, Any], *, step: str | None = None, field: str | None = None
 ) -> Any:
     """Render one template string; native value when it is a single `{{ expr }}`.
 
     Raises:
-        TemplateError: syntax error or a missing name (named in `.missing`).
+        TemplateError: syntax error, a missing name (named in `.missing`), or a size or
+            work limit of `flowtide.playbook.sandbox.TEMPLATE_LIMITS`.
     """
     if "{{" not in source and "{%" not in source:
         return source
-    expr = _single_expression(source)
     try:
-        if expr is not None:
-            tmpl = _compile_expr(expr)
-            ctx = tmpl.new_context(_Scope(context), shared=True)
-            for _ in tmpl.root_render_func(ctx):
-                pass
-            value = ctx.vars["__value__"]
-            if isinstance(value, StrictUndefined):
-                # Touching it raises with Jinja's own message naming what is missing.
-                str(value)
-            return value
-        tmpl = _compile_text(source)
-        ctx = tmpl.new_context(_Scope(context), shared=True)
-        return ENV.concat(tmpl.root_render_func(ctx))
+        compiled = _compile(source)
+        with render_budget():
+            return _run(compiled, context)
     except UndefinedError as exc:
         raise TemplateError(
             str(exc), expression=source, step=step, field=field, missing=_missing_name(exc)
         ) from exc
     except TemplateSyntaxError as exc:
+        problem = _problem(exc, source)
+        where = f" (line {problem.line} of the template)" if "\n" in source.strip() else ""
         raise TemplateError(
-            f"syntax error: {exc.message}", expression=source, step=step, field=field
+            f"syntax error: {problem.message}{where}", expression=source, step=step, field=field
         ) from exc
+    except LimitExceeded as exc:
+        raise TemplateError(exc.message, expression=source, step=step, field=field) from None
     except TemplateError:
         raise
     except Exception as exc:  # noqa: BLE001 - any error inside an expression fails the render
@@ -194,31 +323,40 @@ def render_string(
 def render(
     value: Any, context: Mapping[str, Any], *, step: str | None = None, field: str | None = None
 ) -> Any:
-    """Render every template string inside `value` (dicts and lists recursively)."""
+    """Render every template string inside `value` (dicts and lists recursively); the
+    strings share one work budget."""
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
             return value
         return render_string(value, context, step=step, field=field)
-    if isinstance(value, dict):
-        return {
-            k: render(v, context, step=step, field=f"{field}.{k}" if field else str(k))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [render(v, context, step=step, field=field) for v in value]
+    if isinstance(value, dict | list):
+        with render_budget():
+            return _render_nested(value, context, step, field)
     return value
 
 
-def check_syntax(source: str) -> str | None:
-    """Return a syntax error message for template `source`, or None when it parses."""
-    expr = _single_expression(source)
+def _render_nested(
+    value: Any, context: Mapping[str, Any], step: str | None, field: str | None
+) -> Any:
+    if isinstance(value, str):
+        return render(value, context, step=step, field=field)
+    if isinstance(value, dict):
+        return {
+            k: _render_nested(v, context, step, f"{field}.{k}" if field else str(k))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_render_nested(v, context, step, field) for v in value]
+    return value
+
+
+def check_syntax(source: str) -> SyntaxProblem | None:
+    """What is wrong with template `source`, or None when it compiles (which also warms
+    the cache `render` uses)."""
     try:
-        if expr is not None:
-            ENV.parse("{% set __value__ = (" + expr + ") %}")
-        else:
-            ENV.parse(source)
+        _compile(source)
     except TemplateSyntaxError as exc:
-        return exc.message or "syntax error"
+        return _problem(exc, source)
     return None
 
 
@@ -234,9 +372,14 @@ def truthy(value: Any) -> bool:
 
 __all__ = [
     "ENV",
+    "TEMPLATE_ENV_VAR",
     "NotRun",
+    "SyntaxProblem",
+    "TemplateEnv",
     "TemplateNode",
     "check_syntax",
+    "render_budget",
+    "visible_env",
     "is_template",
     "render",
     "render_string",

@@ -7,14 +7,16 @@ threads can render against a snapshot while the engine moves on.
 
 from __future__ import annotations
 
-import os
 from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
-from flowtide.playbook.template import NotRun
+from flowtide.playbook.template import NotRun, TemplateEnv
 
-_ENV = dict(os.environ)
+#: What `env` holds when a runtime passes nothing: no environment variable at all. The
+#: engine never reads the process environment; each runtime decides what its templates
+#: may see (`flowtide.playbook.template.visible_env`).
+NO_ENV = TemplateEnv(why="this runtime shows templates no environment variables")
 
 
 class ResultDict(dict[str, Any]):
@@ -98,14 +100,16 @@ def base_context(
     step_names: list[str],
     results: Mapping[str, Any],
     ctx: Mapping[str, Any],
+    env: Mapping[str, str] = NO_ENV,
 ) -> dict[str, Any]:
-    """Everything a template sees outside a loop iteration."""
+    """Everything a template sees outside a loop iteration (`env`: the environment
+    variables the runtime chose to show)."""
     out: dict[str, Any] = {}
     for name in step_names:
         out[name] = NotRun(name=name, hint=f"step '{name}' has not run")
     out["execution_id"] = execution_id
     out["job"] = {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id}
-    out["env"] = _ENV
+    out["env"] = env
     out.update(workload)
     out["workload"] = workload
     out.update(results)

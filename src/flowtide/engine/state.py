@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.context import base_context, result_view
+from flowtide.engine.context import NO_ENV, base_context, result_view
 from flowtide.engine.events import Command, Event
 from flowtide.playbook.model import Playbook
 
@@ -92,9 +92,13 @@ class CommandRecord:
 class ExecutionState:
     """Everything the engine knows about one execution."""
 
-    def __init__(self, playbook: Playbook, execution_id: int) -> None:
+    def __init__(
+        self, playbook: Playbook, execution_id: int, env: Mapping[str, str] = NO_ENV
+    ) -> None:
         self.playbook = playbook
         self.execution_id = execution_id
+        # The environment variables templates see (`env`), chosen by the runtime.
+        self.env = env
         self.status = "pending"  # pending | running | completed | failed | cancelled
         self.workload: dict[str, Any] = {}
         self.ctx: dict[str, Any] = {}
@@ -126,7 +130,9 @@ class ExecutionState:
     def context(self) -> dict[str, Any]:
         """The base render context (a snapshot: never mutated once returned)."""
         if self._base is None:
-            self._base = context_from_parts(self.playbook, self.execution_id, self.context_parts())
+            self._base = context_from_parts(
+                self.playbook, self.execution_id, self.context_parts(), self.env
+            )
         return self._base
 
     def context_parts(self) -> dict[str, Any]:
@@ -352,14 +358,17 @@ class ExecutionState:
 
 
 def context_from_parts(
-    playbook: Playbook, execution_id: int, parts: Mapping[str, Any]
+    playbook: Playbook,
+    execution_id: int,
+    parts: Mapping[str, Any],
+    env: Mapping[str, str] = NO_ENV,
 ) -> dict[str, Any]:
     """The base render context from `ExecutionState.context_parts()`."""
     results = {
         name: result_view(r["result"], r.get("tasks")) for name, r in parts["results"].items()
     }
     return base_context(
-        execution_id, parts["workload"], list(playbook.steps), results, parts["ctx"]
+        execution_id, parts["workload"], list(playbook.steps), results, parts["ctx"], env
     )
 
 
@@ -381,9 +390,14 @@ _APPLY = {
 }
 
 
-def fold(playbook: Playbook, execution_id: int, events: list[Event]) -> ExecutionState:
+def fold(
+    playbook: Playbook,
+    execution_id: int,
+    events: list[Event],
+    env: Mapping[str, str] = NO_ENV,
+) -> ExecutionState:
     """Rebuild an execution's state from its event log."""
-    state = ExecutionState(playbook, execution_id)
+    state = ExecutionState(playbook, execution_id, env)
     for event in events:
         state.apply(event)
     return state

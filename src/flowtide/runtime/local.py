@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.engine import events as ev
+from flowtide.engine.context import NO_ENV
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState, fold
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
@@ -27,7 +28,7 @@ from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
-from flowtide.playbook.template import render
+from flowtide.playbook.template import render, visible_env
 from flowtide.runtime.advance import Advancer, initialized_event
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.runtime.workers import WorkerPool
@@ -57,9 +58,13 @@ def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, A
 
 
 def render_workload(
-    playbook: Playbook, execution_id: int, overrides: Mapping[str, Any]
+    playbook: Playbook,
+    execution_id: int,
+    overrides: Mapping[str, Any],
+    env: Mapping[str, str] = NO_ENV,
 ) -> dict[str, Any]:
-    """The workload with overrides applied and its own templates rendered.
+    """The workload with overrides applied and its own templates rendered (`env`: the
+    environment variables its templates may read, see `visible_env`).
 
     Raises:
         TemplateError: a workload value refers to something that does not exist.
@@ -72,7 +77,7 @@ def render_workload(
         "input": dict(overrides),
         "execution_id": execution_id,
         "job": {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id},
-        "env": dict(os.environ),
+        "env": env,
     }
     out: dict[str, Any] = {}
     for key, value in raw.items():
@@ -93,8 +98,14 @@ class LocalRuntime:
         worker_id: str = "local",
         listener: Listener | None = None,
         data_dir: Path | None = None,
+        template_env: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
+        # Embedded: the user's own machine, so templates see the user's environment
+        # (FLOWTIDE_* names excepted; FLOWTIDE_TEMPLATE_ENV narrows it).
+        self.template_env = (
+            template_env if template_env is not None else visible_env(os.environ, embedded=True)
+        )
         # Datasets that tools write (spark results without a sink) live here, one folder
         # per execution; absolute, because a Spark Connect server or cluster reads it too.
         self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
@@ -174,7 +185,7 @@ class LocalRuntime:
             TemplateError: the workload does not render.
         """
         execution_id = self.ids.next_id()
-        rendered = render_workload(playbook, execution_id, workload or {})
+        rendered = render_workload(playbook, execution_id, workload or {}, self.template_env)
         now = time.time()
         self.store.create_execution(
             execution_id,
@@ -209,7 +220,7 @@ class LocalRuntime:
         """
         row = self.store.get_execution(execution_id)
         playbook = parse_playbook(row.playbook_text, row.playbook_file)
-        state = fold(playbook, execution_id, self.store.events(execution_id))
+        state = fold(playbook, execution_id, self.store.events(execution_id), self.template_env)
         if self.loopstate is not None and not state.terminal:
             # The log is what a resume rebuilds from. The KV can be ahead of it: an
             # iteration recorded there whose report never reached the log (the process
@@ -311,7 +322,7 @@ class LocalRuntime:
     def _register(
         self, playbook: Playbook, execution_id: int, state: ExecutionState | None = None
     ) -> _Execution:
-        state = state or ExecutionState(playbook, execution_id)
+        state = state or ExecutionState(playbook, execution_id, self.template_env)
         runner = StepRunner(
             playbook,
             credentials=self.credentials,

@@ -34,6 +34,7 @@ from flowtide.engine.events import Command
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
 from flowtide.playbook.loader import parse_playbook
+from flowtide.playbook.template import visible_env
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.tools.registry import cancel_running
 
@@ -352,6 +353,8 @@ class RemoteWorker:
         from flowtide.credentials import CredentialVault
 
         self.vault = CredentialVault(_RemoteCredentials(self._sync), self.home)
+        # A worker shows templates only the variables FLOWTIDE_TEMPLATE_ENV lists.
+        self.template_env = visible_env(os.environ, embedded=False)
 
     def stop(self) -> None:
         self._stop.set()
@@ -605,7 +608,7 @@ class RemoteWorker:
         runner = self._runner(command.execution_id, spec["playbook"])
         step = runner.playbook.steps[command.step]
         parts = spec["context"]
-        base = context_from_parts(runner.playbook, command.execution_id, parts)
+        base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
         ctx = parts["ctx"]
         try:
             if command.extra.get("cursor"):

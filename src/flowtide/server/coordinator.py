@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +29,7 @@ from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
+from flowtide.playbook.template import visible_env
 from flowtide.runtime.advance import Advance, Advancer, initialized_event
 from flowtide.runtime.local import render_workload
 from flowtide.server import metrics
@@ -220,9 +222,16 @@ class Coordinator:
         lease: float = 30.0,
         cache_size: int = 2000,
         step_slots: int = 8,
+        template_env: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.loopstate = loopstate
+        #: What `env` holds for the templates this server evaluates (arcs, `set`,
+        #: admission, the workload): only the variables FLOWTIDE_TEMPLATE_ENV lists, never
+        #: the server's own settings (its database DSN, tokens).
+        self.template_env = (
+            template_env if template_env is not None else visible_env(os.environ, embedded=False)
+        )
         #: Steps hold a pooled connection across awaits. Fewer of them than the pool has
         #: connections leaves some for the one-shot reads and claims that take theirs in a
         #: worker thread: otherwise every thread can end up waiting in getconn() for a
@@ -286,7 +295,7 @@ class Coordinator:
                 raise NotFoundError(f"execution {execution_id} not found")
             playbook = parse_playbook(row[0], row[1])
             pool = "default"
-            cached = _Cached(ExecutionState(playbook, execution_id), pool)
+            cached = _Cached(ExecutionState(playbook, execution_id, self.template_env), pool)
         rows = conn.execute(
             _SINCE,
             (execution_id, cached.last_seq),
@@ -338,7 +347,7 @@ class Coordinator:
     ) -> int:
         """Create an execution and take its first engine step in one transaction."""
         execution_id = self.ids.next_id()
-        rendered = render_workload(playbook, execution_id, workload or {})
+        rendered = render_workload(playbook, execution_id, workload or {}, self.template_env)
         now = time.time()
         first = initialized_event(
             playbook,
@@ -380,7 +389,7 @@ class Coordinator:
                     )
             conn.execute(*insert)
 
-        cached = _Cached(ExecutionState(playbook, execution_id), pool)
+        cached = _Cached(ExecutionState(playbook, execution_id, self.template_env), pool)
         await self._step(execution_id, [first], prepare=create, fresh=cached)
         return execution_id
 

@@ -815,7 +815,37 @@ def test_bad_jinja_in_an_arc_when() -> None:
         """
     )
     assert where(err) == (FILE, 7, 11, "start", "next.arcs[0].when")
-    assert err.message.startswith("template syntax error")
+    # What the user wrote, not Jinja's view of an internal wrapper ("unexpected ')'").
+    assert err.message == "template syntax error: unexpected '}}' in '{{ start.x > }}'"
+
+
+def test_template_syntax_error_inside_a_block_points_at_its_line() -> None:
+    err = only_error(
+        """        workflow:
+          - step: start
+            tool:
+              kind: postgres
+              command: |
+                SELECT *
+                FROM t
+                WHERE id = {{ workload.id | }}
+        """
+    )
+    assert where(err) == (FILE, 8, 9, "start", "tool.command")
+    assert err.message == (
+        "template syntax error: expected token 'name', got '}}' in 'WHERE id = {{ workload.id | }}'"
+    )
+
+
+def test_template_naming_an_unknown_filter_is_a_validation_error() -> None:
+    err = only_error(
+        """        workflow:
+          - step: start
+            tool: {kind: http, url: "{{ base | no_such_filter }}/x"}
+        """
+    )
+    assert where(err)[3:] == ("start", "tool.url")
+    assert "No filter named 'no_such_filter'" in err.message
 
 
 def test_bad_jinja_in_a_policy_when_and_in_set() -> None:
@@ -999,3 +1029,111 @@ def test_deep_nesting_is_refused_before_the_parser_recurses() -> None:
     block = head + "\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(300)) + tail
     with pytest.raises(PlaybookError, match="indented deeper"):
         parse_playbook(block, "block.yaml")
+
+
+# -- python code ---------------------------------------------------------------------------
+
+
+def test_python_syntax_error_points_at_the_line_inside_the_block() -> None:
+    err = only_error(
+        """\
+        workflow:
+          - step: start
+            tool:
+              kind: python
+              code: |   # the step's code
+                import json
+
+                rows = [1, 2,
+                total = sum(rows)
+        """
+    )
+    # Line 3 of the code is line 8 of the file; the column is the file's column.
+    assert where(err) == (FILE, 8, 16, "start", "tool.code")
+    assert err.message == "python syntax error: '[' was never closed: 'rows = [1, 2,'"
+    assert str(err).startswith("pb.yaml:8:16: step 'start', field 'tool.code': python syntax")
+
+    # The check accepts what the python tool runs.
+    for code in (
+        "result = {'n': 1}",
+        "def main(**input):\n    return input",
+        # A top-level return: the python tool runs such code as a function body.
+        "if input.get('x'):\n    return 1\nreturn 2",
+        "from __future__ import annotations\nreturn 1",
+        # Rendered by Jinja before it runs: not checked as written.
+        "result = {{ start.rows | tojson }} +",
+    ):
+        body = "".join(f"        {line}\n" for line in code.splitlines())
+        pb = parse_playbook(
+            f"workflow:\n  - step: start\n    tool:\n      kind: python\n      code: |\n{body}",
+            FILE,
+        )
+        assert pb.steps["start"].tasks[0].config["code"].strip() == code
+
+
+@pytest.mark.parametrize(
+    ("tool", "line", "field"),
+    [
+        ('{kind: python, code: "result = (1 +"}', 3, "tool.code"),
+        ("{kind: python, spec: {code: 'def main(:'}}", 3, "tool.spec.code"),
+        ("[{name: a, kind: noop}, {name: b, kind: python, code: 'x ='}]", 3, "tool[1].code"),
+        ("{kind: python, script: {type: inline, code: 'if x'}}", 3, "tool.script.code"),
+        ("{kind: python, code: 'break'}", 3, "tool.code"),
+    ],
+)
+def test_python_syntax_errors_in_every_place_code_is_written(
+    tool: str, line: int, field: str
+) -> None:
+    err = only_error(f"workflow:\n  - step: start\n    tool: {tool}\n")
+    assert (err.line, err.step, err.field) == (line, "start", field)
+    assert err.message.startswith("python syntax error: ")
+
+
+# -- step-level spec.policy --------------------------------------------------------------
+
+
+def test_policy_rules_on_the_step_are_refused_with_where_they_belong() -> None:
+    err = only_error(
+        """\
+        workflow:
+          - step: start
+            tool: {kind: http, url: "http://x"}
+            spec:
+              policy:
+                rules:
+                  - when: "{{ output.status == 'error' }}"
+                    then: {do: retry, attempts: 3}
+        """
+    )
+    assert where(err) == (FILE, 6, 9, "start", "spec.policy.rules")
+    assert "belong under the tool" in err.message
+    assert err.expected == "tool: {kind: ..., spec: {policy: {rules: [...]}}}"
+
+
+def test_unknown_step_policy_keys_are_refused_and_admit_is_kept() -> None:
+    errors = errors_of(
+        """\
+        workflow:
+          - step: start
+            tool: {kind: noop}
+            spec:
+              policy:
+                admit:
+                  rules: [{when: "{{ true }}", then: {allow: true}}]
+                lifecycle: {timeout_s: 5}
+        """
+    )
+    assert [(e.line, e.field) for e in errors] == [(8, "spec.policy.lifecycle")]
+    assert "not supported" in errors[0].message
+    pb = parse(
+        """\
+        workflow:
+          - step: start
+            tool: {kind: noop}
+            spec:
+              policy:
+                admit:
+                  rules: [{when: "{{ true }}", then: {allow: false}}]
+        """
+    )
+    assert pb.steps["start"].admit == (("{{ true }}", False),)

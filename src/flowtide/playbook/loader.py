@@ -26,6 +26,7 @@ from flowtide.playbook.model import (
     Step,
     Task,
 )
+from flowtide.playbook.pycode import python_problem
 from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, Positions, load_yaml
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.template import check_syntax, is_template
@@ -79,6 +80,28 @@ class _Checker:
             )
         )
 
+    def error_inside(
+        self,
+        path: NodePath,
+        line: int,
+        column: int | None,
+        message: str,
+        *,
+        step: str | None,
+        field: str,
+    ) -> None:
+        """An error at `line`/`column` of the string at `path` (a multi-line template or
+        code block): the file position of that line when it can be known."""
+        if line <= 1 and column is None:
+            self.error(path, message, step=step, field=field)
+            return
+        at_line, at_column = self.positions.inside(path, line, column)
+        self.errors.append(
+            PlaybookError(
+                message, file=self.file, line=at_line, column=at_column, step=step, field=field
+            )
+        )
+
     def line(self, path: NodePath) -> int | None:
         return self.positions.get(path)[0]
 
@@ -88,7 +111,14 @@ class _Checker:
             if is_template(value):
                 problem = check_syntax(value)
                 if problem:
-                    self.error(path, f"template syntax error: {problem}", step=step, field=field)
+                    self.error_inside(
+                        path,
+                        problem.line,
+                        None,
+                        f"template syntax error: {problem}",
+                        step=step,
+                        field=field,
+                    )
         elif isinstance(value, dict):
             for k, v in value.items():
                 self.templates(v, (*path, k), step, f"{field}.{k}")
@@ -308,6 +338,8 @@ def _parse_task(
 
     if kind == "spark":
         _check_spark(c, config, path, step, label)
+    if kind == "python":
+        _check_python(c, raw, spec, path, step, label)
 
     policy = _parse_policy(c, spec.get("policy"), (*path, "spec", "policy"), step)
     if policy is None and "retry" in raw:
@@ -335,6 +367,33 @@ def _parse_task(
         policy=policy,
         line=c.line(path),
     )
+
+
+def _check_python(
+    c: _Checker, raw: dict[str, Any], spec: dict[str, Any], path: NodePath, step: str, label: str
+) -> None:
+    """A python task's inline code must compile (it is compiled, never run, here)."""
+    script = raw.get("script", spec.get("script"))
+    where: list[tuple[Any, NodePath, str]] = [
+        (raw.get("code"), (*path, "code"), f"{label}.code"),
+        (spec.get("code"), (*path, "spec", "code"), f"{label}.spec.code"),
+    ]
+    if isinstance(script, dict):
+        base = (*path, "script") if "script" in raw else (*path, "spec", "script")
+        where.append((script.get("code"), (*base, "code"), f"{label}.script.code"))
+    for code, at, field in where:
+        # Code with Jinja in it is rendered before it runs: `{{ }}` may stand for any text,
+        # so what is written here is not the code that will be compiled.
+        if not isinstance(code, str) or is_template(code):
+            continue
+        problem = python_problem(code)
+        if problem is None:
+            continue
+        message = f"python syntax error: {problem.message}"
+        if problem.text:
+            message += f": {problem.text[:120]!r}"
+        c.error_inside(at, problem.line, problem.column, message, step=step, field=field)
+        return
 
 
 def _check_spark(
@@ -738,11 +797,55 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
     )
 
 
+# NoETL's step policy (`StepPolicy` in noetl/core/dsl/engine/models/workflow.py) has
+# `admit`, `lifecycle`, `failure` and `emit`, and says it "MUST NOT include task control
+# actions (those are task-level only)"; its validator checks `admit` alone, so `rules`
+# written on the step are silently dropped there. flowtide runs `admit` and refuses the
+# rest, naming where rules belong, instead of ignoring them.
+_STEP_POLICY_KEYS = ("admit",)
+
+
+def _check_step_policy(c: _Checker, policy: Any, path: NodePath, step: str) -> None:
+    ppath: NodePath = (*path, "spec", "policy")
+    if not isinstance(policy, dict):
+        c.error(
+            ppath,
+            "a step's 'spec.policy' must be a mapping",
+            step=step,
+            field="spec.policy",
+            expected="{admit: {rules: [...]}}",
+        )
+        return
+    for key in policy:
+        if key in _STEP_POLICY_KEYS:
+            continue
+        if key == "rules":
+            c.error(
+                (*ppath, "rules"),
+                "policy rules written on the step would never run: task policy rules "
+                "belong under the tool (a step's spec.policy takes only 'admit')",
+                step=step,
+                field="spec.policy.rules",
+                expected="tool: {kind: ..., spec: {policy: {rules: [...]}}}",
+            )
+        else:
+            c.error(
+                (*ppath, key),
+                f"step policy '{key}' is not supported: a step's spec.policy takes only "
+                f"'admit'{_suggest(str(key), _STEP_POLICY_KEYS)}",
+                step=step,
+                field=f"spec.policy.{key}",
+                expected="admit",
+            )
+
+
 def _parse_admit(
     c: _Checker, raw: dict[str, Any], path: NodePath, step: str
 ) -> tuple[tuple[Any, bool], ...]:
     spec = raw.get("spec")
     policy = spec.get("policy") if isinstance(spec, dict) else None
+    if policy is not None:
+        _check_step_policy(c, policy, path, step)
     admit = policy.get("admit") if isinstance(policy, dict) else None
     if admit is None:
         return ()

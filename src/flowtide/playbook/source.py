@@ -23,6 +23,7 @@ from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, SequenceNode
+from ruamel.yaml.reader import ReaderError
 from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 
 from flowtide.errors import PlaybookError
@@ -333,6 +334,18 @@ def load_yaml(text: str, file: str | None = None) -> tuple[Any, Positions]:
             file=file,
             line=mark.line + 1 if mark else None,
             column=mark.column + 1 if mark else None,
+        ) from exc
+    except ReaderError as exc:
+        # A character YAML does not allow (control characters): ruamel gives its offset.
+        at = min(max(int(exc.position or 0), 0), len(text))
+        line_start = text.rfind("\n", 0, at) + 1
+        char = exc.character
+        shown = f"#x{char:04x}" if isinstance(char, int) else repr(char)
+        raise PlaybookError(
+            f"YAML syntax error: character {shown} is not allowed in YAML ({exc.reason})",
+            file=file,
+            line=text.count("\n", 0, at) + 1,
+            column=at - line_start + 1,
         ) from exc
     except YAMLError as exc:
         raise PlaybookError(f"YAML syntax error: {exc}", file=file) from exc

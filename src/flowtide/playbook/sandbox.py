@@ -68,11 +68,11 @@ TEMPLATE_LIMITS = TemplateLimits()
 #: Work charged for one template node that runs again (per loop iteration, per macro
 #: call) and per call or filter: about what evaluating a node costs next to copying one
 #: character or one list item, which cost 1 (roughly a nanosecond each).
-WORK_PER_NODE = 200
+WORK_PER_NODE = 500
 #: Work charged per loop item on top of its body: what an iteration costs by itself.
-WORK_PER_ITEM = 1_000
+WORK_PER_ITEM = 2_000
 #: Work charged per macro call on top of its body.
-WORK_PER_MACRO = 5_000
+WORK_PER_MACRO = 10_000
 
 _LOG2_10 = 3.3219280948873626
 
@@ -769,6 +769,11 @@ class SizedSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"+", "*", "%", "**"})
 
     def __init__(self, **options: Any) -> None:
+        # No constant folding: Jinja2's optimizer evaluates constant parts of a template
+        # while compiling it, outside any render's budget (`'x' | center(9999999)` a
+        # hundred times over is a gigabyte before the first render), and some of its
+        # folds raise errors of their own. Everything is evaluated when rendering.
+        options.setdefault("optimized", False)
         super().__init__(finalize=self._finalize, **options)
         # lipsum(n) writes n paragraphs: nothing a playbook needs, everything a denial of
         # service does.

@@ -398,6 +398,28 @@ workflow:
     assert driver.state.error["step"] == "start"
 
 
+def test_a_steps_set_and_arcs_share_one_template_budget() -> None:
+    # Each template writes 9 MB: within what one render may, but the step's `set` and
+    # arcs together may not write more than one render may (50 MB).
+    big = "{% for i in range(9) %}{{ 'x' * 1000000 }}{% endfor %}"
+    sets = ", ".join(f'ctx.{name}: "{big}"' for name in "abcde")
+    driver = Driver(
+        f"""
+workflow:
+  - step: start
+    tool: {{kind: noop}}
+    set: {{{sets}}}
+    next: [{{step: end, when: "{big}"}}]
+  - step: end
+""",
+    ).run()
+    assert driver.state.status == "failed"
+    assert driver.state.error is not None
+    assert driver.state.error["kind"] == "template_error"
+    assert "writes more than 50,000,000 characters" in driver.state.error["message"]
+    assert "field 'next.arcs.when'" in driver.state.error["message"]
+
+
 def test_action_fail_fails_the_execution_naming_the_step() -> None:
     def respond(driver: Driver, command: Command) -> dict[str, Any]:
         if command.step == "work":

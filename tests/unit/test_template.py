@@ -260,6 +260,20 @@ def test_check_syntax_accepts_valid_templates(source: str) -> None:
     assert check_syntax(source) is None
 
 
+def test_a_syntax_error_names_the_template_as_written() -> None:
+    with pytest.raises(TemplateError) as info:
+        render("{{ start.x > }}", CONTEXT, step="start", field="next.arcs.when")
+    err = info.value
+    assert err.message == "syntax error: unexpected '}}'"
+    assert str(err) == (
+        "step 'start': field 'next.arcs.when': cannot render '{{ start.x > }}': "
+        "syntax error: unexpected '}}'"
+    )
+    problem = check_syntax("SELECT 1\nFROM t\nWHERE a = {{ x | }}")
+    assert problem is not None and problem.line == 3
+    assert str(problem) == "expected token 'name', got '}}' in 'WHERE a = {{ x | }}'"
+
+
 def test_errors_raised_inside_an_expression_become_template_errors() -> None:
     with pytest.raises(TemplateError, match="ZeroDivisionError"):
         render("{{ n / 0 }}", CONTEXT)

@@ -18,7 +18,7 @@ from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState, LoopRecord
 from flowtide.errors import TemplateError
 from flowtide.playbook.model import Step
-from flowtide.playbook.template import render, truthy
+from flowtide.playbook.template import render, render_budget, truthy
 
 DEFAULT_PARALLEL = 16
 
@@ -202,36 +202,41 @@ def _exit(
     base = state.context()
     updates: dict[str, Any] = {}
     targets: list[str] = []
+    # One work and output budget for the step's `set` and all its arcs: many small
+    # templates over the same values must not add up to what one may not do.
     try:
-        if step.set:
-            updates = render_set(
-                step.set, layered(front, base), state.ctx, step=step.name, field="set"
-            )
-        ctx_now = {**state.ctx, **updates}
-        scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
-        if jump_to is not None:
-            targets = [jump_to]
-        else:
-            for arc in step.next.arcs:
-                if (
-                    arc.when is None
-                    or (isinstance(arc.when, bool) and arc.when)
-                    or (
-                        not isinstance(arc.when, bool)
-                        and truthy(render(arc.when, scope, step=step.name, field="next.arcs.when"))
-                    )
-                ):
-                    if arc.set:
-                        arc_updates = render_set(
-                            arc.set, scope, ctx_now, step=step.name, field="next.arcs.set"
+        with render_budget():
+            if step.set:
+                updates = render_set(
+                    step.set, layered(front, base), state.ctx, step=step.name, field="set"
+                )
+            ctx_now = {**state.ctx, **updates}
+            scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
+            if jump_to is not None:
+                targets = [jump_to]
+            else:
+                for arc in step.next.arcs:
+                    if (
+                        arc.when is None
+                        or (isinstance(arc.when, bool) and arc.when)
+                        or (
+                            not isinstance(arc.when, bool)
+                            and truthy(
+                                render(arc.when, scope, step=step.name, field="next.arcs.when")
+                            )
                         )
-                        updates.update(arc_updates)
-                        ctx_now = {**ctx_now, **arc_updates}
-                        scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
-                    if arc.step not in targets:
-                        targets.append(arc.step)
-                    if step.next.mode == "exclusive":
-                        break
+                    ):
+                        if arc.set:
+                            arc_updates = render_set(
+                                arc.set, scope, ctx_now, step=step.name, field="next.arcs.set"
+                            )
+                            updates.update(arc_updates)
+                            ctx_now = {**ctx_now, **arc_updates}
+                            scope = layered({**front, "ctx": ctx_now, "vars": ctx_now}, base)
+                        if arc.step not in targets:
+                            targets.append(arc.step)
+                        if step.next.mode == "exclusive":
+                            break
     except TemplateError as exc:
         out.emit(
             ev.STEP_EXIT,

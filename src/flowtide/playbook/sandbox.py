@@ -128,8 +128,8 @@ _budget: ContextVar[_Budget | None] = ContextVar("flowtide_template_budget", def
 
 
 def current_budget() -> _Budget:
-    """The budget of the render in progress; a fresh one outside any (Jinja2 folds
-    constant expressions at compile time, which calls filters)."""
+    """The budget of the render in progress; a fresh one outside any (a filter or
+    template called directly, not through `flowtide.playbook.template.render`)."""
     return _budget.get() or _Budget(TEMPLATE_LIMITS)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from flowtide.auth.cli import token_app
 from flowtide.dev.cli import dev_app
 from flowtide.urls import redact_url, scrub_url
 
@@ -45,6 +46,7 @@ app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 app.add_typer(db_app, name="db")
 app.add_typer(dev_app, name="dev")
+app.add_typer(token_app, name="token")
 
 HomeOpt = Annotated[
     Path | None,
@@ -287,7 +289,7 @@ def _run_remote(
     server: str, target: str, overrides: dict[str, Any], *, as_json: bool, pool: str | None
 ) -> int:
     """Submit `target` to a server and follow it to the end."""
-    from flowtide.client import ServerClient, ServerError
+    from flowtide.client import ServerError
 
     try:
         text, catalog_id = _remote_target(target)
@@ -295,7 +297,7 @@ def _run_remote(
         _err(f"error: {exc}")
         return EXIT_INVALID
     eid: int | None = None
-    with ServerClient(server) as api:
+    with _client(server) as api:
         try:
             eid = api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
             if not as_json:
@@ -576,9 +578,7 @@ def status(
 ) -> None:
     """Show an execution's status, steps and result (rebuilt from its event log)."""
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             doc = _remote_or_exit(lambda: api.execution(execution_id))
         label = doc.pop("playbook", None)
     else:
@@ -608,6 +608,17 @@ def status(
     console.print(table)
     if doc["error"]:
         console.print(f"[red]error[/]: {doc['error']}")
+
+
+def _client(server: str) -> Any:
+    """A ServerClient for `server`; a token that cannot be read ends the command (exit 2)."""
+    from flowtide.client import ServerClient, ServerError
+
+    try:
+        return ServerClient(server)
+    except ServerError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
 
 
 def _remote_or_exit(call: Any) -> Any:
@@ -640,9 +651,7 @@ def events(
     from flowtide.engine.events import Event
 
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             if follow and not as_json:
                 _remote_or_exit(lambda: api.execution(execution_id))
                 try:
@@ -705,7 +714,6 @@ def execute(
 ) -> None:
     """Start a playbook on a server and return at once with its execution id (follow it
     with `flowtide status ID` / `flowtide events ID --follow`)."""
-    from flowtide.client import ServerClient
 
     try:
         overrides = _overrides(set_, payload)
@@ -713,7 +721,7 @@ def execute(
     except typer.BadParameter as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    with ServerClient(server) as api:
+    with _client(server) as api:
         eid = _remote_or_exit(
             lambda: api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
         )
@@ -736,9 +744,8 @@ def cancel(
 ) -> None:
     """Cancel an execution on a server: no new commands are issued, running workers see
     the cancellation and stop. (An embedded run stops with Ctrl-C.)"""
-    from flowtide.client import ServerClient
 
-    with ServerClient(server) as api:
+    with _client(server) as api:
         doc = _remote_or_exit(lambda: api.cancel(execution_id, reason))
     if as_json:
         _print_json(doc)
@@ -834,9 +841,7 @@ def list_executions(
     import datetime
 
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             items = _remote_or_exit(lambda: api.list_executions(status=status_filter, limit=limit))
         if as_json:
             _print_json(items)
@@ -894,9 +899,7 @@ def catalog_register(
     api = None
     store = None
     if server:
-        from flowtide.client import ServerClient
-
-        api = ServerClient(server)
+        api = _client(server)
     else:
         store = _store(home, db)
     bad = 0
@@ -933,9 +936,7 @@ def catalog_list(
 ) -> None:
     """List registered playbooks (latest version of each path)."""
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             items = _remote_or_exit(api.list_playbooks)
         if as_json:
             _print_json(items)
@@ -963,6 +964,17 @@ def catalog_list(
         typer.echo(f"{r.path}  v{r.version}  ({r.versions} versions)  {r.source_file or ''}")
 
 
+CredServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        help="Store it on this flowtide server (the server encrypts it; needs an admin "
+        "FLOWTIDE_TOKEN) instead of --db / the local store.",
+        show_default=False,
+    ),
+]
+
+
 @credential_app.command("set")
 def credential_set(
     name: Annotated[str, typer.Argument(help="Alias used in playbooks (auth: NAME).")],
@@ -972,6 +984,7 @@ def credential_set(
     kind: Annotated[str, typer.Option(help="Credential kind, e.g. postgres, http.")] = "generic",
     home: HomeOpt = None,
     db: DbOpt = None,
+    server: CredServerOpt = None,
 ) -> None:
     """Store (or replace) a credential alias, encrypted with the master key."""
     from flowtide.credentials import CredentialVault
@@ -989,6 +1002,11 @@ def credential_set(
     if not isinstance(data, dict):
         _err("error: --json must be a JSON object")
         raise typer.Exit(EXIT_INVALID)
+    if server:
+        with _client(server) as api:
+            _remote_or_exit(lambda: api.set_credential(name, data, kind))
+        typer.echo(f"credential '{name}' stored on {redact_url(server)}")
+        return
     store = _store(home, db)
     CredentialVault(store, _home(home)).set(name, data, kind=kind)
     store.close()
@@ -996,11 +1014,17 @@ def credential_set(
 
 
 @credential_app.command("list")
-def credential_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None) -> None:
+def credential_list(
+    as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None, server: CredServerOpt = None
+) -> None:
     """List credential aliases (never their values)."""
-    store = _store(home, db)
-    rows = store.list_credentials()
-    store.close()
+    if server:
+        with _client(server) as api:
+            rows = _remote_or_exit(api.list_credentials)
+    else:
+        store = _store(home, db)
+        rows = store.list_credentials()
+        store.close()
     if as_json:
         _print_json(rows)
         return
@@ -1009,9 +1033,17 @@ def credential_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = 
 
 
 @credential_app.command("delete")
-def credential_delete(name: str, home: HomeOpt = None, db: DbOpt = None) -> None:
+def credential_delete(
+    name: str, home: HomeOpt = None, db: DbOpt = None, server: CredServerOpt = None
+) -> None:
     """Delete a credential alias."""
     from flowtide.errors import NotFoundError
+
+    if server:
+        with _client(server) as api:
+            _remote_or_exit(lambda: api.delete_credential(name))
+        typer.echo(f"credential '{name}' deleted on {redact_url(server)}")
+        return
 
     store = _store(home, db)
     try:
@@ -1051,27 +1083,111 @@ def server_cmd(
         ),
     ] = 30.0,
     cluster_db: ClusterDbOpt = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Serve every request without a token: anyone who reaches the port may run "
+            "code on the workers. Only for a machine nobody else can reach.",
+        ),
+    ] = False,
+    jwks_url: Annotated[
+        str | None,
+        typer.Option(
+            "--jwks-url",
+            envvar="FLOWTIDE_JWKS_URL",
+            help="Also accept bearer JWTs signed by a key of this JWKS (single sign-on).",
+            show_default=False,
+        ),
+    ] = None,
+    jwt_issuer: Annotated[
+        str | None,
+        typer.Option("--jwt-issuer", envvar="FLOWTIDE_JWT_ISSUER", help="Required `iss`."),
+    ] = None,
+    jwt_audience: Annotated[
+        str | None,
+        typer.Option("--jwt-audience", envvar="FLOWTIDE_JWT_AUDIENCE", help="Required `aud`."),
+    ] = None,
+    jwt_roles_claim: Annotated[
+        str,
+        typer.Option(
+            "--jwt-roles-claim",
+            envvar="FLOWTIDE_JWT_ROLES_CLAIM",
+            help="Claim holding the caller's roles or groups (a string or a list).",
+        ),
+    ] = "flowtide_roles",
+    jwt_role: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--jwt-role",
+            help="VALUE=ROLE: a value of the roles claim that grants ROLE (repeat it). "
+            "Without any, the values must be role names.",
+            show_default=False,
+        ),
+    ] = None,
+    jwt_pool_claim: Annotated[
+        str,
+        typer.Option(
+            "--jwt-pool-claim",
+            envvar="FLOWTIDE_JWT_POOL_CLAIM",
+            help="Claim naming a worker's pool (absent: any pool).",
+        ),
+    ] = "flowtide_pool",
+    max_body: Annotated[
+        int,
+        typer.Option(
+            "--max-body",
+            envvar="FLOWTIDE_MAX_BODY",
+            min=1024,
+            help="Largest request body in bytes; larger ones get 413 unread.",
+        ),
+    ] = 16 * 1024 * 1024,
+    public_metrics: Annotated[
+        bool,
+        typer.Option("--public-metrics", help="Serve /metrics without a token."),
+    ] = False,
 ) -> None:
     """Run the API server: executions, events, claims, the outbox relay and the reaper.
 
     Several processes (or machines) may serve one database: state is the event log in
     PostgreSQL and loop state in the KV (use a nats:// --kv when there is more than one
     process). The schema is upgraded on start.
+
+    Every request but /healthz and /readyz needs a token (`flowtide token create`) or, with
+    --jwks-url, a JWT of your identity provider; the server refuses to start when neither
+    can authenticate anybody, unless --insecure-no-auth.
     """
     import shutil
     import tempfile
 
     import uvicorn
 
+    from flowtide.auth.oidc import parse_role_map
+    from flowtide.errors import FlowtideError
+
     if workers > 1 and kv.startswith("memory:"):
         _err("error: --workers > 1 needs a shared --kv (nats://...): loop state must be shared")
         raise typer.Exit(EXIT_INVALID)
+    try:
+        role_map = parse_role_map(jwt_role)
+    except FlowtideError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
     env = {
         "FLOWTIDE_DB": db,
         "FLOWTIDE_NATS": nats_url,
         "FLOWTIDE_KV": kv,
         "FLOWTIDE_KV_BUCKET": kv_bucket,
         "FLOWTIDE_LEASE": str(lease),
+        "FLOWTIDE_MAX_BODY": str(max_body),
+        "FLOWTIDE_INSECURE_NO_AUTH": "1" if insecure_no_auth else "",
+        "FLOWTIDE_PUBLIC_METRICS": "1" if public_metrics else "",
+        "FLOWTIDE_JWKS_URL": jwks_url or "",
+        "FLOWTIDE_JWT_ISSUER": jwt_issuer or "",
+        "FLOWTIDE_JWT_AUDIENCE": jwt_audience or "",
+        "FLOWTIDE_JWT_ROLES_CLAIM": jwt_roles_claim,
+        "FLOWTIDE_JWT_ROLES": ",".join(f"{k}={v}" for k, v in role_map.items()),
+        "FLOWTIDE_JWT_POOL_CLAIM": jwt_pool_claim,
     }
     if cluster_db:
         env["FLOWTIDE_CLUSTER_DB"] = cluster_db
@@ -1081,9 +1197,30 @@ def server_cmd(
     env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ.update(env)
     # Upgrade once here, not racing in N processes (it would be safe, only slower).
-    _store(None, db).close()
+    store = _store(None, db)
+    try:
+        if not insecure_no_auth and not jwks_url:
+            from flowtide.auth.tokens import TokenStore
+
+            if not TokenStore(store).any_active():  # type: ignore[arg-type]
+                _err(
+                    "error: no way to authenticate anybody: the database has no active API"
+                    " token and no --jwks-url is given. Create the first admin token with\n"
+                    f"  flowtide token create --role admin --db {redact_url(db)}\n"
+                    "or give --jwks-url, or (on a machine nobody else can reach)"
+                    " --insecure-no-auth."
+                )
+                raise typer.Exit(EXIT_INVALID)
+    finally:
+        store.close()
+    auth = (
+        "OFF (--insecure-no-auth)"
+        if insecure_no_auth
+        else "tokens" + (f" + JWTs of {redact_url(jwks_url)}" if jwks_url else "")
+    )
     _err(
-        f"flowtide server on http://{host}:{port} (db {redact_url(db)}, nats {redact_url(nats_url)})"
+        f"flowtide server on http://{host}:{port} (db {redact_url(db)}, nats"
+        f" {redact_url(nats_url)}, authentication: {auth})"
     )
     try:
         uvicorn.run(
@@ -1114,16 +1251,38 @@ def worker_cmd(
         str | None, typer.Option("--worker-id", help="Default: HOSTNAME-PID.")
     ] = None,
     home: HomeOpt = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="File holding the worker's token (a `flowtide token create --role worker`);"
+            " default: FLOWTIDE_TOKEN, or the file in FLOWTIDE_TOKEN_FILE.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM)."""
     import asyncio
     import signal
 
+    from flowtide.auth.login import read_token_file
+    from flowtide.errors import FlowtideError
     from flowtide.runtime.remote import RemoteWorker
 
-    worker = RemoteWorker(
-        server, nats_url, pool=pool, concurrency=concurrency, worker_id=worker_id, home=_home(home)
-    )
+    try:
+        token = read_token_file(token_file) if token_file else None
+        worker = RemoteWorker(
+            server,
+            nats_url,
+            pool=pool,
+            concurrency=concurrency,
+            worker_id=worker_id,
+            home=_home(home),
+            token=token,
+        )
+    except FlowtideError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -165,7 +165,7 @@ class CredentialVault:
             _kind, ciphertext = self._store.get_credential(name)
         except NotFoundError:
             raise CredentialError(
-                f"credential '{name}' is not defined; {_how_to_add(name)}"
+                f"credential '{name}' is not defined; {_how_to_add(name)}", missing=True
             ) from None
         try:
             plaintext = self._cipher().decrypt(bytes(ciphertext))

@@ -7,6 +7,7 @@
     ├── StoreError           event/command/catalog store failure
     │   └── NotFoundError    no such execution / playbook / credential
     ├── CredentialError      missing alias, bad master key
+    ├── AuthError            a request without valid credentials (401) or rights (403)
     └── KVError              key-value port errors (see flowtide.kv)
 
 Errors carry their data as attributes; the message is for people.
@@ -164,4 +165,18 @@ class NotFoundError(StoreError):
 
 
 class CredentialError(FlowtideError):
-    """A credential alias is missing or cannot be decrypted."""
+    """A credential alias is missing (`missing`) or cannot be decrypted."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        self.missing = missing
+        super().__init__(message)
+
+
+class AuthError(FlowtideError):
+    """A request that may not be served: `status` is 401 (no valid credential) or 403
+    (a valid credential without the right to do this)."""
+
+    def __init__(self, message: str, *, status: int = 403) -> None:
+        self.message = message
+        self.status = status
+        super().__init__(message)

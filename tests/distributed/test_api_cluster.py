@@ -60,7 +60,7 @@ workflow:
 
 
 def _client(stack: Stack) -> httpx.Client:
-    return httpx.Client(base_url=stack.url, timeout=30)
+    return stack.client(timeout=30)
 
 
 def _full_log(stack: Stack, name: str) -> str:

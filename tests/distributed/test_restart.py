@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from .stack import Stack
@@ -127,7 +126,7 @@ def test_server_killed_and_restarted_mid_loop(restart_stack: Stack, tmp_path: Pa
         env=stack.env,
     )
     try:
-        with httpx.Client(base_url=stack.url, timeout=30) as client:
+        with stack.client(timeout=30) as client:
             eid = None
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:

@@ -97,13 +97,14 @@ def _server_mode(
         stack.start_server()
         stack.start_worker()
         stack.start_worker()
-        # Credentials and catalog entries go to the stack's database, sealed with the key
-        # its workers hold; runs, status and events go to its server.
+        # Credentials and catalog entries go to the stack's database, sealed with the
+        # server's key; runs, status and events go to its server (as its operator).
         yield {
             "FLOWTIDE_KV": nats_url,
             "FLOWTIDE_SERVER": stack.url,
             "FLOWTIDE_DB": db,
             "FLOWTIDE_MASTER_KEY": key,
+            "FLOWTIDE_TOKEN": stack.tokens["operator"],
         }
     finally:
         stack.stop()

@@ -128,8 +128,13 @@ def dev_up(
         raise typer.Exit(1) from None
     _print_status(stack, components, as_json)
     if not as_json:
+        admin = stack.tokens().get("admin", "")
         typer.echo(
-            f"\nrun a playbook on it:  flowtide run examples/quickstart.yaml "
+            f"\nserver:                {stack.server_url}\n"
+            f"admin token:           export FLOWTIDE_TOKEN={admin}\n"
+            "                       (commands run from this directory find it on their"
+            f" own: it is kept in {stack.tokens_path}, mode 0600)\n"
+            f"run a playbook on it:  flowtide run examples/quickstart.yaml "
             f"--server {stack.server_url}\n"
             f"API docs:              {stack.server_url}/docs\n"
             "stop it:               flowtide dev down"

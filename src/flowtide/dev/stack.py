@@ -187,6 +187,7 @@ class DevStack:
         (self.dir / "logs").mkdir(exist_ok=True)
         self._save()
         self._up_postgres(progress, timeout)
+        self._ensure_tokens(progress)
         self._up_nats(progress, timeout)
         self._up_server(progress, timeout)
         self._up_workers(progress, timeout)
@@ -210,6 +211,68 @@ class DevStack:
         pid = pg.pid()
         if pid is not None:
             self.config.pids["postgres"] = pid
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.dir / "tokens.json"
+
+    def tokens(self) -> dict[str, Any]:
+        """{"server_url", "admin", "workers": {pool: token}} (empty before the first up)."""
+        try:
+            doc = json.loads(self.tokens_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _ensure_tokens(self, progress: Progress) -> None:
+        """An admin token and a worker token for the stack's pool, kept in tokens.json
+        (mode 0600); the ones of an earlier `up` are reused while the database takes them."""
+        from flowtide.auth.tokens import TokenStore
+        from flowtide.errors import AuthError, FlowtideError
+        from flowtide.store.postgres import PostgresStore
+
+        pool = self.config.pool
+        doc = self.tokens()
+        try:
+            with PostgresStore(self.db_url, max_size=2) as store:
+                tokens = TokenStore(store)
+
+                def usable(text: object) -> bool:
+                    try:
+                        return isinstance(text, str) and bool(tokens.verify(text))
+                    except AuthError:
+                        return False
+
+                admin = doc.get("admin")
+                workers = dict(doc.get("workers") or {})
+                if not usable(admin):
+                    admin = self._new_token(tokens, "admin", "dev-admin", None)
+                    progress("tokens: created an admin token")
+                if not usable(workers.get(pool)):
+                    workers[pool] = self._new_token(tokens, "worker", f"dev-worker-{pool}", pool)
+                    progress(f"tokens: created a worker token for pool {pool}")
+        except FlowtideError as exc:
+            raise DevStackError(f"tokens: {exc}") from None
+        doc = {"server_url": self.server_url, "admin": admin, "workers": workers}
+        tmp = self.tokens_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(doc, handle, indent=2)
+        os.replace(tmp, self.tokens_path)
+
+    @staticmethod
+    def _new_token(tokens: Any, role: str, name: str, pool: str | None) -> str:
+        from flowtide.errors import NotFoundError
+
+        # A token of this name from an earlier stack (its text lost): replaced.
+        with contextlib.suppress(NotFoundError):
+            tokens.revoke(name)
+        text, _ = tokens.create(role=role, name=name, pool=pool)
+        return str(text)
+
+    def admin_headers(self) -> dict[str, str]:
+        token = self.tokens().get("admin")
+        return {"authorization": f"Bearer {token}"} if token else {}
 
     def _up_nats(self, progress: Progress, timeout: float) -> None:
         if self._alive("nats"):
@@ -298,7 +361,14 @@ class DevStack:
                 "--worker-id",
                 f"dev-{name}",
             ]
-            self._spawn(name, argv, self._log(name), cwd=Path(self.config.workdir or self.dir))
+            token = self.tokens()["workers"][self.config.pool]
+            self._spawn(
+                name,
+                argv,
+                self._log(name),
+                env={"FLOWTIDE_TOKEN": token},
+                cwd=Path(self.config.workdir or self.dir),
+            )
             started.append(name)
         for name in started:
 
@@ -496,7 +566,9 @@ class DevStack:
         import httpx
 
         try:
-            pools = httpx.get(f"{self.server_url}/api/worker/pools", timeout=2).json()["pools"]
+            pools = httpx.get(
+                f"{self.server_url}/api/worker/pools", headers=self.admin_headers(), timeout=2
+            ).json()["pools"]
         except (httpx.HTTPError, ValueError, KeyError):
             return None
         pid = self.config.pids.get(name)

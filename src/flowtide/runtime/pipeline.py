@@ -170,13 +170,14 @@ class StepRunner:
         cancelled: Callable[[], bool] | None,
         index: int | None = None,
         attempt: int = 1,
+        credentials: Any = None,
     ) -> ToolContext:
         return ToolContext(
             execution_id=execution_id,
             step=step.name,
             task=task,
             base_dir=self.base_dir,
-            credentials=self.credentials,
+            credentials=credentials if credentials is not None else self.credentials,
             secrets=secrets,
             render_context=scope,
             run_playbook=self.run_playbook,
@@ -230,7 +231,10 @@ class StepRunner:
         element: Any = None,
         index: int | None = None,
         cancelled: Callable[[], bool] | None = None,
+        credentials: Any = None,
     ) -> Outcome:
+        """Run one command of `step`. `credentials`: this command's resolver, when the
+        runner's own is not the one (a distributed worker asks per command)."""
         started = time.time()
         ctx_local = dict(ctx)
         ctx_updates: dict[str, Any] = {}
@@ -270,7 +274,15 @@ class StepRunner:
                 attempt += 1
                 t0 = time.perf_counter()
                 tctx = self._tool_context(
-                    execution_id, step, task.name, scope, secrets, cancelled, index, attempt
+                    execution_id,
+                    step,
+                    task.name,
+                    scope,
+                    secrets,
+                    cancelled,
+                    index,
+                    attempt,
+                    credentials,
                 )
                 error: dict[str, Any] | None = None
                 result: Any = None
@@ -410,6 +422,7 @@ class StepRunner:
         *,
         execution_id: int,
         cancelled: Callable[[], bool] | None = None,
+        credentials: Any = None,
     ) -> Outcome:
         """Run a cursor loop's claim query. The result is `{rows, row_count}`; templates
         in the cursor see `__frame_max_rows` (the loop's `spec.frame.max_rows`)."""
@@ -422,7 +435,9 @@ class StepRunner:
             base,
         )
         secrets: set[str] = set()
-        tctx = self._tool_context(execution_id, step, cursor.name, scope, secrets, cancelled)
+        tctx = self._tool_context(
+            execution_id, step, cursor.name, scope, secrets, cancelled, credentials=credentials
+        )
         t0 = time.perf_counter()
         error: dict[str, Any] | None = None
         result: Any = None

@@ -44,32 +44,49 @@ log = logging.getLogger("flowtide.worker")
 _STREAM = "FLOWTIDE_COMMANDS"
 
 
-class _RemoteCredentials:
-    """Credential ciphertext from the server; decrypted here with the shared master key."""
+class _CommandCredentials:
+    """A command's credential resolver: the server gives a credential's body to the
+    worker that holds a live claim on the command, and to nobody else (workers have no
+    master key). Bodies are kept for the command's run only."""
 
-    def __init__(self, client: httpx.Client) -> None:
+    def __init__(
+        self, client: httpx.Client, worker_id: str, execution_id: int, command_id: int
+    ) -> None:
         self.client = client
+        self.body = {
+            "worker_id": worker_id,
+            "execution_id": str(execution_id),
+            "command_id": str(command_id),
+        }
+        self._got: dict[str, dict[str, Any]] = {}
 
-    def get_credential(self, name: str) -> tuple[str, bytes]:
-        import base64
+    def resolve(self, alias: str) -> dict[str, Any]:
+        from flowtide.errors import CredentialError
 
-        from flowtide.errors import NotFoundError
-
-        r = self.client.get(f"/api/credentials/{name}", params={"ciphertext": "true"})
+        found = self._got.get(alias)
+        if found is not None:
+            return found
+        try:
+            r = self.client.post("/api/worker/credentials", json={**self.body, "name": alias})
+        except httpx.HTTPError as exc:
+            raise CredentialError(f"credential '{alias}': server unreachable: {exc}") from None
         if r.status_code == 404:
-            raise NotFoundError(f"credential {name!r} not found")
-        r.raise_for_status()
-        doc = r.json()
-        return doc["kind"], base64.b64decode(doc["ciphertext"])
-
-    def put_credential(self, *a: Any, **k: Any) -> None:
-        raise NotImplementedError("workers do not write credentials")
-
-    def list_credentials(self) -> list[dict[str, Any]]:
-        return list(self.client.get("/api/credentials").json())
-
-    def delete_credential(self, name: str) -> None:
-        raise NotImplementedError("workers do not delete credentials")
+            raise CredentialError(
+                f"credential '{alias}' is not defined on the server; an admin adds it with:"
+                f" flowtide credential set {alias} --server URL --json '{{...}}'",
+                missing=True,
+            )
+        if r.status_code == 422:
+            raise CredentialError(f"'{alias}' is not a credential alias")
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            raise CredentialError(f"credential '{alias}': HTTP {r.status_code}: {message}")
+        body = r.json()["data"]
+        self._got[alias] = body
+        return dict(body)
 
 
 class ApiError(Exception):
@@ -98,16 +115,19 @@ class _Api:
     connections). aiohttp rather than httpx here: on a claim's path it takes about 1 ms
     less per request than httpx's async client (bench/RESULTS.md)."""
 
-    def __init__(self, server: str, timeout: float) -> None:
+    def __init__(self, server: str, timeout: float, headers: Mapping[str, str]) -> None:
         self.server = server
         self.timeout = timeout
+        self.headers = dict(headers)
         self._session: Any = None
 
     async def __aenter__(self) -> _Api:
         import aiohttp
 
         self._errors: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self.headers
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -325,8 +345,13 @@ class RemoteWorker:
         concurrency: int = 8,
         worker_id: str | None = None,
         home: Path | None = None,
+        token: str | None = None,
     ) -> None:
+        from flowtide.auth.login import resolve_token
+
         self.server = server.rstrip("/")
+        token = resolve_token(self.server, token)
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.nats_url = nats_url
         self.pool = pool
         self.concurrency = concurrency
@@ -348,10 +373,7 @@ class RemoteWorker:
         # register reply sets the lease).
         self._reports = _Reporter(self.worker_id, 120.0)
         self._cancel_cache: dict[int, tuple[float, bool]] = {}
-        self._sync = httpx.Client(base_url=self.server, timeout=30.0)
-        from flowtide.credentials import CredentialVault
-
-        self.vault = CredentialVault(_RemoteCredentials(self._sync), self.home)
+        self._sync = httpx.Client(base_url=self.server, timeout=30.0, headers=self._headers)
 
     def stop(self) -> None:
         self._stop.set()
@@ -359,7 +381,7 @@ class RemoteWorker:
     async def run(self) -> None:
         import nats
 
-        async with _Api(self.server, timeout=30.0) as client:
+        async with _Api(self.server, timeout=30.0, headers=self._headers) as client:
             self.client = client
             await self._register()
             nc = await nats.connect(self.nats_url, name=self.worker_id, max_reconnect_attempts=-1)
@@ -566,7 +588,6 @@ class RemoteWorker:
                 parsed = parse_playbook(playbook["text"], playbook.get("file"))
                 cached = StepRunner(
                     parsed,
-                    credentials=self.vault,
                     run_playbook=self._run_child,
                     data_dir=(self.home / "data").absolute(),
                 )
@@ -607,15 +628,25 @@ class RemoteWorker:
         parts = spec["context"]
         base = context_from_parts(runner.playbook, command.execution_id, parts)
         ctx = parts["ctx"]
+        credentials = _CommandCredentials(
+            self._sync, self.worker_id, command.execution_id, command.command_id
+        )
         try:
             if command.extra.get("cursor"):
-                outcome = runner.claim(step, base, ctx, execution_id=command.execution_id)
+                outcome = runner.claim(
+                    step,
+                    base,
+                    ctx,
+                    execution_id=command.execution_id,
+                    credentials=credentials,
+                )
             else:
                 outcome = runner.run(
                     step,
                     base,
                     ctx,
                     execution_id=command.execution_id,
+                    credentials=credentials,
                     iterator=spec.get("iterator"),
                     element=spec.get("element"),
                     index=command.loop_index,

@@ -38,6 +38,7 @@ from pydantic import (
 from flowtide.credentials import CredentialVault
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
+from flowtide.server.problems import error_response, field_error
 
 if TYPE_CHECKING:
     from flowtide.server.app import _Runtime
@@ -79,13 +80,8 @@ OwnerQuery = Annotated[
 NameParam = Annotated[str, PathParam(pattern=_NAME)]
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    # The format of flowtide.server.app (kept here so app.py need not be imported).
-    return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
-
-
-def _field_error(field: str, message: str, status: int = 422) -> JSONResponse:
-    return _error(status, f"{field}: {message}", fields=[{"field": field, "message": message}])
+_error = error_response
+_field_error = field_error
 
 
 def parse_catalog_id(catalog_id: str) -> tuple[str, int | None]:
@@ -313,7 +309,7 @@ def _catalog_path_problem(path: object) -> str | None:
     return None
 
 
-def _home() -> Path:
+def server_home() -> Path:
     # Where `flowtide worker` looks too (its --home defaults to $FLOWTIDE_HOME).
     return Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
 
@@ -322,16 +318,9 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
     """The catalog, credential and keychain routes over `runtime`'s store (which exists
     once the app has started)."""
     router = APIRouter()
-    vaults: dict[int, _Vault] = {}
 
     def vault() -> _Vault:
-        # One vault per store: the key is loaded once, and a restarted app gets a new one.
-        store = runtime.store
-        found = vaults.get(id(store))
-        if found is None:
-            vaults.clear()
-            found = vaults[id(store)] = _Vault(store, _home())
-        return found
+        return runtime.vault()
 
     async def resolve(catalog_id: str) -> tuple[str, int]:
         """(path, version) of an existing catalog entry; NotFoundError (404) naming it."""

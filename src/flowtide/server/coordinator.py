@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import CommandRecord, ExecutionState, LoopRecord
-from flowtide.errors import FlowtideError, NotFoundError
+from flowtide.errors import AuthError, FlowtideError, NotFoundError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
@@ -54,6 +54,8 @@ __all__ = [
     "FinalizeResult",
     "SubmitResult",
     "TERMINAL",
+    "WORKER_EVENTS",
+    "WrongPool",
     "command_subject",
 ]
 
@@ -67,7 +69,8 @@ _SINCE: Final = (
     f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s ORDER BY seq"
 )
 _ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED})
-_WORKER_EVENTS: Final = frozenset(
+#: The events a worker reports (each of one command); nothing else is taken from one.
+WORKER_EVENTS: Final = frozenset(
     {
         ev.COMMAND_STARTED,
         ev.COMMAND_HEARTBEAT,
@@ -133,6 +136,13 @@ class SubmitResult:
 #: What `_after` needs of a committed step: execution id, pool, the parts' results, the
 #: step's output and the outbox rows to publish.
 _After = tuple[int, str, list[SubmitResult], Advance, list[OutboxRow]]
+
+
+class WrongPool(AuthError):
+    """A claim for a command of another pool than the claiming worker's (403)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=403)
 
 
 @dataclass(frozen=True)
@@ -700,7 +710,7 @@ class Coordinator:
                     e.command_id
                     for part in parts
                     for e in part
-                    if e.type in _WORKER_EVENTS and e.command_id is not None
+                    if e.type in WORKER_EVENTS and e.command_id is not None
                 }
             )
             if check_workers
@@ -933,7 +943,7 @@ class Coordinator:
         `current` holds the rows (status, worker_id, attempt) of the commands named."""
         by_command: dict[int, list[Event]] = {}
         for e in events:
-            if e.type in _WORKER_EVENTS and e.command_id is not None:
+            if e.type in WORKER_EVENTS and e.command_id is not None:
                 by_command.setdefault(e.command_id, []).append(e)
         if not by_command:
             return events
@@ -951,7 +961,7 @@ class Coordinator:
                     stale.add(command_id)
         if stale:
             result.stale = sum(1 for e in events if e.command_id in stale and e.type in _REPORTS)
-        return [e for e in events if e.command_id not in stale or e.type not in _WORKER_EVENTS]
+        return [e for e in events if e.command_id not in stale or e.type not in WORKER_EVENTS]
 
     def _expired_commands(self, conn: psycopg.Connection, state: ExecutionState) -> list[Event]:
         """`command.issued` events re-issuing the claimed commands whose lease expired."""
@@ -995,7 +1005,13 @@ class Coordinator:
     # -- claims --------------------------------------------------------------------------
 
     async def claim(
-        self, execution_id: int, command_id: int, event_id: int, worker_id: str
+        self,
+        execution_id: int,
+        command_id: int,
+        event_id: int,
+        worker_id: str,
+        *,
+        pool: str | None = None,
     ) -> dict[str, Any]:
         """Claim a command for `worker_id` and return what the worker needs to run it.
 
@@ -1003,22 +1019,28 @@ class Coordinator:
             NotFoundError: no such command.
             ClaimConflict: another worker holds it, it is closed, or the notification is
                 for an earlier issue of the command (`event_id` is not its latest).
+            WrongPool: `pool` is given and the command belongs to another.
         """
-        batch = await self.claim_many(worker_id, [ClaimItem(execution_id, command_id, event_id)])
+        batch = await self.claim_many(
+            worker_id, [ClaimItem(execution_id, command_id, event_id)], pool=pool
+        )
         outcome = batch.results[0]
         if isinstance(outcome, Exception):
             raise outcome
         return {**outcome, **batch.executions[execution_id]}
 
-    async def claim_many(self, worker_id: str, items: Sequence[ClaimItem]) -> ClaimBatch:
+    async def claim_many(
+        self, worker_id: str, items: Sequence[ClaimItem], *, pool: str | None = None
+    ) -> ClaimBatch:
         """Claim several commands for `worker_id` in one transaction (a worker's batch of
         notifications). Each item is judged alone, in order, as `claim` judges one: the
         result in its place is the command's part of the reply, or the NotFoundError /
-        ClaimConflict it would have raised. What the commands of one execution share (the
-        playbook, the context) is in `executions` once.
+        ClaimConflict / WrongPool it would have raised. What the commands of one execution
+        share (the playbook, the context) is in `executions` once. `pool`: the worker's,
+        when it may claim only that pool's commands.
         """
         now = time.time()
-        taken = await asyncio.to_thread(self._take_claims, worker_id, items, now)
+        taken = await asyncio.to_thread(self._take_claims, worker_id, items, now, pool)
         batch = ClaimBatch()
         snaps: dict[int, _Snapshot] = {}
         for item, got in zip(items, taken, strict=True):
@@ -1087,7 +1109,7 @@ class Coordinator:
         return snap
 
     def _take_claims(
-        self, worker_id: str, items: Sequence[ClaimItem], now: float
+        self, worker_id: str, items: Sequence[ClaimItem], now: float, only_pool: str | None
     ) -> list[_Taken | Exception]:
         """The claims' transaction: command rows locked in id order (two batches never
         wait on each other in a cycle), each item judged against the rows as the items
@@ -1119,7 +1141,14 @@ class Coordinator:
                 stopping = row[9] == "cancelled" or row[10] is not None
                 issued = (json.loads(payload) if payload else {}).get("issued_event_id")
                 taken = _Taken(step, attempt, instance, index, pool or "default", stopping)
-                if issued is not None and int(issued) != item.event_id:
+                if only_pool is not None and taken.pool != only_pool:
+                    out.append(
+                        WrongPool(
+                            f"command {item.command_id} is of pool {taken.pool!r}, not the"
+                            f" worker's {only_pool!r}"
+                        )
+                    )
+                elif issued is not None and int(issued) != item.event_id:
                     out.append(
                         ClaimConflict(
                             f"command {item.command_id}: event {item.event_id} is not its"
@@ -1192,6 +1221,20 @@ class Coordinator:
                     if isinstance(got, _Taken) and not got.repeat:
                         got.issued_at = issued_at.get(item.event_id)
             return out
+
+    async def holds_command(self, worker_id: str, execution_id: int, command_id: int) -> bool:
+        """Whether `worker_id` holds a live claim (lease not expired) on the command."""
+
+        def read() -> bool:
+            with self.store.transaction("command holder") as conn:
+                row = conn.execute(
+                    "SELECT 1 FROM command WHERE command_id = %s AND execution_id = %s"
+                    " AND status = 'claimed' AND worker_id = %s AND lease_until > %s",
+                    (command_id, execution_id, worker_id, time.time()),
+                ).fetchone()
+            return row is not None
+
+        return await asyncio.to_thread(read)
 
     async def extend_leases(self, worker_id: str, command_ids: list[int] | None = None) -> int:
         """Extend the leases `worker_id` holds (its heartbeat): those of `command_ids`, the

@@ -231,3 +231,24 @@ def test_params_as_lists_mappings_or_templates_are_valid() -> None:
         FILE,
     )
     assert playbook.steps["c"].tasks[0].config["params"] == "{{ values }}"
+
+
+def test_repeated_sql_lines_get_their_own_lines_and_engine_numbers_pass() -> None:
+    text = HEADER + dedent(
+        """\
+        workflow:
+          - step: save
+            tool:
+              kind: postgres
+              auth: pg
+              command: |
+                INSERT INTO log VALUES ('{{ execution_id }}', '{{ loop_index }}');
+                INSERT INTO t VALUES ('{{ item }}', '{{ item }}');
+                INSERT INTO t VALUES ('{{ item }}', '{{ item }}');
+        """
+    )
+    lines = text.splitlines()
+    rows = [i for i, line in enumerate(lines, start=1) if "INSERT INTO t" in line]
+    warnings = lint_playbook(parse_playbook(text, FILE))
+    # The engine's own numbers cannot end a literal; two templates on a line: one warning.
+    assert [(w.line, w.template) for w in warnings] == [(row, "{{ item }}") for row in rows]

@@ -13,6 +13,7 @@ Pure: works on the parsed `Playbook` (and its text, for line numbers).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,9 @@ SQL_FIELDS: dict[str, tuple[str, ...]] = {
 PARAMS_EXPECTED = "a list (positional placeholders) or a mapping (named placeholders)"
 
 _JINJA_CLOSE = {"{{": "}}", "{%": "%}", "{#": "#}"}
+# Values the engine itself provides, always numbers: pasting them cannot end a literal,
+# and NoETL playbooks write `'{{ execution_id }}'` everywhere.
+_ENGINE_NUMBER = re.compile(r"^\{\{\s*(execution_id|loop_index|__frame_max_rows)\s*\}\}$")
 
 
 @dataclass(frozen=True)
@@ -157,17 +161,28 @@ def lint_playbook(playbook: Playbook, file: str | None = None) -> list[SqlWarnin
     where = file if file is not None else playbook.file
     warnings: list[SqlWarning] = []
     for step_name, field, task, sql, dialect in _sql_fields(playbook):
+        # Templates come in text order: each is looked for from the line of the one before
+        # (the next line when it sits on a later SQL line), so repeated SQL lines map to
+        # their own YAML lines.
+        line, sql_row = task.line, 0
         for offset, template in _pasted(sql, dialect):
+            if _ENGINE_NUMBER.match(template):
+                continue
+            row = sql.count("\n", 0, offset)
+            if line is not None and row > sql_row and warnings and warnings[-1].field == field:
+                line += 1
             sql_line = sql[sql.rfind("\n", 0, offset) + 1 :].split("\n", 1)[0].strip()
-            warnings.append(
-                SqlWarning(
-                    file=where,
-                    line=_line_of(lines, task.line, (sql_line, template.split("\n", 1)[0])),
-                    step=step_name,
-                    field=field,
-                    template=" ".join(template.split()),
-                )
+            line = _line_of(lines, line, (sql_line, template.split("\n", 1)[0]))
+            sql_row = row
+            warning = SqlWarning(
+                file=where,
+                line=line,
+                step=step_name,
+                field=field,
+                template=" ".join(template.split()),
             )
+            if warning not in warnings:  # the same template twice on one line: one warning
+                warnings.append(warning)
     return warnings
 
 

@@ -120,6 +120,15 @@ def test_validate_flags_the_pasted_form_and_not_the_bound_one(
     assert report[1]["warnings"] == []
 
 
+def test_run_on_a_server_warns_before_submitting(
+    ft: Flowtide, playbooks: tuple[Path, Path, str]
+) -> None:
+    # Nothing listens on port 9: the warning comes from the local check, before any request.
+    proc = ft("run", playbooks[0].name, "--server", "http://127.0.0.1:9")
+    assert proc.returncode != 0
+    assert WARNING in proc.stderr
+
+
 CURSOR = """\
 apiVersion: noetl.io/v2
 kind: Playbook

@@ -246,6 +246,17 @@ ServerOpt = Annotated[
 ]
 
 
+def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
+    """Print (on stderr) and return the playbook's SQL warnings: templates pasted inside
+    SQL string literals, where `params` belongs. Warnings never stop a run."""
+    from flowtide.playbook.sqllint import lint_playbook
+
+    warnings = lint_playbook(playbook, file)
+    for warning in warnings:
+        _err(warning.render())
+    return [warning.to_dict() for warning in warnings]
+
+
 def _show_progress(as_json: bool) -> bool:
     return not as_json and sys.stderr.isatty() and os.environ.get("FLOWTIDE_NO_PROGRESS") is None
 
@@ -296,6 +307,12 @@ def _run_remote(
     except typer.BadParameter as exc:
         _err(f"error: {exc}")
         return EXIT_INVALID
+    if text is not None:
+        from flowtide.errors import PlaybookError
+        from flowtide.playbook.loader import parse_playbook
+
+        with contextlib.suppress(PlaybookError):  # the server reports what is invalid
+            _warn_pasted_sql(parse_playbook(text, target), target)
     eid: int | None = None
     with _client(server) as api:
         try:
@@ -406,6 +423,7 @@ def _execute(
                 if action == "run":
                     assert target is not None
                     playbook, version = _load_target(target, store)
+                    _warn_pasted_sql(playbook, target)
                     eid = await runtime.start(
                         playbook, workload=overrides or {}, catalog_version=version
                     )
@@ -544,12 +562,19 @@ def validate(
     for file in files:
         try:
             playbook = load_playbook(file)
+            if as_json:
+                from flowtide.playbook.sqllint import lint_playbook
+
+                warnings = [w.to_dict() for w in lint_playbook(playbook, str(file))]
+            else:
+                warnings = _warn_pasted_sql(playbook, str(file))
             report.append(
                 {
                     "file": str(file),
                     "valid": True,
                     "name": playbook.name,
                     "steps": len(playbook.steps),
+                    "warnings": warnings,
                 }
             )
             if not as_json:

@@ -7,6 +7,7 @@
     ├── StoreError           event/command/catalog store failure
     │   └── NotFoundError    no such execution / playbook / credential
     ├── CredentialError      missing alias, bad master key
+    ├── NatsError            NATS unreachable, credentials refused or incomplete (url)
     └── KVError              key-value port errors (see flowtide.kv)
 
 Errors carry their data as attributes; the message is for people.
@@ -165,3 +166,14 @@ class NotFoundError(StoreError):
 
 class CredentialError(FlowtideError):
     """A credential alias is missing or cannot be decrypted."""
+
+
+class NatsError(FlowtideError):
+    """A NATS connection of the server or a worker could not be made: the server is
+    unreachable, refused the credentials, or they are incomplete. `url` is the NATS URL
+    with its password shown as ***."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        self.message = message
+        self.url = url
+        super().__init__(message)

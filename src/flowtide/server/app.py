@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Query, Request
@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flowtide.engine.events import Event
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, StoreError, TemplateError
+from flowtide.natsauth import NatsAuth
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
@@ -37,7 +38,7 @@ from flowtide.server.coordinator import (
     ExecutionFinished,
     SubmitResult,
 )
-from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
 from flowtide.urls import redact_url
 
 __all__ = ["ServerSettings", "create_app"]
@@ -62,6 +63,9 @@ class ServerSettings:
     lease: float = 30.0
     reap_interval: float = 2.0
     worker_timeout: float = 30.0
+    #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
+    #: carry none.
+    nats_auth: NatsAuth = field(default_factory=NatsAuth)
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -75,6 +79,7 @@ class ServerSettings:
             kv_bucket=os.environ.get("FLOWTIDE_KV_BUCKET", "flowtide_state"),
             cluster_db=os.environ.get("FLOWTIDE_CLUSTER_DB") or None,
             lease=float(os.environ.get("FLOWTIDE_LEASE", "30")),
+            nats_auth=NatsAuth.from_env(),
         )
 
 
@@ -220,7 +225,7 @@ class _Runtime:
             ThreadPoolExecutor(_POOL_SIZE * 2, thread_name_prefix="flowtide-db")
         )
         self.outbox = OutboxStore(self.store)
-        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600)
+        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)
         self.coordinator = Coordinator(
             self.store,
             loopstate=LoopState(self.kv),
@@ -229,9 +234,9 @@ class _Runtime:
             step_slots=_POOL_SIZE - 4,
         )
         if s.nats:
-            import nats
+            from flowtide.natsauth import connect_nats
 
-            self.nc = await nats.connect(s.nats, name="flowtide-server", max_reconnect_attempts=-1)
+            self.nc = await connect_nats(s.nats, s.nats_auth, name="flowtide-server")
             self.relay = OutboxRelay(self.store, self.nc)
             self.coordinator.on_outbox = self.relay.poke
             self.coordinator.publish = self.relay.publish
@@ -635,6 +640,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 )
 
         await asyncio.to_thread(write)
+        if runtime.nc is not None:
+            # The pool's consumer is made here, not by the worker: a worker's NATS user
+            # may only pull from it (flowtide.subjects).
+            try:
+                await ensure_consumer(runtime.nc.jetstream(), body.pool)
+            except Exception as exc:  # noqa: BLE001 - nats-py's errors, told as a 503
+                return _error(  # type: ignore[return-value]
+                    503,
+                    f"cannot create the NATS consumer of pool {body.pool!r}: "
+                    f"{str(exc) or type(exc).__name__}",
+                )
         return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
 
     @app.post("/api/worker/pool/heartbeat")

@@ -15,6 +15,8 @@ from typing import IO, Any
 
 import httpx
 
+from flowtide.dev.nats import SERVER_USER, NatsUser, worker_user_name
+
 
 def _free_port() -> int:
     import socket
@@ -43,6 +45,9 @@ class Stack:
     lease: float = 3.0
     kv: str = "memory://"
     master_key: str | None = None
+    #: NATS users by name (NatsServer.start_secured): the server and each worker get
+    #: their own through the environment, as `flowtide dev up` hands them out.
+    nats_users: dict[str, NatsUser] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -55,14 +60,21 @@ class Stack:
             env["FLOWTIDE_MASTER_KEY"] = self.master_key
         return env
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def nats_env(self, user: str) -> dict[str, str]:
+        """FLOWTIDE_NATS_USER/PASSWORD of NATS user `user` (nothing on an open server)."""
+        found = self.nats_users.get(user)
+        return found.auth().env() if found is not None else {}
+
+    def _spawn(
+        self, name: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self.logs.append(log)
         return subprocess.Popen(
             [sys.executable, "-m", "flowtide.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=self.root,
         )
 
@@ -80,6 +92,7 @@ class Stack:
             str(self.lease),
             "--kv",
             self.kv,
+            env=self.nats_env(SERVER_USER),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -114,6 +127,7 @@ class Stack:
             str(concurrency),
             "--worker-id",
             f"w{n}",
+            env=self.nats_env(worker_user_name(pool)),
         )
         self.workers.append(proc)
         return proc

@@ -133,6 +133,25 @@ def _home(home: Path | None) -> Path:
     return home or Path(".flowtide")
 
 
+def _check_nats(url: str, auth: Any) -> None:
+    """Connect to NATS once (waiting while it cannot be reached); exit 1 with the reason
+    when it refuses the credentials."""
+    import asyncio
+
+    from flowtide.errors import NatsError
+    from flowtide.natsauth import connect_nats
+
+    async def probe() -> None:
+        nc = await connect_nats(url, auth, name="flowtide-server-check")
+        await nc.close()
+
+    try:
+        asyncio.run(probe())
+    except NatsError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+
+
 def _nats_auth(creds: Path | None) -> Any:
     """NATS credentials from --nats-creds and FLOWTIDE_NATS_USER/PASSWORD; exit 2 when
     they are incomplete or the file is unusable."""
@@ -1102,6 +1121,9 @@ def server_cmd(
         _err("error: --workers > 1 needs a shared --kv (nats://...): loop state must be shared")
         raise typer.Exit(EXIT_INVALID)
     nats_auth = _nats_auth(nats_creds)
+    # Refused NATS credentials stop the server here with one line, rather than as a
+    # traceback from each of its processes' start-up.
+    _check_nats(nats_url, nats_auth)
     env = {
         "FLOWTIDE_DB": db,
         "FLOWTIDE_NATS": nats_url,

@@ -28,7 +28,7 @@ from flowtide.errors import NatsError
 from flowtide.kv import KVError, connect
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.server.outbox import STREAM, ensure_consumer
-from flowtide.subjects import pool_consumer, worker_inbox
+from flowtide.subjects import pool_consumer, worker_inbox, worker_permissions
 
 from .conftest import NatsServer
 from .stack import flowtide_env
@@ -313,3 +313,43 @@ def test_cli_refusals_are_clear_and_keep_the_password_out(
     )
     assert creds.returncode == 2
     assert f"cannot read the NATS credentials file {missing}" in creds.stderr
+
+
+def test_creds_file_for_jwt_accounts(tmp_path: Path) -> None:
+    """--nats-creds / FLOWTIDE_NATS_CREDS: a user JWT and nkey seed, on a nats-server in
+    operator mode. The same subject permissions, written into a worker's JWT, refuse it
+    the KV just as the dev stack's users do."""
+    from natsjwt import JwtAccount
+
+    jwt = JwtAccount.create()
+    with NatsServer.start(
+        tmp_path / "nats", "-c", str(jwt.server_config(tmp_path / "op.conf"))
+    ) as srv:
+        server_creds = jwt.creds(tmp_path / "server.creds", "server")
+        listed = _flowtide(
+            tmp_path, "kv", "ls", "--url", srv.url, "--nats-creds", str(server_creds), env={}
+        )
+        assert listed.returncode == 0, listed.stderr
+        perms = worker_permissions("default")
+        worker_creds = jwt.creds(
+            tmp_path / "worker.creds",
+            "worker-default",
+            {"pub": {"allow": list(perms.publish)}, "sub": {"allow": list(perms.subscribe)}},
+        )
+        as_worker = _flowtide(
+            tmp_path,
+            "kv",
+            "ls",
+            "--url",
+            srv.url,
+            env={"FLOWTIDE_NATS_CREDS": str(worker_creds)},
+        )
+        assert as_worker.returncode == 2 and "permissions violation" in as_worker.stderr
+        # A user of another operator's account: refused, and the file's seed never shown.
+        stranger = JwtAccount.create().creds(tmp_path / "stranger.creds", "stranger")
+        refused = _flowtide(
+            tmp_path, "kv", "ls", "--url", srv.url, "--nats-creds", str(stranger), env={}
+        )
+        assert refused.returncode == 2 and "authorization violation" in refused.stderr
+        seed = stranger.read_text().split("BEGIN USER NKEY SEED-----\n")[1].split("\n")[0]
+        assert seed not in refused.stderr

@@ -104,7 +104,7 @@ from flowtide.kv.base import (
     as_bytes,
     validate_key,
 )
-from flowtide.natsauth import NatsAuth
+from flowtide.natsauth import NatsAuth, is_refusal
 
 __all__ = ["DEFAULT_TIMEOUT", "NatsKeyValue", "NatsWatcher", "open_nats", "redact_url"]
 
@@ -247,8 +247,6 @@ def _idle_after(msg: Msg, delivered: int) -> bool | None:
 
 
 def _is_auth_error(exc: BaseException) -> bool:
-    from flowtide.natsauth import is_refusal
-
     return is_refusal(exc)
 
 
@@ -470,7 +468,7 @@ class _Connection:
         self.handles: weakref.WeakSet[NatsKeyValue] = weakref.WeakSet()
         self.watchers: weakref.WeakSet[NatsWatcher] = weakref.WeakSet()
         self._secrets = _secrets(url) + self.auth.secrets()
-        # Subjects the server refused this user ("publish" or "subscribe" -> subjects):
+        # Subjects the server refused this user ("publish" or "subscription" -> subjects):
         # a refused request gets no reply, only an asynchronous -ERR; its timeout then
         # says why.
         self._denied: dict[str, set[str]] = {"publish": set(), "subscription": set()}

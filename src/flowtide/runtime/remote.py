@@ -33,7 +33,7 @@ import httpx
 from flowtide.engine.events import Command
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
-from flowtide.natsauth import NatsAuth
+from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.subjects import COMMAND_STREAM, pool_consumer, worker_inbox
@@ -359,8 +359,6 @@ class RemoteWorker:
         self._stop.set()
 
     async def run(self) -> None:
-        from flowtide.natsauth import connect_nats
-
         async with _Api(self.server, timeout=30.0) as client:
             self.client = client
             # NATS first: credentials it refuses end the worker before it registers. Its

@@ -96,6 +96,20 @@ KvOpt = Annotated[
         ),
     ),
 ]
+# NATS credentials by file or environment, so that no secret is on a command line `ps`
+# shows: a URL's user:password@ wins, then this, then FLOWTIDE_NATS_USER/PASSWORD.
+NatsCredsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--nats-creds",
+        envvar="FLOWTIDE_NATS_CREDS",
+        help=(
+            "NATS .creds file (user JWT + nkey seed) for NATS URLs without user:password@; "
+            "or set FLOWTIDE_NATS_USER and FLOWTIDE_NATS_PASSWORD."
+        ),
+        show_default=False,
+    ),
+]
 KvBucketOpt = Annotated[
     str,
     typer.Option(
@@ -119,6 +133,40 @@ KvTtlOpt = Annotated[
 
 def _home(home: Path | None) -> Path:
     return home or Path(".flowtide")
+
+
+def _check_nats(url: str, auth: Any) -> None:
+    """Connect to NATS once (waiting while it cannot be reached); exit 1 with the reason
+    when it refuses the credentials."""
+    import asyncio
+
+    from flowtide.errors import NatsError
+    from flowtide.natsauth import connect_nats
+
+    async def probe() -> None:
+        nc = await connect_nats(url, auth, name="flowtide-server-check")
+        await nc.close()
+
+    try:
+        asyncio.run(probe())
+    except NatsError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+def _nats_auth(creds: Path | None) -> Any:
+    """NATS credentials from --nats-creds and FLOWTIDE_NATS_USER/PASSWORD; exit 2 when
+    they are incomplete or the file is unusable."""
+    from flowtide.errors import NatsError
+    from flowtide.natsauth import NatsAuth
+
+    auth = NatsAuth.from_env(creds=str(creds) if creds else None)
+    try:
+        auth.check()
+    except NatsError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    return auth
 
 
 def _store(home: Path | None, db: str | None) -> Store:
@@ -381,6 +429,7 @@ def _execute(
     kv_url: str = "memory://",
     kv_bucket: str = "flowtide_state",
     kv_ttl: float = 3600.0,
+    nats_creds: Path | None = None,
 ) -> int:
     """Run (or resume) one execution embedded and report it. Returns the exit code."""
     import asyncio
@@ -415,7 +464,7 @@ def _execute(
             view = ProgressView(Console(stderr=True), title=target or f"execution {execution_id}")
             listener = view.on_events
         # Connected before anything starts, so a bad --kv runs nothing.
-        kv = await _open_kv(kv_url, kv_bucket, ttl=kv_ttl or None)
+        kv = await _open_kv(kv_url, kv_bucket, ttl=kv_ttl or None, nats_creds=nats_creds)
         try:
             async with LocalRuntime(
                 store, kv=kv, credentials=vault, listener=listener, data_dir=_home(home) / "data"
@@ -491,6 +540,7 @@ def run(
     kv: KvOpt = "memory://",
     kv_bucket: KvBucketOpt = "flowtide_state",
     kv_ttl: KvTtlOpt = 3600.0,
+    nats_creds: NatsCredsOpt = None,
     server: ServerOpt = None,
 ) -> None:
     """Run a playbook embedded (or on a flowtide server with --server), to the end.
@@ -517,6 +567,7 @@ def run(
             kv_url=kv,
             kv_bucket=kv_bucket,
             kv_ttl=kv_ttl,
+            nats_creds=nats_creds,
         )
     )
 
@@ -531,6 +582,7 @@ def resume(
     kv: KvOpt = "memory://",
     kv_bucket: KvBucketOpt = "flowtide_state",
     kv_ttl: KvTtlOpt = 3600.0,
+    nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Continue a stopped run from its event log (completed steps and iterations are kept)."""
     raise typer.Exit(
@@ -544,6 +596,7 @@ def resume(
             kv_url=kv,
             kv_bucket=kv_bucket,
             kv_ttl=kv_ttl,
+            nats_creds=nats_creds,
         )
     )
 
@@ -1171,6 +1224,7 @@ def server_cmd(
         bool,
         typer.Option("--public-metrics", help="Serve /metrics without a token."),
     ] = False,
+    nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Run the API server: executions, events, claims, the outbox relay and the reaper.
 
@@ -1198,6 +1252,10 @@ def server_cmd(
     except FlowtideError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    nats_auth = _nats_auth(nats_creds)
+    # Refused NATS credentials stop the server here with one line, rather than as a
+    # traceback from each of its processes' start-up.
+    _check_nats(nats_url, nats_auth)
     env = {
         "FLOWTIDE_DB": db,
         "FLOWTIDE_NATS": nats_url,
@@ -1216,6 +1274,9 @@ def server_cmd(
     }
     if cluster_db:
         env["FLOWTIDE_CLUSTER_DB"] = cluster_db
+    # The server processes read their NATS credentials from the environment
+    # (ServerSettings.from_env), never from their command line.
+    env.update(nats_auth.env())
     # Prometheus multiprocess mode (flowtide.server.metrics): a fresh directory per server
     # run, set before any process imports prometheus_client; old files would be counted.
     metrics_dir = tempfile.mkdtemp(prefix="flowtide-metrics-")
@@ -1285,13 +1346,14 @@ def worker_cmd(
             show_default=False,
         ),
     ] = None,
+    nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM)."""
     import asyncio
     import signal
 
     from flowtide.auth.login import read_token_file
-    from flowtide.errors import FlowtideError
+    from flowtide.errors import FlowtideError, NatsError
     from flowtide.runtime.remote import RemoteWorker
 
     try:
@@ -1304,6 +1366,7 @@ def worker_cmd(
             worker_id=worker_id,
             home=_home(home),
             token=token,
+            nats_auth=_nats_auth(nats_creds),
         )
     except FlowtideError as exc:
         _err(f"error: {exc}")
@@ -1317,11 +1380,17 @@ def worker_cmd(
 
     _err(f"flowtide worker {worker.worker_id} (pool {pool}) -> {redact_url(server)}")
     try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(main())
+        else:
+            uvloop.run(main())
+    except NatsError as exc:
+        # Credentials refused, or the pool's consumer out of reach: say which and stop,
+        # instead of a traceback.
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 # ------------------------------------------------------------------------------ db
@@ -1483,22 +1552,30 @@ class _KVUnavailable(Exception):
 
 
 async def _open_kv(
-    url: str, bucket: str, *, ttl: float | None = 3600.0, create: bool = True
+    url: str,
+    bucket: str,
+    *,
+    ttl: float | None = 3600.0,
+    create: bool = True,
+    nats_creds: Path | None = None,
 ) -> Any:
-    """Connect to bucket `bucket` at `url` (created with `ttl` if missing, when `create`).
+    """Connect to bucket `bucket` at `url` (created with `ttl` if missing, when `create`),
+    with the NATS credentials of --nats-creds or FLOWTIDE_NATS_USER/PASSWORD.
 
     Raises:
         _KVUnavailable: bad URL or bucket name, server unreachable or refusing.
     """
     from flowtide.kv import KVError, connect
+    from flowtide.natsauth import NatsAuth
 
     shown = redact_url(url)
+    auth = NatsAuth.from_env(creds=str(nats_creds) if nats_creds else None)
     try:
-        return await connect(url, bucket, ttl=ttl, create=create)
+        return await connect(url, bucket, ttl=ttl, create=create, nats_auth=auth)
     except KVError as exc:
-        reason = scrub_url(exc.message, url)
+        reason = auth.scrub(exc.message, url)
     except Exception as exc:  # a driver's error the adapter let through
-        reason = scrub_url(f"{type(exc).__name__}: {exc}", url)
+        reason = auth.scrub(f"{type(exc).__name__}: {exc}", url)
     # The adapters' messages mostly name the URL already; say it once.
     if shown in reason:
         raise _KVUnavailable(reason)
@@ -1526,7 +1603,14 @@ def _require_shared_kv(url: str) -> None:
         raise typer.Exit(EXIT_INVALID)
 
 
-def _kv_command(url: str, bucket: str, body: Any, *, interrupt_ok: bool = False) -> None:
+def _kv_command(
+    url: str,
+    bucket: str,
+    body: Any,
+    *,
+    interrupt_ok: bool = False,
+    nats_creds: Path | None = None,
+) -> None:
     """Run `await body(kv)` on an open handle and turn KV errors into exit codes:
     2 for bad input (URL, key, filter, no such key or bucket), 1 for a failure."""
     import asyncio
@@ -1541,7 +1625,7 @@ def _kv_command(url: str, bucket: str, body: Any, *, interrupt_ok: bool = False)
         # flowtide's own state bucket may not exist before the first run (`kv watch` in
         # one terminal, `run` in another); any other name must: `--bucket typo` is an
         # error, not a new bucket.
-        kv = await _open_kv(url, bucket, create=bucket == DEFAULT_BUCKET)
+        kv = await _open_kv(url, bucket, create=bucket == DEFAULT_BUCKET, nats_creds=nats_creds)
         try:
             await body(kv)
         finally:
@@ -1638,6 +1722,7 @@ def kv_ls(
     ] = ">",
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of keys.")] = False,
 ) -> None:
     """List the keys that hold a value, sorted, one per line."""
@@ -1652,7 +1737,7 @@ def kv_ls(
         if not keys:
             _err(f"no keys match {filter_!r} in bucket {bucket!r}")
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("get")
@@ -1669,6 +1754,7 @@ def kv_get(
     ] = False,
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -1710,7 +1796,7 @@ def kv_get(
             lines.append(text)
         sys.stdout.write("\n".join(lines) + "\n")
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("history")
@@ -1718,6 +1804,7 @@ def kv_history(
     key: Annotated[str, typer.Argument(help="The key.")],
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print a JSON list of entries, oldest first.")
     ] = False,
@@ -1745,7 +1832,7 @@ def kv_history(
             )
         Console().print(table)
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("watch")
@@ -1767,6 +1854,7 @@ def kv_watch(
     ] = False,
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -1816,7 +1904,7 @@ def kv_watch(
                     sys.stdout.flush()
         raise KVError(f"the watch on bucket {bucket!r} ended (bucket deleted or connection lost)")
 
-    _kv_command(url, bucket, body, interrupt_ok=True)
+    _kv_command(url, bucket, body, interrupt_ok=True, nats_creds=nats_creds)
 
 
 @kv_app.command("del")
@@ -1827,6 +1915,7 @@ def kv_del(
     ] = False,
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete a key: a DEL marker is written, its history kept.
@@ -1852,13 +1941,14 @@ def kv_del(
                 f"purged {key} (history dropped)\n" if purge else f"deleted {key} (history kept)\n"
             )
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("status")
 def kv_status(
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the bucket's size and configuration.
@@ -1891,7 +1981,7 @@ def kv_status(
         ]
         sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@
     │   └── NotFoundError    no such execution / playbook / credential
     ├── CredentialError      missing alias, bad master key
     ├── AuthError            a request without valid credentials (401) or rights (403)
+    ├── NatsError            NATS unreachable, credentials refused or incomplete (url)
     └── KVError              key-value port errors (see flowtide.kv)
 
 Errors carry their data as attributes; the message is for people.
@@ -179,4 +180,15 @@ class AuthError(FlowtideError):
     def __init__(self, message: str, *, status: int = 403) -> None:
         self.message = message
         self.status = status
+        super().__init__(message)
+
+
+class NatsError(FlowtideError):
+    """A NATS connection of the server or a worker could not be made: the server is
+    unreachable, refused the credentials, or they are incomplete. `url` is the NATS URL
+    with its password shown as ***."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        self.message = message
+        self.url = url
         super().__init__(message)

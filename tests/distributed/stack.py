@@ -15,6 +15,8 @@ from typing import IO, Any
 
 import httpx
 
+from flowtide.dev.nats import SERVER_USER, NatsUser, worker_user_name
+
 
 def _free_port() -> int:
     import socket
@@ -46,6 +48,9 @@ class Stack:
     #: API tokens by role (created in the database before the server starts): admin,
     #: operator, reader, and worker (any pool; the workers' and the tests' own).
     tokens: dict[str, str] = field(default_factory=dict)
+    #: NATS users by name (NatsServer.start_secured): the server and each worker get
+    #: their own through the environment, as `flowtide dev up` hands them out.
+    nats_users: dict[str, NatsUser] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -93,6 +98,11 @@ class Stack:
             for role in ("admin", "operator", "reader", "worker"):
                 self.tokens[role], _ = tokens.create(role=role, name=f"test-{role}-{self.port}")
 
+    def nats_env(self, user: str) -> dict[str, str]:
+        """FLOWTIDE_NATS_USER/PASSWORD of NATS user `user` (nothing on an open server)."""
+        found = self.nats_users.get(user)
+        return found.auth().env() if found is not None else {}
+
     def _spawn(
         self, name: str, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
@@ -121,6 +131,7 @@ class Stack:
             str(self.lease),
             "--kv",
             self.kv,
+            env=self.nats_env(SERVER_USER),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -157,7 +168,11 @@ class Stack:
             str(concurrency),
             "--worker-id",
             f"w{n}",
-            env={"FLOWTIDE_TOKEN": self.tokens["worker"], **(env or {})},
+            env={
+                "FLOWTIDE_TOKEN": self.tokens["worker"],
+                **self.nats_env(worker_user_name(pool)),
+                **(env or {}),
+            },
         )
         self.workers.append(proc)
         return proc

@@ -26,12 +26,14 @@ pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _flowtide(home: Path, *args: Any, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _flowtide(
+    home: Path, *args: Any, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flowtide.cli", *map(str, args)],
         capture_output=True,
         text=True,
-        env={**flowtide_env(home), "FLOWTIDE_HOME": str(home)},
+        env={**flowtide_env(home), "FLOWTIDE_HOME": str(home), **(env or {})},
         cwd=ROOT,
         timeout=timeout,
     )
@@ -111,6 +113,33 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "server": "running",
         "worker-0": "running",
     }
+
+    # nats-server runs with users: its config is private, no part has a password on its
+    # command line (each got its own through its environment), a client without
+    # credentials is refused, and the workers' user cannot read the KV.
+    passwords = state["nats_passwords"]
+    assert set(passwords) == {"server", "worker-default"}
+    assert (home / "dev" / "nats.conf").stat().st_mode & 0o077 == 0
+    for name, part in parts.items():
+        cmdline = Path(f"/proc/{part['pid']}/cmdline").read_bytes().decode(errors="replace")
+        for secret in [state["pg_password"], *passwords.values()]:
+            assert secret not in cmdline, name
+    nats_url = f"nats://127.0.0.1:{ports[1]}"
+    anonymous = _flowtide(home, "kv", "ls", "--url", nats_url)
+    assert anonymous.returncode == 2 and "authorization violation" in anonymous.stderr
+    as_worker = _flowtide(
+        home,
+        "kv",
+        "ls",
+        "--url",
+        nats_url,
+        env={
+            "FLOWTIDE_NATS_USER": "worker-default",
+            "FLOWTIDE_NATS_PASSWORD": passwords["worker-default"],
+        },
+    )
+    assert as_worker.returncode == 2 and "permissions violation" in as_worker.stderr
+    assert passwords["worker-default"] not in as_worker.stderr
 
     logs = _flowtide(home, "dev", "logs", "server")
     assert logs.returncode == 0 and f"flowtide server on {url}" in logs.stdout

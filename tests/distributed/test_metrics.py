@@ -160,7 +160,7 @@ def two_process_server(stack: Stack, tmp_path: Path) -> Iterator[_Server]:
     """`flowtide server --workers 2` on the stack's database and NATS, with TMPDIR (where
     its metrics directory goes) in `tmp_path`."""
     port = _free_port()
-    env = flowtide_env(tmp_path / "home") | {"TMPDIR": str(tmp_path)}
+    env = flowtide_env(tmp_path / "home") | {"TMPDIR": str(tmp_path)} | stack.nats_env("server")
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log_path = tmp_path / "server.log"
     with open(log_path, "ab") as log:

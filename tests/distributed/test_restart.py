@@ -63,9 +63,9 @@ def restart_stack(  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp(f"restart-{request.param}")
     name = f"restart_{next(_names)}"
     db = pg_server.create_database(name)
-    nats = NatsServer.start(root / "nats")
+    nats = NatsServer.start_secured(root / "nats")
     kv = "memory://" if request.param == "memory" else nats.url
-    stack = Stack(db=db, nats=nats.url, root=root, kv=kv)
+    stack = Stack(db=db, nats=nats.url, root=root, kv=kv, nats_users=nats.users)
     try:
         stack.start_server()
         stack.start_worker()

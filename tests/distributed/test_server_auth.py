@@ -36,17 +36,19 @@ def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.Com
 
 
 class _Server:
-    def __init__(self, db: str, nats: str, root: Path, *extra: str) -> None:
+    """A server of its own on `db`, with the stack's NATS (as its server user)."""
+
+    def __init__(self, stack: Stack, db: str, root: Path, *extra: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / f"server-{self.port}.log"
-        args = ["server", "--db", db, "--nats", nats, "--port", str(self.port), *extra]
+        args = ["server", "--db", db, "--nats", stack.nats, "--port", str(self.port), *extra]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "flowtide.cli", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=flowtide_env(root / "home"),
+                env=flowtide_env(root / "home") | stack.nats_env("server"),
             )
 
     def ready(self, timeout: float = 60) -> None:
@@ -116,7 +118,7 @@ def idp() -> Iterator[_Jwks]:
 def test_a_server_with_no_way_in_refuses_to_start_until_an_admin_token_exists(
     stack: Stack, fresh_db: str, tmp_path: Path
 ) -> None:
-    server = _Server(fresh_db, stack.nats, tmp_path)
+    server = _Server(stack, fresh_db, tmp_path)
     assert server.proc.wait(timeout=60) == 2
     log = server.log.read_text()
     assert "no active API token" in log and "flowtide token create --role admin --db" in log
@@ -134,7 +136,7 @@ def test_a_server_with_no_way_in_refuses_to_start_until_an_admin_token_exists(
     bad = _cli("token", "create", "--role", "root", "--db", fresh_db, env=env)
     assert bad.returncode == 2 and "role" in bad.stderr
 
-    server = _Server(fresh_db, stack.nats, tmp_path)
+    server = _Server(stack, fresh_db, tmp_path)
     try:
         server.ready()
         headers = {"authorization": f"Bearer {token}"}
@@ -157,8 +159,8 @@ def test_jwts_of_the_identity_provider_map_to_roles(
     stack: Stack, fresh_db: str, tmp_path: Path, idp: _Jwks
 ) -> None:
     server = _Server(
+        stack,
         fresh_db,
-        stack.nats,
         tmp_path,
         "--jwks-url",
         idp.url,
@@ -206,7 +208,7 @@ def test_jwts_of_the_identity_provider_map_to_roles(
 def test_insecure_no_auth_serves_everyone_and_says_so(
     stack: Stack, fresh_db: str, tmp_path: Path
 ) -> None:
-    server = _Server(fresh_db, stack.nats, tmp_path, "--insecure-no-auth")
+    server = _Server(stack, fresh_db, tmp_path, "--insecure-no-auth")
     try:
         server.ready()
         assert httpx.get(f"{server.url}/api/executions", timeout=30).status_code == 200

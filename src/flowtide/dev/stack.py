@@ -1,7 +1,8 @@
 """`flowtide dev up|down|status`: a complete distributed stack on this machine, on loopback.
 
     <home>/dev/
-      stack.json      ports, the database password (mode 0600) and the pids we started
+      stack.json      ports, the database and NATS passwords (mode 0600), the pids we started
+      nats.conf       nats-server's users and their subject permissions (mode 0600)
       pg/             PostgreSQL cluster (initdb/pg_ctl), data kept across down/up
       nats/           nats-server's JetStream store
       logs/           nats.log, server.log, worker-0.log, ...
@@ -14,6 +15,12 @@ every worker has registered). `down` stops them in the reverse order; the data s
 
 The database password is generated on first `up`; it reaches the server through its
 environment (FLOWTIDE_DB), never through a command line others can read in `ps`.
+
+nats-server runs with users (flowtide.subjects says what each may do): `server` for the
+flowtide server, which alone publishes commands, manages the stream and its consumers and
+uses the KV bucket; `worker-<pool>` for the workers of a pool, which may only pull from
+and ack on their pool's consumer. Their passwords are generated on first `up` too and
+reach each process as FLOWTIDE_NATS_USER/FLOWTIDE_NATS_PASSWORD in its environment.
 """
 
 from __future__ import annotations
@@ -33,12 +40,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowtide.dev.nats import nats_server_binary
+from flowtide.dev.nats import (
+    SERVER_USER,
+    NatsUser,
+    flowtide_users,
+    nats_server_binary,
+    new_passwords,
+    worker_user_name,
+    write_nats_config,
+)
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
 
 __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
 
 DATABASE = "flowtide"
+#: The loop-state bucket the server uses (its --kv-bucket default).
+KV_BUCKET = "flowtide_state"
 
 
 class DevStackError(RuntimeError):
@@ -61,6 +78,8 @@ class StackConfig:
     #: resolve against it, as an embedded run resolves them against its current
     #: directory. The current directory of the first `up` unless given.
     workdir: str | None = None
+    #: NATS user name -> password (flowtide.dev.nats.flowtide_users).
+    nats_passwords: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
 
 
@@ -117,6 +136,19 @@ class DevStack:
         return LocalPostgres(
             self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password
         )
+
+    @property
+    def nats_config_path(self) -> Path:
+        return self.dir / "nats.conf"
+
+    def nats_users(self) -> dict[str, NatsUser]:
+        """The NATS users of the stack by name: `server` and `worker-<pool>`."""
+        pools = [self.config.pool]
+        passwords = new_passwords(pools, self.config.nats_passwords)
+        if passwords != self.config.nats_passwords:
+            self.config.nats_passwords = passwords
+            self._save()
+        return {u.name: u for u in flowtide_users(passwords, pools, KV_BUCKET)}
 
     def _log(self, name: str) -> Path:
         return self.dir / "logs" / f"{name}.log"
@@ -285,8 +317,11 @@ class DevStack:
             raise DevStackError(f"nats: {exc}") from None
         log = self._log("nats")
         log.write_text("")
+        write_nats_config(self.nats_config_path, list(self.nats_users().values()))
         argv = [
             binary,
+            "--config",
+            str(self.nats_config_path),
             "--jetstream",
             "--addr",
             "127.0.0.1",
@@ -327,7 +362,8 @@ class DevStack:
             "--lease",
             str(self.config.lease),
         ]
-        self._spawn("server", argv, log, env={"FLOWTIDE_DB": self.db_url})
+        env = {"FLOWTIDE_DB": self.db_url, **self.nats_users()[SERVER_USER].auth().env()}
+        self._spawn("server", argv, log, env=env)
 
         def ready() -> bool:
             return _http_ok(f"{self.server_url}/readyz")
@@ -362,11 +398,12 @@ class DevStack:
                 f"dev-{name}",
             ]
             token = self.tokens()["workers"][self.config.pool]
+            user = self.nats_users()[worker_user_name(self.config.pool)]
             self._spawn(
                 name,
                 argv,
                 self._log(name),
-                env={"FLOWTIDE_TOKEN": token},
+                env={"FLOWTIDE_TOKEN": token, **user.auth().env()},
                 cwd=Path(self.config.workdir or self.dir),
             )
             started.append(name)
@@ -428,6 +465,9 @@ class DevStack:
                 self._pid("nats"),
                 self.nats_url,
                 str(self._log("nats")),
+                f"users {', '.join(sorted(self.config.nats_passwords))}"
+                if self.config.nats_passwords
+                else "",
             )
         )
         server_state = "stopped"
@@ -477,6 +517,9 @@ class DevStack:
         cwd: Path | None = None,
     ) -> None:
         child_env = {**os.environ, "FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"}
+        # NATS credentials of this shell are not the part's: each gets its own below.
+        for variable in ("FLOWTIDE_NATS_USER", "FLOWTIDE_NATS_PASSWORD", "FLOWTIDE_NATS_CREDS"):
+            child_env.pop(variable, None)
         child_env.update(env or {})
         with open(log, "ab") as handle:
             proc = subprocess.Popen(

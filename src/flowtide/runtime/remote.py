@@ -33,15 +33,15 @@ import httpx
 from flowtide.engine.events import Command
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
+from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
+from flowtide.subjects import COMMAND_STREAM, pool_consumer, worker_inbox
 from flowtide.tools.registry import cancel_running
 
 __all__ = ["RemoteWorker"]
 
 log = logging.getLogger("flowtide.worker")
-
-_STREAM = "FLOWTIDE_COMMANDS"
 
 
 class _CommandCredentials:
@@ -346,6 +346,7 @@ class RemoteWorker:
         worker_id: str | None = None,
         home: Path | None = None,
         token: str | None = None,
+        nats_auth: NatsAuth | None = None,
     ) -> None:
         from flowtide.auth.login import resolve_token
 
@@ -353,6 +354,7 @@ class RemoteWorker:
         token = resolve_token(self.server, token)
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.nats_url = nats_url
+        self.nats_auth = nats_auth or NatsAuth()
         self.pool = pool
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -379,19 +381,26 @@ class RemoteWorker:
         self._stop.set()
 
     async def run(self) -> None:
-        import nats
-
         async with _Api(self.server, timeout=30.0, headers=self._headers) as client:
             self.client = client
-            await self._register()
-            nc = await nats.connect(self.nats_url, name=self.worker_id, max_reconnect_attempts=-1)
-            js = nc.jetstream()
-            from flowtide.server.outbox import ensure_stream
-
-            await ensure_stream(js)
-            durable = f"flowtide-{self.pool}"
-            await self._ensure_consumer(js, durable)
-            puller = _Puller(nc, _STREAM, durable, self._slot_freed)
+            # NATS first: credentials it refuses end the worker before it registers. Its
+            # replies come to the pool's own inbox prefix, the one its user may read.
+            nc = await connect_nats(
+                self.nats_url,
+                self.nats_auth,
+                name=self.worker_id,
+                inbox_prefix=worker_inbox(self.pool),
+            )
+            try:
+                # Registering makes the server create the pool's consumer if missing.
+                await self._register()
+                durable = pool_consumer(self.pool)
+                await self._check_consumer(nc.jetstream(), durable)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                raise
+            puller = _Puller(nc, COMMAND_STREAM, durable, self._slot_freed)
             await puller.start()
             # Paid once here rather than inside the first HTTP step it runs.
             from flowtide.tools import http as http_tool
@@ -431,28 +440,32 @@ class RemoteWorker:
                 self._threads.shutdown(wait=False, cancel_futures=True)
                 self._sync.close()
 
-    async def _ensure_consumer(self, js: Any, durable: str) -> None:
-        """The pool's durable pull consumer (created by the first worker of the pool)."""
-        from nats.js.api import AckPolicy, ConsumerConfig
+    async def _check_consumer(self, js: Any, durable: str) -> None:
+        """Fail clearly when the pool's consumer is missing or out of reach. The server
+        creates it (`ensure_consumer`) when the worker registers: a worker's NATS user
+        may pull from it, never create it."""
+        import nats.errors
         from nats.js.errors import NotFoundError
 
+        from flowtide.errors import NatsError
+        from flowtide.urls import redact_url
+
+        where = f"consumer {durable} of stream {COMMAND_STREAM} at {redact_url(self.nats_url)}"
         try:
-            await js.consumer_info(_STREAM, durable)
-            return
+            await js.consumer_info(COMMAND_STREAM, durable)
         except NotFoundError:
-            pass
-        config = ConsumerConfig(
-            durable_name=durable,
-            filter_subject=f"flowtide.commands.{self.pool}.>",
-            ack_policy=AckPolicy.EXPLICIT,
-            # Acked right after the claim: this only covers delivery -> claim.
-            ack_wait=10.0,
-            max_ack_pending=-1,
-            max_waiting=512,
-        )
-        with contextlib.suppress(Exception):  # another worker created it meanwhile
-            await js.add_consumer(_STREAM, config=config)
-        await js.consumer_info(_STREAM, durable)
+            raise NatsError(
+                f"no {where}: the server creates it when a worker registers"
+                " (is the server connected to the same NATS, with --nats?)",
+                url=redact_url(self.nats_url),
+            ) from None
+        except nats.errors.TimeoutError:
+            # A refused request gets no reply; the refusal itself is logged just before.
+            raise NatsError(
+                f"no answer about {where} (a permissions violation logged above means"
+                " this NATS user is not the one for pool " + repr(self.pool) + ")",
+                url=redact_url(self.nats_url),
+            ) from None
 
     async def _ask(self, puller: _Puller) -> None:
         """Keep pull requests open for the free slots: asks again when a slot frees up, a

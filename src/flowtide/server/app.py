@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -35,6 +35,7 @@ from flowtide.errors import (
     StoreError,
     TemplateError,
 )
+from flowtide.natsauth import NatsAuth
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
@@ -50,7 +51,7 @@ from flowtide.server.coordinator import (
     ExecutionFinished,
     SubmitResult,
 )
-from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
 from flowtide.server.problems import error_response
 from flowtide.server.workers import WorkerRegistry
 from flowtide.urls import redact_url
@@ -85,6 +86,9 @@ class ServerSettings:
     max_body: int = DEFAULT_MAX_BODY
     #: /metrics without a credential (for scrapers that cannot send one).
     public_metrics: bool = False
+    #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
+    #: carry none.
+    nats_auth: NatsAuth = field(default_factory=NatsAuth)
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -113,6 +117,7 @@ class ServerSettings:
             jwt=jwt,
             max_body=int(os.environ.get("FLOWTIDE_MAX_BODY") or DEFAULT_MAX_BODY),
             public_metrics=os.environ.get("FLOWTIDE_PUBLIC_METRICS") == "1",
+            nats_auth=NatsAuth.from_env(),
         )
 
 
@@ -271,7 +276,7 @@ class _Runtime:
         self.outbox = OutboxStore(self.store)
         self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
         self.auth = await asyncio.to_thread(self._authenticator)
-        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600)
+        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)
         self.coordinator = Coordinator(
             self.store,
             loopstate=LoopState(self.kv),
@@ -280,9 +285,9 @@ class _Runtime:
             step_slots=_POOL_SIZE - 4,
         )
         if s.nats:
-            import nats
+            from flowtide.natsauth import connect_nats
 
-            self.nc = await nats.connect(s.nats, name="flowtide-server", max_reconnect_attempts=-1)
+            self.nc = await connect_nats(s.nats, s.nats_auth, name="flowtide-server")
             self.relay = OutboxRelay(self.store, self.nc)
             self.coordinator.on_outbox = self.relay.poke
             self.coordinator.publish = self.relay.publish
@@ -818,6 +823,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             pid=body.pid,
             concurrency=body.concurrency,
         )
+        if runtime.nc is not None:
+            # The pool's consumer is made here, not by the worker: a worker's NATS user
+            # may only pull from it (flowtide.subjects).
+            try:
+                await ensure_consumer(runtime.nc.jetstream(), body.pool)
+            except Exception as exc:  # noqa: BLE001 - nats-py's errors, told as a 503
+                return _error(  # type: ignore[return-value]
+                    503,
+                    f"cannot create the NATS consumer of pool {body.pool!r}: "
+                    f"{str(exc) or type(exc).__name__}",
+                )
         return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
 
     @app.post("/api/worker/pool/heartbeat")

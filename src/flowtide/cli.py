@@ -1224,6 +1224,39 @@ def server_cmd(
         bool,
         typer.Option("--public-metrics", help="Serve /metrics without a token."),
     ] = False,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert",
+            envvar="FLOWTIDE_TLS_CERT",
+            exists=True,
+            dir_okay=False,
+            help="Serve HTTPS with this certificate (PEM, with its chain).",
+            show_default=False,
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-key",
+            envvar="FLOWTIDE_TLS_KEY",
+            exists=True,
+            dir_okay=False,
+            help="The certificate's private key (PEM).",
+            show_default=False,
+        ),
+    ] = None,
+    client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--client-ca",
+            envvar="FLOWTIDE_CLIENT_CA",
+            exists=True,
+            dir_okay=False,
+            help="Mutual TLS: require a client certificate signed by this CA (PEM).",
+            show_default=False,
+        ),
+    ] = None,
     nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Run the API server: executions, events, claims, the outbox relay and the reaper.
@@ -1252,6 +1285,9 @@ def server_cmd(
     except FlowtideError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    if (tls_cert is None) != (tls_key is None) or (client_ca is not None and tls_cert is None):
+        _err("error: --tls-cert and --tls-key go together, and --client-ca needs both")
+        raise typer.Exit(EXIT_INVALID)
     nats_auth = _nats_auth(nats_creds)
     # Refused NATS credentials stop the server here with one line, rather than as a
     # traceback from each of its processes' start-up.
@@ -1304,10 +1340,19 @@ def server_cmd(
         if insecure_no_auth
         else "tokens" + (f" + JWTs of {redact_url(jwks_url)}" if jwks_url else "")
     )
+    scheme = "https" if tls_cert else "http"
+    tls = "mutual TLS" if client_ca else "TLS" if tls_cert else "no TLS"
     _err(
-        f"flowtide server on http://{host}:{port} (db {redact_url(db)}, nats"
-        f" {redact_url(nats_url)}, authentication: {auth})"
+        f"flowtide server on {scheme}://{host}:{port} (db {redact_url(db)}, nats"
+        f" {redact_url(nats_url)}, authentication: {auth}, {tls})"
     )
+    ssl_options: dict[str, Any] = {}
+    if tls_cert:
+        import ssl
+
+        ssl_options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        if client_ca:
+            ssl_options |= {"ssl_ca_certs": str(client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     try:
         uvicorn.run(
             "flowtide.server.app:app_factory",
@@ -1316,6 +1361,7 @@ def server_cmd(
             port=port,
             workers=workers,
             log_level="warning",
+            **ssl_options,
         )
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -1346,6 +1392,16 @@ def worker_cmd(
             show_default=False,
         ),
     ] = None,
+    ca: Annotated[
+        str | None,
+        typer.Option(
+            "--ca",
+            envvar="FLOWTIDE_CA",
+            help="CA file (PEM) that signed an https server's certificate; for mutual TLS"
+            " the worker shows FLOWTIDE_CLIENT_CERT / FLOWTIDE_CLIENT_KEY.",
+            show_default=False,
+        ),
+    ] = None,
     nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM)."""
@@ -1367,6 +1423,7 @@ def worker_cmd(
             home=_home(home),
             token=token,
             nats_auth=_nats_auth(nats_creds),
+            ca=ca,
         )
     except FlowtideError as exc:
         _err(f"error: {exc}")
@@ -1982,6 +2039,23 @@ def kv_status(
         sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
 
     _kv_command(url, bucket, body, nats_creds=nats_creds)
+
+
+@app.callback()
+def _options(
+    ca: Annotated[
+        str | None,
+        typer.Option(
+            "--ca",
+            help="CA file (PEM) that signed the https server's certificate, for every"
+            " command that talks to a server (same as FLOWTIDE_CA). For mutual TLS, set"
+            " FLOWTIDE_CLIENT_CERT and FLOWTIDE_CLIENT_KEY.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    if ca:
+        os.environ["FLOWTIDE_CA"] = ca
 
 
 def main() -> None:

@@ -39,17 +39,30 @@ class ServerError(Exception):
 class ServerClient:
     """Synchronous calls to one flowtide server."""
 
-    def __init__(self, url: str, *, timeout: float = 30.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        token: str | None = None,
+        ca: str | None = None,
+    ) -> None:
+        """`token`: see flowtide.auth.login; `ca`: the CA file that signed an https
+        server's certificate (default FLOWTIDE_CA, or the system's; see flowtide.tls)."""
         from flowtide.auth.login import resolve_token
         from flowtide.errors import FlowtideError
+        from flowtide.tls import client_tls
 
         self.url = url.rstrip("/")
         try:
             self.token = resolve_token(self.url, token)
+            verify = client_tls(self.url, ca=ca).context()
         except FlowtideError as exc:
             raise ServerError(str(exc)) from None
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout, headers=headers, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from flowtide.dev.postgres import find_pg_bin, free_port
@@ -98,8 +100,18 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "5",
     )
     assert up.returncode == 0, up.stderr
-    url = f"http://127.0.0.1:{ports[0]}"
+    url = f"https://127.0.0.1:{ports[0]}"
     assert f"--server {url}" in up.stdout
+    # Mutual TLS with the stack's own CA: without a client certificate of it, or without
+    # trusting it, no connection; private keys are the owner's alone.
+    tls = home / "dev" / "tls"
+    assert all(key.stat().st_mode & 0o077 == 0 for key in tls.glob("*-key.pem"))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/healthz", verify=ssl.create_default_context(cafile=tls / "ca.pem"))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/healthz", timeout=5)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{ports[0]}/healthz", timeout=5)
     # The database password is in the state file (0600), never on screen.
     state = json.loads((home / "dev" / "stack.json").read_text())
     assert state["pg_password"] not in up.stdout + up.stderr

@@ -50,6 +50,7 @@ from flowtide.dev.nats import (
     write_nats_config,
 )
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
+from flowtide.dev.tls import LocalCA
 
 __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
 
@@ -80,6 +81,8 @@ class StackConfig:
     workdir: str | None = None
     #: NATS user name -> password (flowtide.dev.nats.flowtide_users).
     nats_passwords: dict[str, str] = field(default_factory=dict)
+    #: The API over mutual TLS, with certificates of the stack's own CA (flowtide.dev.tls).
+    tls: bool = True
     pids: dict[str, int] = field(default_factory=dict)
 
 
@@ -120,7 +123,32 @@ class DevStack:
 
     @property
     def server_url(self) -> str:
-        return f"http://127.0.0.1:{self.config.server_port}"
+        scheme = "https" if self.config.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.config.server_port}"
+
+    @property
+    def ca(self) -> LocalCA:
+        return LocalCA(self.dir / "tls")
+
+    def _http_get(self, path: str, **headers: str) -> Any:
+        """GET on the server as the stack's admin (its client certificate with TLS on)."""
+        import httpx
+
+        verify: Any = True
+        if self.config.tls:
+            from flowtide.tls import ClientTls
+
+            cert, key = self.ca.cert("admin")
+            verify = ClientTls(str(self.ca.ca), str(cert), str(key)).context()
+        return httpx.get(f"{self.server_url}{path}", headers=headers, timeout=2, verify=verify)
+
+    def _http_ok(self, path: str) -> bool:
+        import httpx
+
+        try:
+            return bool(self._http_get(path).status_code == 200)
+        except httpx.HTTPError:
+            return False
 
     @property
     def nats_url(self) -> str:
@@ -185,6 +213,7 @@ class DevStack:
         concurrency: int | None = None,
         lease: float | None = None,
         workdir: Path | None = None,
+        tls: bool | None = None,
         progress: Progress = _quiet,
         timeout: float = 60.0,
     ) -> list[Component]:
@@ -204,6 +233,7 @@ class DevStack:
                 f"the workers' directory {c.workdir} does not exist (choose one with --workdir)"
             )
         for part, attr, value in (
+            ("server", "tls", tls),
             ("server", "server_port", server_port),
             ("nats", "nats_port", nats_port),
             ("postgres", "pg_port", pg_port),
@@ -362,11 +392,17 @@ class DevStack:
             "--lease",
             str(self.config.lease),
         ]
+        if self.config.tls:
+            # Mutual TLS: clients show a certificate of the stack's CA (the workers theirs,
+            # the local CLI the admin's, found on its own for this URL: flowtide.tls).
+            self.ca.ensure()
+            cert, key = self.ca.cert("server")
+            argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(self.ca.ca)]
         env = {"FLOWTIDE_DB": self.db_url, **self.nats_users()[SERVER_USER].auth().env()}
         self._spawn("server", argv, log, env=env)
 
         def ready() -> bool:
-            return _http_ok(f"{self.server_url}/readyz")
+            return self._http_ok("/readyz")
 
         self._wait("server", ready, timeout)
         progress(f"server: started on {self.server_url}")
@@ -403,7 +439,7 @@ class DevStack:
                 name,
                 argv,
                 self._log(name),
-                env={"FLOWTIDE_TOKEN": token, **user.auth().env()},
+                env={"FLOWTIDE_TOKEN": token, **user.auth().env(), **self._worker_tls()},
                 cwd=Path(self.config.workdir or self.dir),
             )
             started.append(name)
@@ -472,7 +508,7 @@ class DevStack:
         )
         server_state = "stopped"
         if self._alive("server"):
-            server_state = "running" if _http_ok(f"{self.server_url}/readyz") else "unhealthy"
+            server_state = "running" if self._http_ok("/readyz") else "unhealthy"
         out.append(
             Component(
                 "server",
@@ -604,14 +640,22 @@ class DevStack:
             + _tail(self._log(name))
         )
 
+    def _worker_tls(self) -> dict[str, str]:
+        if not self.config.tls:
+            return {}
+        cert, key = self.ca.cert("worker")
+        return {
+            "FLOWTIDE_CA": str(self.ca.ca),
+            "FLOWTIDE_CLIENT_CERT": str(cert),
+            "FLOWTIDE_CLIENT_KEY": str(key),
+        }
+
     def _worker_state(self, name: str) -> str | None:
         """The server's word on worker `name`: ready, lost, stopped, or None (unknown)."""
         import httpx
 
         try:
-            pools = httpx.get(
-                f"{self.server_url}/api/worker/pools", headers=self.admin_headers(), timeout=2
-            ).json()["pools"]
+            pools = self._http_get("/api/worker/pools", **self.admin_headers()).json()["pools"]
         except (httpx.HTTPError, ValueError, KeyError):
             return None
         pid = self.config.pids.get(name)
@@ -640,15 +684,6 @@ def _reap(pid: int | None) -> None:
     if pid:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def _http_ok(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _tcp_ok(port: int) -> bool:

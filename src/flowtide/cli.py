@@ -1134,6 +1134,44 @@ def credential_delete(
     typer.echo(f"credential '{name}' deleted")
 
 
+@credential_app.command("rotate-key")
+def credential_rotate_key(
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    new_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--new-key-file",
+            help="Where the new key goes when the key is in FLOWTIDE_MASTER_KEY (default:"
+            " HOME/master.key.new); with the key file, the file itself is updated.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Encrypt every credential (and keychain entry) with a new master key, in one
+    transaction; no credential is lost, and the old key no longer decrypts anything.
+    Run it where the store's master key is (the server's machine for --db postgresql://)."""
+    from flowtide.credentials import MASTER_KEY_ENV, CredentialVault
+    from flowtide.errors import CredentialError, StoreError
+
+    store = _store(home, db)
+    try:
+        count, where = CredentialVault(store, _home(home)).rotate_key(new_key_file)
+    except (CredentialError, StoreError) as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        store.close()
+    typer.echo(f"{count} sealed values re-encrypted with a new master key")
+    if os.environ.get(MASTER_KEY_ENV):
+        typer.echo(
+            f"the new key is in {where} (mode 0600): put it in {MASTER_KEY_ENV} of every"
+            " process that reads credentials, then delete the file"
+        )
+    else:
+        typer.echo(f"the key file {where} now holds the new key only")
+
+
 # -------------------------------------------------------------------- server, worker
 
 
@@ -1409,7 +1447,7 @@ def worker_cmd(
     import signal
 
     from flowtide.auth.login import read_token_file
-    from flowtide.errors import FlowtideError, NatsError
+    from flowtide.errors import AuthError, FlowtideError, NatsError
     from flowtide.runtime.remote import RemoteWorker
 
     try:
@@ -1443,9 +1481,9 @@ def worker_cmd(
             asyncio.run(main())
         else:
             uvloop.run(main())
-    except NatsError as exc:
-        # Credentials refused, or the pool's consumer out of reach: say which and stop,
-        # instead of a traceback.
+    except (NatsError, AuthError) as exc:
+        # Credentials refused (NATS or the API), or the pool's consumer out of reach: say
+        # which and stop, instead of a traceback.
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
 

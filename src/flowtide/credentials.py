@@ -4,23 +4,30 @@ A credential is a JSON object encrypted with Fernet and kept by a store (the SQL
 production) under its alias. The master key comes from the `FLOWTIDE_MASTER_KEY` environment
 variable or from `<home>/master.key`, created with mode 0600 on first use.
 
+Either may hold several keys (comma- or line-separated): the first encrypts, all decrypt, so
+a rotation (`rotate_key`, `flowtide credential rotate-key`) never leaves a credential that
+nobody can read. A vault that cannot decrypt reads its keys again once (another process
+rotated them).
+
 Nothing here logs or formats credential values: error messages name aliases only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flowtide.errors import CredentialError, NotFoundError
 
 if TYPE_CHECKING:
-    from cryptography.fernet import Fernet
+    from cryptography.fernet import MultiFernet
 
 __all__ = ["MASTER_KEY_ENV", "CredentialStore", "CredentialVault"]
 
@@ -47,6 +54,10 @@ class CredentialStore(Protocol):
         """Remove credential `name`; raise NotFoundError when absent."""
         ...
 
+    def reseal_credentials(self, reseal: Callable[[bytes], bytes]) -> int:
+        """Replace every ciphertext by `reseal(ciphertext)` in one transaction; how many."""
+        ...
+
 
 def _how_to_add(name: str) -> str:
     return f"add it with: flowtide credential set {name} --json '{{...}}'"
@@ -63,7 +74,7 @@ class CredentialVault:
         """Create a vault over `store`; `home` holds master.key (default ./.flowtide)."""
         self._store = store
         self._home = Path(home) if home is not None else Path.cwd() / ".flowtide"
-        self._fernet: Fernet | None = None
+        self._fernet: MultiFernet | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -77,7 +88,7 @@ class CredentialVault:
 
     # -- key handling ----------------------------------------------------------------------
 
-    def _cipher(self) -> Fernet:
+    def _cipher(self) -> MultiFernet:
         if self._fernet is not None:
             return self._fernet
         with self._lock:
@@ -85,18 +96,24 @@ class CredentialVault:
                 self._fernet = self._load_cipher()
             return self._fernet
 
-    def _load_cipher(self) -> Fernet:
-        from cryptography.fernet import Fernet
-
+    def _load_keys(self) -> tuple[str, list[bytes]]:
+        """(where they came from, the keys, newest first)."""
         env_key = os.environ.get(MASTER_KEY_ENV, "").strip()
         if env_key:
             source = f"${MASTER_KEY_ENV}"
-            key = env_key.encode("ascii", errors="replace")
+            text = env_key.encode("ascii", errors="replace")
         else:
             source = str(self.key_path)
-            key = self._read_or_create_key_file()
+            text = self._read_or_create_key_file()
+        keys = [k.strip() for k in text.replace(b",", b"\n").splitlines() if k.strip()]
+        return source, keys
+
+    def _load_cipher(self) -> MultiFernet:
+        from cryptography.fernet import Fernet, MultiFernet
+
+        source, keys = self._load_keys()
         try:
-            return Fernet(key)
+            return MultiFernet([Fernet(key) for key in keys])
         except (ValueError, TypeError):
             raise CredentialError(
                 f"the master key in {source} is not a valid Fernet key "
@@ -170,10 +187,16 @@ class CredentialVault:
         try:
             plaintext = self._cipher().decrypt(bytes(ciphertext))
         except InvalidToken:
-            raise CredentialError(
-                f"credential '{name}' cannot be decrypted: the master key "
-                f"(${MASTER_KEY_ENV} or {self.key_path}) is not the one it was stored with"
-            ) from None
+            # Another process may have rotated the key since this one read it.
+            with self._lock:
+                self._fernet = None
+            try:
+                plaintext = self._cipher().decrypt(bytes(ciphertext))
+            except InvalidToken:
+                raise CredentialError(
+                    f"credential '{name}' cannot be decrypted: the master key "
+                    f"(${MASTER_KEY_ENV} or {self.key_path}) is not the one it was stored with"
+                ) from None
         try:
             body = json.loads(plaintext)
         except ValueError:
@@ -181,6 +204,66 @@ class CredentialVault:
         if not isinstance(body, dict):
             raise CredentialError(f"credential '{name}' holds corrupt data")
         return body
+
+    def rotate_key(self, new_key_file: Path | None = None) -> tuple[int, Path]:
+        """Encrypt every credential (and keychain entry) with a new master key.
+
+        With the key in the key file, the file holds the new key and the old one while the
+        rows are resealed (all in one transaction), then the new one alone: whatever
+        happens in between, every row decrypts. With the key in FLOWTIDE_MASTER_KEY the
+        new key is written to `new_key_file` (default `<home>/master.key.new`, 0600, never
+        printed), to be put in FLOWTIDE_MASTER_KEY of every process that reads
+        credentials. Returns (rows resealed, where the new key is).
+
+        Raises:
+            CredentialError: a row none of the current keys decrypts (nothing changed),
+                or the key file cannot be written.
+        """
+        from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+        source, old = self._load_keys()
+        self._load_cipher()  # the current keys are valid, or say so
+        new = Fernet.generate_key()
+        both = MultiFernet([Fernet(new), *(Fernet(k) for k in old)])
+        from_env = source.startswith("$")
+        target = new_key_file or (
+            self._home / (KEY_FILE_NAME + ".new") if from_env else self.key_path
+        )
+        self._write_key_file(target, [new, *([] if from_env else old)])
+
+        def reseal(token: bytes) -> bytes:
+            try:
+                return both.rotate(token)
+            except InvalidToken:
+                raise CredentialError(
+                    f"a stored credential does not decrypt with the keys of {source}:"
+                    " nothing was rotated"
+                ) from None
+
+        count = self._store.reseal_credentials(reseal)
+        if not from_env:
+            self._write_key_file(target, [new])
+        with self._lock:
+            self._fernet = MultiFernet([Fernet(new)])
+        return count, target
+
+    def _write_key_file(self, path: Path, keys: list[bytes]) -> None:
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".master.key.", dir=path.parent)
+            try:
+                os.fchmod(fd, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(b"\n".join(keys) + b"\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise CredentialError(f"cannot write master key {path}: {exc.strerror}") from None
 
     def list(self) -> list[dict[str, Any]]:
         """Metadata of every stored credential (name, kind, updated); never the values."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +148,119 @@ def test_secret_echoed_back_by_a_server_is_redacted(ft: Flowtide, echo_server: s
     for p in (proc, ft("events", eid, "--json"), ft("status", eid, "--json")):
         assert TOKEN not in p.stdout and TOKEN not in p.stderr
     assert TOKEN.encode() not in stored_bytes(ft.home)
+
+
+def _vault(home: Path, db: str | None = None) -> Any:
+    from flowtide.credentials import CredentialVault
+    from flowtide.store.postgres import PostgresStore
+    from flowtide.store.sqlite import SQLiteStore
+
+    store = PostgresStore(db) if db else SQLiteStore(home / "flowtide.db")
+    return store, CredentialVault(store, home)
+
+
+def test_rotate_key_reseals_every_credential_and_retires_the_old_key(
+    ft: Flowtide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cryptography.fernet import Fernet, InvalidToken
+
+    monkeypatch.delenv("FLOWTIDE_MASTER_KEY", raising=False)
+    body = {"host": "db.local", "user": "app", "password": PASSWORD}
+    ft.ok("credential", "set", "warehouse_db", "--json", json.dumps(body))
+    ft.ok("credential", "set", "echo_api", "--json", json.dumps({"token": TOKEN}))
+    key_file = ft.home / "master.key"
+    old = key_file.read_bytes().strip()
+
+    out = ft.ok("credential", "rotate-key")
+    assert "2 sealed values re-encrypted" in out.stdout
+    new = key_file.read_bytes().strip()
+    assert new != old and b"\n" not in new and new not in out.stdout.encode()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    store, vault = _vault(ft.home)
+    try:
+        assert vault.resolve("warehouse_db") == body
+        assert vault.resolve("echo_api") == {"token": TOKEN}
+        # The old key opens nothing any more.
+        _, ciphertext = store.get_credential("warehouse_db")
+        with pytest.raises(InvalidToken):
+            Fernet(old).decrypt(bytes(ciphertext))
+    finally:
+        store.close()
+
+
+def test_rotate_key_from_the_environment_writes_the_new_key_to_a_file(
+    ft: Flowtide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cryptography.fernet import Fernet
+
+    old = Fernet.generate_key().decode()
+    env = {**ft.env, "FLOWTIDE_MASTER_KEY": old}
+    body = {"token": TOKEN}
+    set_ = subprocess.run(
+        [*ft.command("credential", "set", "api", "--json", json.dumps(body))],
+        env=env,
+        cwd=ft.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert set_.returncode == 0, set_.stderr
+    rotated = subprocess.run(
+        ft.command("credential", "rotate-key"),
+        env=env,
+        cwd=ft.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rotated.returncode == 0, rotated.stderr
+    new_file = ft.home / "master.key.new"
+    new = new_file.read_text().strip()
+    assert new not in rotated.stdout and "FLOWTIDE_MASTER_KEY" in rotated.stdout
+    assert stat.S_IMODE(new_file.stat().st_mode) == 0o600
+    monkeypatch.setenv("FLOWTIDE_MASTER_KEY", new)
+    store, vault = _vault(ft.home)
+    try:
+        assert vault.resolve("api") == body
+    finally:
+        store.close()
+
+
+def test_rotate_key_covers_the_keychain_on_postgres(
+    ft: Flowtide, pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from cryptography.fernet import Fernet
+
+    monkeypatch.setenv("FLOWTIDE_MASTER_KEY", Fernet.generate_key().decode())
+    store, vault = _vault(ft.home, pg_database)
+    try:
+        vault.set("pg_cred", {"password": PASSWORD})
+        store.register_playbook("p/kc", "metadata: {path: p/kc}", source_file=None, created=0.0)
+        sealed = vault._cipher().encrypt(b'{"token": "kc-secret"}')
+        store.put_keychain(
+            "p/kc",
+            1,
+            "tok",
+            scope="global",
+            execution_id=None,
+            kind="bearer",
+            ciphertext=sealed,
+            expires=None,
+            now=time.time(),
+        )
+        new_file = ft.home / "next.key"
+        count, where = vault.rotate_key(new_file)
+        assert (count, where) == (2, new_file)
+        fresh = Fernet(new_file.read_bytes().strip())
+        row = store.get_keychain("p/kc", 1, "tok", scope="global", execution_id=None, now=0)
+        assert fresh.decrypt(bytes(row.ciphertext)) == b'{"token": "kc-secret"}'
+        monkeypatch.setenv("FLOWTIDE_MASTER_KEY", new_file.read_text().strip())
+        other, reader = _vault(ft.home, pg_database)
+        try:
+            assert reader.resolve("pg_cred") == {"password": PASSWORD}
+        finally:
+            other.close()
+    finally:
+        store.close()

@@ -6,6 +6,8 @@ anyone who can reach the port) now fail; tokens are created, used and revoked.""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -347,3 +349,31 @@ def test_a_worker_without_the_master_key_gets_the_credentials_of_its_commands(
         worker.terminate()
         worker.wait(timeout=30)
         stack.workers.remove(worker)
+
+
+def test_a_worker_without_a_token_stops_with_a_clear_error(stack: Stack) -> None:
+    from flowtide.dev.nats import worker_user_name
+
+    env = {**stack.env, **stack.nats_env(worker_user_name("default"))}
+    env.pop("FLOWTIDE_TOKEN")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flowtide.cli",
+            "worker",
+            "--server",
+            stack.url,
+            "--nats",
+            stack.nats,
+            "--worker-id",
+            "tokenless",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "refused worker tokenless" in proc.stderr and "FLOWTIDE_TOKEN" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -507,6 +507,23 @@ class RemoteWorker:
                 "concurrency": self.concurrency,
             },
         )
+        if r.status_code in (401, 403):
+            from flowtide.errors import AuthError
+
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            hint = (
+                " (give the worker a token of role worker: FLOWTIDE_TOKEN, FLOWTIDE_TOKEN_FILE"
+                " or --token-file)"
+                if r.status_code == 401
+                else ""
+            )
+            raise AuthError(
+                f"{self.server} refused worker {self.worker_id}: {message}{hint}",
+                status=r.status_code,
+            )
         r.raise_for_status()
         self.lease = float(r.json().get("lease", 30.0))
         self._reports.patience = max(60.0, 4 * self.lease)

@@ -11,7 +11,7 @@ cluster-wide. Adapters raise only `flowtide.errors.StoreError` / `NotFoundError`
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -453,6 +453,18 @@ class Store(Protocol):
         Raises:
             NotFoundError: no such credential.
             StoreError: the store failed.
+        """
+        ...
+
+    def reseal_credentials(self, reseal: Callable[[bytes], bytes]) -> int:
+        """Replace every sealed ciphertext (credentials, and the keychain where there is
+        one) by `reseal(old)`, all in one transaction (a master key rotation).
+
+        Returns:
+            How many values were resealed.
+        Raises:
+            StoreError: the store failed (nothing changed).
+            Exception: whatever `reseal` raises (nothing changed).
         """
         ...
 

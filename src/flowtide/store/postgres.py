@@ -183,6 +183,7 @@ class PostgresStore(SQLStore):
     """The store port on PostgreSQL; usable from any number of threads."""
 
     PARAM = "%s"
+    SEALED_TABLES = ("credential", "keychain")
 
     def __init__(
         self,

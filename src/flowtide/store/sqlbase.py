@@ -13,7 +13,7 @@ batch write), `create_execution` (duplicate detection) and `close`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Final
 
@@ -410,6 +410,25 @@ class SQLStore:
         ]
 
     # -- credentials (cluster) ---------------------------------------------------------
+
+    #: Tables whose `ciphertext` the credential master key sealed.
+    SEALED_TABLES: tuple[str, ...] = ("credential",)
+
+    def reseal_credentials(self, reseal: Callable[[bytes], bytes]) -> int:
+        """Replace every sealed ciphertext (credentials, keychain) by `reseal(old)` in one
+        transaction: a key rotation changes all of them or none. How many were resealed.
+        """
+        count = 0
+        with self.transaction("reseal credentials", "cluster") as conn:
+            for table in self.SEALED_TABLES:
+                rows = conn.execute(f"SELECT ciphertext FROM {table}").fetchall()
+                for (old,) in rows:
+                    conn.execute(
+                        self._sql(f"UPDATE {table} SET ciphertext = ? WHERE ciphertext = ?"),
+                        (reseal(bytes(old)), bytes(old)),
+                    )
+                    count += 1
+        return count
 
     def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
         """See `flowtide.store.base.Store.put_credential`."""

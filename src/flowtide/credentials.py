@@ -22,7 +22,7 @@ from flowtide.errors import CredentialError, NotFoundError
 if TYPE_CHECKING:
     from cryptography.fernet import Fernet
 
-__all__ = ["MASTER_KEY_ENV", "CredentialStore", "CredentialVault"]
+__all__ = ["MASTER_KEY_ENV", "CredentialStore", "CredentialVault", "MasterKey"]
 
 MASTER_KEY_ENV = "FLOWTIDE_MASTER_KEY"
 KEY_FILE_NAME = "master.key"
@@ -52,40 +52,45 @@ def _how_to_add(name: str) -> str:
     return f"add it with: flowtide credential set {name} --json '{{...}}'"
 
 
-class CredentialVault:
-    """Encrypts credential bodies into a store and resolves aliases for tools.
+class MasterKey:
+    """The Fernet key of a flowtide home: `FLOWTIDE_MASTER_KEY`, else `<home>/master.key`
+    (created with mode 0600 on first use). Loaded once, on first use, under a lock."""
 
-    Implements `flowtide.tools.base.CredentialResolver`. Thread-safe: the key is loaded once
-    under a lock and Fernet objects are stateless.
-    """
-
-    def __init__(self, store: CredentialStore, home: Path | None = None) -> None:
-        """Create a vault over `store`; `home` holds master.key (default ./.flowtide)."""
-        self._store = store
-        self._home = Path(home) if home is not None else Path.cwd() / ".flowtide"
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = Path(home) if home is not None else Path.cwd() / ".flowtide"
         self._fernet: Fernet | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        # Never show the key or anything decrypted.
-        return f"CredentialVault(home={str(self._home)!r})"
+        return f"MasterKey(home={str(self.home)!r})"
 
     @property
-    def key_path(self) -> Path:
-        """Where the master key file lives (used when FLOWTIDE_MASTER_KEY is unset)."""
-        return self._home / KEY_FILE_NAME
+    def path(self) -> Path:
+        """Where the key file lives (used when FLOWTIDE_MASTER_KEY is unset)."""
+        return self.home / KEY_FILE_NAME
 
-    # -- key handling ----------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """Where the key comes from, for messages: `$FLOWTIDE_MASTER_KEY` or the file."""
+        return (
+            f"${MASTER_KEY_ENV}" if os.environ.get(MASTER_KEY_ENV, "").strip() else str(self.path)
+        )
 
-    def _cipher(self) -> Fernet:
+    def cipher(self) -> Fernet:
+        """The Fernet object of the key.
+
+        Raises:
+            CredentialError: the key is not a valid Fernet key, or the file cannot be read
+                or created.
+        """
         if self._fernet is not None:
             return self._fernet
         with self._lock:
             if self._fernet is None:
-                self._fernet = self._load_cipher()
+                self._fernet = self._load()
             return self._fernet
 
-    def _load_cipher(self) -> Fernet:
+    def _load(self) -> Fernet:
         from cryptography.fernet import Fernet
 
         env_key = os.environ.get(MASTER_KEY_ENV, "").strip()
@@ -93,7 +98,7 @@ class CredentialVault:
             source = f"${MASTER_KEY_ENV}"
             key = env_key.encode("ascii", errors="replace")
         else:
-            source = str(self.key_path)
+            source = str(self.path)
             key = self._read_or_create_key_file()
         try:
             return Fernet(key)
@@ -108,7 +113,7 @@ class CredentialVault:
     def _read_or_create_key_file(self) -> bytes:
         from cryptography.fernet import Fernet
 
-        path = self.key_path
+        path = self.path
         try:
             return path.read_bytes().strip()
         except FileNotFoundError:
@@ -117,10 +122,10 @@ class CredentialVault:
             raise CredentialError(f"cannot read master key {path}: {exc.strerror}") from None
 
         try:
-            self._home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
             # Write a private temp file, then hard-link it into place: the link fails if a
             # concurrent process created the key first, and nobody ever sees half a key.
-            fd, tmp_name = tempfile.mkstemp(prefix=".master.key.", dir=self._home)
+            fd, tmp_name = tempfile.mkstemp(prefix=".master.key.", dir=self.home)
             try:
                 os.fchmod(fd, 0o600)
                 with os.fdopen(fd, "wb") as handle:
@@ -136,6 +141,32 @@ class CredentialVault:
             return path.read_bytes().strip()
         except OSError as exc:
             raise CredentialError(f"cannot create master key {path}: {exc.strerror}") from None
+
+
+class CredentialVault:
+    """Encrypts credential bodies into a store and resolves aliases for tools.
+
+    Implements `flowtide.tools.base.CredentialResolver`. Thread-safe: the key is loaded once
+    under a lock and Fernet objects are stateless.
+    """
+
+    def __init__(self, store: CredentialStore, home: Path | None = None) -> None:
+        """Create a vault over `store`; `home` holds master.key (default ./.flowtide)."""
+        self._store = store
+        self._key = MasterKey(home)
+        self._home = self._key.home
+
+    def __repr__(self) -> str:
+        # Never show the key or anything decrypted.
+        return f"CredentialVault(home={str(self._home)!r})"
+
+    @property
+    def key_path(self) -> Path:
+        """Where the master key file lives (used when FLOWTIDE_MASTER_KEY is unset)."""
+        return self._key.path
+
+    def _cipher(self) -> Fernet:
+        return self._key.cipher()
 
     # -- public API ------------------------------------------------------------------------
 

@@ -24,9 +24,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError
+from flowtide.sealing import SEALED_PREFIX
 from flowtide.server.app import _error, _event_doc
 from flowtide.server.coordinator import TERMINAL, Coordinator, ExecutionFinished
-from flowtide.store.codec import EVENT_COLUMNS, event_row
+from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
 
 if TYPE_CHECKING:
     import psycopg
@@ -170,6 +171,7 @@ def _open_stream(runtime: _Runtime, execution_id: int, after: int | None) -> tup
 
 
 def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Poll:
+    sealer = runtime.store.sealer
     with runtime.store.transaction("event stream") as conn:
         # One snapshot for the status, the horizon and the rows.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -185,7 +187,7 @@ def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Pol
             f" AND xact < ({_HORIZON}) ORDER BY xact, seq LIMIT %s",
             (execution_id, *cursor, _BATCH),
         ).fetchall()
-        events = [(event_row(r[:11]), (str(r[11]), int(r[12]))) for r in rows]
+        events = [(event_row(r[:11], sealer), (str(r[11]), int(r[12]))) for r in rows]
         finished = False
         if status in TERMINAL and len(events) < _BATCH:
             last = events[-1][1] if events else cursor
@@ -195,7 +197,8 @@ def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Pol
                 (execution_id, *last),
             ).fetchone()
             finished = not (more and more[0])
-    return _Poll(events, status, json.loads(error) if error else None, finished)
+    what = f"execution {execution_id}: error"
+    return _Poll(events, status, load_json(error, sealer, what) if error else None, finished)
 
 
 def _message(event: Event) -> str:
@@ -237,26 +240,31 @@ async def _ctx_history(
     """name -> (time, event_id, source) of the last event that set each top-level ctx key
     (the events that can change ctx: `ctx.updated`, a step's `set` in `step.exit`, a
     policy's `set` in a command report)."""
+    # A sealed payload's text says nothing: those rows are read and unsealed too.
+    sealed = SEALED_PREFIX + "%"
     rows = await runtime.fetch(
         "variables",
         "SELECT event_id, type, step, payload, time FROM event WHERE execution_id = %s"
-        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))"
-        " OR (type IN (%s, %s) AND payload LIKE %s)) ORDER BY seq",
+        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s OR payload LIKE %s))"
+        " OR (type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))) ORDER BY seq",
         (
             execution_id,
             ev.CTX_UPDATED,
             ev.STEP_EXIT,
             '%"set":{%',
             '%"unset":[%',
+            sealed,
             ev.COMMAND_COMPLETED,
             ev.COMMAND_FAILED,
             '%"ctx":{%',
+            sealed,
         ),
         part="shard",
     )
+    sealer = runtime.store.sealer
     out: dict[str, tuple[float, int, str | None]] = {}
     for event_id, type_, step, payload, at in rows:
-        doc = json.loads(payload) if payload else {}
+        doc = load_json(payload, sealer, f"event {event_id}: payload") if payload else {}
         source = doc.get("source") if type_ == ev.CTX_UPDATED else step
         for name in doc.get("set") or doc.get("ctx") or {}:
             out[name] = (at, int(event_id), source)

@@ -69,6 +69,7 @@ _SINCE: Final = (
 _ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED})
 _WORKER_EVENTS: Final = frozenset(
     {
+        ev.SECRETS_ADDED,
         ev.COMMAND_STARTED,
         ev.COMMAND_HEARTBEAT,
         ev.CALL_DONE,
@@ -294,11 +295,11 @@ class Coordinator:
         self._apply_rows(cached, rows)
         return cached
 
-    @staticmethod
-    def _apply_rows(cached: _Cached, rows: list[Any]) -> None:
+    def _apply_rows(self, cached: _Cached, rows: list[Any]) -> None:
         """Apply log rows (EVENT_COLUMNS, seq; in seq order) to a cached state."""
+        sealer = self.store.sealer
         for r in rows:
-            event = event_row(r)
+            event = event_row(r, sealer)
             cached.state.apply(event)
             cached.last_seq = r[11]
             if event.type == ev.PLAYBOOK_INITIALIZED:
@@ -805,7 +806,13 @@ class Coordinator:
         def write_and_commit() -> int:
             """Write the step, commit, give the connection back; the log's last seq."""
             now = time.time()
-            rows = [(u.execution_id, *self.store.execution_update(u)) for u in out.execution_rows]
+            # Written with the set as the step left it: a report's `secrets.added` came
+            # before the events holding the values, and seals them all.
+            secrets = state.secrets
+            rows = [
+                (u.execution_id, *self.store.execution_update(u, secrets))
+                for u in out.execution_rows
+            ]
             subject = command_subject(cached.pool, execution_id)
             payloads = [
                 json.dumps(
@@ -822,7 +829,14 @@ class Coordinator:
             # One round trip for all of it (the statements run in order on the server).
             with conn.pipeline():
                 PostgresStore.write_batch(
-                    conn, event_params(out.recorded), command_params(command_rows), rows
+                    conn,
+                    event_params(
+                        out.recorded,
+                        self.store.sealer,
+                        {execution_id: secrets} if secrets else None,
+                    ),
+                    command_params(command_rows),
+                    rows,
                 )
                 # The last statement's rows are (outbox id, command id, the log's last
                 # seq): one per command issued, or one (None, None, seq) without any.

@@ -122,13 +122,16 @@ def _home(home: Path | None) -> Path:
 def _store(home: Path | None, db: str | None) -> Store:
     """Open the event store `--db` names; a store that cannot open ends the command."""
     from flowtide.errors import StoreError
+    from flowtide.sealing import Sealer
     from flowtide.store.postgres import PostgresStore, is_postgres_url
     from flowtide.store.sqlite import SQLiteStore
 
+    # What holds a secret is sealed with the master key the credentials use.
+    sealer = Sealer(_home(home))
     try:
         if db and is_postgres_url(db):
-            return PostgresStore(db)
-        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db")
+            return PostgresStore(db, sealer=sealer)
+        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db", sealer=sealer)
     except StoreError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
@@ -374,9 +377,11 @@ def _execute(
     from flowtide.credentials import CredentialVault
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
     from flowtide.kv import KVError
+    from flowtide.redaction import install_log_masking, mask_value
     from flowtide.runtime.local import LocalRuntime
     from flowtide.runtime.report import error_location, execution_document
 
+    install_log_masking()
     store = _store(home, db)
     vault = CredentialVault(store, _home(home))
     show_progress = _show_progress(as_json)
@@ -419,7 +424,9 @@ def _execute(
                 else:
                     state = await runtime.wait(eid)
                 location.append(error_location(state))
-                return execution_document(state)
+                # Printed, not used: values of the execution's secret set are masked.
+                masked: dict[str, Any] = mask_value(execution_document(state), state.secrets)
+                return masked
         finally:
             await _close_kv(kv)
 
@@ -582,11 +589,12 @@ def status(
             doc = _remote_or_exit(lambda: api.execution(execution_id))
         label = doc.pop("playbook", None)
     else:
+        from flowtide.redaction import mask_value
         from flowtide.runtime.report import execution_document
 
         store = _store(home, db)
         row, state = _folded(store, execution_id)
-        doc = execution_document(state)
+        doc = mask_value(execution_document(state), state.secrets)
         if not state.terminal:
             doc["status"] = "running" if row.status == "running" else row.status
         store.close()
@@ -658,18 +666,25 @@ def events(
             return
         log = [Event.from_dict(doc) for doc in docs]
     else:
+        from flowtide.engine.events import SECRETS_ADDED
+        from flowtide.engine.state import secret_values
+        from flowtide.redaction import mask_event_doc
+
         store = _store(home, db)
         _execution_or_exit(store, execution_id)
         log = store.events(execution_id)
         store.close()
+        secrets = frozenset().union(*(secret_values(e) for e in log if e.type == SECRETS_ADDED))
+        docs = [mask_event_doc(e.to_dict(), secrets) for e in log]
         if as_json:
             _print_json(
                 [
-                    e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
-                    for e in log
+                    doc | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
+                    for doc, e in zip(docs, log, strict=True)
                 ]
             )
             return
+        log = [Event.from_dict(doc) for doc in docs]
     for e in log:
         _print_event(e)
 
@@ -989,10 +1004,14 @@ def credential_set(
     if not isinstance(data, dict):
         _err("error: --json must be a JSON object")
         raise typer.Exit(EXIT_INVALID)
+    from flowtide.redaction import weak_fields, weak_message
+
     store = _store(home, db)
     CredentialVault(store, _home(home)).set(name, data, kind=kind)
     store.close()
     typer.echo(f"credential '{name}' stored")
+    for field, reason in weak_fields(data):
+        _err(f"warning: {weak_message(name, field, reason)}")
 
 
 @credential_app.command("list")

@@ -28,7 +28,8 @@ from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
-from flowtide.runtime.advance import Advance, Advancer, initialized_event
+from flowtide.redaction import remember
+from flowtide.runtime.advance import Advance, Advancer, inherited_secrets_event, initialized_event
 from flowtide.runtime.local import render_workload
 from flowtide.server import metrics
 from flowtide.server.outbox import OUTBOX_HOLD, OutboxRow
@@ -304,6 +305,9 @@ class Coordinator:
             cached.last_seq = r[11]
             if event.type == ev.PLAYBOOK_INITIALIZED:
                 cached.pool = (event.payload or {}).get("pool") or cached.pool
+            elif event.type == ev.SECRETS_ADDED:
+                # Logged by another server process: this one masks them in its logs too.
+                remember(cached.state.secrets)
 
     async def state(self, execution_id: int) -> ExecutionState:
         """A caught-up state of the execution (read-only use)."""
@@ -338,6 +342,11 @@ class Coordinator:
         pool: str = "default",
     ) -> int:
         """Create an execution and take its first engine step in one transaction."""
+        inherited: frozenset[str] = frozenset()
+        if parent_execution_id is not None:
+            # A sub-playbook's workload comes from its parent's data: it is sealed (and
+            # shown) with the parent's secrets.
+            inherited = (await self.state(parent_execution_id)).secrets
         execution_id = self.ids.next_id()
         rendered = render_workload(playbook, execution_id, workload or {})
         now = time.time()
@@ -361,7 +370,18 @@ class Coordinator:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             created=now,
+            secrets=inherited,
         )
+        incoming = [first]
+        if inherited and parent_execution_id is not None:
+            given = inherited_secrets_event(
+                execution_id,
+                inherited,
+                event_id=self.ids.next_id(),
+                now=now,
+                parent_execution_id=parent_execution_id,
+            )
+            incoming = [given, first]
 
         def create(conn: psycopg.Connection) -> None:
             if parent_execution_id is not None:
@@ -382,7 +402,7 @@ class Coordinator:
             conn.execute(*insert)
 
         cached = _Cached(ExecutionState(playbook, execution_id), pool)
-        await self._step(execution_id, [first], prepare=create, fresh=cached)
+        await self._step(execution_id, incoming, prepare=create, fresh=cached)
         return execution_id
 
     async def submit(self, execution_id: int, events: Sequence[Event]) -> SubmitResult:

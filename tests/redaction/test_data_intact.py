@@ -1,0 +1,145 @@
+"""A secret that is a substring of ordinary data changes nothing a later step reads.
+
+NoETL's `test_pft_flow` with the default `demo`/`demo` login failed with HTTP 400
+`unsupported PFT batch data_type: ***graphics`: the password was scrubbed out of
+`demographics` in a claimed row before the next task built its URL from it. Here the
+same shape runs embedded against a real loopback HTTP server whose credential token is
+`demo`: the claimed value reaches the next request intact, is stored only sealed, and is
+shown unmasked where `demo` is not a word of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowtide.credentials import MASTER_KEY_ENV, CredentialVault
+from flowtide.playbook.loader import parse_playbook
+from flowtide.redaction import mask_value
+from flowtide.runtime.local import LocalRuntime
+from flowtide.runtime.report import execution_document
+from flowtide.store.sqlite import SQLiteStore
+
+PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: substring_secret, path: tests/redaction/substring_secret}
+workload: {api: "http://127.0.0.1:9"}
+workflow:
+  - step: start
+    tool:
+      - name: claim
+        kind: http
+        url: "{{ api }}/claim"
+        auth: batch_api
+        spec:
+          policy:
+            rules:
+              - else:
+                  then: {do: continue, set: {ctx.data_type: "{{ output.data.data.data_type }}"}}
+      - name: fetch
+        kind: http
+        url: "{{ api }}/batch/{{ ctx.data_type }}"
+    next: [check]
+  - step: check
+    tool:
+      kind: python
+      input:
+        claimed: "{{ start.results.claim.data }}"
+        fetched: "{{ start.data }}"
+        kept: "{{ ctx.data_type }}"
+      code: |
+        result = {"claimed": claimed, "fetched": fetched, "kept": kept}
+"""
+
+
+class _Batches(BaseHTTPRequestHandler):
+    requests: list[tuple[str, str]] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        type(self).requests.append((self.path, self.headers.get("Authorization", "")))
+        if self.path == "/claim":
+            status, body = 200, {"data_type": "demographics", "note": "claimed by user demo"}
+        elif self.path == "/batch/demographics":
+            status, body = 200, {"type": "demographics", "rows": 25}
+        else:
+            status, body = 400, {"detail": f"unsupported batch data_type: {self.path[7:]}"}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def batch_api() -> Iterator[str]:
+    _Batches.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Batches)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _run(home: Path, api: str) -> tuple[dict[str, Any], frozenset[str]]:
+    store = SQLiteStore(home / "flowtide.db")
+    vault = CredentialVault(store, home)
+    vault.set("batch_api", {"type": "bearer", "token": "demo"}, kind="http")
+
+    async def main() -> tuple[dict[str, Any], frozenset[str]]:
+        async with LocalRuntime(store, credentials=vault, data_dir=home / "data") as rt:
+            state = await rt.run(parse_playbook(PLAYBOOK, None), workload={"api": api})
+            return execution_document(state), state.secrets
+
+    try:
+        return asyncio.run(main())
+    finally:
+        store.close()
+
+
+def test_a_short_password_inside_data_changes_nothing_a_later_step_reads(
+    tmp_path: Path, batch_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(MASTER_KEY_ENV, raising=False)
+    home = tmp_path / "home"
+    doc, secrets = _run(home, batch_api)
+
+    assert doc["status"] == "completed", doc["error"]
+    # The next task's request was built from the intact value ...
+    assert _Batches.requests == [("/claim", "Bearer demo"), ("/batch/demographics", "")]
+    # ... and every later reader got it unchanged: the task's `set`, the step's result,
+    # the next step's input.
+    claimed = {"data_type": "demographics", "note": "claimed by user demo"}
+    assert doc["steps"]["check"]["result"] == {
+        "claimed": claimed,
+        "fetched": {"type": "demographics", "rows": 25},
+        "kept": "demographics",
+    }
+    assert secrets == {"demo"}
+
+    # At rest, whatever holds `demo` (even inside `demographics`) is sealed: the bytes
+    # under the home never show it.
+    stored = b"".join(
+        p.read_bytes() for p in home.rglob("*") if p.is_file() and p.name != "master.key"
+    )
+    assert b"batch_api" in stored  # the credential's alias: the right files were read
+    assert b"demo" not in stored
+
+    # Shown, the password is masked where it stands alone, and `demographics` stays.
+    shown = mask_value(doc, secrets)["steps"]["check"]["result"]["claimed"]
+    assert shown == {"data_type": "demographics", "note": "claimed by user ***"}

@@ -143,3 +143,68 @@ def test_a_short_password_inside_data_changes_nothing_a_later_step_reads(
     # Shown, the password is masked where it stands alone, and `demographics` stays.
     shown = mask_value(doc, secrets)["steps"]["check"]["result"]["claimed"]
     assert shown == {"data_type": "demographics", "note": "claimed by user ***"}
+
+
+RESUMED = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: resumed_secret, path: tests/redaction/resumed_secret}
+workload: {api: "http://127.0.0.1:9", flag: "/nonexistent"}
+workflow:
+  - step: start
+    tool: {kind: http, url: "{{ api }}/claim", auth: batch_api}
+    next: [echo_back]
+  - step: echo_back
+    tool:
+      kind: python
+      input: {note: "{{ start.data.note }}", flag: "{{ flag }}"}
+      code: |
+        import os, time
+        deadline = time.time() + 60
+        while not os.path.exists(flag) and time.time() < deadline:
+            time.sleep(0.05)
+        result = {"echo": note}
+"""
+
+
+def test_a_resumed_execution_seals_with_the_secret_set_it_had(
+    tmp_path: Path, batch_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set lives in the log (sealed `secrets.added`): a resumed run whose own tools
+    touch nothing still seals what holds an earlier step's secret."""
+    monkeypatch.delenv(MASTER_KEY_ENV, raising=False)
+    home = tmp_path / "home"
+    flag = tmp_path / "go"
+    playbook = parse_playbook(RESUMED, None)
+    store = SQLiteStore(home / "flowtide.db")
+    vault = CredentialVault(store, home)
+    vault.set("batch_api", {"type": "bearer", "token": "demo"}, kind="http")
+
+    async def first() -> int:
+        async with LocalRuntime(store, credentials=vault, data_dir=home / "data") as rt:
+            eid = await rt.start(playbook, workload={"api": batch_api, "flag": str(flag)})
+            for _ in range(600):
+                if rt.state(eid).steps["echo_back"].status == "running":
+                    return eid
+                await asyncio.sleep(0.05)
+            raise AssertionError("echo_back never started")
+
+    async def resumed(eid: int) -> tuple[dict[str, Any], frozenset[str]]:
+        async with LocalRuntime(store, credentials=vault, data_dir=home / "data") as rt:
+            await rt.resume(eid)
+            state = await rt.wait(eid, timeout=60)
+            return execution_document(state), state.secrets
+
+    try:
+        eid = asyncio.run(first())  # stopped while echo_back runs, as by Ctrl-C
+        flag.touch()
+        doc, secrets = asyncio.run(resumed(eid))
+    finally:
+        store.close()
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["echo_back"]["result"] == {"echo": "claimed by user demo"}
+    stored = b"".join(
+        p.read_bytes() for p in home.rglob("*") if p.is_file() and p.name != "master.key"
+    )
+    assert b"batch_api" in stored and b"demo" not in stored
+    assert secrets == {"demo"}

@@ -24,7 +24,6 @@ import secrets
 import sqlite3
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,8 @@ from cryptography.fernet import Fernet
 
 from distributed.stack import Stack, flowtide_env
 from kv.natsserver import NatsServer
+
+from .echo import EchoAuth
 
 pytestmark = [pytest.mark.postgres, pytest.mark.nats, pytest.mark.spark, pytest.mark.slow]
 
@@ -80,36 +81,6 @@ def _sha(text: str) -> str:
 
 
 EXPECTED = {"pg": _sha(SECRET), "http": _sha(f"Bearer {SECRET}"), "spark": _sha(SECRET)}
-
-
-class _Echo(BaseHTTPRequestHandler):
-    seen: list[str] = []
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
-        header = self.headers.get("Authorization", "")
-        type(self).seen.append(header)
-        body = json.dumps({"authorization": header}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/echo"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +192,7 @@ def test_embedded(tmp_path: Path, pg_secret: dict[str, Any], echo: str, nats: Na
     ):
         proc = flowtide("credential", "set", name, "--json", json.dumps(body), "--kind", kind)
         assert proc.returncode == 0, proc.stderr
-    _Echo.seen = []
+    EchoAuth.seen = []
     with Wiretap(nats.url) as tap:
         run = flowtide("run", str(_playbook(tmp_path)), "--json", "--set", f"echo={echo}")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -230,7 +201,7 @@ def test_embedded(tmp_path: Path, pg_secret: dict[str, Any], echo: str, nats: Na
 
     # The later step read every value intact (and the request carried the token).
     assert doc["steps"]["check"]["result"] == EXPECTED
-    assert _Echo.seen == [f"Bearer {SECRET}"] * 2
+    assert EchoAuth.seen == [f"Bearer {SECRET}"] * 2
     # What is shown of the steps that touched it is masked.
     assert doc["steps"]["start"]["result"]["rows"] == [{"pw": "***"}]
     calls = doc["steps"]["call_api"]["result"]["results"]
@@ -314,7 +285,7 @@ def test_distributed(
         assert "credential 'weak_pg'" in r.json()["warnings"][0]
         assert "'password'" in r.json()["warnings"][0]
 
-        _Echo.seen = []
+        EchoAuth.seen = []
         with Wiretap(nats.url) as tap:
             run = stack.run("run", _playbook(tmp_path), "--json", "--set", f"echo={echo}")
             assert run.returncode == 0, run.stdout + run.stderr + stack.log("worker0")
@@ -326,7 +297,7 @@ def test_distributed(
                 _assert_hidden(f"`flowtide {args[0]} --server`", shown.stdout + shown.stderr)
 
         assert doc["steps"]["check"]["result"] == EXPECTED
-        assert _Echo.seen == [f"Bearer {SECRET}"] * 2
+        assert EchoAuth.seen == [f"Bearer {SECRET}"] * 2
         assert doc["steps"]["start"]["result"]["rows"] == [{"pw": "***"}]
         _assert_hidden("`flowtide run --server`", run.stdout + run.stderr)
 

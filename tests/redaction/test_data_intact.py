@@ -6,6 +6,9 @@ NoETL's `test_pft_flow` with the default `demo`/`demo` login failed with HTTP 40
 same shape runs embedded against a real loopback HTTP server whose credential token is
 `demo`: the claimed value reaches the next request intact, is stored only sealed, and is
 shown unmasked where `demo` is not a word of its own.
+
+The execution's secret set is what seals: it survives a resume (it is in the log), and a
+sub-playbook inherits its parent's.
 """
 
 from __future__ import annotations
@@ -208,3 +211,66 @@ def test_a_resumed_execution_seals_with_the_secret_set_it_had(
     )
     assert b"batch_api" in stored and b"demo" not in stored
     assert secrets == {"demo"}
+
+
+CHILD = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: child, path: tests/redaction/child}
+workload: {note: ""}
+workflow:
+  - step: start
+    tool: {kind: python, input: {note: "{{ note }}"}, code: "result = {'got': note}"}
+"""
+
+PARENT = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: parent, path: tests/redaction/parent}
+workload: {api: "http://127.0.0.1:9/echo"}
+workflow:
+  - step: start
+    tool: {kind: http, url: "{{ api }}", auth: api_token}
+    next: [call_child]
+  - step: call_child
+    tool:
+      kind: playbook
+      path: tests/redaction/child
+      input: {note: "{{ start.data.authorization }}"}
+"""
+
+
+def test_a_sub_playbook_inherits_its_parents_secret_set(
+    tmp_path: Path, echo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's workload comes from the parent's data: it, and what the child makes of
+    it, are sealed though the child's own tools touch nothing; the parent reads the
+    child's result intact."""
+    from flowtide.playbook.loader import load_playbook
+
+    monkeypatch.delenv(MASTER_KEY_ENV, raising=False)
+    token = "sub-tok-7c1e93ab55"
+    (tmp_path / "child.yaml").write_text(CHILD)
+    (tmp_path / "parent.yaml").write_text(PARENT)
+    home = tmp_path / "home"
+    store = SQLiteStore(home / "flowtide.db")
+    vault = CredentialVault(store, home)
+    vault.set("api_token", {"type": "bearer", "token": token}, kind="http")
+
+    async def main() -> tuple[dict[str, Any], list[Any]]:
+        async with LocalRuntime(store, credentials=vault, data_dir=home / "data") as rt:
+            state = await rt.run(load_playbook(tmp_path / "parent.yaml"), workload={"api": echo})
+            return execution_document(state), store.list_executions()
+
+    try:
+        doc, rows = asyncio.run(main())
+    finally:
+        store.close()
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["call_child"]["result"] == {"got": f"Bearer {token}"}
+    child = next(r for r in rows if r.parent_execution_id is not None)
+    assert child.workload == {"note": f"Bearer {token}"}  # read back intact
+    stored = b"".join(
+        p.read_bytes() for p in home.rglob("*") if p.is_file() and p.name != "master.key"
+    )
+    assert b"api_token" in stored and token.encode() not in stored

@@ -27,12 +27,14 @@ __all__ = [
     "MASK",
     "MIN_SAFE_LENGTH",
     "install_log_masking",
+    "known",
     "mask_event_doc",
     "mask_text",
     "mask_value",
     "remember",
     "warn_weak_credential",
     "weak_fields",
+    "weak_message",
     "weak_reason",
 ]
 
@@ -78,13 +80,18 @@ def weak_reason(value: str) -> str | None:
 
 
 def weak_fields(body: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(field, reason) of the secret fields of a credential body whose value is weak."""
+    """(field, reason) of the secret fields of a credential body whose value is weak (an
+    http credential's `headers` are secrets, each of them)."""
+    candidates = [(str(f), v) for f, v in body.items() if _SECRET_FIELD.search(str(f))]
+    headers = body.get("headers")
+    if isinstance(headers, Mapping):
+        candidates += [(f"headers.{name}", value) for name, value in headers.items()]
     out = []
-    for field, value in body.items():
-        if isinstance(value, str) and value and _SECRET_FIELD.search(str(field)):
+    for field, value in candidates:
+        if isinstance(value, str) and value:
             reason = weak_reason(value)
             if reason is not None:
-                out.append((str(field), reason))
+                out.append((field, reason))
     return out
 
 

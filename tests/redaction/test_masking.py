@@ -80,6 +80,9 @@ def test_weak_fields_name_the_secret_fields_only() -> None:
         ("token", "shorter than 8 characters")
     ]
     assert weak_fields({"password": LONG}) == []
+    assert weak_fields({"headers": {"X-Api-Key": "k-123", "Accept": "application/json"}}) == [
+        ("headers.X-Api-Key", "shorter than 8 characters")
+    ]
 
 
 def test_log_records_are_masked_with_every_secret_the_process_met(

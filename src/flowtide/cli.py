@@ -172,13 +172,16 @@ def _nats_auth(creds: Path | None) -> Any:
 def _store(home: Path | None, db: str | None) -> Store:
     """Open the event store `--db` names; a store that cannot open ends the command."""
     from flowtide.errors import StoreError
+    from flowtide.sealing import Sealer
     from flowtide.store.postgres import PostgresStore, is_postgres_url
     from flowtide.store.sqlite import SQLiteStore
 
+    # What holds a secret is sealed with the master key the credentials use.
+    sealer = Sealer(_home(home))
     try:
         if db and is_postgres_url(db):
-            return PostgresStore(db)
-        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db")
+            return PostgresStore(db, sealer=sealer)
+        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db", sealer=sealer)
     except StoreError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
@@ -442,9 +445,11 @@ def _execute(
     from flowtide.credentials import CredentialVault
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
     from flowtide.kv import KVError
+    from flowtide.redaction import install_log_masking, mask_value
     from flowtide.runtime.local import LocalRuntime
     from flowtide.runtime.report import error_location, execution_document
 
+    install_log_masking()
     store = _store(home, db)
     vault = CredentialVault(store, _home(home))
     show_progress = _show_progress(as_json)
@@ -488,7 +493,9 @@ def _execute(
                 else:
                     state = await runtime.wait(eid)
                 location.append(error_location(state))
-                return execution_document(state)
+                # Printed, not used: values of the execution's secret set are masked.
+                masked: dict[str, Any] = mask_value(execution_document(state), state.secrets)
+                return masked
         finally:
             await _close_kv(kv)
 
@@ -660,11 +667,12 @@ def status(
             doc = _remote_or_exit(lambda: api.execution(execution_id))
         label = doc.pop("playbook", None)
     else:
+        from flowtide.redaction import mask_value
         from flowtide.runtime.report import execution_document
 
         store = _store(home, db)
         row, state = _folded(store, execution_id)
-        doc = execution_document(state)
+        doc = mask_value(execution_document(state), state.secrets)
         if not state.terminal:
             doc["status"] = "running" if row.status == "running" else row.status
         store.close()
@@ -745,18 +753,25 @@ def events(
             return
         log = [Event.from_dict(doc) for doc in docs]
     else:
+        from flowtide.engine.events import SECRETS_ADDED
+        from flowtide.engine.state import secret_values
+        from flowtide.redaction import mask_event_doc
+
         store = _store(home, db)
         _execution_or_exit(store, execution_id)
         log = store.events(execution_id)
         store.close()
+        secrets = frozenset().union(*(secret_values(e) for e in log if e.type == SECRETS_ADDED))
+        docs = [mask_event_doc(e.to_dict(), secrets) for e in log]
         if as_json:
             _print_json(
                 [
-                    e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
-                    for e in log
+                    doc | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
+                    for doc, e in zip(docs, log, strict=True)
                 ]
             )
             return
+        log = [Event.from_dict(doc) for doc in docs]
     for e in log:
         _print_event(e)
 
@@ -1085,10 +1100,14 @@ def credential_set(
             _remote_or_exit(lambda: api.set_credential(name, data, kind))
         typer.echo(f"credential '{name}' stored on {redact_url(server)}")
         return
+    from flowtide.redaction import weak_fields, weak_message
+
     store = _store(home, db)
     CredentialVault(store, _home(home)).set(name, data, kind=kind)
     store.close()
     typer.echo(f"credential '{name}' stored")
+    for field, reason in weak_fields(data):
+        _err(f"warning: {weak_message(name, field, reason)}")
 
 
 @credential_app.command("list")
@@ -1138,38 +1157,56 @@ def credential_delete(
 def credential_rotate_key(
     home: HomeOpt = None,
     db: DbOpt = None,
+    retire: Annotated[
+        bool,
+        typer.Option(
+            "--retire",
+            help="Second step: re-encrypt once more with the newest key and drop the older"
+            " ones (run it when every process has the new key).",
+        ),
+    ] = False,
     new_key_file: Annotated[
         Path | None,
         typer.Option(
             "--new-key-file",
-            help="Where the new key goes when the key is in FLOWTIDE_MASTER_KEY (default:"
+            help="Where the keys go when they are in FLOWTIDE_MASTER_KEY (default:"
             " HOME/master.key.new); with the key file, the file itself is updated.",
             show_default=False,
         ),
     ] = None,
 ) -> None:
-    """Encrypt every credential (and keychain entry) with a new master key, in one
-    transaction; no credential is lost, and the old key no longer decrypts anything.
-    Run it where the store's master key is (the server's machine for --db postgresql://)."""
+    """Re-encrypt every credential, keychain entry and sealed value with a new master key.
+
+    Two steps, so that nothing is ever unreadable: `rotate-key` makes a new key, puts it
+    first (it encrypts from now on) and keeps the old ones for decryption only; once every
+    process has the new key, `rotate-key --retire` re-encrypts what was sealed meanwhile
+    and drops the old keys. Run it where the store's master key is (the server's machine
+    for --db postgresql://)."""
     from flowtide.credentials import MASTER_KEY_ENV, CredentialVault
     from flowtide.errors import CredentialError, StoreError
 
     store = _store(home, db)
     try:
-        count, where = CredentialVault(store, _home(home)).rotate_key(new_key_file)
+        done = CredentialVault(store, _home(home)).rotate_key(new_key_file, retire=retire)
     except (CredentialError, StoreError) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         store.close()
-    typer.echo(f"{count} sealed values re-encrypted with a new master key")
-    if os.environ.get(MASTER_KEY_ENV):
+    typer.echo(f"{done.resealed} sealed values re-encrypted with the newest master key")
+    if done.from_env:
         typer.echo(
-            f"the new key is in {where} (mode 0600): put it in {MASTER_KEY_ENV} of every"
-            " process that reads credentials, then delete the file"
+            f"the keys are in {done.key_file} (mode 0600, {done.keys} of them): put its"
+            f" lines, comma-separated, in {MASTER_KEY_ENV} of every process that reads"
+            " credentials, then delete the file"
         )
     else:
-        typer.echo(f"the key file {where} now holds the new key only")
+        typer.echo(f"the key file {done.key_file} holds {done.keys} key(s)")
+    if not retire:
+        typer.echo(
+            "the old keys still decrypt; once every process has the new one, run"
+            " `flowtide credential rotate-key --retire`"
+        )
 
 
 # -------------------------------------------------------------------- server, worker

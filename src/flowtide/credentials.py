@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,7 +30,7 @@ from flowtide.errors import CredentialError, NotFoundError
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
 
-__all__ = ["MASTER_KEY_ENV", "CredentialStore", "CredentialVault"]
+__all__ = ["MASTER_KEY_ENV", "CredentialStore", "CredentialVault", "MasterKey", "Rotation"]
 
 MASTER_KEY_ENV = "FLOWTIDE_MASTER_KEY"
 KEY_FILE_NAME = "master.key"
@@ -54,8 +55,9 @@ class CredentialStore(Protocol):
         """Remove credential `name`; raise NotFoundError when absent."""
         ...
 
-    def reseal_credentials(self, reseal: Callable[[bytes], bytes]) -> int:
-        """Replace every ciphertext by `reseal(ciphertext)` in one transaction; how many."""
+    def reseal(self, reseal: Callable[[bytes], bytes]) -> int:
+        """Replace every sealed value by `reseal(token)`, one transaction per database;
+        how many."""
         ...
 
 
@@ -63,47 +65,79 @@ def _how_to_add(name: str) -> str:
     return f"add it with: flowtide credential set {name} --json '{{...}}'"
 
 
-class CredentialVault:
-    """Encrypts credential bodies into a store and resolves aliases for tools.
+class MasterKey:
+    """The Fernet keys of a flowtide home: `FLOWTIDE_MASTER_KEY`, else `<home>/master.key`
+    (created with mode 0600 on first use). Several keys, comma- or line-separated: the
+    first encrypts, all decrypt. Loaded once, on first use, under a lock; `reload` reads
+    them again (another process rotated them)."""
 
-    Implements `flowtide.tools.base.CredentialResolver`. Thread-safe: the key is loaded once
-    under a lock and Fernet objects are stateless.
-    """
-
-    def __init__(self, store: CredentialStore, home: Path | None = None) -> None:
-        """Create a vault over `store`; `home` holds master.key (default ./.flowtide)."""
-        self._store = store
-        self._home = Path(home) if home is not None else Path.cwd() / ".flowtide"
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = Path(home) if home is not None else Path.cwd() / ".flowtide"
         self._fernet: MultiFernet | None = None
+        self._loaded_stamp: int | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        # Never show the key or anything decrypted.
-        return f"CredentialVault(home={str(self._home)!r})"
+        return f"MasterKey(home={str(self.home)!r})"
 
     @property
-    def key_path(self) -> Path:
-        """Where the master key file lives (used when FLOWTIDE_MASTER_KEY is unset)."""
-        return self._home / KEY_FILE_NAME
+    def path(self) -> Path:
+        """Where the key file lives (used when FLOWTIDE_MASTER_KEY is unset)."""
+        return self.home / KEY_FILE_NAME
 
-    # -- key handling ----------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """Where the key comes from, for messages: `$FLOWTIDE_MASTER_KEY` or the file."""
+        return (
+            f"${MASTER_KEY_ENV}" if os.environ.get(MASTER_KEY_ENV, "").strip() else str(self.path)
+        )
 
-    def _cipher(self) -> MultiFernet:
-        if self._fernet is not None:
+    def cipher(self) -> MultiFernet:
+        """The keys as one MultiFernet (encrypt, decrypt, rotate).
+
+        Raises:
+            CredentialError: a key is not a valid Fernet key, or the file cannot be read
+                or created.
+        """
+        stamp = self._stamp()
+        if self._fernet is not None and stamp == self._loaded_stamp:
             return self._fernet
         with self._lock:
-            if self._fernet is None:
+            if self._fernet is None or stamp != self._loaded_stamp:
                 self._fernet = self._load_cipher()
+                self._loaded_stamp = stamp
             return self._fernet
 
-    def _load_keys(self) -> tuple[str, list[bytes]]:
+    def _stamp(self) -> int | None:
+        # A rotation rewrites the key file: a stat per use notices it (the environment
+        # variable cannot change under a running process).
+        if os.environ.get(MASTER_KEY_ENV, "").strip():
+            return None
+        try:
+            return os.stat(self.path).st_mtime_ns
+        except OSError:
+            return None
+
+    def reload(self) -> None:
+        with self._lock:
+            self._fernet = None
+
+    def use(self, keys: list[bytes]) -> None:
+        """Hold these keys from now on (after a rotation this process made)."""
+        from cryptography.fernet import Fernet, MultiFernet
+
+        with self._lock:
+            self._fernet = MultiFernet([Fernet(k) for k in keys])
+            self._loaded_stamp = self._stamp()
+
+    def keys(self) -> tuple[str, list[bytes]]:
         """(where they came from, the keys, newest first)."""
         env_key = os.environ.get(MASTER_KEY_ENV, "").strip()
         if env_key:
             source = f"${MASTER_KEY_ENV}"
             text = env_key.encode("ascii", errors="replace")
         else:
-            source = str(self.key_path)
+            source = str(self.path)
             text = self._read_or_create_key_file()
         keys = [k.strip() for k in text.replace(b",", b"\n").splitlines() if k.strip()]
         return source, keys
@@ -111,7 +145,7 @@ class CredentialVault:
     def _load_cipher(self) -> MultiFernet:
         from cryptography.fernet import Fernet, MultiFernet
 
-        source, keys = self._load_keys()
+        source, keys = self.keys()
         try:
             return MultiFernet([Fernet(key) for key in keys])
         except (ValueError, TypeError):
@@ -125,7 +159,7 @@ class CredentialVault:
     def _read_or_create_key_file(self) -> bytes:
         from cryptography.fernet import Fernet
 
-        path = self.key_path
+        path = self.path
         try:
             return path.read_bytes().strip()
         except FileNotFoundError:
@@ -134,10 +168,10 @@ class CredentialVault:
             raise CredentialError(f"cannot read master key {path}: {exc.strerror}") from None
 
         try:
-            self._home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
             # Write a private temp file, then hard-link it into place: the link fails if a
             # concurrent process created the key first, and nobody ever sees half a key.
-            fd, tmp_name = tempfile.mkstemp(prefix=".master.key.", dir=self._home)
+            fd, tmp_name = tempfile.mkstemp(prefix=".master.key.", dir=self.home)
             try:
                 os.fchmod(fd, 0o600)
                 with os.fdopen(fd, "wb") as handle:
@@ -153,6 +187,65 @@ class CredentialVault:
             return path.read_bytes().strip()
         except OSError as exc:
             raise CredentialError(f"cannot create master key {path}: {exc.strerror}") from None
+
+    def write(self, path: Path, keys: list[bytes]) -> None:
+        """Replace key file `path` (mode 0600) by `keys`, atomically."""
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".master.key.", dir=path.parent)
+            try:
+                os.fchmod(fd, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(b"\n".join(keys) + b"\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise CredentialError(f"cannot write master key {path}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What `rotate_key` did: values resealed, where the keys are, how many it holds."""
+
+    resealed: int
+    key_file: Path
+    keys: int
+    from_env: bool
+
+
+class CredentialVault:
+    """Encrypts credential bodies into a store and resolves aliases for tools.
+
+    Implements `flowtide.tools.base.CredentialResolver`. Thread-safe: the key is loaded once
+    under a lock and Fernet objects are stateless.
+    """
+
+    def __init__(self, store: CredentialStore, home: Path | None = None) -> None:
+        """Create a vault over `store`; `home` holds master.key (default ./.flowtide)."""
+        self._store = store
+        self._key = MasterKey(home)
+        self._home = self._key.home
+
+    def __repr__(self) -> str:
+        # Never show the key or anything decrypted.
+        return f"CredentialVault(home={str(self._home)!r})"
+
+    @property
+    def key(self) -> MasterKey:
+        return self._key
+
+    @property
+    def key_path(self) -> Path:
+        """Where the master key file lives (used when FLOWTIDE_MASTER_KEY is unset)."""
+        return self._key.path
+
+    def _cipher(self) -> MultiFernet:
+        return self._key.cipher()
 
     # -- public API ------------------------------------------------------------------------
 
@@ -188,8 +281,7 @@ class CredentialVault:
             plaintext = self._cipher().decrypt(bytes(ciphertext))
         except InvalidToken:
             # Another process may have rotated the key since this one read it.
-            with self._lock:
-                self._fernet = None
+            self._key.reload()
             try:
                 plaintext = self._cipher().decrypt(bytes(ciphertext))
             except InvalidToken:
@@ -205,65 +297,51 @@ class CredentialVault:
             raise CredentialError(f"credential '{name}' holds corrupt data")
         return body
 
-    def rotate_key(self, new_key_file: Path | None = None) -> tuple[int, Path]:
-        """Encrypt every credential (and keychain entry) with a new master key.
+    def rotate_key(self, new_key_file: Path | None = None, *, retire: bool = False) -> Rotation:
+        """Re-encrypt every credential, keychain entry and sealed value of the store.
 
-        With the key in the key file, the file holds the new key and the old one while the
-        rows are resealed (all in one transaction), then the new one alone: whatever
-        happens in between, every row decrypts. With the key in FLOWTIDE_MASTER_KEY the
-        new key is written to `new_key_file` (default `<home>/master.key.new`, 0600, never
-        printed), to be put in FLOWTIDE_MASTER_KEY of every process that reads
-        credentials. Returns (rows resealed, where the new key is).
+        Without `retire`: a new key is made and put first (it encrypts from now on) with
+        the old ones after it (they still decrypt what a process that had not yet read the
+        new key may seal meanwhile), and every value is resealed with it. With `retire`:
+        every value is resealed with the first key once more, and the other keys are
+        dropped: run it when every process has the new key.
+
+        Keys in the key file: the file is rewritten (processes that use it notice on their
+        own). Keys in FLOWTIDE_MASTER_KEY: the new list goes to `new_key_file` (default
+        `<home>/master.key.new`, 0600, never printed), to be put in the variable of every
+        process that reads credentials.
 
         Raises:
-            CredentialError: a row none of the current keys decrypts (nothing changed),
-                or the key file cannot be written.
+            CredentialError: a value none of the current keys decrypts (the database of
+                that value is unchanged), or the key file cannot be written.
         """
         from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-        source, old = self._load_keys()
-        self._load_cipher()  # the current keys are valid, or say so
-        new = Fernet.generate_key()
-        both = MultiFernet([Fernet(new), *(Fernet(k) for k in old)])
+        source, current = self._key.keys()
+        self._key.cipher()  # the current keys are valid, or say so
+        keys = [current[0]] if retire else [Fernet.generate_key(), *current]
+        every = MultiFernet([Fernet(k) for k in (keys if not retire else current)])
         from_env = source.startswith("$")
         target = new_key_file or (
-            self._home / (KEY_FILE_NAME + ".new") if from_env else self.key_path
+            self._home / (KEY_FILE_NAME + ".new") if from_env else self._key.path
         )
-        self._write_key_file(target, [new, *([] if from_env else old)])
 
         def reseal(token: bytes) -> bytes:
             try:
-                return both.rotate(token)
+                return every.rotate(token)
             except InvalidToken:
                 raise CredentialError(
-                    f"a stored credential does not decrypt with the keys of {source}:"
-                    " nothing was rotated"
+                    f"a stored value does not decrypt with the keys of {source}: not rotated"
                 ) from None
 
-        count = self._store.reseal_credentials(reseal)
-        if not from_env:
-            self._write_key_file(target, [new])
-        with self._lock:
-            self._fernet = MultiFernet([Fernet(new)])
-        return count, target
-
-    def _write_key_file(self, path: Path, keys: list[bytes]) -> None:
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".master.key.", dir=path.parent)
-            try:
-                os.fchmod(fd, 0o600)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(b"\n".join(keys) + b"\n")
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-        except OSError as exc:
-            raise CredentialError(f"cannot write master key {path}: {exc.strerror}") from None
+        if not retire:
+            # First the keys, then the values: whatever stops this, every value decrypts.
+            self._key.write(target, keys)
+        count = self._store.reseal(reseal)
+        if retire:
+            self._key.write(target, keys)
+        self._key.use(keys)
+        return Rotation(count, target, len(keys), from_env)
 
     def list(self) -> list[dict[str, Any]]:
         """Metadata of every stored credential (name, kind, updated); never the values."""

@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from cryptography.fernet import Fernet
 
 from .helpers import PLAYBOOKS, Flowtide, describe
 
@@ -162,7 +164,7 @@ def _vault(home: Path, db: str | None = None) -> Any:
 def test_rotate_key_reseals_every_credential_and_retires_the_old_key(
     ft: Flowtide, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cryptography.fernet import Fernet, InvalidToken
+    from cryptography.fernet import InvalidToken
 
     monkeypatch.delenv("FLOWTIDE_MASTER_KEY", raising=False)
     body = {"host": "db.local", "user": "app", "password": PASSWORD}
@@ -172,14 +174,25 @@ def test_rotate_key_reseals_every_credential_and_retires_the_old_key(
     old = key_file.read_bytes().strip()
 
     out = ft.ok("credential", "rotate-key")
-    assert "2 sealed values re-encrypted" in out.stdout
-    new = key_file.read_bytes().strip()
-    assert new != old and b"\n" not in new and new not in out.stdout.encode()
+    assert "2 sealed values re-encrypted" in out.stdout and "--retire" in out.stdout
+    new, kept = key_file.read_bytes().split()
+    assert kept == old and new != old and new not in out.stdout.encode()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     store, vault = _vault(ft.home)
     try:
-        assert vault.resolve("warehouse_db") == body
+        # Every value is sealed with the new key already; the old one only decrypts.
+        _, ciphertext = store.get_credential("warehouse_db")
+        assert json.loads(Fernet(new).decrypt(bytes(ciphertext))) == body
         assert vault.resolve("echo_api") == {"token": TOKEN}
+    finally:
+        store.close()
+
+    retired = ft.ok("credential", "rotate-key", "--retire")
+    assert "1 key(s)" in retired.stdout
+    assert key_file.read_bytes().strip() == new
+    store, vault = _vault(ft.home)
+    try:
+        assert vault.resolve("warehouse_db") == body
         # The old key opens nothing any more.
         _, ciphertext = store.get_credential("warehouse_db")
         with pytest.raises(InvalidToken):
@@ -188,37 +201,31 @@ def test_rotate_key_reseals_every_credential_and_retires_the_old_key(
         store.close()
 
 
-def test_rotate_key_from_the_environment_writes_the_new_key_to_a_file(
+def test_rotate_key_from_the_environment_writes_the_new_keys_to_a_file(
     ft: Flowtide, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cryptography.fernet import Fernet
-
     old = Fernet.generate_key().decode()
     env = {**ft.env, "FLOWTIDE_MASTER_KEY": old}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            ft.command(*args), env=env, cwd=ft.cwd, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
     body = {"token": TOKEN}
-    set_ = subprocess.run(
-        [*ft.command("credential", "set", "api", "--json", json.dumps(body))],
-        env=env,
-        cwd=ft.cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert set_.returncode == 0, set_.stderr
-    rotated = subprocess.run(
-        ft.command("credential", "rotate-key"),
-        env=env,
-        cwd=ft.cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rotated.returncode == 0, rotated.stderr
+    cli("credential", "set", "api", "--json", json.dumps(body))
+    rotated = cli("credential", "rotate-key")
     new_file = ft.home / "master.key.new"
-    new = new_file.read_text().strip()
-    assert new not in rotated.stdout and "FLOWTIDE_MASTER_KEY" in rotated.stdout
+    keys = new_file.read_text().split()
+    assert keys[1] == old and keys[0] not in rotated.stdout
+    assert "FLOWTIDE_MASTER_KEY" in rotated.stdout
     assert stat.S_IMODE(new_file.stat().st_mode) == 0o600
-    monkeypatch.setenv("FLOWTIDE_MASTER_KEY", new)
+    env["FLOWTIDE_MASTER_KEY"] = ",".join(keys)
+    cli("credential", "rotate-key", "--retire")
+    assert new_file.read_text().split() == keys[:1]
+    monkeypatch.setenv("FLOWTIDE_MASTER_KEY", keys[0])
     store, vault = _vault(ft.home)
     try:
         assert vault.resolve("api") == body
@@ -226,12 +233,12 @@ def test_rotate_key_from_the_environment_writes_the_new_key_to_a_file(
         store.close()
 
 
-def test_rotate_key_covers_the_keychain_on_postgres(
+def test_rotate_key_covers_the_keychain_and_sealed_events_on_postgres(
     ft: Flowtide, pg_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import time
 
-    from cryptography.fernet import Fernet
+    from flowtide.engine.events import Event
 
     monkeypatch.setenv("FLOWTIDE_MASTER_KEY", Fernet.generate_key().decode())
     store, vault = _vault(ft.home, pg_database)
@@ -250,9 +257,35 @@ def test_rotate_key_covers_the_keychain_on_postgres(
             expires=None,
             now=time.time(),
         )
+        # An event holding a secret is sealed at rest (flowtide.sealing).
+        store.create_execution(
+            7,
+            playbook_path="p/kc",
+            playbook_version=1,
+            playbook_file=None,
+            playbook_text="metadata: {path: p/kc}",
+            workload={},
+            created=time.time(),
+        )
+        event = Event(
+            event_id=70,
+            execution_id=7,
+            type="call.done",
+            step="s",
+            payload={"result": {"echo": PASSWORD}},
+            time=time.time(),
+        )
+        store.append([event], secrets={7: {PASSWORD}})
+        with psycopg.connect(pg_database) as conn:
+            raw = conn.execute("SELECT payload FROM event WHERE event_id = 70").fetchone()[0]
+        assert raw.startswith('{"$sealed":"') and PASSWORD not in raw
+
         new_file = ft.home / "next.key"
-        count, where = vault.rotate_key(new_file)
-        assert (count, where) == (2, new_file)
+        done = vault.rotate_key(new_file)
+        # As every process would be told: the new keys (new first, old after).
+        monkeypatch.setenv("FLOWTIDE_MASTER_KEY", ",".join(new_file.read_text().split()))
+        retired = vault.rotate_key(new_file, retire=True)
+        assert done.resealed == retired.resealed == 3
         fresh = Fernet(new_file.read_bytes().strip())
         row = store.get_keychain("p/kc", 1, "tok", scope="global", execution_id=None, now=0)
         assert fresh.decrypt(bytes(row.ciphertext)) == b'{"token": "kc-secret"}'
@@ -260,6 +293,8 @@ def test_rotate_key_covers_the_keychain_on_postgres(
         other, reader = _vault(ft.home, pg_database)
         try:
             assert reader.resolve("pg_cred") == {"password": PASSWORD}
+            (got,) = other.events(7)
+            assert got.payload == {"result": {"echo": PASSWORD}}
         finally:
             other.close()
     finally:

@@ -21,7 +21,8 @@ from flowtide.engine.policy import retry_delay, select_rule
 from flowtide.errors import FlowtideError, TemplateError, ToolError
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
-from flowtide.tools.base import ToolContext, redact, redact_value
+from flowtide.redaction import remember
+from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
@@ -52,6 +53,10 @@ class Outcome:
     tasks: dict[str, Any] | None = None
     calls: list[Call] = field(default_factory=list)
     started: float = 0.0
+    #: Values the tools touched (passwords, tokens, DSNs). The results, errors and
+    #: output above hold them as the tools saw them: they join the execution's secret
+    #: set (a `secrets.added` event), which seals them at rest and masks them on display.
+    secrets: set[str] = field(default_factory=set)
 
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
@@ -248,6 +253,7 @@ class StepRunner:
         action = "continue"
         jump_to: str | None = None
         names = [t.name for t in step.tasks]
+        touched: set[str] = set()
         i = 0
         jumps = 0
         while i < len(step.tasks):
@@ -260,6 +266,7 @@ class StepRunner:
                     ctx=ctx_updates,
                     calls=calls,
                     started=started,
+                    secrets=touched,
                 )
             task = step.tasks[i]
             layers: list[Mapping[str, Any]] = [pipe]
@@ -308,13 +315,13 @@ class StepRunner:
                 except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
                     status, error = "error", _error_dict(exc)
                 duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+                # Nothing is scrubbed here: a later task, policy or step reads the result
+                # exactly as the tool returned it (a password `demo` must not turn
+                # `demographics` into `***graphics`). The values are reported instead.
                 if secrets:
-                    result = redact_value(result, secrets)
-                    if error:
-                        error = redact_value(error, secrets)
+                    touched |= secrets
+                    remember(secrets)
                 out_text = "".join(tctx.stdout)
-                if secrets and out_text:
-                    out_text = redact(out_text, secrets)
                 calls.append(
                     Call(
                         task.name,
@@ -324,7 +331,7 @@ class StepRunner:
                         time.time(),
                         error,
                         out_text[:STDOUT_LIMIT] or None,
-                        redact_value(tctx.call_meta, secrets) if tctx.call_meta else {},
+                        dict(tctx.call_meta),
                     )
                 )
                 output = envelope(
@@ -370,6 +377,7 @@ class StepRunner:
                     ctx=ctx_updates,
                     calls=calls,
                     started=started,
+                    secrets=touched,
                 )
             results[task.name] = result
             pipe[task.name] = result_view(result)
@@ -385,6 +393,7 @@ class StepRunner:
                     tasks=results if step.pipeline else None,
                     calls=calls,
                     started=started,
+                    secrets=touched,
                 )
             if rule_do == "break":
                 action = "break"
@@ -412,6 +421,7 @@ class StepRunner:
             else None,
             calls=calls,
             started=started,
+            secrets=touched,
         )
 
     def claim(
@@ -454,12 +464,19 @@ class StepRunner:
         except Exception as exc:  # noqa: BLE001 - a failed claim fails the loop, not the worker
             error = _error_dict(exc)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
-        if secrets and error:
-            error = redact_value(error, secrets)
+        remember(secrets)
         call = Call(cursor.name, 1, error is None, duration_ms, time.time(), error)
         if error is not None:
-            return Outcome("error", None, action="fail", error=error, calls=[call], started=started)
-        return Outcome("ok", result, calls=[call], started=started)
+            return Outcome(
+                "error",
+                None,
+                action="fail",
+                error=error,
+                calls=[call],
+                started=started,
+                secrets=secrets,
+            )
+        return Outcome("ok", result, calls=[call], started=started, secrets=secrets)
 
     def _apply_set(
         self,
@@ -515,9 +532,9 @@ def _timeout(config: Mapping[str, Any]) -> float | None:
 def outcome_events(
     command: Command, outcome: Outcome, new_id: Callable[[], int], worker: str
 ) -> list[Event]:
-    """The events a worker reports for one command: command.started, a call.done or
-    call.error per tool call, then command.completed (or command.failed when the
-    step's policy says fail)."""
+    """The events a worker reports for one command: command.started, `secrets.added` when
+    the tools touched secrets, a call.done or call.error per tool call, then
+    command.completed (or command.failed when the step's policy says fail)."""
     eid = command.execution_id
     base: dict[str, Any] = {"attempt": command.attempt}
     if command.extra.get("cursor"):
@@ -540,6 +557,23 @@ def outcome_events(
             time=outcome.started,
         )
     ]
+    if outcome.secrets:
+        # Before the events that may hold the values: the whole report is sealed against
+        # the set they join, on the server as in this process.
+        out.append(
+            Event(
+                event_id=new_id(),
+                execution_id=eid,
+                type=ev.SECRETS_ADDED,
+                step=command.step,
+                status="ok",
+                payload={"values": sorted(outcome.secrets)},
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=worker,
+                time=outcome.started,
+            )
+        )
     for call in outcome.calls:
         payload: dict[str, Any] = {
             "task": call.task,

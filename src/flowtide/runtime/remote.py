@@ -398,6 +398,10 @@ class RemoteWorker:
         self._stop.set()
 
     async def run(self) -> None:
+        from flowtide.redaction import install_log_masking
+
+        # Values the steps' tools touch are masked in this process's logs.
+        install_log_masking()
         async with _Api(self.server, 30.0, self._headers, self._tls) as client:
             self.client = client
             # NATS first: credentials it refuses end the worker before it registers. Its
@@ -729,11 +733,11 @@ class RemoteWorker:
             raise ToolError(f"sub-playbook '{path}': {message}", kind="playbook_error")
         child = r.json()["execution_id"]
         while True:
-            doc = self._sync.get(f"/api/executions/{child}").json()
+            # The intact result, not the masked document: the parent's step uses it.
+            doc = self._sync.get(f"/api/internal/executions/{child}/result").json()
             if doc["status"] != "running":
                 break
             time.sleep(0.1)
-        results = {name: step["result"] for name, step in doc["steps"].items()}
         return child_result(
-            path, child, doc["status"], doc.get("error"), results, doc["result"], return_step
+            path, child, doc["status"], doc.get("error"), doc["steps"], doc["result"], return_step
         )

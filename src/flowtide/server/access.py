@@ -101,6 +101,9 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/executions/{execution_id}/events/stream"): READER,
     ("POST", "/api/executions/{execution_id}/finalize"): ADMIN,
     ("GET", "/api/commands/{event_id}"): READER,
+    # A sub-playbook's result intact (not masked), for the worker waiting on it: never
+    # for people, who read the masked document.
+    ("GET", "/api/internal/executions/{execution_id}/result"): WORKER,
     # variables
     ("GET", "/api/vars/{execution_id}"): READER,
     ("POST", "/api/vars/{execution_id}"): OPERATOR,

@@ -38,6 +38,7 @@ from pydantic import (
 from flowtide.credentials import CredentialVault
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
+from flowtide.redaction import weak_fields, weak_message
 from flowtide.server.problems import error_response, field_error
 
 if TYPE_CHECKING:
@@ -169,6 +170,14 @@ class CredentialInfo(BaseModel):
 
 class SealedCredential(CredentialInfo):
     ciphertext: str = Field(description="Base64 of the Fernet token of the body.")
+
+
+class StoredCredential(CredentialInfo):
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Secret fields too short or too common to be masked safely in output "
+        "(named, never shown).",
+    )
 
 
 class Deleted(BaseModel):
@@ -404,8 +413,9 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
         status_code=201,
         tags=["credentials"],
     )
-    async def put_credential(body: CredentialRequest) -> CredentialInfo:
-        """Store (or replace) a credential alias; the server encrypts `data`."""
+    async def put_credential(body: CredentialRequest) -> StoredCredential:
+        """Store (or replace) a credential alias; the server encrypts `data`. `warnings`
+        names the secret fields whose values are too weak to be masked safely."""
 
         def write() -> dict[str, Any]:
             vault().set(body.name, body.data, kind=body.kind)
@@ -415,7 +425,8 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
             info = await asyncio.to_thread(write)
         except CredentialError as exc:  # the master key is unusable: the server's fault
             return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
-        return CredentialInfo(**info)
+        warnings = [weak_message(body.name, f, why) for f, why in weak_fields(body.data)]
+        return StoredCredential(**info, warnings=warnings)
 
     @router.get("/api/credentials", tags=["credentials"])
     async def list_credentials() -> list[CredentialInfo]:

@@ -37,6 +37,7 @@ from flowtide.errors import (
 )
 from flowtide.natsauth import NatsAuth
 from flowtide.playbook.loader import parse_playbook
+from flowtide.redaction import install_log_masking, known, mask_event_doc, mask_text, mask_value
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
 from flowtide.server.access import DEFAULT_MAX_BODY, Authenticator, Gate, authorize, caller
@@ -264,6 +265,8 @@ class _Runtime:
         from flowtide.store.postgres import PostgresStore
 
         s = self.settings
+        # Secrets this process meets (executions' secret sets) are masked in its logs.
+        install_log_masking()
         self.store = await asyncio.to_thread(
             lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=_POOL_SIZE)
         )
@@ -402,6 +405,7 @@ def _item_doc(outcome: Any, ok: dict[str, Any]) -> dict[str, Any]:
     else:
         log.exception("batch item failed", exc_info=outcome)
         doc = {"code": 500, "error": {"message": f"{type(outcome).__name__}: {outcome}"}}
+    doc["error"]["message"] = mask_text(doc["error"]["message"], known())
     return doc
 
 
@@ -578,13 +582,33 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def get_execution(
         execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
-        """The execution's document (the same as `flowtide run --json`)."""
+        """The execution's document (the same as `flowtide run --json`): values of the
+        execution's secret set are masked (`***`)."""
         await held_by(who, execution_id, parent=True)
         state = await coord().state(execution_id)
-        doc = execution_document(state)
+        doc: dict[str, Any] = mask_value(execution_document(state), state.secrets)
         row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
         doc["playbook"] = row.playbook_path or row.playbook_file
         return doc
+
+    @app.get("/api/internal/executions/{execution_id}/result")
+    async def execution_result(
+        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        """What a worker running a `playbook` step reads of the sub-playbook execution it
+        started: status, error, result and each step's result, intact (not masked: the
+        parent's step uses the data). For the worker holding the parent's command only,
+        never for display."""
+        await held_by(who, execution_id, parent=True)
+        state = await coord().state(execution_id)
+        doc = execution_document(state)
+        return {
+            "execution_id": doc["execution_id"],
+            "status": doc["status"],
+            "error": doc["error"],
+            "result": doc["result"],
+            "steps": {name: step["result"] for name, step in doc["steps"].items()},
+        }
 
     @app.get("/api/executions/{execution_id}/status")
     async def execution_status(
@@ -639,7 +663,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         events = await asyncio.to_thread(
             lambda: runtime.store.events(execution_id, after_event_id=after, limit=limit)
         )
-        return [_event_doc(e) for e in events]
+        if not events:
+            return []
+        secrets = (await coord().state(execution_id)).secrets
+        return [_event_doc(e, secrets) for e in events]
 
     # -- events and commands --------------------------------------------------------
 
@@ -989,12 +1016,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     return app
 
 
-def _event_doc(e: Event) -> dict[str, Any]:
+def _event_doc(e: Event, secrets: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An event as the API shows it: ids as strings, payload and error masked with the
+    execution's secret set `secrets`."""
     doc = e.to_dict()
     for key in ("event_id", "execution_id", "parent_event_id", "command_id"):
         if doc[key] is not None:
             doc[key] = str(doc[key])
-    return doc
+    return mask_event_doc(doc, secrets)
 
 
 def app_factory() -> FastAPI:

@@ -28,7 +28,8 @@ from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
-from flowtide.runtime.advance import Advance, Advancer, initialized_event
+from flowtide.redaction import remember
+from flowtide.runtime.advance import Advance, Advancer, inherited_secrets_event, initialized_event
 from flowtide.runtime.local import render_workload
 from flowtide.server import metrics
 from flowtide.server.outbox import OUTBOX_HOLD, OutboxRow
@@ -72,6 +73,7 @@ _ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev
 #: The events a worker reports (each of one command); nothing else is taken from one.
 WORKER_EVENTS: Final = frozenset(
     {
+        ev.SECRETS_ADDED,
         ev.COMMAND_STARTED,
         ev.COMMAND_HEARTBEAT,
         ev.CALL_DONE,
@@ -304,15 +306,18 @@ class Coordinator:
         self._apply_rows(cached, rows)
         return cached
 
-    @staticmethod
-    def _apply_rows(cached: _Cached, rows: list[Any]) -> None:
+    def _apply_rows(self, cached: _Cached, rows: list[Any]) -> None:
         """Apply log rows (EVENT_COLUMNS, seq; in seq order) to a cached state."""
+        sealer = self.store.sealer
         for r in rows:
-            event = event_row(r)
+            event = event_row(r, sealer)
             cached.state.apply(event)
             cached.last_seq = r[11]
             if event.type == ev.PLAYBOOK_INITIALIZED:
                 cached.pool = (event.payload or {}).get("pool") or cached.pool
+            elif event.type == ev.SECRETS_ADDED:
+                # Logged by another server process: this one masks them in its logs too.
+                remember(cached.state.secrets)
 
     async def state(self, execution_id: int) -> ExecutionState:
         """A caught-up state of the execution (read-only use)."""
@@ -347,6 +352,11 @@ class Coordinator:
         pool: str = "default",
     ) -> int:
         """Create an execution and take its first engine step in one transaction."""
+        inherited: frozenset[str] = frozenset()
+        if parent_execution_id is not None:
+            # A sub-playbook's workload comes from its parent's data: it is sealed (and
+            # shown) with the parent's secrets.
+            inherited = (await self.state(parent_execution_id)).secrets
         execution_id = self.ids.next_id()
         rendered = render_workload(playbook, execution_id, workload or {})
         now = time.time()
@@ -370,7 +380,18 @@ class Coordinator:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             created=now,
+            secrets=inherited,
         )
+        incoming = [first]
+        if inherited and parent_execution_id is not None:
+            given = inherited_secrets_event(
+                execution_id,
+                inherited,
+                event_id=self.ids.next_id(),
+                now=now,
+                parent_execution_id=parent_execution_id,
+            )
+            incoming = [given, first]
 
         def create(conn: psycopg.Connection) -> None:
             if parent_execution_id is not None:
@@ -391,7 +412,7 @@ class Coordinator:
             conn.execute(*insert)
 
         cached = _Cached(ExecutionState(playbook, execution_id), pool)
-        await self._step(execution_id, [first], prepare=create, fresh=cached)
+        await self._step(execution_id, incoming, prepare=create, fresh=cached)
         return execution_id
 
     async def submit(self, execution_id: int, events: Sequence[Event]) -> SubmitResult:
@@ -815,7 +836,13 @@ class Coordinator:
         def write_and_commit() -> int:
             """Write the step, commit, give the connection back; the log's last seq."""
             now = time.time()
-            rows = [(u.execution_id, *self.store.execution_update(u)) for u in out.execution_rows]
+            # Written with the set as the step left it: a report's `secrets.added` came
+            # before the events holding the values, and seals them all.
+            secrets = state.secrets
+            rows = [
+                (u.execution_id, *self.store.execution_update(u, secrets))
+                for u in out.execution_rows
+            ]
             subject = command_subject(cached.pool, execution_id)
             payloads = [
                 json.dumps(
@@ -832,7 +859,14 @@ class Coordinator:
             # One round trip for all of it (the statements run in order on the server).
             with conn.pipeline():
                 PostgresStore.write_batch(
-                    conn, event_params(out.recorded), command_params(command_rows), rows
+                    conn,
+                    event_params(
+                        out.recorded,
+                        self.store.sealer,
+                        {execution_id: secrets} if secrets else None,
+                    ),
+                    command_params(command_rows),
+                    rows,
                 )
                 # The last statement's rows are (outbox id, command id, the log's last
                 # seq): one per command issued, or one (None, None, seq) without any.

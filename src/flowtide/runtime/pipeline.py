@@ -7,6 +7,8 @@ NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,24 @@ from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
+#: Largest result a task may return, as JSON (FLOWTIDE_MAX_RESULT_BYTES): results travel
+#: in events (to the server in a worker's report, into the event log); a bigger one is a
+#: `result_too_large` error the step's policy sees, never a report the server refuses.
+MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
+
+
+def _check_size(result: Any) -> None:
+    """Raise ToolError (kind result_too_large) when `result` is over MAX_RESULT_BYTES."""
+    if result is None or isinstance(result, bool | int | float):
+        return
+    size = len(json.dumps(result, default=str, separators=(",", ":")).encode("utf-8", "replace"))
+    if size > MAX_RESULT_BYTES:
+        raise ToolError(
+            f"the result is {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit"
+            " (FLOWTIDE_MAX_RESULT_BYTES): write large data to a table or a file and return"
+            " a reference to it (spark steps do so on their own)",
+            kind="result_too_large",
+        )
 
 
 @dataclass
@@ -306,6 +326,7 @@ class StepRunner:
                         result = self._run_playbook(config, tctx)
                     else:
                         result = get_tool(effective.kind).run(config, tctx)
+                    _check_size(result)
                     status = "ok"
                 except ToolError as exc:
                     status, error = "error", _error_dict(exc)

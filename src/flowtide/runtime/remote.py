@@ -142,8 +142,13 @@ class _Api:
     async def post(self, path: str, body: Any) -> _Reply:
         """POST `body` as JSON; the reply, whatever its status. Raises ApiError when none
         came (connection refused or lost, timeout)."""
+        return await self.post_json(path, json.dumps(body).encode())
+
+    async def post_json(self, path: str, data: bytes) -> _Reply:
+        """POST JSON text already encoded (see `post`)."""
+        headers = {"content-type": "application/json"}
         try:
-            async with self._session.post(self.server + path, json=body) as r:
+            async with self._session.post(self.server + path, data=data, headers=headers) as r:
                 return _Reply(r.status, await r.read())
         except self._errors as exc:
             raise ApiError(f"POST {path}: {str(exc) or type(exc).__name__}") from exc
@@ -152,7 +157,8 @@ class _Api:
 @dataclass
 class _Pending:
     execution_id: int
-    events: list[dict[str, Any]]
+    #: The report as JSON text, encoded once (batches are joined from these).
+    raw: bytes
     done: asyncio.Future[None]
     give_up: float
 
@@ -167,10 +173,20 @@ class _Reporter:
     that its command has been issued again and the report would be stale anyway.
     """
 
-    def __init__(self, worker_id: str, patience: float, *, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        patience: float,
+        *,
+        max_batch: int = 256,
+        max_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
         self.worker_id = worker_id
         self.patience = patience
         self.max_batch = max_batch
+        # Well under the server's request cap (16 MiB by default): a batch holds reports
+        # up to this size, or one report alone (a result is at most 4 MiB: pipeline).
+        self.max_bytes = max_bytes
         self._waiting: list[_Pending] = []
         self._wake = asyncio.Event()
 
@@ -178,7 +194,8 @@ class _Reporter:
         """Queue one command's report; returns when the server took it (or refused it as
         stale or invalid, which is logged). Raises RuntimeError when it gave up."""
         done = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Pending(execution_id, events, done, time.monotonic() + self.patience))
+        raw = json.dumps({"execution_id": str(execution_id), "events": events}).encode()
+        self._waiting.append(_Pending(execution_id, raw, done, time.monotonic() + self.patience))
         self._wake.set()
         await done
 
@@ -188,8 +205,14 @@ class _Reporter:
             if not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-            batch = self._waiting[: self.max_batch]
-            del self._waiting[: self.max_batch]
+            size, n = 0, 0
+            for p in self._waiting[: self.max_batch]:
+                size += len(p.raw)
+                if n and size > self.max_bytes:
+                    break
+                n += 1
+            batch = self._waiting[:n]
+            del self._waiting[:n]
             problem = await self._post(client, batch)
             if problem is None:
                 delay = 0.2
@@ -215,12 +238,17 @@ class _Reporter:
 
     async def _post(self, client: _Api, batch: list[_Pending]) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""
-        body = {
-            "worker_id": self.worker_id,
-            "reports": [{"execution_id": p.execution_id, "events": p.events} for p in batch],
-        }
+        body = b"".join(
+            (
+                b'{"worker_id":',
+                json.dumps(self.worker_id).encode(),
+                b',"reports":[',
+                b",".join(p.raw for p in batch),
+                b"]}",
+            )
+        )
         try:
-            r = await client.post("/api/events/reports", body)
+            r = await client.post_json("/api/events/reports", body)
         except ApiError as exc:
             return str(exc)
         if r.status_code >= 500:

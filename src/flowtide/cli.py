@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from flowtide.auth.cli import token_app
 from flowtide.dev.cli import dev_app
 from flowtide.urls import redact_url, scrub_url
 
@@ -45,6 +46,7 @@ app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 app.add_typer(db_app, name="db")
 app.add_typer(dev_app, name="dev")
+app.add_typer(token_app, name="token")
 
 HomeOpt = Annotated[
     Path | None,
@@ -94,6 +96,20 @@ KvOpt = Annotated[
         ),
     ),
 ]
+# NATS credentials by file or environment, so that no secret is on a command line `ps`
+# shows: a URL's user:password@ wins, then this, then FLOWTIDE_NATS_USER/PASSWORD.
+NatsCredsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--nats-creds",
+        envvar="FLOWTIDE_NATS_CREDS",
+        help=(
+            "NATS .creds file (user JWT + nkey seed) for NATS URLs without user:password@; "
+            "or set FLOWTIDE_NATS_USER and FLOWTIDE_NATS_PASSWORD."
+        ),
+        show_default=False,
+    ),
+]
 KvBucketOpt = Annotated[
     str,
     typer.Option(
@@ -119,16 +135,53 @@ def _home(home: Path | None) -> Path:
     return home or Path(".flowtide")
 
 
+def _check_nats(url: str, auth: Any) -> None:
+    """Connect to NATS once (waiting while it cannot be reached); exit 1 with the reason
+    when it refuses the credentials."""
+    import asyncio
+
+    from flowtide.errors import NatsError
+    from flowtide.natsauth import connect_nats
+
+    async def probe() -> None:
+        nc = await connect_nats(url, auth, name="flowtide-server-check")
+        await nc.close()
+
+    try:
+        asyncio.run(probe())
+    except NatsError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+def _nats_auth(creds: Path | None) -> Any:
+    """NATS credentials from --nats-creds and FLOWTIDE_NATS_USER/PASSWORD; exit 2 when
+    they are incomplete or the file is unusable."""
+    from flowtide.errors import NatsError
+    from flowtide.natsauth import NatsAuth
+
+    auth = NatsAuth.from_env(creds=str(creds) if creds else None)
+    try:
+        auth.check()
+    except NatsError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    return auth
+
+
 def _store(home: Path | None, db: str | None) -> Store:
     """Open the event store `--db` names; a store that cannot open ends the command."""
     from flowtide.errors import StoreError
+    from flowtide.sealing import Sealer
     from flowtide.store.postgres import PostgresStore, is_postgres_url
     from flowtide.store.sqlite import SQLiteStore
 
+    # What holds a secret is sealed with the master key the credentials use.
+    sealer = Sealer(_home(home))
     try:
         if db and is_postgres_url(db):
-            return PostgresStore(db)
-        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db")
+            return PostgresStore(db, sealer=sealer)
+        return SQLiteStore(Path(db) if db else _home(home) / "flowtide.db", sealer=sealer)
     except StoreError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
@@ -244,6 +297,17 @@ ServerOpt = Annotated[
 ]
 
 
+def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
+    """Print (on stderr) and return the playbook's SQL warnings: templates pasted inside
+    SQL string literals, where `params` belongs. Warnings never stop a run."""
+    from flowtide.playbook.sqllint import lint_playbook
+
+    warnings = lint_playbook(playbook, file)
+    for warning in warnings:
+        _err(warning.render())
+    return [warning.to_dict() for warning in warnings]
+
+
 def _show_progress(as_json: bool) -> bool:
     return not as_json and sys.stderr.isatty() and os.environ.get("FLOWTIDE_NO_PROGRESS") is None
 
@@ -287,15 +351,21 @@ def _run_remote(
     server: str, target: str, overrides: dict[str, Any], *, as_json: bool, pool: str | None
 ) -> int:
     """Submit `target` to a server and follow it to the end."""
-    from flowtide.client import ServerClient, ServerError
+    from flowtide.client import ServerError
 
     try:
         text, catalog_id = _remote_target(target)
     except typer.BadParameter as exc:
         _err(f"error: {exc}")
         return EXIT_INVALID
+    if text is not None:
+        from flowtide.errors import PlaybookError
+        from flowtide.playbook.loader import parse_playbook
+
+        with contextlib.suppress(PlaybookError):  # the server reports what is invalid
+            _warn_pasted_sql(parse_playbook(text, target), target)
     eid: int | None = None
-    with ServerClient(server) as api:
+    with _client(server) as api:
         try:
             eid = api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
             if not as_json:
@@ -362,6 +432,7 @@ def _execute(
     kv_url: str = "memory://",
     kv_bucket: str = "flowtide_state",
     kv_ttl: float = 3600.0,
+    nats_creds: Path | None = None,
 ) -> int:
     """Run (or resume) one execution embedded and report it. Returns the exit code."""
     import asyncio
@@ -374,9 +445,11 @@ def _execute(
     from flowtide.credentials import CredentialVault
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
     from flowtide.kv import KVError
+    from flowtide.redaction import install_log_masking, mask_value
     from flowtide.runtime.local import LocalRuntime
     from flowtide.runtime.report import error_location, execution_document
 
+    install_log_masking()
     store = _store(home, db)
     vault = CredentialVault(store, _home(home))
     show_progress = _show_progress(as_json)
@@ -396,7 +469,7 @@ def _execute(
             view = ProgressView(Console(stderr=True), title=target or f"execution {execution_id}")
             listener = view.on_events
         # Connected before anything starts, so a bad --kv runs nothing.
-        kv = await _open_kv(kv_url, kv_bucket, ttl=kv_ttl or None)
+        kv = await _open_kv(kv_url, kv_bucket, ttl=kv_ttl or None, nats_creds=nats_creds)
         try:
             async with LocalRuntime(
                 store, kv=kv, credentials=vault, listener=listener, data_dir=_home(home) / "data"
@@ -404,6 +477,7 @@ def _execute(
                 if action == "run":
                     assert target is not None
                     playbook, version = _load_target(target, store)
+                    _warn_pasted_sql(playbook, target)
                     eid = await runtime.start(
                         playbook, workload=overrides or {}, catalog_version=version
                     )
@@ -419,7 +493,9 @@ def _execute(
                 else:
                     state = await runtime.wait(eid)
                 location.append(error_location(state))
-                return execution_document(state)
+                # Printed, not used: values of the execution's secret set are masked.
+                masked: dict[str, Any] = mask_value(execution_document(state), state.secrets)
+                return masked
         finally:
             await _close_kv(kv)
 
@@ -471,6 +547,7 @@ def run(
     kv: KvOpt = "memory://",
     kv_bucket: KvBucketOpt = "flowtide_state",
     kv_ttl: KvTtlOpt = 3600.0,
+    nats_creds: NatsCredsOpt = None,
     server: ServerOpt = None,
 ) -> None:
     """Run a playbook embedded (or on a flowtide server with --server), to the end.
@@ -497,6 +574,7 @@ def run(
             kv_url=kv,
             kv_bucket=kv_bucket,
             kv_ttl=kv_ttl,
+            nats_creds=nats_creds,
         )
     )
 
@@ -511,6 +589,7 @@ def resume(
     kv: KvOpt = "memory://",
     kv_bucket: KvBucketOpt = "flowtide_state",
     kv_ttl: KvTtlOpt = 3600.0,
+    nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Continue a stopped run from its event log (completed steps and iterations are kept)."""
     raise typer.Exit(
@@ -524,6 +603,7 @@ def resume(
             kv_url=kv,
             kv_bucket=kv_bucket,
             kv_ttl=kv_ttl,
+            nats_creds=nats_creds,
         )
     )
 
@@ -542,12 +622,19 @@ def validate(
     for file in files:
         try:
             playbook = load_playbook(file)
+            if as_json:
+                from flowtide.playbook.sqllint import lint_playbook
+
+                warnings = [w.to_dict() for w in lint_playbook(playbook, str(file))]
+            else:
+                warnings = _warn_pasted_sql(playbook, str(file))
             report.append(
                 {
                     "file": str(file),
                     "valid": True,
                     "name": playbook.name,
                     "steps": len(playbook.steps),
+                    "warnings": warnings,
                 }
             )
             if not as_json:
@@ -576,17 +663,16 @@ def status(
 ) -> None:
     """Show an execution's status, steps and result (rebuilt from its event log)."""
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             doc = _remote_or_exit(lambda: api.execution(execution_id))
         label = doc.pop("playbook", None)
     else:
+        from flowtide.redaction import mask_value
         from flowtide.runtime.report import execution_document
 
         store = _store(home, db)
         row, state = _folded(store, execution_id)
-        doc = execution_document(state)
+        doc = mask_value(execution_document(state), state.secrets)
         if not state.terminal:
             doc["status"] = "running" if row.status == "running" else row.status
         store.close()
@@ -608,6 +694,17 @@ def status(
     console.print(table)
     if doc["error"]:
         console.print(f"[red]error[/]: {doc['error']}")
+
+
+def _client(server: str) -> Any:
+    """A ServerClient for `server`; a token that cannot be read ends the command (exit 2)."""
+    from flowtide.client import ServerClient, ServerError
+
+    try:
+        return ServerClient(server)
+    except ServerError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
 
 
 def _remote_or_exit(call: Any) -> Any:
@@ -640,9 +737,7 @@ def events(
     from flowtide.engine.events import Event
 
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             if follow and not as_json:
                 _remote_or_exit(lambda: api.execution(execution_id))
                 try:
@@ -658,18 +753,25 @@ def events(
             return
         log = [Event.from_dict(doc) for doc in docs]
     else:
+        from flowtide.engine.events import SECRETS_ADDED
+        from flowtide.engine.state import secret_values
+        from flowtide.redaction import mask_event_doc
+
         store = _store(home, db)
         _execution_or_exit(store, execution_id)
         log = store.events(execution_id)
         store.close()
+        secrets = frozenset().union(*(secret_values(e) for e in log if e.type == SECRETS_ADDED))
+        docs = [mask_event_doc(e.to_dict(), secrets) for e in log]
         if as_json:
             _print_json(
                 [
-                    e.to_dict() | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
-                    for e in log
+                    doc | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
+                    for doc, e in zip(docs, log, strict=True)
                 ]
             )
             return
+        log = [Event.from_dict(doc) for doc in docs]
     for e in log:
         _print_event(e)
 
@@ -705,7 +807,6 @@ def execute(
 ) -> None:
     """Start a playbook on a server and return at once with its execution id (follow it
     with `flowtide status ID` / `flowtide events ID --follow`)."""
-    from flowtide.client import ServerClient
 
     try:
         overrides = _overrides(set_, payload)
@@ -713,7 +814,7 @@ def execute(
     except typer.BadParameter as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    with ServerClient(server) as api:
+    with _client(server) as api:
         eid = _remote_or_exit(
             lambda: api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
         )
@@ -736,9 +837,8 @@ def cancel(
 ) -> None:
     """Cancel an execution on a server: no new commands are issued, running workers see
     the cancellation and stop. (An embedded run stops with Ctrl-C.)"""
-    from flowtide.client import ServerClient
 
-    with ServerClient(server) as api:
+    with _client(server) as api:
         doc = _remote_or_exit(lambda: api.cancel(execution_id, reason))
     if as_json:
         _print_json(doc)
@@ -834,9 +934,7 @@ def list_executions(
     import datetime
 
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             items = _remote_or_exit(lambda: api.list_executions(status=status_filter, limit=limit))
         if as_json:
             _print_json(items)
@@ -894,9 +992,7 @@ def catalog_register(
     api = None
     store = None
     if server:
-        from flowtide.client import ServerClient
-
-        api = ServerClient(server)
+        api = _client(server)
     else:
         store = _store(home, db)
     bad = 0
@@ -933,9 +1029,7 @@ def catalog_list(
 ) -> None:
     """List registered playbooks (latest version of each path)."""
     if server:
-        from flowtide.client import ServerClient
-
-        with ServerClient(server) as api:
+        with _client(server) as api:
             items = _remote_or_exit(api.list_playbooks)
         if as_json:
             _print_json(items)
@@ -963,6 +1057,17 @@ def catalog_list(
         typer.echo(f"{r.path}  v{r.version}  ({r.versions} versions)  {r.source_file or ''}")
 
 
+CredServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        help="Store it on this flowtide server (the server encrypts it; needs an admin "
+        "FLOWTIDE_TOKEN) instead of --db / the local store.",
+        show_default=False,
+    ),
+]
+
+
 @credential_app.command("set")
 def credential_set(
     name: Annotated[str, typer.Argument(help="Alias used in playbooks (auth: NAME).")],
@@ -972,6 +1077,7 @@ def credential_set(
     kind: Annotated[str, typer.Option(help="Credential kind, e.g. postgres, http.")] = "generic",
     home: HomeOpt = None,
     db: DbOpt = None,
+    server: CredServerOpt = None,
 ) -> None:
     """Store (or replace) a credential alias, encrypted with the master key."""
     from flowtide.credentials import CredentialVault
@@ -989,18 +1095,33 @@ def credential_set(
     if not isinstance(data, dict):
         _err("error: --json must be a JSON object")
         raise typer.Exit(EXIT_INVALID)
+    if server:
+        with _client(server) as api:
+            _remote_or_exit(lambda: api.set_credential(name, data, kind))
+        typer.echo(f"credential '{name}' stored on {redact_url(server)}")
+        return
+    from flowtide.redaction import weak_fields, weak_message
+
     store = _store(home, db)
     CredentialVault(store, _home(home)).set(name, data, kind=kind)
     store.close()
     typer.echo(f"credential '{name}' stored")
+    for field, reason in weak_fields(data):
+        _err(f"warning: {weak_message(name, field, reason)}")
 
 
 @credential_app.command("list")
-def credential_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None) -> None:
+def credential_list(
+    as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None, server: CredServerOpt = None
+) -> None:
     """List credential aliases (never their values)."""
-    store = _store(home, db)
-    rows = store.list_credentials()
-    store.close()
+    if server:
+        with _client(server) as api:
+            rows = _remote_or_exit(api.list_credentials)
+    else:
+        store = _store(home, db)
+        rows = store.list_credentials()
+        store.close()
     if as_json:
         _print_json(rows)
         return
@@ -1009,9 +1130,17 @@ def credential_list(as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = 
 
 
 @credential_app.command("delete")
-def credential_delete(name: str, home: HomeOpt = None, db: DbOpt = None) -> None:
+def credential_delete(
+    name: str, home: HomeOpt = None, db: DbOpt = None, server: CredServerOpt = None
+) -> None:
     """Delete a credential alias."""
     from flowtide.errors import NotFoundError
+
+    if server:
+        with _client(server) as api:
+            _remote_or_exit(lambda: api.delete_credential(name))
+        typer.echo(f"credential '{name}' deleted on {redact_url(server)}")
+        return
 
     store = _store(home, db)
     try:
@@ -1022,6 +1151,62 @@ def credential_delete(name: str, home: HomeOpt = None, db: DbOpt = None) -> None
     finally:
         store.close()
     typer.echo(f"credential '{name}' deleted")
+
+
+@credential_app.command("rotate-key")
+def credential_rotate_key(
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    retire: Annotated[
+        bool,
+        typer.Option(
+            "--retire",
+            help="Second step: re-encrypt once more with the newest key and drop the older"
+            " ones (run it when every process has the new key).",
+        ),
+    ] = False,
+    new_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--new-key-file",
+            help="Where the keys go when they are in FLOWTIDE_MASTER_KEY (default:"
+            " HOME/master.key.new); with the key file, the file itself is updated.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Re-encrypt every credential, keychain entry and sealed value with a new master key.
+
+    Two steps, so that nothing is ever unreadable: `rotate-key` makes a new key, puts it
+    first (it encrypts from now on) and keeps the old ones for decryption only; once every
+    process has the new key, `rotate-key --retire` re-encrypts what was sealed meanwhile
+    and drops the old keys. Run it where the store's master key is (the server's machine
+    for --db postgresql://)."""
+    from flowtide.credentials import MASTER_KEY_ENV, CredentialVault
+    from flowtide.errors import CredentialError, StoreError
+
+    store = _store(home, db)
+    try:
+        done = CredentialVault(store, _home(home)).rotate_key(new_key_file, retire=retire)
+    except (CredentialError, StoreError) as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        store.close()
+    typer.echo(f"{done.resealed} sealed values re-encrypted with the newest master key")
+    if done.from_env:
+        typer.echo(
+            f"the keys are in {done.key_file} (mode 0600, {done.keys} of them): put its"
+            f" lines, comma-separated, in {MASTER_KEY_ENV} of every process that reads"
+            " credentials, then delete the file"
+        )
+    else:
+        typer.echo(f"the key file {done.key_file} holds {done.keys} key(s)")
+    if not retire:
+        typer.echo(
+            "the old keys still decrypt; once every process has the new one, run"
+            " `flowtide credential rotate-key --retire`"
+        )
 
 
 # -------------------------------------------------------------------- server, worker
@@ -1051,40 +1236,198 @@ def server_cmd(
         ),
     ] = 30.0,
     cluster_db: ClusterDbOpt = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Serve every request without a token: anyone who reaches the port may run "
+            "code on the workers. Only for a machine nobody else can reach.",
+        ),
+    ] = False,
+    jwks_url: Annotated[
+        str | None,
+        typer.Option(
+            "--jwks-url",
+            envvar="FLOWTIDE_JWKS_URL",
+            help="Also accept bearer JWTs signed by a key of this JWKS (single sign-on).",
+            show_default=False,
+        ),
+    ] = None,
+    jwt_issuer: Annotated[
+        str | None,
+        typer.Option("--jwt-issuer", envvar="FLOWTIDE_JWT_ISSUER", help="Required `iss`."),
+    ] = None,
+    jwt_audience: Annotated[
+        str | None,
+        typer.Option("--jwt-audience", envvar="FLOWTIDE_JWT_AUDIENCE", help="Required `aud`."),
+    ] = None,
+    jwt_roles_claim: Annotated[
+        str,
+        typer.Option(
+            "--jwt-roles-claim",
+            envvar="FLOWTIDE_JWT_ROLES_CLAIM",
+            help="Claim holding the caller's roles or groups (a string or a list).",
+        ),
+    ] = "flowtide_roles",
+    jwt_role: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--jwt-role",
+            help="VALUE=ROLE: a value of the roles claim that grants ROLE (repeat it). "
+            "Without any, the values must be role names.",
+            show_default=False,
+        ),
+    ] = None,
+    jwt_pool_claim: Annotated[
+        str,
+        typer.Option(
+            "--jwt-pool-claim",
+            envvar="FLOWTIDE_JWT_POOL_CLAIM",
+            help="Claim naming a worker's pool (absent: any pool).",
+        ),
+    ] = "flowtide_pool",
+    max_body: Annotated[
+        int,
+        typer.Option(
+            "--max-body",
+            envvar="FLOWTIDE_MAX_BODY",
+            min=1024,
+            help="Largest request body in bytes; larger ones get 413 unread.",
+        ),
+    ] = 16 * 1024 * 1024,
+    public_metrics: Annotated[
+        bool,
+        typer.Option("--public-metrics", help="Serve /metrics without a token."),
+    ] = False,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert",
+            envvar="FLOWTIDE_TLS_CERT",
+            exists=True,
+            dir_okay=False,
+            help="Serve HTTPS with this certificate (PEM, with its chain).",
+            show_default=False,
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-key",
+            envvar="FLOWTIDE_TLS_KEY",
+            exists=True,
+            dir_okay=False,
+            help="The certificate's private key (PEM).",
+            show_default=False,
+        ),
+    ] = None,
+    client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--client-ca",
+            envvar="FLOWTIDE_CLIENT_CA",
+            exists=True,
+            dir_okay=False,
+            help="Mutual TLS: require a client certificate signed by this CA (PEM).",
+            show_default=False,
+        ),
+    ] = None,
+    nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Run the API server: executions, events, claims, the outbox relay and the reaper.
 
     Several processes (or machines) may serve one database: state is the event log in
     PostgreSQL and loop state in the KV (use a nats:// --kv when there is more than one
     process). The schema is upgraded on start.
+
+    Every request but /healthz and /readyz needs a token (`flowtide token create`) or, with
+    --jwks-url, a JWT of your identity provider; the server refuses to start when neither
+    can authenticate anybody, unless --insecure-no-auth.
     """
     import shutil
     import tempfile
 
     import uvicorn
 
+    from flowtide.auth.oidc import parse_role_map
+    from flowtide.errors import FlowtideError
+
     if workers > 1 and kv.startswith("memory:"):
         _err("error: --workers > 1 needs a shared --kv (nats://...): loop state must be shared")
         raise typer.Exit(EXIT_INVALID)
+    try:
+        role_map = parse_role_map(jwt_role)
+    except FlowtideError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    if (tls_cert is None) != (tls_key is None) or (client_ca is not None and tls_cert is None):
+        _err("error: --tls-cert and --tls-key go together, and --client-ca needs both")
+        raise typer.Exit(EXIT_INVALID)
+    nats_auth = _nats_auth(nats_creds)
+    # Refused NATS credentials stop the server here with one line, rather than as a
+    # traceback from each of its processes' start-up.
+    _check_nats(nats_url, nats_auth)
     env = {
         "FLOWTIDE_DB": db,
         "FLOWTIDE_NATS": nats_url,
         "FLOWTIDE_KV": kv,
         "FLOWTIDE_KV_BUCKET": kv_bucket,
         "FLOWTIDE_LEASE": str(lease),
+        "FLOWTIDE_MAX_BODY": str(max_body),
+        "FLOWTIDE_INSECURE_NO_AUTH": "1" if insecure_no_auth else "",
+        "FLOWTIDE_PUBLIC_METRICS": "1" if public_metrics else "",
+        "FLOWTIDE_JWKS_URL": jwks_url or "",
+        "FLOWTIDE_JWT_ISSUER": jwt_issuer or "",
+        "FLOWTIDE_JWT_AUDIENCE": jwt_audience or "",
+        "FLOWTIDE_JWT_ROLES_CLAIM": jwt_roles_claim,
+        "FLOWTIDE_JWT_ROLES": ",".join(f"{k}={v}" for k, v in role_map.items()),
+        "FLOWTIDE_JWT_POOL_CLAIM": jwt_pool_claim,
     }
     if cluster_db:
         env["FLOWTIDE_CLUSTER_DB"] = cluster_db
+    # The server processes read their NATS credentials from the environment
+    # (ServerSettings.from_env), never from their command line.
+    env.update(nats_auth.env())
     # Prometheus multiprocess mode (flowtide.server.metrics): a fresh directory per server
     # run, set before any process imports prometheus_client; old files would be counted.
     metrics_dir = tempfile.mkdtemp(prefix="flowtide-metrics-")
     env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ.update(env)
     # Upgrade once here, not racing in N processes (it would be safe, only slower).
-    _store(None, db).close()
-    _err(
-        f"flowtide server on http://{host}:{port} (db {redact_url(db)}, nats {redact_url(nats_url)})"
+    store = _store(None, db)
+    try:
+        if not insecure_no_auth and not jwks_url:
+            from flowtide.auth.tokens import TokenStore
+
+            if not TokenStore(store).any_active():  # type: ignore[arg-type]
+                _err(
+                    "error: no way to authenticate anybody: the database has no active API"
+                    " token and no --jwks-url is given. Create the first admin token with\n"
+                    f"  flowtide token create --role admin --db {redact_url(db)}\n"
+                    "or give --jwks-url, or (on a machine nobody else can reach)"
+                    " --insecure-no-auth."
+                )
+                raise typer.Exit(EXIT_INVALID)
+    finally:
+        store.close()
+    auth = (
+        "OFF (--insecure-no-auth)"
+        if insecure_no_auth
+        else "tokens" + (f" + JWTs of {redact_url(jwks_url)}" if jwks_url else "")
     )
+    scheme = "https" if tls_cert else "http"
+    tls = "mutual TLS" if client_ca else "TLS" if tls_cert else "no TLS"
+    _err(
+        f"flowtide server on {scheme}://{host}:{port} (db {redact_url(db)}, nats"
+        f" {redact_url(nats_url)}, authentication: {auth}, {tls})"
+    )
+    ssl_options: dict[str, Any] = {}
+    if tls_cert:
+        import ssl
+
+        ssl_options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        if client_ca:
+            ssl_options |= {"ssl_ca_certs": str(client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     try:
         uvicorn.run(
             "flowtide.server.app:app_factory",
@@ -1093,6 +1436,7 @@ def server_cmd(
             port=port,
             workers=workers,
             log_level="warning",
+            **ssl_options,
         )
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -1114,16 +1458,51 @@ def worker_cmd(
         str | None, typer.Option("--worker-id", help="Default: HOSTNAME-PID.")
     ] = None,
     home: HomeOpt = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="File holding the worker's token (a `flowtide token create --role worker`);"
+            " default: FLOWTIDE_TOKEN, or the file in FLOWTIDE_TOKEN_FILE.",
+            show_default=False,
+        ),
+    ] = None,
+    ca: Annotated[
+        str | None,
+        typer.Option(
+            "--ca",
+            envvar="FLOWTIDE_CA",
+            help="CA file (PEM) that signed an https server's certificate; for mutual TLS"
+            " the worker shows FLOWTIDE_CLIENT_CERT / FLOWTIDE_CLIENT_KEY.",
+            show_default=False,
+        ),
+    ] = None,
+    nats_creds: NatsCredsOpt = None,
 ) -> None:
     """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM)."""
     import asyncio
     import signal
 
+    from flowtide.auth.login import read_token_file
+    from flowtide.errors import AuthError, FlowtideError, NatsError
     from flowtide.runtime.remote import RemoteWorker
 
-    worker = RemoteWorker(
-        server, nats_url, pool=pool, concurrency=concurrency, worker_id=worker_id, home=_home(home)
-    )
+    try:
+        token = read_token_file(token_file) if token_file else None
+        worker = RemoteWorker(
+            server,
+            nats_url,
+            pool=pool,
+            concurrency=concurrency,
+            worker_id=worker_id,
+            home=_home(home),
+            token=token,
+            nats_auth=_nats_auth(nats_creds),
+            ca=ca,
+        )
+    except FlowtideError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -1133,11 +1512,17 @@ def worker_cmd(
 
     _err(f"flowtide worker {worker.worker_id} (pool {pool}) -> {redact_url(server)}")
     try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(main())
+        else:
+            uvloop.run(main())
+    except (NatsError, AuthError) as exc:
+        # Credentials refused (NATS or the API), or the pool's consumer out of reach: say
+        # which and stop, instead of a traceback.
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 # ------------------------------------------------------------------------------ db
@@ -1299,22 +1684,30 @@ class _KVUnavailable(Exception):
 
 
 async def _open_kv(
-    url: str, bucket: str, *, ttl: float | None = 3600.0, create: bool = True
+    url: str,
+    bucket: str,
+    *,
+    ttl: float | None = 3600.0,
+    create: bool = True,
+    nats_creds: Path | None = None,
 ) -> Any:
-    """Connect to bucket `bucket` at `url` (created with `ttl` if missing, when `create`).
+    """Connect to bucket `bucket` at `url` (created with `ttl` if missing, when `create`),
+    with the NATS credentials of --nats-creds or FLOWTIDE_NATS_USER/PASSWORD.
 
     Raises:
         _KVUnavailable: bad URL or bucket name, server unreachable or refusing.
     """
     from flowtide.kv import KVError, connect
+    from flowtide.natsauth import NatsAuth
 
     shown = redact_url(url)
+    auth = NatsAuth.from_env(creds=str(nats_creds) if nats_creds else None)
     try:
-        return await connect(url, bucket, ttl=ttl, create=create)
+        return await connect(url, bucket, ttl=ttl, create=create, nats_auth=auth)
     except KVError as exc:
-        reason = scrub_url(exc.message, url)
+        reason = auth.scrub(exc.message, url)
     except Exception as exc:  # a driver's error the adapter let through
-        reason = scrub_url(f"{type(exc).__name__}: {exc}", url)
+        reason = auth.scrub(f"{type(exc).__name__}: {exc}", url)
     # The adapters' messages mostly name the URL already; say it once.
     if shown in reason:
         raise _KVUnavailable(reason)
@@ -1342,7 +1735,14 @@ def _require_shared_kv(url: str) -> None:
         raise typer.Exit(EXIT_INVALID)
 
 
-def _kv_command(url: str, bucket: str, body: Any, *, interrupt_ok: bool = False) -> None:
+def _kv_command(
+    url: str,
+    bucket: str,
+    body: Any,
+    *,
+    interrupt_ok: bool = False,
+    nats_creds: Path | None = None,
+) -> None:
     """Run `await body(kv)` on an open handle and turn KV errors into exit codes:
     2 for bad input (URL, key, filter, no such key or bucket), 1 for a failure."""
     import asyncio
@@ -1357,7 +1757,7 @@ def _kv_command(url: str, bucket: str, body: Any, *, interrupt_ok: bool = False)
         # flowtide's own state bucket may not exist before the first run (`kv watch` in
         # one terminal, `run` in another); any other name must: `--bucket typo` is an
         # error, not a new bucket.
-        kv = await _open_kv(url, bucket, create=bucket == DEFAULT_BUCKET)
+        kv = await _open_kv(url, bucket, create=bucket == DEFAULT_BUCKET, nats_creds=nats_creds)
         try:
             await body(kv)
         finally:
@@ -1454,6 +1854,7 @@ def kv_ls(
     ] = ">",
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of keys.")] = False,
 ) -> None:
     """List the keys that hold a value, sorted, one per line."""
@@ -1468,7 +1869,7 @@ def kv_ls(
         if not keys:
             _err(f"no keys match {filter_!r} in bucket {bucket!r}")
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("get")
@@ -1485,6 +1886,7 @@ def kv_get(
     ] = False,
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -1526,7 +1928,7 @@ def kv_get(
             lines.append(text)
         sys.stdout.write("\n".join(lines) + "\n")
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("history")
@@ -1534,6 +1936,7 @@ def kv_history(
     key: Annotated[str, typer.Argument(help="The key.")],
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print a JSON list of entries, oldest first.")
     ] = False,
@@ -1561,7 +1964,7 @@ def kv_history(
             )
         Console().print(table)
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("watch")
@@ -1583,6 +1986,7 @@ def kv_watch(
     ] = False,
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -1632,7 +2036,7 @@ def kv_watch(
                     sys.stdout.flush()
         raise KVError(f"the watch on bucket {bucket!r} ended (bucket deleted or connection lost)")
 
-    _kv_command(url, bucket, body, interrupt_ok=True)
+    _kv_command(url, bucket, body, interrupt_ok=True, nats_creds=nats_creds)
 
 
 @kv_app.command("del")
@@ -1643,6 +2047,7 @@ def kv_del(
     ] = False,
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete a key: a DEL marker is written, its history kept.
@@ -1668,13 +2073,14 @@ def kv_del(
                 f"purged {key} (history dropped)\n" if purge else f"deleted {key} (history kept)\n"
             )
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
 
 
 @kv_app.command("status")
 def kv_status(
     url: KvUrlOpt = "memory://",
     bucket: KvBucketNameOpt = "flowtide_state",
+    nats_creds: NatsCredsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the bucket's size and configuration.
@@ -1707,7 +2113,24 @@ def kv_status(
         ]
         sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
 
-    _kv_command(url, bucket, body)
+    _kv_command(url, bucket, body, nats_creds=nats_creds)
+
+
+@app.callback()
+def _options(
+    ca: Annotated[
+        str | None,
+        typer.Option(
+            "--ca",
+            help="CA file (PEM) that signed the https server's certificate, for every"
+            " command that talks to a server (same as FLOWTIDE_CA). For mutual TLS, set"
+            " FLOWTIDE_CLIENT_CERT and FLOWTIDE_CLIENT_KEY.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    if ca:
+        os.environ["FLOWTIDE_CA"] = ca
 
 
 def main() -> None:

@@ -8,6 +8,9 @@
 
 Every failure is a `ServerError` carrying the server's own message (the API answers errors
 as {"error": {"status", "message", ...}}) or saying the server cannot be reached.
+
+Every call carries `Authorization: Bearer <token>`: the token given, else FLOWTIDE_TOKEN,
+FLOWTIDE_TOKEN_FILE or the dev stack's (see flowtide.auth.login).
 """
 
 from __future__ import annotations
@@ -36,9 +39,30 @@ class ServerError(Exception):
 class ServerClient:
     """Synchronous calls to one flowtide server."""
 
-    def __init__(self, url: str, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        token: str | None = None,
+        ca: str | None = None,
+    ) -> None:
+        """`token`: see flowtide.auth.login; `ca`: the CA file that signed an https
+        server's certificate (default FLOWTIDE_CA, or the system's; see flowtide.tls)."""
+        from flowtide.auth.login import resolve_token
+        from flowtide.errors import FlowtideError
+        from flowtide.tls import client_tls
+
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        try:
+            self.token = resolve_token(self.url, token)
+            verify = client_tls(self.url, ca=ca).context()
+        except FlowtideError as exc:
+            raise ServerError(str(exc)) from None
+        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout, headers=headers, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -60,13 +84,19 @@ class ServerClient:
             self._raise_for(r)
         return r.json()
 
-    @staticmethod
-    def _raise_for(r: httpx.Response) -> None:
+    def _raise_for(self, r: httpx.Response) -> None:
         try:
-            message = r.json()["error"]["message"]
+            message = str(r.json()["error"]["message"])
         except (ValueError, KeyError, TypeError):
             message = r.text.strip() or r.reason_phrase
-        raise ServerError(str(message), r.status_code)
+        if r.status_code == 401:
+            message += (
+                " (no token was sent: export FLOWTIDE_TOKEN=... or FLOWTIDE_TOKEN_FILE=PATH;"
+                " an admin creates one with `flowtide token create`)"
+                if not self.token
+                else " (the token in use was refused: is it revoked or expired?)"
+            )
+        raise ServerError(message, r.status_code)
 
     # -- executions ----------------------------------------------------------------------
 
@@ -210,3 +240,37 @@ class ServerClient:
     def get_playbook(self, path: str, version: int | None = None) -> dict[str, Any]:
         params = {"version": version} if version else {}
         return dict(self._call("GET", f"/api/catalog/{path}", params=params))
+
+    # -- credentials and tokens (admin) --------------------------------------------------
+
+    def set_credential(self, name: str, data: dict[str, Any], kind: str = "generic") -> Any:
+        body = {"name": name, "data": data, "kind": kind}
+        return self._call("POST", "/api/credentials", json=body)
+
+    def list_credentials(self) -> list[Any]:
+        return list(self._call("GET", "/api/credentials"))
+
+    def delete_credential(self, name: str) -> Any:
+        return self._call("DELETE", f"/api/credentials/{name}")
+
+    def create_token(
+        self,
+        role: str,
+        *,
+        name: str | None = None,
+        pool: str | None = None,
+        expires_in: float | None = None,
+    ) -> dict[str, Any]:
+        """A new API token: its record and, under "token", its text (shown this once)."""
+        body = {"role": role, "name": name, "pool": pool, "expires_in": expires_in}
+        return dict(self._call("POST", "/api/tokens", json=body))
+
+    def list_tokens(self, *, include_inactive: bool = False) -> list[Any]:
+        params = {"all": "true"} if include_inactive else {}
+        return list(self._call("GET", "/api/tokens", params=params)["items"])
+
+    def revoke_token(self, id_or_name: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/api/tokens/{id_or_name}"))
+
+    def whoami(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/api/whoami"))

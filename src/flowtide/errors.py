@@ -7,6 +7,8 @@
     ├── StoreError           event/command/catalog store failure
     │   └── NotFoundError    no such execution / playbook / credential
     ├── CredentialError      missing alias, bad master key
+    ├── AuthError            a request without valid credentials (401) or rights (403)
+    ├── NatsError            NATS unreachable, credentials refused or incomplete (url)
     └── KVError              key-value port errors (see flowtide.kv)
 
 Errors carry their data as attributes; the message is for people.
@@ -164,4 +166,29 @@ class NotFoundError(StoreError):
 
 
 class CredentialError(FlowtideError):
-    """A credential alias is missing or cannot be decrypted."""
+    """A credential alias is missing (`missing`) or cannot be decrypted."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        self.missing = missing
+        super().__init__(message)
+
+
+class AuthError(FlowtideError):
+    """A request that may not be served: `status` is 401 (no valid credential) or 403
+    (a valid credential without the right to do this)."""
+
+    def __init__(self, message: str, *, status: int = 403) -> None:
+        self.message = message
+        self.status = status
+        super().__init__(message)
+
+
+class NatsError(FlowtideError):
+    """A NATS connection of the server or a worker could not be made: the server is
+    unreachable, refused the credentials, or they are incomplete. `url` is the NATS URL
+    with its password shown as ***."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        self.message = message
+        self.url = url
+        super().__init__(message)

@@ -96,7 +96,9 @@ def test_validate(ft: Flowtide) -> None:
     assert "fan_in.yaml: ok (8 steps" in good.stdout
 
     report = ft.json("validate", BASIC)
-    assert report == [{"file": str(BASIC), "valid": True, "name": "basic", "steps": 2}]
+    assert report == [
+        {"file": str(BASIC), "valid": True, "name": "basic", "steps": 2, "warnings": []}
+    ]
 
     bad = INVALID / "unknown_kind.yaml"
     proc = ft("validate", BASIC, bad)

@@ -1,4 +1,5 @@
-"""Fixtures of the distributed tests: one stack per module (server + 2 workers)."""
+"""Fixtures of the distributed tests: one stack per module (server + 2 workers), on a
+nats-server with flowtide's users and subject permissions (as `flowtide dev up` runs it)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def stack(pg_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack
     root = tmp_path_factory.mktemp("stack")
     name = f"dist_{next(_names)}"
     db = pg_server.create_database(name)
-    nats = NatsServer.start(root / "nats")
-    stack = Stack(db=db, nats=nats.url, root=root)
+    # "nokey": a worker started by tests/distributed/test_access.py.
+    nats = NatsServer.start_secured(root / "nats", pools=("default", "nokey"))
+    stack = Stack(db=db, nats=nats.url, root=root, nats_users=nats.users)
     try:
         stack.start_server()
         stack.start_worker()

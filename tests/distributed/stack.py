@@ -15,6 +15,8 @@ from typing import IO, Any
 
 import httpx
 
+from flowtide.dev.nats import SERVER_USER, NatsUser, worker_user_name
+
 
 def _free_port() -> int:
     import socket
@@ -43,6 +45,12 @@ class Stack:
     lease: float = 3.0
     kv: str = "memory://"
     master_key: str | None = None
+    #: API tokens by role (created in the database before the server starts): admin,
+    #: operator, reader, and worker (any pool; the workers' and the tests' own).
+    tokens: dict[str, str] = field(default_factory=dict)
+    #: NATS users by name (NatsServer.start_secured): the server and each worker get
+    #: their own through the environment, as `flowtide dev up` hands them out.
+    nats_users: dict[str, NatsUser] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -50,23 +58,66 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
+        """The environment of the stack's processes and CLI runs (admin token)."""
         env = flowtide_env(self.root / "home")
         if self.master_key:
             env["FLOWTIDE_MASTER_KEY"] = self.master_key
+        if "admin" in self.tokens:
+            env["FLOWTIDE_TOKEN"] = self.tokens["admin"]
         return env
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def headers(self, role: str = "admin") -> dict[str, str]:
+        return {"authorization": f"Bearer {self.tokens[role]}"}
+
+    def client(self, role: str = "admin", **kwargs: Any) -> httpx.Client:
+        """An HTTP client of the API with the token of `role`."""
+        kwargs.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.url, headers=self.headers(role), **kwargs)
+
+    def worker_client(self, *worker_ids: str, pool: str = "default", **kwargs: Any) -> httpx.Client:
+        """A client with the worker token, `worker_ids` registered under it (a test that
+        claims and reports as these workers)."""
+        with self.client("worker") as first:
+            for worker_id in worker_ids:
+                r = first.post(
+                    "/api/worker/pool/register", json={"worker_id": worker_id, "pool": pool}
+                )
+                assert r.status_code == 200, r.text
+        # Unopened: usable in a `with` as well as directly.
+        return self.client("worker", **kwargs)
+
+    def ensure_tokens(self) -> None:
+        """Create the tokens (once per database: a restarted server keeps them)."""
+        if self.tokens:
+            return
+        from flowtide.auth.tokens import TokenStore
+        from flowtide.store.postgres import PostgresStore
+
+        with PostgresStore(self.db, max_size=2) as store:
+            tokens = TokenStore(store)
+            for role in ("admin", "operator", "reader", "worker"):
+                self.tokens[role], _ = tokens.create(role=role, name=f"test-{role}-{self.port}")
+
+    def nats_env(self, user: str) -> dict[str, str]:
+        """FLOWTIDE_NATS_USER/PASSWORD of NATS user `user` (nothing on an open server)."""
+        found = self.nats_users.get(user)
+        return found.auth().env() if found is not None else {}
+
+    def _spawn(
+        self, name: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self.logs.append(log)
         return subprocess.Popen(
             [sys.executable, "-m", "flowtide.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=self.root,
         )
 
     def start_server(self) -> None:
+        self.ensure_tokens()
         self.server = self._spawn(
             "server",
             "server",
@@ -80,6 +131,7 @@ class Stack:
             str(self.lease),
             "--kv",
             self.kv,
+            env=self.nats_env(SERVER_USER),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -99,7 +151,9 @@ class Stack:
         self.server.send_signal(signal.SIGKILL)
         self.server.wait()
 
-    def start_worker(self, concurrency: int = 8, pool: str = "default") -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, concurrency: int = 8, pool: str = "default", env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         n = len(self.workers)
         proc = self._spawn(
             f"worker{n}",
@@ -114,6 +168,11 @@ class Stack:
             str(concurrency),
             "--worker-id",
             f"w{n}",
+            env={
+                "FLOWTIDE_TOKEN": self.tokens["worker"],
+                **self.nats_env(worker_user_name(pool)),
+                **(env or {}),
+            },
         )
         self.workers.append(proc)
         return proc

@@ -137,7 +137,7 @@ def _start(client: httpx.Client, playbook: str, **extra: Any) -> str:
 
 
 def test_stream_yields_every_event_once_in_order_then_end(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=60) as client:
+    with stack.client(timeout=60) as client:
         eid = _start(client, STEPS, payload={"pause": 0.2})
         messages = _stream(client, eid)
         end = messages.pop()
@@ -158,7 +158,7 @@ def test_stream_yields_every_event_once_in_order_then_end(stack: Stack) -> None:
 
 
 def test_stream_resumes_after_last_event_id_without_gaps_or_repeats(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=60) as client:
+    with stack.client(timeout=60) as client:
         eid = _start(client, STEPS, payload={"pause": 0.3})
         # Drop the connection mid-run, then reconnect as an EventSource does.
         first = _stream(client, eid, stop_after=3)
@@ -182,7 +182,7 @@ def test_stream_resumes_after_last_event_id_without_gaps_or_repeats(stack: Stack
 
 
 def test_stream_bad_input(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         r = client.get("/api/executions/12345/events/stream")
         assert r.status_code == 404 and "12345" in r.json()["error"]["message"]
         eid = _start(client, ONE_STEP)
@@ -201,7 +201,7 @@ def test_stream_bad_input(stack: Stack) -> None:
 
 
 def test_finalize_makes_a_stuck_execution_terminal_once(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         # Pool "idle" has no workers: the execution waits forever for its command.
         eid = _start(client, ONE_STEP, pool="idle")
         deadline = time.monotonic() + 30
@@ -235,7 +235,8 @@ def test_finalize_makes_a_stuck_execution_terminal_once(stack: Stack) -> None:
             params={"execution_id": eid, "command_id": command["command_id"]},
         ).json()
         assert got["status"] == "cancelled"
-        claim = client.post(
+        late = stack.worker_client("late", pool="idle")
+        claim = late.post(
             f"/api/commands/{command['event_id']}/claim",
             json={"worker_id": "late", "execution_id": eid, "command_id": command["command_id"]},
         )
@@ -250,7 +251,8 @@ def test_finalize_makes_a_stuck_execution_terminal_once(stack: Stack) -> None:
             "command_id": command["command_id"],
             "worker_id": "late",
         }
-        assert client.post("/api/events", json=report).status_code == 409
+        assert late.post("/api/events", json=report).status_code == 409
+        late.close()
         assert client.get(f"/api/executions/{eid}/cancellation-check").json()["cancelled"]
         # Again: nothing changes.
         again = client.post(
@@ -264,7 +266,7 @@ def test_finalize_makes_a_stuck_execution_terminal_once(stack: Stack) -> None:
 
 
 def test_finalize_a_running_step_to_cancelled_or_completed(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         eid = _start(client, SLEEPER)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -294,7 +296,7 @@ def test_finalize_a_running_step_to_cancelled_or_completed(stack: Stack) -> None
 
 
 def test_finalize_bad_input(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         r = client.post("/api/executions/12345/finalize", json={"reason": "x"})
         assert r.status_code == 404
         eid = _start(client, ONE_STEP, pool="idle")
@@ -309,7 +311,7 @@ def test_finalize_bad_input(stack: Stack) -> None:
 
 
 def test_vars_round_trip(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         eid = _start(client, ONE_STEP, pool="idle")
         base = f"/api/vars/{eid}"
         assert client.get(base).json() == {
@@ -350,7 +352,7 @@ def test_vars_round_trip(stack: Stack) -> None:
 
 
 def test_vars_bad_input(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         for method, path, body in [
             ("GET", "/api/vars/12345", None),
             ("POST", "/api/vars/12345", {"variables": {"a": 1}}),
@@ -388,7 +390,7 @@ def test_vars_bad_input(stack: Stack) -> None:
 
 
 def test_steps_read_variables_set_through_the_api(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         eid = _start(client, VARS)
         r = client.put(f"/api/vars/{eid}/greeting", json={"value": "hello"})
         assert r.status_code == 200, r.text

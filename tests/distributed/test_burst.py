@@ -18,7 +18,12 @@ from .test_faults import ONE_STEP
 
 def test_a_burst_of_400_executions_completes_and_the_api_keeps_answering(stack: Stack) -> None:
     def execute(_: int) -> str:
-        r = httpx.post(f"{stack.url}/api/execute", json={"playbook": ONE_STEP}, timeout=10)
+        r = httpx.post(
+            f"{stack.url}/api/execute",
+            json={"playbook": ONE_STEP},
+            headers=stack.headers(),
+            timeout=10,
+        )
         assert r.status_code == 201, r.text
         return str(r.json()["execution_id"])
 
@@ -27,7 +32,7 @@ def test_a_burst_of_400_executions_completes_and_the_api_keeps_answering(stack: 
     assert len(set(executions)) == 400
     # No request may wait 10 s (the stall lasted until the pool's 30 s timeout).
     deadline = time.monotonic() + 100
-    with httpx.Client(base_url=stack.url, timeout=10) as client:
+    with stack.client(timeout=10) as client:
         for eid in executions:
             while True:
                 status = client.get(f"/api/executions/{eid}/status").json()["status"]

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from flowtide.dev.postgres import find_pg_bin, free_port
@@ -26,12 +28,14 @@ pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _flowtide(home: Path, *args: Any, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _flowtide(
+    home: Path, *args: Any, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flowtide.cli", *map(str, args)],
         capture_output=True,
         text=True,
-        env={**flowtide_env(home), "FLOWTIDE_HOME": str(home)},
+        env={**flowtide_env(home), "FLOWTIDE_HOME": str(home), **(env or {})},
         cwd=ROOT,
         timeout=timeout,
     )
@@ -96,8 +100,18 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "5",
     )
     assert up.returncode == 0, up.stderr
-    url = f"http://127.0.0.1:{ports[0]}"
+    url = f"https://127.0.0.1:{ports[0]}"
     assert f"--server {url}" in up.stdout
+    # Mutual TLS with the stack's own CA: without a client certificate of it, or without
+    # trusting it, no connection; private keys are the owner's alone.
+    tls = home / "dev" / "tls"
+    assert all(key.stat().st_mode & 0o077 == 0 for key in tls.glob("*-key.pem"))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/healthz", verify=ssl.create_default_context(cafile=tls / "ca.pem"))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/healthz", timeout=5)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{ports[0]}/healthz", timeout=5)
     # The database password is in the state file (0600), never on screen.
     state = json.loads((home / "dev" / "stack.json").read_text())
     assert state["pg_password"] not in up.stdout + up.stderr
@@ -111,6 +125,33 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "server": "running",
         "worker-0": "running",
     }
+
+    # nats-server runs with users: its config is private, no part has a password on its
+    # command line (each got its own through its environment), a client without
+    # credentials is refused, and the workers' user cannot read the KV.
+    passwords = state["nats_passwords"]
+    assert set(passwords) == {"server", "worker-default"}
+    assert (home / "dev" / "nats.conf").stat().st_mode & 0o077 == 0
+    for name, part in parts.items():
+        cmdline = Path(f"/proc/{part['pid']}/cmdline").read_bytes().decode(errors="replace")
+        for secret in [state["pg_password"], *passwords.values()]:
+            assert secret not in cmdline, name
+    nats_url = f"nats://127.0.0.1:{ports[1]}"
+    anonymous = _flowtide(home, "kv", "ls", "--url", nats_url)
+    assert anonymous.returncode == 2 and "authorization violation" in anonymous.stderr
+    as_worker = _flowtide(
+        home,
+        "kv",
+        "ls",
+        "--url",
+        nats_url,
+        env={
+            "FLOWTIDE_NATS_USER": "worker-default",
+            "FLOWTIDE_NATS_PASSWORD": passwords["worker-default"],
+        },
+    )
+    assert as_worker.returncode == 2 and "permissions violation" in as_worker.stderr
+    assert passwords["worker-default"] not in as_worker.stderr
 
     logs = _flowtide(home, "dev", "logs", "server")
     assert logs.returncode == 0 and f"flowtide server on {url}" in logs.stdout

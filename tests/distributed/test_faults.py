@@ -72,7 +72,7 @@ def _events(client: httpx.Client, eid: str) -> list[dict[str, Any]]:
 
 
 def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         eid = client.post("/api/execute", json={"playbook": LOOP}).json()["execution_id"]
         # Let both workers get going, then kill one without warning while it holds
         # claimed commands.
@@ -124,13 +124,14 @@ def test_kill_9_worker_mid_loop_loses_and_duplicates_nothing(stack: Stack) -> No
 
 
 def test_exactly_one_of_many_claimers_wins(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         # Pool "idle" has no workers: the command waits for our claimers.
         eid, (event,) = _waiting_commands(client, ONE_STEP, 1)
         body = {"execution_id": eid, "command_id": event["command_id"]}
+        claimers = stack.worker_client(*(f"c{n}" for n in range(12)), "x", pool="idle")
 
         def claim(n: int) -> int:
-            r = client.post(
+            r = claimers.post(
                 f"/api/commands/{event['event_id']}/claim", json={**body, "worker_id": f"c{n}"}
             )
             return r.status_code
@@ -139,17 +140,18 @@ def test_exactly_one_of_many_claimers_wins(stack: Stack) -> None:
             codes = list(pool.map(claim, range(12)))
         assert codes.count(200) == 1 and codes.count(409) == 11, codes
         # A claim for an event that is not the command's latest issue is refused.
-        stale = client.post(
+        stale = claimers.post(
             f"/api/commands/{int(event['event_id']) + 1}/claim", json={**body, "worker_id": "x"}
         )
         assert stale.status_code == 409
+        claimers.close()
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
 
 
 def test_cancel_stops_issuing_and_late_reports_are_rejected(stack: Stack) -> None:
     playbook = LOOP.replace("count: 500, pause: 0.25", "count: 400, pause: 0.05")
     assert playbook != LOOP
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         eid = client.post("/api/execute", json={"playbook": playbook}).json()["execution_id"]
         time.sleep(1.0)
         r = client.post(f"/api/executions/{eid}/cancel", json={"reason": "enough"})
@@ -166,7 +168,7 @@ def test_cancel_stops_issuing_and_late_reports_are_rejected(stack: Stack) -> Non
 
 
 def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         r = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "bad pool!"})
         assert r.status_code == 422 and "pool" in r.json()["error"]["message"]
         r = client.post("/api/execute", json={"payload": {}})
@@ -181,18 +183,20 @@ def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:
         assert r.status_code == 404
         r = client.post("/api/execute", json={"path": "x", "version": 99999999999})
         assert r.status_code == 422 and "version" in r.json()["error"]["message"]
-        r = client.post("/api/events/batch", json={"execution_id": "x", "events": []})
+        worker = stack.client("worker")
+        r = worker.post("/api/events/batch", json={"execution_id": "x", "events": []})
         assert r.status_code == 422 and "execution_id" in r.json()["error"]["message"]
-        r = client.post("/api/events/batch", json={"execution_id": 1, "events": [{"type": "x"}]})
+        r = worker.post("/api/events/batch", json={"execution_id": 1, "events": [{"type": "x"}]})
         assert r.status_code == 422 and "events.0.event_id" in r.json()["error"]["message"]
-        r = client.post("/api/commands/1/claim", json={"worker_id": "w"})
+        r = worker.post("/api/commands/1/claim", json={"worker_id": "w"})
         assert r.status_code == 422 and "execution_id" in r.json()["error"]["message"]
         r = client.get("/api/executions/12345")
         assert r.status_code == 404
         r = client.get("/api/executions", params={"limit": -1})
         assert r.status_code == 422 and "limit" in r.json()["error"]["message"]
-        r = client.post("/api/worker/pool/heartbeat", json={"worker_id": "ghost"})
+        r = worker.post("/api/worker/pool/heartbeat", json={"worker_id": "ghost"})
         assert r.status_code == 404
+        worker.close()
         r = client.post(
             "/api/execute", content=b"{not json", headers={"content-type": "application/json"}
         )
@@ -200,7 +204,7 @@ def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:
 
 
 def test_health_metrics_pools_and_outbox(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
         ready = client.get("/readyz").json()
         assert ready["ready"] and ready["checks"] == {"database": "ok", "nats": "ok"}
@@ -239,11 +243,11 @@ def test_run_by_catalog_path_is_refused_cleanly_when_missing(stack: Stack, tmp_p
 
 
 def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client, stack.worker_client("other", pool="idle") as worker:
         eid, (event,) = _waiting_commands(client, ONE_STEP, 1)
         cid = event["command_id"]
         body = {"execution_id": eid, "command_id": cid, "worker_id": "ghost"}
-        client.post(
+        worker.post(
             "/api/worker/pool/register",
             json={
                 "worker_id": "ghost",
@@ -254,19 +258,19 @@ def test_a_lost_claim_answer_is_claimed_again_and_unnamed_leases_expire(stack: S
             },
         ).raise_for_status()
         # The holder asking again (its first answer was lost) gets the same claim back.
-        first = client.post(f"/api/commands/{event['event_id']}/claim", json=body)
-        again = client.post(f"/api/commands/{event['event_id']}/claim", json=body)
+        first = worker.post(f"/api/commands/{event['event_id']}/claim", json=body)
+        again = worker.post(f"/api/commands/{event['event_id']}/claim", json=body)
         assert first.status_code == again.status_code == 200
         assert first.json()["command"] == again.json()["command"]
         claimed = [e for e in _events(client, eid) if e["type"] == "command.claimed"]
         assert len(claimed) == 1
-        other = client.post(
+        other = worker.post(
             f"/api/commands/{event['event_id']}/claim", json={**body, "worker_id": "other"}
         )
         assert other.status_code == 409
 
         def beat(commands: list[str]) -> None:
-            client.post(
+            worker.post(
                 "/api/worker/pool/heartbeat",
                 json={"worker_id": "ghost", "running": len(commands), "commands": commands},
             ).raise_for_status()
@@ -349,12 +353,15 @@ def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
     """Reports that the server takes together (group commit) keep their own verdicts: a
     repeated report is a duplicate, a report by a worker that does not hold the command is
     stale (409), and only the valid ones are written."""
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with (
+        stack.client(timeout=30) as client,
+        stack.worker_client("t0", "t1", "t2", "someone-else", pool="idle") as worker,
+    ):
         eid, issued = _three_waiting_commands(client)
         for n, event in enumerate(issued):
-            r = client.post(
+            r = worker.post(
                 f"/api/commands/{event['event_id']}/claim",
-                json={"execution_id": eid, "command_id": event["command_id"], "worker_id": f"w{n}"},
+                json={"execution_id": eid, "command_id": event["command_id"], "worker_id": f"t{n}"},
             )
             assert r.status_code == 200, r.text
 
@@ -368,14 +375,14 @@ def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
         gen = Snowflake()
         ids = [gen.next_id() for _ in range(3)]
         bodies = [
-            report(issued[0], "w0", ids[0]),
-            report(issued[0], "w0", ids[0]),  # the same report again
+            report(issued[0], "t0", ids[0]),
+            report(issued[0], "t0", ids[0]),  # the same report again
             report(issued[1], "someone-else", ids[1]),  # not the holder
-            report(issued[2], "w2", ids[2]),
+            report(issued[2], "t2", ids[2]),
         ]
 
         def post(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            r = client.post("/api/events/batch", json=body)
+            r = worker.post("/api/events/batch", json=body)
             return r.status_code, r.json()
 
         with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
@@ -393,7 +400,10 @@ def test_concurrent_reports_of_one_execution_are_each_answered_as_if_alone(
 def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> None:
     """The workers' batch endpoints: one claim request and one report request carry many
     items, each answered as its own request would be, in order."""
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with (
+        stack.client(timeout=30) as client,
+        stack.worker_client("t0", "t1", "someone-else", pool="idle") as worker,
+    ):
         eid, issued = _three_waiting_commands(client)
 
         def item(event: dict[str, Any], **change: Any) -> dict[str, Any]:
@@ -410,7 +420,7 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
             item(issued[1], event_id=int(issued[1]["event_id"]) + 1),  # not its latest issue
             item(issued[2], command_id=Snowflake().next_id()),  # no such command
         ]
-        r = client.post("/api/commands/claim", json={"worker_id": "w0", "claims": claims})
+        r = worker.post("/api/commands/claim", json={"worker_id": "t0", "claims": claims})
         assert r.status_code == 200, r.text
         doc = r.json()
         assert [x["code"] for x in doc["results"]] == [200, 200, 200, 200, 409, 404]
@@ -423,47 +433,52 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
         assert "kill_loop" in shared["playbook"]["text"] and shared["cancelled"] is False
         assert shared["context"]["workload"]["count"] == 3
         claimed = [e for e in _events(client, eid) if e["type"] == "command.claimed"]
-        assert len(claimed) == 3 and {e["worker_id"] for e in claimed} == {"w0"}
+        assert len(claimed) == 3 and {e["worker_id"] for e in claimed} == {"t0"}
 
         # Another worker gets none of them: each one names its holder.
-        r = client.post(
-            "/api/commands/claim", json={"worker_id": "w1", "claims": [item(e) for e in issued]}
+        r = worker.post(
+            "/api/commands/claim", json={"worker_id": "t1", "claims": [item(e) for e in issued]}
         )
-        assert [(x["code"], x["error"]["holder"]) for x in r.json()["results"]] == [(409, "w0")] * 3
+        assert [(x["code"], x["error"]["holder"]) for x in r.json()["results"]] == [(409, "t0")] * 3
 
         gen = Snowflake()
         ids = [gen.next_id() for _ in range(4)]
 
         def report(event: dict[str, Any], worker: str, event_id: int, **change: Any) -> Any:
-            completed = _completed(eid, event, worker, event_id)
+            completed = _completed(eid, event, change.get("event_worker", worker), event_id)
             completed["execution_id"] = change.get("event_execution_id", eid)
             return {"execution_id": change.get("execution_id", eid), "events": [completed]}
 
         missing = str(Snowflake().next_id())
         reports = [
-            report(issued[0], "w0", ids[0]),
-            report(issued[0], "w0", ids[0]),  # the same report again
-            report(issued[1], "someone-else", ids[1]),  # not the holder
-            report(issued[2], "w0", ids[2]),
-            report(issued[2], "w0", ids[3], execution_id=missing, event_execution_id=missing),
-            report(issued[2], "w0", ids[3], event_execution_id=missing),  # not its execution
+            report(issued[0], "t0", ids[0]),
+            report(issued[0], "t0", ids[0]),  # the same report again
+            report(issued[1], "t0", ids[1], event_worker="someone-else"),  # not its own
+            report(issued[2], "t0", ids[2]),
+            report(issued[2], "t0", ids[3], execution_id=missing, event_execution_id=missing),
+            report(issued[2], "t0", ids[3], event_execution_id=missing),  # not its execution
         ]
-        r = client.post("/api/events/reports", json={"worker_id": "w0", "reports": reports})
+        r = worker.post("/api/events/reports", json={"worker_id": "t0", "reports": reports})
         assert r.status_code == 200, r.text
         results = r.json()["results"]
-        assert [x["code"] for x in results] == [200, 200, 409, 200, 404, 422], results
+        assert [x["code"] for x in results] == [200, 200, 422, 200, 404, 422], results
         assert [(x["accepted"], x["duplicates"]) for x in results[:2]] == [(1, 0), (0, 1)]
-        assert results[2]["stale"] == 1 and results[3]["accepted"] == 1
+        assert "is not the reporting worker" in results[2]["error"]["message"]
+        assert results[3]["accepted"] == 1
         assert "belongs to execution" in results[5]["error"]["message"]
+        # A report by a worker that does not hold the command is stale.
+        stale = [report(issued[1], "someone-else", ids[1])]
+        r = worker.post("/api/events/reports", json={"worker_id": "someone-else", "reports": stale})
+        assert [(x["code"], x["stale"]) for x in r.json()["results"]] == [(409, 1)]
         completed = [e for e in _events(client, eid) if e["type"] == "command.completed"]
         assert sorted(int(e["event_id"]) for e in completed) == sorted([ids[0], ids[2]])
 
         # Bad bodies are refused whole, naming the field.
-        r = client.post("/api/commands/claim", json={"worker_id": "w0", "claims": []})
+        r = worker.post("/api/commands/claim", json={"worker_id": "t0", "claims": []})
         assert r.status_code == 422 and "claims" in r.json()["error"]["message"]
-        r = client.post("/api/events/reports", json={"reports": [{"execution_id": eid}]})
+        r = worker.post("/api/events/reports", json={"reports": [{"execution_id": eid}]})
         assert r.status_code == 422 and "reports.0.events" in r.json()["error"]["message"]
-        r = client.post(
+        r = worker.post(
             "/api/events/batch", json={"execution_id": eid, "events": reports[5]["events"]}
         )
         assert r.status_code == 422 and "events.0.execution_id" in r.json()["error"]["message"]
@@ -471,7 +486,7 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
 
 
 def test_cancel_goes_down_to_sub_playbooks(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         assert client.post("/api/catalog/register", json={"content": SLOW_CHILD}).status_code < 300
         parent = client.post("/api/execute", json={"playbook": PARENT}).json()["execution_id"]
         child = None
@@ -517,7 +532,7 @@ def _ready_workers(client: httpx.Client, want: int, timeout: float) -> list[dict
 def test_a_worker_the_server_forgot_registers_again(stack: Stack) -> None:
     import psycopg
 
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack.client(timeout=30) as client:
         assert len(_ready_workers(client, 2, timeout=60)) >= 2
         with psycopg.connect(stack.db, autocommit=True) as conn:
             assert conn.execute("DELETE FROM worker").rowcount >= 2

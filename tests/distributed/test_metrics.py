@@ -57,9 +57,9 @@ def _parse(text: str) -> Samples:
     }
 
 
-def _scrape(url: str) -> Samples:
+def _scrape(url: str, headers: dict[str, str]) -> Samples:
     # A new connection each time, so a multi-process server answers from any process.
-    r = httpx.get(f"{url}/metrics", timeout=30, headers={"connection": "close"})
+    r = httpx.get(f"{url}/metrics", timeout=30, headers={"connection": "close", **headers})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     return _parse(r.text)
 
@@ -94,8 +94,8 @@ def _wait(client: httpx.Client, eid: str, timeout: float = 120) -> str:
 
 def test_counters_latency_and_gauges_follow_a_run(stack: Stack) -> None:
     names = ["issued", "claimed", "completed", "failed"]
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
-        before = _scrape(stack.url)
+    with stack.client(timeout=30) as client:
+        before = _scrape(stack.url, stack.headers("reader"))
         eid = client.post("/api/execute", json={"playbook": STEPS}).json()["execution_id"]
         assert _wait(client, eid) == "completed"
         events = client.get(f"/api/executions/{eid}/events").json()
@@ -110,7 +110,7 @@ def test_counters_latency_and_gauges_follow_a_run(stack: Stack) -> None:
 
     def settled() -> bool:
         nonlocal after
-        after = _scrape(stack.url)
+        after = _scrape(stack.url, stack.headers("reader"))
         # Published rows are marked in batches shortly after (outbox.MARK_DELAY).
         return (
             delta(after, "flowtide_commands_completed_total") >= 3
@@ -160,7 +160,7 @@ def two_process_server(stack: Stack, tmp_path: Path) -> Iterator[_Server]:
     """`flowtide server --workers 2` on the stack's database and NATS, with TMPDIR (where
     its metrics directory goes) in `tmp_path`."""
     port = _free_port()
-    env = flowtide_env(tmp_path / "home") | {"TMPDIR": str(tmp_path)}
+    env = flowtide_env(tmp_path / "home") | {"TMPDIR": str(tmp_path)} | stack.nats_env("server")
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log_path = tmp_path / "server.log"
     with open(log_path, "ab") as log:
@@ -233,7 +233,7 @@ def test_counters_add_up_over_server_processes(
         r = httpx.post(
             f"{url}/api/execute",
             json={"playbook": ONE_STEP},
-            headers={"connection": "close"},
+            headers={"connection": "close", **stack.headers()},
             timeout=30,
         )
         assert r.status_code == 201, r.text
@@ -253,10 +253,17 @@ def test_counters_add_up_over_server_processes(
     assert sum(per_process.values()) == len(executions)
     # Whichever process answers, the sum is exact.
     for _ in range(10):
-        assert _value(_scrape(url), "flowtide_commands_issued_total") == len(executions)
+        assert _value(
+            _scrape(url, stack.headers("reader")), "flowtide_commands_issued_total"
+        ) == len(executions)
     # Both processes report their own process metrics.
-    _eventually(lambda: len(_labels(_scrape(url), "process_start_time_seconds", "pid")) == 2)
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    _eventually(
+        lambda: (
+            len(_labels(_scrape(url, stack.headers("reader")), "process_start_time_seconds", "pid"))
+            == 2
+        )
+    )
+    with stack.client(timeout=30) as client:
         assert all(_wait(client, eid) == "completed" for eid in executions)
     two_process_server.stop()
     assert two_process_server.proc.returncode == 0

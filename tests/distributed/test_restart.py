@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from .stack import Stack
@@ -64,9 +63,9 @@ def restart_stack(  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp(f"restart-{request.param}")
     name = f"restart_{next(_names)}"
     db = pg_server.create_database(name)
-    nats = NatsServer.start(root / "nats")
+    nats = NatsServer.start_secured(root / "nats")
     kv = "memory://" if request.param == "memory" else nats.url
-    stack = Stack(db=db, nats=nats.url, root=root, kv=kv)
+    stack = Stack(db=db, nats=nats.url, root=root, kv=kv, nats_users=nats.users)
     try:
         stack.start_server()
         stack.start_worker()
@@ -127,7 +126,7 @@ def test_server_killed_and_restarted_mid_loop(restart_stack: Stack, tmp_path: Pa
         env=stack.env,
     )
     try:
-        with httpx.Client(base_url=stack.url, timeout=30) as client:
+        with stack.client(timeout=30) as client:
             eid = None
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:

@@ -97,13 +97,14 @@ def _server_mode(
         stack.start_server()
         stack.start_worker()
         stack.start_worker()
-        # Credentials and catalog entries go to the stack's database, sealed with the key
-        # its workers hold; runs, status and events go to its server.
+        # Credentials and catalog entries go to the stack's database, sealed with the
+        # server's key; runs, status and events go to its server (as its operator).
         yield {
             "FLOWTIDE_KV": nats_url,
             "FLOWTIDE_SERVER": stack.url,
             "FLOWTIDE_DB": db,
             "FLOWTIDE_MASTER_KEY": key,
+            "FLOWTIDE_TOKEN": stack.tokens["operator"],
         }
     finally:
         stack.stop()
@@ -375,3 +376,57 @@ def test_pipeline_error_handling(home: Path, paginated_api: str) -> None:
         err.get("kind") for s, task, t, err in calls if s == "test_rate_limit" and t == "call.error"
     ]
     assert set(rate) <= {"rate_limit"}
+
+
+@pytest.fixture
+def demo_home(home: Path, pg_server: Any) -> Path:
+    """`pg_k8s` (and `pg_local`) with NoETL's default login: user `demo`, password `demo`,
+    on a database of its own."""
+    import psycopg
+
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'demo'").fetchone():
+            conn.execute("CREATE ROLE demo LOGIN PASSWORD 'demo'")
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = 'demo_noetl'").fetchone():
+            conn.execute("CREATE DATABASE demo_noetl OWNER demo TEMPLATE template0")
+    body = json.dumps(
+        {
+            "host": pg_server.host,
+            "port": pg_server.port,
+            "user": "demo",
+            "password": "demo",
+            "database": "demo_noetl",
+        }
+    )
+    for alias in ("pg_local", "pg_k8s"):
+        proc = flowtide("credential", "set", alias, "--json", body, "--kind", "postgres", home=home)
+        assert proc.returncode == 0, proc.stderr
+        # `demo` is too short and too common to be masked inside other words: said once,
+        # naming the credential, never the value.
+        assert f"credential '{alias}'" in proc.stderr and "'password'" in proc.stderr
+    return home
+
+
+@pytest.mark.postgres
+def test_pft_flow_with_the_default_demo_password(demo_home: Path, paginated_api: str) -> None:
+    # The README's smoke size of the fixture (1 facility, 100 patients, batches of 25).
+    payload = {
+        "api_url": paginated_api,
+        "num_facilities": 1,
+        "patients_per_facility": 100,
+        "pft_batch_size": 25,
+        "pft_batch_concurrency": 4,
+    }
+    doc = run_json(
+        PLAYBOOKS / "pft_flow_test/test_pft_flow.yaml",
+        demo_home,
+        "--payload",
+        json.dumps(payload),
+    )
+    # The password `demo` is in `demographics`, a data type the claim step returns and the
+    # next HTTP request is built from: it must reach the request unchanged.
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["check_results"]["result"]["rows"][0]["status"] == "passed"
+    assert doc["result"]["rows"] == [{"status": "completed", "check_status": "passed"}]
+    batches = doc["steps"]["process_pft_action_batches"]["result"]
+    assert batches["stats"]["failed"] == 0

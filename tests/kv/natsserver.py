@@ -6,6 +6,9 @@ directory, and is stopped (and its files removed by the caller's tmp dir) afterw
 
     with NatsServer.start(tmp_path) as server:
         kv = await connect(server.url, "bucket")
+
+`start_secured` runs it as the dev stack does: with flowtide's NATS users (`server`,
+`worker-<pool>`) and their subject permissions, each user's credentials in `users`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from flowtide.dev.nats import nats_server_binary
+from flowtide.dev.nats import (
+    NatsUser,
+    flowtide_users,
+    nats_server_binary,
+    new_passwords,
+    write_nats_config,
+)
 
 __all__ = ["NatsServer", "nats_server_binary"]
 
@@ -40,6 +49,8 @@ class NatsServer:
     proc: subprocess.Popen[bytes]
     log: Path
     extra: list[str] = field(default_factory=list)
+    #: flowtide's NATS users by name, when started by `start_secured`.
+    users: dict[str, NatsUser] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -87,6 +98,23 @@ class NatsServer:
         raise RuntimeError(
             f"nats-server did not start on port {port}:\n{server.log_text()[-3000:]}"
         )
+
+    @classmethod
+    def start_secured(
+        cls,
+        root: Path,
+        pools: tuple[str, ...] = ("default",),
+        kv_bucket: str = "flowtide_state",
+        timeout: float = 20.0,
+    ) -> NatsServer:
+        """Start a server with flowtide's users and permissions (flowtide.dev.nats), as
+        the dev stack does: `server`, and `worker-<pool>` for each of `pools`."""
+        users = {u.name: u for u in flowtide_users(new_passwords(pools), pools, kv_bucket)}
+        config = root / "nats.conf"
+        write_nats_config(config, list(users.values()))
+        server = cls.start(root, "-c", str(config), timeout=timeout)
+        server.users = users
+        return server
 
     def log_text(self) -> str:
         try:

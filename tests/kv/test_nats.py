@@ -35,6 +35,7 @@ from flowtide.kv import (
 )
 from flowtide.kv.base import BucketConfig
 from flowtide.kv.nats import NatsKeyValue, open_nats, redact_url
+from flowtide.natsauth import NatsAuth
 
 # The suite's asserts live outside a test_*.py file; have pytest rewrite them too.
 pytest.register_assert_rewrite(f"{__package__}.conformance")
@@ -723,6 +724,31 @@ async def test_refused_credentials_are_a_kv_error_without_the_password(
         assert secret not in text
         assert "flow:***@" in text
     assert not isinstance(info.value.__cause__, nats.errors.Error)
+
+
+async def test_credentials_given_apart_from_the_url(auth_server: NatsServer) -> None:
+    """FLOWTIDE_NATS_USER/PASSWORD reach the adapter as a NatsAuth: no secret in the URL."""
+    kv = await connect(
+        auth_server.url, bucket_name(), nats_auth=NatsAuth(user="flow", password="s3cr3t-Pa55")
+    )
+    try:
+        await kv.put("k", b"v")
+        assert (await kv.get("k")).value == b"v"
+        assert "s3cr3t" not in repr(kv)
+        # The same URL with other credentials is another connection, refused on its own.
+        with pytest.raises(KVError) as info:
+            await connect(
+                auth_server.url, "bucket", nats_auth=NatsAuth(user="flow", password="Wr0ngPass")
+            )
+        text = f"{info.value} {info.value!r}"
+        assert "authorization violation" in text and auth_server.url in text
+        assert "Wr0ngPass" not in text
+        # Credentials in the URL win over the others.
+        url = f"nats://flow:s3cr3t-Pa55@127.0.0.1:{auth_server.port}"
+        other = await connect(url, bucket_name(), nats_auth=NatsAuth(user="flow", password="Wr0ng"))
+        await _drop(other)
+    finally:
+        await _drop(kv)
 
 
 async def test_unreachable_server_is_a_kv_error() -> None:

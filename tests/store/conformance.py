@@ -3,7 +3,8 @@
 An adapter's test module subclasses `StoreConformance`, sets `__test__ = True` and overrides
 the `store_factory` fixture: a callable that opens a store on the test's own fresh backing
 storage, the same storage on every call (that is how reopening is tested). The fixture
-closes whatever it opened when the test ends.
+closes whatever it opened when the test ends. It also overrides `raw`: a callable running
+one SQL query on that storage behind the port's back (what is really at rest).
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 
+from flowtide.credentials import MASTER_KEY_ENV
 from flowtide.engine.events import Command, Event
 from flowtide.errors import NotFoundError, StoreError
+from flowtide.sealing import SEALED_PREFIX
 from flowtide.store import (
     EXECUTION_CREATED,
     CommandUpdate,
@@ -25,6 +29,7 @@ from flowtide.store import (
 )
 
 StoreFactory = Callable[[], Store]
+RawQuery = Callable[[str], list[tuple[Any, ...]]]
 
 T0 = 1_700_000_000.0
 
@@ -63,6 +68,18 @@ class StoreConformance:
     def store_factory(self) -> StoreFactory:
         """Override: return a callable opening a store on this test's fresh storage."""
         raise NotImplementedError("adapter test modules override the store_factory fixture")
+
+    @pytest.fixture
+    def raw(self) -> RawQuery:
+        """Override: return a callable running one SQL query on this test's storage."""
+        raise NotImplementedError("adapter test modules override the raw fixture")
+
+    @pytest.fixture(autouse=True)
+    def master_key(self, monkeypatch: pytest.MonkeyPatch) -> str:
+        """A fresh master key per test, for what the store seals."""
+        key = Fernet.generate_key().decode()
+        monkeypatch.setenv(MASTER_KEY_ENV, key)
+        return key
 
     @pytest.fixture
     def store(self, store_factory: StoreFactory) -> Iterator[Store]:
@@ -557,6 +574,92 @@ class StoreConformance:
         with pytest.raises(NotFoundError, match="nope"):
             store.delete_credential("nope")
         assert store.list_credentials() == []
+
+    # -- sealing ---------------------------------------------------------------------
+
+    def test_what_holds_a_secret_is_sealed_at_rest_and_read_back_intact(
+        self, store: Store, raw: RawQuery
+    ) -> None:
+        secret = "Xq7-pa55-w0rd-9f2c"
+        make_execution(store, 1)
+        added = event(1, 1, "secrets.added", payload={"values": [secret]})
+        holds = event(
+            1, 2, "call.done", payload={"rows": [{"dsn": f"postgresql://a:{secret}@h/d"}]}
+        )
+        clean = event(1, 3, "step.enter", payload={"step": "load"})
+        failed = event(1, 4, "call.error", error={"kind": "auth", "message": f"bad: {secret}"})
+        store.append(
+            [added, holds, clean, failed],
+            execution_updates=[
+                ExecutionUpdate(1, "failed", T0 + 1, result={"echo": secret}, error={"m": secret})
+            ],
+            secrets={1: {secret}},
+        )
+        # The port gives back exactly what was written ...
+        assert store.events(1) == [added, holds, clean, failed]
+        row = store.get_execution(1)
+        assert (row.result, row.error) == ({"echo": secret}, {"m": secret})
+        # ... while the rows hold it only sealed.
+        rows = raw("SELECT event_id, payload, error FROM event WHERE execution_id = 1")
+        assert secret not in repr(rows)
+        sealed = {r[0] for r in rows if str(r[1] or r[2]).startswith(SEALED_PREFIX)}
+        assert sealed == {1, 2, 4}
+        result, error = raw("SELECT result, error FROM execution WHERE execution_id = 1")[0]
+        assert result.startswith(SEALED_PREFIX) and error.startswith(SEALED_PREFIX)
+        assert secret not in result + error
+
+    def test_secrets_added_is_always_sealed(self, store: Store, raw: RawQuery) -> None:
+        store.append([event(1, 1, "secrets.added", payload={"values": ["tok-123456789"]})])
+        assert store.events(1)[0].payload == {"values": ["tok-123456789"]}
+        assert "tok-123456789" not in repr(raw("SELECT payload FROM event"))
+
+    def test_a_secret_inside_a_longer_word_changes_nothing_read_back(
+        self, store: Store, raw: RawQuery
+    ) -> None:
+        make_execution(store, 1)
+        data = {"rows": [{"data_type": "demographics"}, {"data_type": "conditions"}]}
+        store.append(
+            [event(1, 1, "command.completed", payload={"result": data})],
+            execution_updates=[ExecutionUpdate(1, "completed", T0, result=data)],
+            secrets={1: {"demo"}},
+        )
+        assert store.events(1)[0].payload == {"result": data}
+        assert store.get_execution(1).result == data
+        assert "demo" not in repr(raw("SELECT payload FROM event"))
+
+    def test_a_workload_holding_an_inherited_secret_is_sealed(
+        self, store: Store, raw: RawQuery
+    ) -> None:
+        make_execution(store, 9, workload={"dsn": "x:tok-abcdefgh@h"}, secrets={"tok-abcdefgh"})
+        make_execution(store, 10, workload={"n": 1}, secrets={"tok-abcdefgh"})
+        assert store.get_execution(9).workload == {"dsn": "x:tok-abcdefgh@h"}
+        workloads = dict(raw("SELECT execution_id, workload FROM execution"))
+        assert workloads[9].startswith(SEALED_PREFIX) and workloads[10] == '{"n":1}'
+
+    def test_values_that_look_sealed_round_trip(self, store: Store) -> None:
+        lookalike = {"$sealed": "not a token"}
+        make_execution(store, 1, workload=lookalike)
+        store.append(
+            [event(1, 1, payload=lookalike, error=lookalike)],
+            execution_updates=[ExecutionUpdate(1, "completed", T0, result=lookalike)],
+        )
+        assert store.get_execution(1).result == lookalike
+        assert store.get_execution(1).workload == lookalike
+        assert store.events(1)[0].payload == lookalike and store.events(1)[0].error == lookalike
+
+    def test_another_master_key_cannot_read_sealed_values(
+        self, store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        first = store_factory()
+        first.append([event(1, 1, "secrets.added", payload={"values": ["tok-123456789"]})])
+        first.append([event(2, 2, payload={"plain": True})])
+        first.close()
+        monkeypatch.setenv(MASTER_KEY_ENV, Fernet.generate_key().decode())
+        second = store_factory()
+        with pytest.raises(StoreError, match="another master key"):
+            second.events(1)
+        assert second.events(2)[0].payload == {"plain": True}  # nothing sealed: no key needed
+        second.close()
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,7 +14,7 @@ from flowtide.errors import StoreError
 from flowtide.store import Store, pgschema
 from flowtide.store.postgres import PostgresStore, display_dsn
 
-from .conformance import StoreConformance, StoreFactory, event, make_execution
+from .conformance import RawQuery, StoreConformance, StoreFactory, event, make_execution
 
 
 @pytest.fixture
@@ -23,6 +24,14 @@ def database(pg_database: str) -> str:
 
 class TestPostgresStore(StoreConformance):
     __test__ = True
+
+    @pytest.fixture
+    def raw(self, database: str) -> RawQuery:
+        def query(sql: str) -> list[tuple[Any, ...]]:
+            with psycopg.connect(database) as conn:
+                return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+
+        return query
 
     @pytest.fixture
     def store_factory(self, database: str) -> Iterator[StoreFactory]:

@@ -6,6 +6,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,15 +14,29 @@ from flowtide.errors import StoreError
 from flowtide.store import Store
 from flowtide.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
-from .conformance import StoreConformance, StoreFactory, event, make_execution
+from .conformance import RawQuery, StoreConformance, StoreFactory, event, make_execution
 
 
 class TestSQLiteStore(StoreConformance):
     __test__ = True
 
     @pytest.fixture
-    def store_factory(self, tmp_path: Path) -> Iterator[StoreFactory]:
-        path = tmp_path / "nested" / "dirs" / "flowtide.db"
+    def path(self, tmp_path: Path) -> Path:
+        return tmp_path / "nested" / "dirs" / "flowtide.db"
+
+    @pytest.fixture
+    def raw(self, path: Path) -> RawQuery:
+        def query(sql: str) -> list[tuple[Any, ...]]:
+            conn = _raw(path)
+            try:
+                return conn.execute(sql).fetchall()
+            finally:
+                conn.close()
+
+        return query
+
+    @pytest.fixture
+    def store_factory(self, path: Path) -> Iterator[StoreFactory]:
         opened: list[SQLiteStore] = []
 
         def factory() -> Store:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from flowtide.credentials import MASTER_KEY_ENV, CredentialVault
+from flowtide.credentials import MASTER_KEY_ENV, CredentialVault, MasterKey
 from flowtide.errors import CredentialError
 
 BODY = {"host": "127.0.0.1", "port": 5432, "user": "u", "password": "s3cret-pw"}
@@ -99,9 +99,9 @@ def test_concurrent_first_use_agrees_on_one_key(
     barrier = threading.Barrier(8)
 
     def first_use() -> None:
-        vault = CredentialVault(store, home)
+        key = MasterKey(home)
         barrier.wait()
-        keys.append(vault._read_or_create_key_file())
+        keys.append(key._read_or_create_key_file())
 
     threads = [threading.Thread(target=first_use) for _ in range(8)]
     for thread in threads:

@@ -96,6 +96,15 @@ def dev_up(
             " the current directory (default: the current directory of the first `up`).",
         ),
     ] = None,
+    tls: Annotated[
+        bool | None,
+        typer.Option(
+            "--tls/--no-tls",
+            help="The API over mutual TLS with certificates of a local CA made in"
+            " HOME/dev/tls (default: on; remembered).",
+            show_default=False,
+        ),
+    ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1, help="Seconds to wait for each part.")
     ] = 60.0,
@@ -119,6 +128,7 @@ def dev_up(
             concurrency=concurrency,
             lease=lease,
             workdir=workdir,
+            tls=tls,
             timeout=timeout,
             progress=_progress,
         )
@@ -128,10 +138,21 @@ def dev_up(
         raise typer.Exit(1) from None
     _print_status(stack, components, as_json)
     if not as_json:
+        admin = stack.tokens().get("admin", "")
         typer.echo(
-            f"\nrun a playbook on it:  flowtide run examples/quickstart.yaml "
+            f"\nserver:                {stack.server_url}\n"
+            f"admin token:           export FLOWTIDE_TOKEN={admin}\n"
+            "                       (commands run from this directory find it on their"
+            f" own: it is kept in {stack.tokens_path}, mode 0600)\n"
+            f"run a playbook on it:  flowtide run examples/quickstart.yaml "
             f"--server {stack.server_url}\n"
-            f"API docs:              {stack.server_url}/docs\n"
+            + (
+                f"TLS:                   the stack's CA is {stack.ca.ca}; clients here use"
+                " it (and the admin's client certificate) on their own\n"
+                if stack.config.tls
+                else ""
+            )
+            + f"API docs:              {stack.server_url}/docs\n"
             "stop it:               flowtide dev down"
         )
 

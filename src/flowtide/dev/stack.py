@@ -1,7 +1,8 @@
 """`flowtide dev up|down|status`: a complete distributed stack on this machine, on loopback.
 
     <home>/dev/
-      stack.json      ports, the database password (mode 0600) and the pids we started
+      stack.json      ports, the database and NATS passwords (mode 0600), the pids we started
+      nats.conf       nats-server's users and their subject permissions (mode 0600)
       pg/             PostgreSQL cluster (initdb/pg_ctl), data kept across down/up
       nats/           nats-server's JetStream store
       logs/           nats.log, server.log, worker-0.log, ...
@@ -14,6 +15,12 @@ every worker has registered). `down` stops them in the reverse order; the data s
 
 The database password is generated on first `up`; it reaches the server through its
 environment (FLOWTIDE_DB), never through a command line others can read in `ps`.
+
+nats-server runs with users (flowtide.subjects says what each may do): `server` for the
+flowtide server, which alone publishes commands, manages the stream and its consumers and
+uses the KV bucket; `worker-<pool>` for the workers of a pool, which may only pull from
+and ack on their pool's consumer. Their passwords are generated on first `up` too and
+reach each process as FLOWTIDE_NATS_USER/FLOWTIDE_NATS_PASSWORD in its environment.
 """
 
 from __future__ import annotations
@@ -33,12 +40,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowtide.dev.nats import nats_server_binary
+from flowtide.dev.nats import (
+    SERVER_USER,
+    NatsUser,
+    flowtide_users,
+    nats_server_binary,
+    new_passwords,
+    worker_user_name,
+    write_nats_config,
+)
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
+from flowtide.dev.tls import LocalCA
 
 __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
 
 DATABASE = "flowtide"
+#: The loop-state bucket the server uses (its --kv-bucket default).
+KV_BUCKET = "flowtide_state"
 
 
 class DevStackError(RuntimeError):
@@ -61,6 +79,10 @@ class StackConfig:
     #: resolve against it, as an embedded run resolves them against its current
     #: directory. The current directory of the first `up` unless given.
     workdir: str | None = None
+    #: NATS user name -> password (flowtide.dev.nats.flowtide_users).
+    nats_passwords: dict[str, str] = field(default_factory=dict)
+    #: The API over mutual TLS, with certificates of the stack's own CA (flowtide.dev.tls).
+    tls: bool = True
     pids: dict[str, int] = field(default_factory=dict)
 
 
@@ -101,7 +123,32 @@ class DevStack:
 
     @property
     def server_url(self) -> str:
-        return f"http://127.0.0.1:{self.config.server_port}"
+        scheme = "https" if self.config.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.config.server_port}"
+
+    @property
+    def ca(self) -> LocalCA:
+        return LocalCA(self.dir / "tls")
+
+    def _http_get(self, path: str, **headers: str) -> Any:
+        """GET on the server as the stack's admin (its client certificate with TLS on)."""
+        import httpx
+
+        verify: Any = True
+        if self.config.tls:
+            from flowtide.tls import ClientTls
+
+            cert, key = self.ca.cert("admin")
+            verify = ClientTls(str(self.ca.ca), str(cert), str(key)).context()
+        return httpx.get(f"{self.server_url}{path}", headers=headers, timeout=2, verify=verify)
+
+    def _http_ok(self, path: str) -> bool:
+        import httpx
+
+        try:
+            return bool(self._http_get(path).status_code == 200)
+        except httpx.HTTPError:
+            return False
 
     @property
     def nats_url(self) -> str:
@@ -117,6 +164,19 @@ class DevStack:
         return LocalPostgres(
             self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password
         )
+
+    @property
+    def nats_config_path(self) -> Path:
+        return self.dir / "nats.conf"
+
+    def nats_users(self) -> dict[str, NatsUser]:
+        """The NATS users of the stack by name: `server` and `worker-<pool>`."""
+        pools = [self.config.pool]
+        passwords = new_passwords(pools, self.config.nats_passwords)
+        if passwords != self.config.nats_passwords:
+            self.config.nats_passwords = passwords
+            self._save()
+        return {u.name: u for u in flowtide_users(passwords, pools, KV_BUCKET)}
 
     def _log(self, name: str) -> Path:
         return self.dir / "logs" / f"{name}.log"
@@ -153,6 +213,7 @@ class DevStack:
         concurrency: int | None = None,
         lease: float | None = None,
         workdir: Path | None = None,
+        tls: bool | None = None,
         progress: Progress = _quiet,
         timeout: float = 60.0,
     ) -> list[Component]:
@@ -172,6 +233,7 @@ class DevStack:
                 f"the workers' directory {c.workdir} does not exist (choose one with --workdir)"
             )
         for part, attr, value in (
+            ("server", "tls", tls),
             ("server", "server_port", server_port),
             ("nats", "nats_port", nats_port),
             ("postgres", "pg_port", pg_port),
@@ -187,6 +249,7 @@ class DevStack:
         (self.dir / "logs").mkdir(exist_ok=True)
         self._save()
         self._up_postgres(progress, timeout)
+        self._ensure_tokens(progress)
         self._up_nats(progress, timeout)
         self._up_server(progress, timeout)
         self._up_workers(progress, timeout)
@@ -211,6 +274,68 @@ class DevStack:
         if pid is not None:
             self.config.pids["postgres"] = pid
 
+    @property
+    def tokens_path(self) -> Path:
+        return self.dir / "tokens.json"
+
+    def tokens(self) -> dict[str, Any]:
+        """{"server_url", "admin", "workers": {pool: token}} (empty before the first up)."""
+        try:
+            doc = json.loads(self.tokens_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _ensure_tokens(self, progress: Progress) -> None:
+        """An admin token and a worker token for the stack's pool, kept in tokens.json
+        (mode 0600); the ones of an earlier `up` are reused while the database takes them."""
+        from flowtide.auth.tokens import TokenStore
+        from flowtide.errors import AuthError, FlowtideError
+        from flowtide.store.postgres import PostgresStore
+
+        pool = self.config.pool
+        doc = self.tokens()
+        try:
+            with PostgresStore(self.db_url, max_size=2) as store:
+                tokens = TokenStore(store)
+
+                def usable(text: object) -> bool:
+                    try:
+                        return isinstance(text, str) and bool(tokens.verify(text))
+                    except AuthError:
+                        return False
+
+                admin = doc.get("admin")
+                workers = dict(doc.get("workers") or {})
+                if not usable(admin):
+                    admin = self._new_token(tokens, "admin", "dev-admin", None)
+                    progress("tokens: created an admin token")
+                if not usable(workers.get(pool)):
+                    workers[pool] = self._new_token(tokens, "worker", f"dev-worker-{pool}", pool)
+                    progress(f"tokens: created a worker token for pool {pool}")
+        except FlowtideError as exc:
+            raise DevStackError(f"tokens: {exc}") from None
+        doc = {"server_url": self.server_url, "admin": admin, "workers": workers}
+        tmp = self.tokens_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(doc, handle, indent=2)
+        os.replace(tmp, self.tokens_path)
+
+    @staticmethod
+    def _new_token(tokens: Any, role: str, name: str, pool: str | None) -> str:
+        from flowtide.errors import NotFoundError
+
+        # A token of this name from an earlier stack (its text lost): replaced.
+        with contextlib.suppress(NotFoundError):
+            tokens.revoke(name)
+        text, _ = tokens.create(role=role, name=name, pool=pool)
+        return str(text)
+
+    def admin_headers(self) -> dict[str, str]:
+        token = self.tokens().get("admin")
+        return {"authorization": f"Bearer {token}"} if token else {}
+
     def _up_nats(self, progress: Progress, timeout: float) -> None:
         if self._alive("nats"):
             progress(f"nats: already running (pid {self.config.pids['nats']})")
@@ -222,8 +347,11 @@ class DevStack:
             raise DevStackError(f"nats: {exc}") from None
         log = self._log("nats")
         log.write_text("")
+        write_nats_config(self.nats_config_path, list(self.nats_users().values()))
         argv = [
             binary,
+            "--config",
+            str(self.nats_config_path),
             "--jetstream",
             "--addr",
             "127.0.0.1",
@@ -264,10 +392,17 @@ class DevStack:
             "--lease",
             str(self.config.lease),
         ]
-        self._spawn("server", argv, log, env={"FLOWTIDE_DB": self.db_url})
+        if self.config.tls:
+            # Mutual TLS: clients show a certificate of the stack's CA (the workers theirs,
+            # the local CLI the admin's, found on its own for this URL: flowtide.tls).
+            self.ca.ensure()
+            cert, key = self.ca.cert("server")
+            argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(self.ca.ca)]
+        env = {"FLOWTIDE_DB": self.db_url, **self.nats_users()[SERVER_USER].auth().env()}
+        self._spawn("server", argv, log, env=env)
 
         def ready() -> bool:
-            return _http_ok(f"{self.server_url}/readyz")
+            return self._http_ok("/readyz")
 
         self._wait("server", ready, timeout)
         progress(f"server: started on {self.server_url}")
@@ -298,7 +433,15 @@ class DevStack:
                 "--worker-id",
                 f"dev-{name}",
             ]
-            self._spawn(name, argv, self._log(name), cwd=Path(self.config.workdir or self.dir))
+            token = self.tokens()["workers"][self.config.pool]
+            user = self.nats_users()[worker_user_name(self.config.pool)]
+            self._spawn(
+                name,
+                argv,
+                self._log(name),
+                env={"FLOWTIDE_TOKEN": token, **user.auth().env(), **self._worker_tls()},
+                cwd=Path(self.config.workdir or self.dir),
+            )
             started.append(name)
         for name in started:
 
@@ -358,11 +501,14 @@ class DevStack:
                 self._pid("nats"),
                 self.nats_url,
                 str(self._log("nats")),
+                f"users {', '.join(sorted(self.config.nats_passwords))}"
+                if self.config.nats_passwords
+                else "",
             )
         )
         server_state = "stopped"
         if self._alive("server"):
-            server_state = "running" if _http_ok(f"{self.server_url}/readyz") else "unhealthy"
+            server_state = "running" if self._http_ok("/readyz") else "unhealthy"
         out.append(
             Component(
                 "server",
@@ -407,6 +553,9 @@ class DevStack:
         cwd: Path | None = None,
     ) -> None:
         child_env = {**os.environ, "FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"}
+        # NATS credentials of this shell are not the part's: each gets its own below.
+        for variable in ("FLOWTIDE_NATS_USER", "FLOWTIDE_NATS_PASSWORD", "FLOWTIDE_NATS_CREDS"):
+            child_env.pop(variable, None)
         child_env.update(env or {})
         with open(log, "ab") as handle:
             proc = subprocess.Popen(
@@ -491,12 +640,22 @@ class DevStack:
             + _tail(self._log(name))
         )
 
+    def _worker_tls(self) -> dict[str, str]:
+        if not self.config.tls:
+            return {}
+        cert, key = self.ca.cert("worker")
+        return {
+            "FLOWTIDE_CA": str(self.ca.ca),
+            "FLOWTIDE_CLIENT_CERT": str(cert),
+            "FLOWTIDE_CLIENT_KEY": str(key),
+        }
+
     def _worker_state(self, name: str) -> str | None:
         """The server's word on worker `name`: ready, lost, stopped, or None (unknown)."""
         import httpx
 
         try:
-            pools = httpx.get(f"{self.server_url}/api/worker/pools", timeout=2).json()["pools"]
+            pools = self._http_get("/api/worker/pools", **self.admin_headers()).json()["pools"]
         except (httpx.HTTPError, ValueError, KeyError):
             return None
         pid = self.config.pids.get(name)
@@ -525,15 +684,6 @@ def _reap(pid: int | None) -> None:
     if pid:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def _http_ok(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _tcp_ok(port: int) -> bool:

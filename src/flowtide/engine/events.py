@@ -32,6 +32,9 @@ PLAYBOOK_COMPLETED = "playbook.completed"
 PLAYBOOK_FAILED = "playbook.failed"
 PLAYBOOK_CANCELLED = "playbook.cancelled"
 EXECUTION_CANCELLED = "execution.cancelled"
+# Values a tool touched (passwords, tokens, DSNs): they join the execution's secret set,
+# which seals what is stored and masks what is shown. Always stored sealed.
+SECRETS_ADDED = "secrets.added"
 
 TERMINAL_TYPES = frozenset({PLAYBOOK_COMPLETED, PLAYBOOK_FAILED, PLAYBOOK_CANCELLED})
 

@@ -119,6 +119,9 @@ class ExecutionState:
         self.last_report_counted = True
         # The command record the last counted report closed (None when not counted).
         self.last_report: CommandRecord | None = None
+        # Values the execution's tools touched (`secrets.added`): what is stored holding
+        # one is sealed, what is shown is masked. Never part of the render context.
+        self.secrets: frozenset[str] = frozenset()
         self._base: dict[str, Any] | None = None
 
     # -- reading -----------------------------------------------------------------------
@@ -356,6 +359,17 @@ class ExecutionState:
         if not self.terminal:
             self.status = "cancelling"
 
+    def _on_secrets_added(self, event: Event) -> None:
+        added = secret_values(event)
+        if not added <= self.secrets:
+            self.secrets = self.secrets | added
+
+
+def secret_values(event: Event) -> frozenset[str]:
+    """The values a `secrets.added` event adds to its execution's secret set."""
+    values = (event.payload or {}).get("values") or ()
+    return frozenset(v for v in values if isinstance(v, str) and v)
+
 
 def context_from_parts(
     playbook: Playbook,
@@ -387,6 +401,7 @@ _APPLY = {
     ev.PLAYBOOK_FAILED: ExecutionState._on_terminal,
     ev.PLAYBOOK_CANCELLED: ExecutionState._on_terminal,
     ev.EXECUTION_CANCELLED: ExecutionState._on_cancel,
+    ev.SECRETS_ADDED: ExecutionState._on_secrets_added,
 }
 
 

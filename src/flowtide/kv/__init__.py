@@ -8,6 +8,7 @@ See `flowtide.kv.base` for the semantics every adapter follows.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from flowtide.kv.base import (
@@ -29,6 +30,9 @@ from flowtide.kv.base import (
     decode_key_token,
     encode_key_token,
 )
+
+if TYPE_CHECKING:
+    from flowtide.natsauth import NatsAuth
 
 __all__ = [
     "MAX_HISTORY",
@@ -66,6 +70,7 @@ async def connect(
     replicas: int = 1,
     compression: bool = False,
     create: bool = True,
+    nats_auth: NatsAuth | None = None,
 ) -> KeyValue:
     """Open bucket `bucket` at `url`, creating it with this configuration if it is missing.
 
@@ -86,6 +91,8 @@ async def connect(
         replicas: JetStream replicas, 1..5 (`memory://` only reports it).
         compression: JetStream s2 compression (`memory://` only reports it).
         create: create the bucket when it is missing (default); False to only bind.
+        nats_auth: NATS credentials for a URL without them (user and password, or a
+            `.creds` file); see `flowtide.natsauth`. `memory://` ignores them.
     Returns:
         A handle implementing `KeyValue`.
     Raises:
@@ -118,7 +125,7 @@ async def connect(
             raise KVError(
                 "the NATS KV adapter needs nats-py: pip install 'flowtide[nats]'", bucket=bucket
             ) from exc
-        return await open_nats(url, config, create=create)
+        return await open_nats(url, config, create=create, auth=nats_auth)
     shown = url.split("@", 1)[-1] if isinstance(url, str) else repr(url)  # no credentials
     raise KVError(
         f"unsupported KV URL '...{shown}': expected 'memory://' or 'nats://host:port'"

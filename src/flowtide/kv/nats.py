@@ -85,6 +85,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from flowtide.errors import NatsError
 from flowtide.kv.base import (
     END_OF_WATCH,
     BucketConfig,
@@ -103,6 +104,7 @@ from flowtide.kv.base import (
     as_bytes,
     validate_key,
 )
+from flowtide.natsauth import NatsAuth, is_refusal
 
 __all__ = ["DEFAULT_TIMEOUT", "NatsKeyValue", "NatsWatcher", "open_nats", "redact_url"]
 
@@ -245,7 +247,13 @@ def _idle_after(msg: Msg, delivered: int) -> bool | None:
 
 
 def _is_auth_error(exc: BaseException) -> bool:
-    return isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(exc)
+    return is_refusal(exc)
+
+
+# nats-py lowercases the server's -ERR text, subject included: compared lowercased.
+_DENIED_RE: Final = re.compile(
+    r'permissions violation for (publish|subscription) to "?([^"\s]+)', re.IGNORECASE
+)
 
 
 def _tokens(pattern: str) -> list[str]:
@@ -445,10 +453,13 @@ def _bucket_info(bucket: str, config: dict[str, Any]) -> _BucketInfo:
 
 
 class _Connection:
-    """One NATS connection shared by every handle of one (URL, event loop)."""
+    """One NATS connection shared by every handle of one (URL, credentials, event loop)."""
 
-    def __init__(self, url: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, url: str, loop: asyncio.AbstractEventLoop, auth: NatsAuth | None = None
+    ) -> None:
         self.url = url
+        self.auth = auth or NatsAuth()
         self.shown = redact_url(url)
         self.loop = loop
         self.nc: Client | None = None
@@ -456,7 +467,11 @@ class _Connection:
         self.closed = False
         self.handles: weakref.WeakSet[NatsKeyValue] = weakref.WeakSet()
         self.watchers: weakref.WeakSet[NatsWatcher] = weakref.WeakSet()
-        self._secrets = _secrets(url)
+        self._secrets = _secrets(url) + self.auth.secrets()
+        # Subjects the server refused this user ("publish" or "subscription" -> subjects):
+        # a refused request gets no reply, only an asynchronous -ERR; its timeout then
+        # says why.
+        self._denied: dict[str, set[str]] = {"publish": set(), "subscription": set()}
         self._connecting: asyncio.Task[None] | None = None
         self._waiting = 0
         self._connected_once = False
@@ -506,8 +521,13 @@ class _Connection:
     async def _connect(self) -> None:
         from nats.aio.client import Client
 
+        try:
+            credentials = self.auth.options(self.url)
+        except NatsError as exc:
+            raise KVError(f"NATS at {self.shown}: {exc.message}") from None
         # (nats-py annotates the timeouts as int; they are seconds as floats.)
         options: dict[str, Any] = {
+            **credentials,
             "servers": [part.strip() for part in self.url.split(",")],
             "name": "flowtide",
             "allow_reconnect": True,
@@ -575,6 +595,11 @@ class _Connection:
         self._last_error = exc
         if not self._connected_once and _is_auth_error(exc):
             self._refused = True
+        denied = _DENIED_RE.search(str(exc))
+        if denied is not None:
+            self._denied[denied.group(1).lower()].add(denied.group(2).lower())
+            _log.warning("NATS at %s: %s", self.shown, self.scrub(str(exc)))
+            return
         if self._connected_once:
             level = logging.DEBUG if self._warned else logging.WARNING
             self._warned = True
@@ -629,8 +654,26 @@ class _Connection:
             raise KVError(f"the NATS connection to {self.shown} is closed")
         return self.nc
 
-    def transport_error(self, exc: BaseException, timeout: float) -> KVError:
+    def _refusal(self, subject: str | None) -> str | None:
+        """Why a request on `subject` got no reply, if the server refused it: publishing
+        to the subject, or subscribing to the reply inbox."""
+        if subject is not None and subject.lower() in self._denied["publish"]:
+            return f"permissions violation: this NATS user may not publish to {subject}"
+        if self._denied["subscription"]:
+            inbox = sorted(self._denied["subscription"])[0]
+            return (
+                "permissions violation: this NATS user may not subscribe to its reply inbox"
+                f" ({inbox})"
+            )
+        return None
+
+    def transport_error(
+        self, exc: BaseException, timeout: float, subject: str | None = None
+    ) -> KVError:
         if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError):
+            refusal = self._refusal(subject)
+            if refusal is not None:
+                return KVError(f"NATS at {self.shown} refused the request: {refusal}")
             state = " (disconnected, reconnecting)" if self.nc and self.nc.is_reconnecting else ""
             return KVError(f"no reply from NATS at {self.shown} within {timeout:g} s{state}")
         if isinstance(exc, nats.errors.ConnectionClosedError):
@@ -655,7 +698,7 @@ class _Connection:
         except nats.errors.MaxPayloadError:
             raise _TooLarge(subject) from None
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise self.transport_error(exc, timeout) from exc
+            raise self.transport_error(exc, timeout, subject) from exc
 
     async def api(self, subject: str, body: dict[str, Any] | None, *, timeout: float) -> Any:
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
@@ -718,7 +761,7 @@ class _Connection:
                 raise _TooLarge(subject) from None
             except (nats.errors.Error, OSError) as exc:
                 raise self.transport_error(exc, timeout) from exc
-            await self.wait_progress(reply.done, reply.msgs.__len__, timeout)
+            await self.wait_progress(reply.done, reply.msgs.__len__, timeout, subject)
         finally:
             del self._mux_waiters[token]
         assert reply.end is not None
@@ -727,7 +770,11 @@ class _Connection:
         return reply.msgs, reply.end
 
     async def wait_progress(
-        self, done: asyncio.Future[Any], progress: Callable[[], int], timeout: float
+        self,
+        done: asyncio.Future[Any],
+        progress: Callable[[], int],
+        timeout: float,
+        subject: str | None = None,
     ) -> None:
         """Wait for `done`; fail when `progress()` stays put for `timeout` seconds.
 
@@ -737,7 +784,7 @@ class _Connection:
         while not done.done():
             now = progress()
             if now == seen:
-                raise self.transport_error(TimeoutError(), timeout)
+                raise self.transport_error(TimeoutError(), timeout, subject)
             seen = now
             await asyncio.wait((done,), timeout=timeout)
 
@@ -749,28 +796,28 @@ class _Replies:
     end: Msg | None = None
 
 
-_POOL: dict[tuple[str, asyncio.AbstractEventLoop], _Connection] = {}
+_POOL: dict[tuple[str, NatsAuth, asyncio.AbstractEventLoop], _Connection] = {}
 # Handles on different threads (each with its own loop) share the pool dictionary.
 _POOL_LOCK: Final = threading.Lock()
 
 
 def _forget_connection(conn: _Connection) -> None:
     with _POOL_LOCK:
-        key = (conn.url, conn.loop)
+        key = (conn.url, conn.auth, conn.loop)
         if _POOL.get(key) is conn:
             del _POOL[key]
 
 
-async def _acquire(url: str) -> _Connection:
+async def _acquire(url: str, auth: NatsAuth) -> _Connection:
     loop = asyncio.get_running_loop()
-    key = (url, loop)
+    key = (url, auth, loop)
     while True:
         with _POOL_LOCK:
-            for stale in [k for k in _POOL if k[1].is_closed()]:
+            for stale in [k for k in _POOL if k[2].is_closed()]:
                 del _POOL[stale]
             conn = _POOL.get(key)
             if conn is None or conn.closed:
-                conn = _Connection(url, loop)
+                conn = _Connection(url, loop, auth)
                 _POOL[key] = conn
         try:
             await conn.acquire()
@@ -784,7 +831,12 @@ async def _acquire(url: str) -> _Connection:
 
 
 async def open_nats(
-    url: str, config: BucketConfig, *, timeout: float = DEFAULT_TIMEOUT, create: bool = True
+    url: str,
+    config: BucketConfig,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    create: bool = True,
+    auth: NatsAuth | None = None,
 ) -> NatsKeyValue:
     """Open bucket `config.bucket` on the NATS server at `url`, creating it if missing
     (unless `create` is False: then a missing bucket is BucketNotFoundError).
@@ -796,6 +848,7 @@ async def open_nats(
             (or `token@`); several servers separated by commas.
         config: the validated bucket configuration, used only to create the bucket.
         timeout: seconds to wait for each server reply.
+        auth: credentials for a URL without them (user/password or a .creds file).
     Returns:
         A handle on the bucket.
     Raises:
@@ -803,7 +856,7 @@ async def open_nats(
             names the URL without its password), JetStream is not enabled, or the
             bucket cannot be created or the stream is not a KV bucket.
     """
-    conn = await _acquire(url)
+    conn = await _acquire(url, auth or NatsAuth())
     try:
         info = await _bind_bucket(conn, config, timeout, create)
     except BaseException:

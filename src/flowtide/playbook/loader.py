@@ -29,6 +29,7 @@ from flowtide.playbook.model import (
 from flowtide.playbook.pycode import python_problem
 from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, Positions, load_yaml
 from flowtide.playbook.source import Path as NodePath
+from flowtide.playbook.sqllint import params_problem
 from flowtide.playbook.template import check_syntax, is_template
 
 # Fields of a tool mapping that are structure, not tool configuration.
@@ -340,6 +341,8 @@ def _parse_task(
         _check_spark(c, config, path, step, label)
     if kind == "python":
         _check_python(c, raw, spec, path, step, label)
+    if problem := params_problem(kind, config):
+        c.error((*path, "params"), problem, step=step, field=f"{label}.params")
 
     policy = _parse_policy(c, spec.get("policy"), (*path, "spec", "policy"), step)
     if policy is None and "retry" in raw:
@@ -690,6 +693,8 @@ def _parse_cursor(
         )
     config = {k: v for k, v in cursor.items() if k != "kind"}
     c.templates(config, cpath, step, "loop.cursor")
+    if problem := params_problem(str(kind), config):
+        c.error((*cpath, "params"), problem, step=step, field="loop.cursor.params")
     if kind not in _CURSOR_KINDS or not isinstance(claim, str):
         return None
     return Task(name="cursor", kind=str(kind), config=config, line=c.line(cpath))

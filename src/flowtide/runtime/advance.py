@@ -20,12 +20,13 @@ from typing import Any
 from flowtide.engine import events as ev
 from flowtide.engine.decide import decide
 from flowtide.engine.events import Command, Event
-from flowtide.engine.state import ExecutionState
+from flowtide.engine.state import ExecutionState, secret_values
 from flowtide.loopstate import LoopState
 from flowtide.playbook.model import Playbook
+from flowtide.redaction import remember
 from flowtide.store.base import CommandUpdate, ExecutionUpdate
 
-__all__ = ["Advance", "Advancer", "initialized_event"]
+__all__ = ["Advance", "Advancer", "inherited_secrets_event", "initialized_event"]
 
 _FILTERED = frozenset({ev.COMMAND_COMPLETED, ev.COMMAND_FAILED, ev.LOOP_DONE, ev.LOOP_STARTED})
 _REPORTS = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
@@ -61,6 +62,27 @@ def initialized_event(
             "parent_command_id": parent_command_id,
             **extra,
         },
+        time=now,
+    )
+
+
+def inherited_secrets_event(
+    execution_id: int,
+    secrets: frozenset[str],
+    *,
+    event_id: int,
+    now: float,
+    parent_execution_id: int,
+) -> Event:
+    """The `secrets.added` that gives a sub-playbook execution its parent's secret set
+    (its workload comes from the parent's data): it goes before `playbook.initialized`,
+    in the same batch."""
+    return Event(
+        event_id=event_id,
+        execution_id=execution_id,
+        type=ev.SECRETS_ADDED,
+        status="ok",
+        payload={"values": sorted(secrets), "parent_execution_id": parent_execution_id},
         time=now,
     )
 
@@ -114,6 +136,14 @@ class Advancer:
             event = pending.popleft()
             state = states.get(event.execution_id)
             if state is None:
+                continue
+            if event.type == ev.SECRETS_ADDED:
+                added = secret_values(event) - state.secrets
+                if not added:
+                    continue  # nothing new (every command that uses a credential says so)
+                remember(added)
+                state.apply(event)
+                out.recorded.append(event)
                 continue
             if event.type in _FILTERED and not await self._accept(state, event, prerecorded):
                 if event.type in _REPORTS:

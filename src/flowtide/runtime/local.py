@@ -29,7 +29,8 @@ from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render, visible_env
-from flowtide.runtime.advance import Advancer, initialized_event
+from flowtide.redaction import remember
+from flowtide.runtime.advance import Advance, Advancer, inherited_secrets_event, initialized_event
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.runtime.workers import WorkerPool
 from flowtide.store.base import ExecutionUpdate, Store
@@ -187,6 +188,8 @@ class LocalRuntime:
         execution_id = self.ids.next_id()
         rendered = render_workload(playbook, execution_id, workload or {}, self.template_env)
         now = time.time()
+        parent = self._states.get(parent_execution_id) if parent_execution_id else None
+        inherited = parent.secrets if parent is not None else frozenset()
         self.store.create_execution(
             execution_id,
             playbook_path=playbook.path,
@@ -197,6 +200,7 @@ class LocalRuntime:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             created=now,
+            secrets=inherited,
         )
         self._register(playbook, execution_id)
         await self._warm(playbook)
@@ -209,7 +213,17 @@ class LocalRuntime:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
         )
-        await self._post([first])
+        if inherited and parent_execution_id is not None:
+            given = inherited_secrets_event(
+                execution_id,
+                inherited,
+                event_id=self.ids.next_id(),
+                now=now,
+                parent_execution_id=parent_execution_id,
+            )
+            await self._post([given, first])
+        else:
+            await self._post([first])
         return execution_id
 
     async def resume(self, execution_id: int) -> ExecutionState:
@@ -221,6 +235,7 @@ class LocalRuntime:
         row = self.store.get_execution(execution_id)
         playbook = parse_playbook(row.playbook_text, row.playbook_file)
         state = fold(playbook, execution_id, self.store.events(execution_id), self.template_env)
+        remember(state.secrets)
         if self.loopstate is not None and not state.terminal:
             # The log is what a resume rebuilds from. The KV can be ahead of it: an
             # iteration recorded there whose report never reached the log (the process
@@ -384,7 +399,10 @@ class LocalRuntime:
         out = await self._advancer.advance(self._states, batch, time.time())
         if out.recorded or out.command_rows:
             self.store.append(
-                out.recorded, commands=out.command_rows, execution_updates=out.execution_rows
+                out.recorded,
+                commands=out.command_rows,
+                execution_updates=out.execution_rows,
+                secrets=self._secrets_of(out),
             )
         for command in out.commands:
             execution = self._executions[command.execution_id]
@@ -400,6 +418,13 @@ class LocalRuntime:
             execution.done.set()
         if self.listener is not None and out.recorded:
             self.listener(out.recorded, self._states)
+
+    def _secrets_of(self, out: Advance) -> dict[int, frozenset[str]]:
+        """The secret sets of the executions a batch writes to (what it must seal)."""
+        ids = {e.execution_id for e in out.recorded}
+        ids.update(u.execution_id for u in out.execution_rows)
+        found = {eid: self._states[eid].secrets for eid in ids if eid in self._states}
+        return {eid: values for eid, values in found.items() if values}
 
     def _dispatch(self, execution: _Execution, command: Command) -> None:
         state = execution.state

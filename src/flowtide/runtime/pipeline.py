@@ -7,6 +7,8 @@ NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,10 +23,29 @@ from flowtide.engine.policy import retry_delay, select_rule
 from flowtide.errors import FlowtideError, TemplateError, ToolError
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
-from flowtide.tools.base import ToolContext, redact, redact_value
+from flowtide.redaction import remember
+from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
+#: Largest result a task may return, as JSON (FLOWTIDE_MAX_RESULT_BYTES): results travel
+#: in events (to the server in a worker's report, into the event log); a bigger one is a
+#: `result_too_large` error the step's policy sees, never a report the server refuses.
+MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
+
+
+def _check_size(result: Any) -> None:
+    """Raise ToolError (kind result_too_large) when `result` is over MAX_RESULT_BYTES."""
+    if result is None or isinstance(result, bool | int | float):
+        return
+    size = len(json.dumps(result, default=str, separators=(",", ":")).encode("utf-8", "replace"))
+    if size > MAX_RESULT_BYTES:
+        raise ToolError(
+            f"the result is {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit"
+            " (FLOWTIDE_MAX_RESULT_BYTES): write large data to a table or a file and return"
+            " a reference to it (spark steps do so on their own)",
+            kind="result_too_large",
+        )
 
 
 @dataclass
@@ -52,6 +73,10 @@ class Outcome:
     tasks: dict[str, Any] | None = None
     calls: list[Call] = field(default_factory=list)
     started: float = 0.0
+    #: Values the tools touched (passwords, tokens, DSNs). The results, errors and
+    #: output above hold them as the tools saw them: they join the execution's secret
+    #: set (a `secrets.added` event), which seals them at rest and masks them on display.
+    secrets: set[str] = field(default_factory=set)
 
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
@@ -170,13 +195,14 @@ class StepRunner:
         cancelled: Callable[[], bool] | None,
         index: int | None = None,
         attempt: int = 1,
+        credentials: Any = None,
     ) -> ToolContext:
         return ToolContext(
             execution_id=execution_id,
             step=step.name,
             task=task,
             base_dir=self.base_dir,
-            credentials=self.credentials,
+            credentials=credentials if credentials is not None else self.credentials,
             secrets=secrets,
             render_context=scope,
             run_playbook=self.run_playbook,
@@ -230,7 +256,10 @@ class StepRunner:
         element: Any = None,
         index: int | None = None,
         cancelled: Callable[[], bool] | None = None,
+        credentials: Any = None,
     ) -> Outcome:
+        """Run one command of `step`. `credentials`: this command's resolver, when the
+        runner's own is not the one (a distributed worker asks per command)."""
         started = time.time()
         ctx_local = dict(ctx)
         ctx_updates: dict[str, Any] = {}
@@ -244,6 +273,7 @@ class StepRunner:
         action = "continue"
         jump_to: str | None = None
         names = [t.name for t in step.tasks]
+        touched: set[str] = set()
         i = 0
         jumps = 0
         while i < len(step.tasks):
@@ -256,6 +286,7 @@ class StepRunner:
                     ctx=ctx_updates,
                     calls=calls,
                     started=started,
+                    secrets=touched,
                 )
             task = step.tasks[i]
             layers: list[Mapping[str, Any]] = [pipe]
@@ -270,7 +301,15 @@ class StepRunner:
                 attempt += 1
                 t0 = time.perf_counter()
                 tctx = self._tool_context(
-                    execution_id, step, task.name, scope, secrets, cancelled, index, attempt
+                    execution_id,
+                    step,
+                    task.name,
+                    scope,
+                    secrets,
+                    cancelled,
+                    index,
+                    attempt,
+                    credentials,
                 )
                 error: dict[str, Any] | None = None
                 result: Any = None
@@ -287,6 +326,7 @@ class StepRunner:
                         result = self._run_playbook(config, tctx)
                     else:
                         result = get_tool(effective.kind).run(config, tctx)
+                    _check_size(result)
                     status = "ok"
                 except ToolError as exc:
                     status, error = "error", _error_dict(exc)
@@ -296,13 +336,13 @@ class StepRunner:
                 except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
                     status, error = "error", _error_dict(exc)
                 duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+                # Nothing is scrubbed here: a later task, policy or step reads the result
+                # exactly as the tool returned it (a password `demo` must not turn
+                # `demographics` into `***graphics`). The values are reported instead.
                 if secrets:
-                    result = redact_value(result, secrets)
-                    if error:
-                        error = redact_value(error, secrets)
+                    touched |= secrets
+                    remember(secrets)
                 out_text = "".join(tctx.stdout)
-                if secrets and out_text:
-                    out_text = redact(out_text, secrets)
                 calls.append(
                     Call(
                         task.name,
@@ -312,7 +352,7 @@ class StepRunner:
                         time.time(),
                         error,
                         out_text[:STDOUT_LIMIT] or None,
-                        redact_value(tctx.call_meta, secrets) if tctx.call_meta else {},
+                        dict(tctx.call_meta),
                     )
                 )
                 output = envelope(
@@ -358,6 +398,7 @@ class StepRunner:
                     ctx=ctx_updates,
                     calls=calls,
                     started=started,
+                    secrets=touched,
                 )
             results[task.name] = result
             pipe[task.name] = result_view(result)
@@ -373,6 +414,7 @@ class StepRunner:
                     tasks=results if step.pipeline else None,
                     calls=calls,
                     started=started,
+                    secrets=touched,
                 )
             if rule_do == "break":
                 action = "break"
@@ -400,6 +442,7 @@ class StepRunner:
             else None,
             calls=calls,
             started=started,
+            secrets=touched,
         )
 
     def claim(
@@ -410,6 +453,7 @@ class StepRunner:
         *,
         execution_id: int,
         cancelled: Callable[[], bool] | None = None,
+        credentials: Any = None,
     ) -> Outcome:
         """Run a cursor loop's claim query. The result is `{rows, row_count}`; templates
         in the cursor see `__frame_max_rows` (the loop's `spec.frame.max_rows`)."""
@@ -422,7 +466,9 @@ class StepRunner:
             base,
         )
         secrets: set[str] = set()
-        tctx = self._tool_context(execution_id, step, cursor.name, scope, secrets, cancelled)
+        tctx = self._tool_context(
+            execution_id, step, cursor.name, scope, secrets, cancelled, credentials=credentials
+        )
         t0 = time.perf_counter()
         error: dict[str, Any] | None = None
         result: Any = None
@@ -439,12 +485,19 @@ class StepRunner:
         except Exception as exc:  # noqa: BLE001 - a failed claim fails the loop, not the worker
             error = _error_dict(exc)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
-        if secrets and error:
-            error = redact_value(error, secrets)
+        remember(secrets)
         call = Call(cursor.name, 1, error is None, duration_ms, time.time(), error)
         if error is not None:
-            return Outcome("error", None, action="fail", error=error, calls=[call], started=started)
-        return Outcome("ok", result, calls=[call], started=started)
+            return Outcome(
+                "error",
+                None,
+                action="fail",
+                error=error,
+                calls=[call],
+                started=started,
+                secrets=secrets,
+            )
+        return Outcome("ok", result, calls=[call], started=started, secrets=secrets)
 
     def _apply_set(
         self,
@@ -500,9 +553,9 @@ def _timeout(config: Mapping[str, Any]) -> float | None:
 def outcome_events(
     command: Command, outcome: Outcome, new_id: Callable[[], int], worker: str
 ) -> list[Event]:
-    """The events a worker reports for one command: command.started, a call.done or
-    call.error per tool call, then command.completed (or command.failed when the
-    step's policy says fail)."""
+    """The events a worker reports for one command: command.started, `secrets.added` when
+    the tools touched secrets, a call.done or call.error per tool call, then
+    command.completed (or command.failed when the step's policy says fail)."""
     eid = command.execution_id
     base: dict[str, Any] = {"attempt": command.attempt}
     if command.extra.get("cursor"):
@@ -525,6 +578,23 @@ def outcome_events(
             time=outcome.started,
         )
     ]
+    if outcome.secrets:
+        # Before the events that may hold the values: the whole report is sealed against
+        # the set they join, on the server as in this process.
+        out.append(
+            Event(
+                event_id=new_id(),
+                execution_id=eid,
+                type=ev.SECRETS_ADDED,
+                step=command.step,
+                status="ok",
+                payload={"values": sorted(outcome.secrets)},
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=worker,
+                time=outcome.started,
+            )
+        )
     for call in outcome.calls:
         payload: dict[str, Any] = {
             "task": call.task,

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -33,44 +34,61 @@ import httpx
 from flowtide.engine.events import Command
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
+from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.template import visible_env
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
+from flowtide.subjects import COMMAND_STREAM, pool_consumer, worker_inbox
 from flowtide.tools.registry import cancel_running
 
 __all__ = ["RemoteWorker"]
 
 log = logging.getLogger("flowtide.worker")
 
-_STREAM = "FLOWTIDE_COMMANDS"
 
+class _CommandCredentials:
+    """A command's credential resolver: the server gives a credential's body to the
+    worker that holds a live claim on the command, and to nobody else (workers have no
+    master key). Bodies are kept for the command's run only."""
 
-class _RemoteCredentials:
-    """Credential ciphertext from the server; decrypted here with the shared master key."""
-
-    def __init__(self, client: httpx.Client) -> None:
+    def __init__(
+        self, client: httpx.Client, worker_id: str, execution_id: int, command_id: int
+    ) -> None:
         self.client = client
+        self.body = {
+            "worker_id": worker_id,
+            "execution_id": str(execution_id),
+            "command_id": str(command_id),
+        }
+        self._got: dict[str, dict[str, Any]] = {}
 
-    def get_credential(self, name: str) -> tuple[str, bytes]:
-        import base64
+    def resolve(self, alias: str) -> dict[str, Any]:
+        from flowtide.errors import CredentialError
 
-        from flowtide.errors import NotFoundError
-
-        r = self.client.get(f"/api/credentials/{name}", params={"ciphertext": "true"})
+        found = self._got.get(alias)
+        if found is not None:
+            return found
+        try:
+            r = self.client.post("/api/worker/credentials", json={**self.body, "name": alias})
+        except httpx.HTTPError as exc:
+            raise CredentialError(f"credential '{alias}': server unreachable: {exc}") from None
         if r.status_code == 404:
-            raise NotFoundError(f"credential {name!r} not found")
-        r.raise_for_status()
-        doc = r.json()
-        return doc["kind"], base64.b64decode(doc["ciphertext"])
-
-    def put_credential(self, *a: Any, **k: Any) -> None:
-        raise NotImplementedError("workers do not write credentials")
-
-    def list_credentials(self) -> list[dict[str, Any]]:
-        return list(self.client.get("/api/credentials").json())
-
-    def delete_credential(self, name: str) -> None:
-        raise NotImplementedError("workers do not delete credentials")
+            raise CredentialError(
+                f"credential '{alias}' is not defined on the server; an admin adds it with:"
+                f" flowtide credential set {alias} --server URL --json '{{...}}'",
+                missing=True,
+            )
+        if r.status_code == 422:
+            raise CredentialError(f"'{alias}' is not a credential alias")
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            raise CredentialError(f"credential '{alias}': HTTP {r.status_code}: {message}")
+        body = r.json()["data"]
+        self._got[alias] = body
+        return dict(body)
 
 
 class ApiError(Exception):
@@ -99,16 +117,24 @@ class _Api:
     connections). aiohttp rather than httpx here: on a claim's path it takes about 1 ms
     less per request than httpx's async client (bench/RESULTS.md)."""
 
-    def __init__(self, server: str, timeout: float) -> None:
+    def __init__(
+        self, server: str, timeout: float, headers: Mapping[str, str], tls: ssl.SSLContext
+    ) -> None:
         self.server = server
         self.timeout = timeout
+        self.headers = dict(headers)
+        self.tls = tls
         self._session: Any = None
 
     async def __aenter__(self) -> _Api:
         import aiohttp
 
         self._errors: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            headers=self.headers,
+            connector=aiohttp.TCPConnector(ssl=self.tls),
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -117,8 +143,13 @@ class _Api:
     async def post(self, path: str, body: Any) -> _Reply:
         """POST `body` as JSON; the reply, whatever its status. Raises ApiError when none
         came (connection refused or lost, timeout)."""
+        return await self.post_json(path, json.dumps(body).encode())
+
+    async def post_json(self, path: str, data: bytes) -> _Reply:
+        """POST JSON text already encoded (see `post`)."""
+        headers = {"content-type": "application/json"}
         try:
-            async with self._session.post(self.server + path, json=body) as r:
+            async with self._session.post(self.server + path, data=data, headers=headers) as r:
                 return _Reply(r.status, await r.read())
         except self._errors as exc:
             raise ApiError(f"POST {path}: {str(exc) or type(exc).__name__}") from exc
@@ -127,7 +158,8 @@ class _Api:
 @dataclass
 class _Pending:
     execution_id: int
-    events: list[dict[str, Any]]
+    #: The report as JSON text, encoded once (batches are joined from these).
+    raw: bytes
     done: asyncio.Future[None]
     give_up: float
 
@@ -142,10 +174,20 @@ class _Reporter:
     that its command has been issued again and the report would be stale anyway.
     """
 
-    def __init__(self, worker_id: str, patience: float, *, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        patience: float,
+        *,
+        max_batch: int = 256,
+        max_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
         self.worker_id = worker_id
         self.patience = patience
         self.max_batch = max_batch
+        # Well under the server's request cap (16 MiB by default): a batch holds reports
+        # up to this size, or one report alone (a result is at most 4 MiB: pipeline).
+        self.max_bytes = max_bytes
         self._waiting: list[_Pending] = []
         self._wake = asyncio.Event()
 
@@ -153,7 +195,8 @@ class _Reporter:
         """Queue one command's report; returns when the server took it (or refused it as
         stale or invalid, which is logged). Raises RuntimeError when it gave up."""
         done = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Pending(execution_id, events, done, time.monotonic() + self.patience))
+        raw = json.dumps({"execution_id": str(execution_id), "events": events}).encode()
+        self._waiting.append(_Pending(execution_id, raw, done, time.monotonic() + self.patience))
         self._wake.set()
         await done
 
@@ -163,8 +206,14 @@ class _Reporter:
             if not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-            batch = self._waiting[: self.max_batch]
-            del self._waiting[: self.max_batch]
+            size, n = 0, 0
+            for p in self._waiting[: self.max_batch]:
+                size += len(p.raw)
+                if n and size > self.max_bytes:
+                    break
+                n += 1
+            batch = self._waiting[:n]
+            del self._waiting[:n]
             problem = await self._post(client, batch)
             if problem is None:
                 delay = 0.2
@@ -190,12 +239,17 @@ class _Reporter:
 
     async def _post(self, client: _Api, batch: list[_Pending]) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""
-        body = {
-            "worker_id": self.worker_id,
-            "reports": [{"execution_id": p.execution_id, "events": p.events} for p in batch],
-        }
+        body = b"".join(
+            (
+                b'{"worker_id":',
+                json.dumps(self.worker_id).encode(),
+                b',"reports":[',
+                b",".join(p.raw for p in batch),
+                b"]}",
+            )
+        )
         try:
-            r = await client.post("/api/events/reports", body)
+            r = await client.post_json("/api/events/reports", body)
         except ApiError as exc:
             return str(exc)
         if r.status_code >= 500:
@@ -326,9 +380,25 @@ class RemoteWorker:
         concurrency: int = 8,
         worker_id: str | None = None,
         home: Path | None = None,
+        token: str | None = None,
+        nats_auth: NatsAuth | None = None,
+        ca: str | None = None,
     ) -> None:
+        """`token` and `ca`: see flowtide.auth.login and flowtide.tls (FLOWTIDE_TOKEN,
+        FLOWTIDE_CA and FLOWTIDE_CLIENT_CERT/KEY by default).
+
+        Raises:
+            FlowtideError: the token file or a TLS file cannot be read.
+        """
+        from flowtide.auth.login import resolve_token
+        from flowtide.tls import client_tls
+
         self.server = server.rstrip("/")
+        token = resolve_token(self.server, token)
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._tls = client_tls(self.server, ca=ca).context()
         self.nats_url = nats_url
+        self.nats_auth = nats_auth or NatsAuth()
         self.pool = pool
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -349,10 +419,9 @@ class RemoteWorker:
         # register reply sets the lease).
         self._reports = _Reporter(self.worker_id, 120.0)
         self._cancel_cache: dict[int, tuple[float, bool]] = {}
-        self._sync = httpx.Client(base_url=self.server, timeout=30.0)
-        from flowtide.credentials import CredentialVault
-
-        self.vault = CredentialVault(_RemoteCredentials(self._sync), self.home)
+        self._sync = httpx.Client(
+            base_url=self.server, timeout=30.0, headers=self._headers, verify=self._tls
+        )
         # A worker shows templates only the variables FLOWTIDE_TEMPLATE_ENV lists.
         self.template_env = visible_env(os.environ, embedded=False)
 
@@ -360,19 +429,30 @@ class RemoteWorker:
         self._stop.set()
 
     async def run(self) -> None:
-        import nats
+        from flowtide.redaction import install_log_masking
 
-        async with _Api(self.server, timeout=30.0) as client:
+        # Values the steps' tools touch are masked in this process's logs.
+        install_log_masking()
+        async with _Api(self.server, 30.0, self._headers, self._tls) as client:
             self.client = client
-            await self._register()
-            nc = await nats.connect(self.nats_url, name=self.worker_id, max_reconnect_attempts=-1)
-            js = nc.jetstream()
-            from flowtide.server.outbox import ensure_stream
-
-            await ensure_stream(js)
-            durable = f"flowtide-{self.pool}"
-            await self._ensure_consumer(js, durable)
-            puller = _Puller(nc, _STREAM, durable, self._slot_freed)
+            # NATS first: credentials it refuses end the worker before it registers. Its
+            # replies come to the pool's own inbox prefix, the one its user may read.
+            nc = await connect_nats(
+                self.nats_url,
+                self.nats_auth,
+                name=self.worker_id,
+                inbox_prefix=worker_inbox(self.pool),
+            )
+            try:
+                # Registering makes the server create the pool's consumer if missing.
+                await self._register()
+                durable = pool_consumer(self.pool)
+                await self._check_consumer(nc.jetstream(), durable)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                raise
+            puller = _Puller(nc, COMMAND_STREAM, durable, self._slot_freed)
             await puller.start()
             # Paid once here rather than inside the first HTTP step it runs.
             from flowtide.tools import http as http_tool
@@ -412,28 +492,32 @@ class RemoteWorker:
                 self._threads.shutdown(wait=False, cancel_futures=True)
                 self._sync.close()
 
-    async def _ensure_consumer(self, js: Any, durable: str) -> None:
-        """The pool's durable pull consumer (created by the first worker of the pool)."""
-        from nats.js.api import AckPolicy, ConsumerConfig
+    async def _check_consumer(self, js: Any, durable: str) -> None:
+        """Fail clearly when the pool's consumer is missing or out of reach. The server
+        creates it (`ensure_consumer`) when the worker registers: a worker's NATS user
+        may pull from it, never create it."""
+        import nats.errors
         from nats.js.errors import NotFoundError
 
+        from flowtide.errors import NatsError
+        from flowtide.urls import redact_url
+
+        where = f"consumer {durable} of stream {COMMAND_STREAM} at {redact_url(self.nats_url)}"
         try:
-            await js.consumer_info(_STREAM, durable)
-            return
+            await js.consumer_info(COMMAND_STREAM, durable)
         except NotFoundError:
-            pass
-        config = ConsumerConfig(
-            durable_name=durable,
-            filter_subject=f"flowtide.commands.{self.pool}.>",
-            ack_policy=AckPolicy.EXPLICIT,
-            # Acked right after the claim: this only covers delivery -> claim.
-            ack_wait=10.0,
-            max_ack_pending=-1,
-            max_waiting=512,
-        )
-        with contextlib.suppress(Exception):  # another worker created it meanwhile
-            await js.add_consumer(_STREAM, config=config)
-        await js.consumer_info(_STREAM, durable)
+            raise NatsError(
+                f"no {where}: the server creates it when a worker registers"
+                " (is the server connected to the same NATS, with --nats?)",
+                url=redact_url(self.nats_url),
+            ) from None
+        except nats.errors.TimeoutError:
+            # A refused request gets no reply; the refusal itself is logged just before.
+            raise NatsError(
+                f"no answer about {where} (a permissions violation logged above means"
+                " this NATS user is not the one for pool " + repr(self.pool) + ")",
+                url=redact_url(self.nats_url),
+            ) from None
 
     async def _ask(self, puller: _Puller) -> None:
         """Keep pull requests open for the free slots: asks again when a slot frees up, a
@@ -458,6 +542,23 @@ class RemoteWorker:
                 "concurrency": self.concurrency,
             },
         )
+        if r.status_code in (401, 403):
+            from flowtide.errors import AuthError
+
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            hint = (
+                " (give the worker a token of role worker: FLOWTIDE_TOKEN, FLOWTIDE_TOKEN_FILE"
+                " or --token-file)"
+                if r.status_code == 401
+                else ""
+            )
+            raise AuthError(
+                f"{self.server} refused worker {self.worker_id}: {message}{hint}",
+                status=r.status_code,
+            )
         r.raise_for_status()
         self.lease = float(r.json().get("lease", 30.0))
         self._reports.patience = max(60.0, 4 * self.lease)
@@ -569,7 +670,6 @@ class RemoteWorker:
                 parsed = parse_playbook(playbook["text"], playbook.get("file"))
                 cached = StepRunner(
                     parsed,
-                    credentials=self.vault,
                     run_playbook=self._run_child,
                     data_dir=(self.home / "data").absolute(),
                 )
@@ -610,15 +710,25 @@ class RemoteWorker:
         parts = spec["context"]
         base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
         ctx = parts["ctx"]
+        credentials = _CommandCredentials(
+            self._sync, self.worker_id, command.execution_id, command.command_id
+        )
         try:
             if command.extra.get("cursor"):
-                outcome = runner.claim(step, base, ctx, execution_id=command.execution_id)
+                outcome = runner.claim(
+                    step,
+                    base,
+                    ctx,
+                    execution_id=command.execution_id,
+                    credentials=credentials,
+                )
             else:
                 outcome = runner.run(
                     step,
                     base,
                     ctx,
                     execution_id=command.execution_id,
+                    credentials=credentials,
                     iterator=spec.get("iterator"),
                     element=spec.get("element"),
                     index=command.loop_index,
@@ -654,11 +764,11 @@ class RemoteWorker:
             raise ToolError(f"sub-playbook '{path}': {message}", kind="playbook_error")
         child = r.json()["execution_id"]
         while True:
-            doc = self._sync.get(f"/api/executions/{child}").json()
+            # The intact result, not the masked document: the parent's step uses it.
+            doc = self._sync.get(f"/api/internal/executions/{child}/result").json()
             if doc["status"] != "running":
                 break
             time.sleep(0.1)
-        results = {name: step["result"] for name, step in doc["steps"].items()}
         return child_result(
-            path, child, doc["status"], doc.get("error"), results, doc["result"], return_step
+            path, child, doc["status"], doc.get("error"), doc["steps"], doc["result"], return_step
         )

@@ -38,6 +38,8 @@ from pydantic import (
 from flowtide.credentials import CredentialVault
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
+from flowtide.redaction import weak_fields, weak_message
+from flowtide.server.problems import error_response, field_error
 
 if TYPE_CHECKING:
     from flowtide.server.app import _Runtime
@@ -79,13 +81,8 @@ OwnerQuery = Annotated[
 NameParam = Annotated[str, PathParam(pattern=_NAME)]
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    # The format of flowtide.server.app (kept here so app.py need not be imported).
-    return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
-
-
-def _field_error(field: str, message: str, status: int = 422) -> JSONResponse:
-    return _error(status, f"{field}: {message}", fields=[{"field": field, "message": message}])
+_error = error_response
+_field_error = field_error
 
 
 def parse_catalog_id(catalog_id: str) -> tuple[str, int | None]:
@@ -173,6 +170,14 @@ class CredentialInfo(BaseModel):
 
 class SealedCredential(CredentialInfo):
     ciphertext: str = Field(description="Base64 of the Fernet token of the body.")
+
+
+class StoredCredential(CredentialInfo):
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Secret fields too short or too common to be masked safely in output "
+        "(named, never shown).",
+    )
 
 
 class Deleted(BaseModel):
@@ -313,7 +318,7 @@ def _catalog_path_problem(path: object) -> str | None:
     return None
 
 
-def _home() -> Path:
+def server_home() -> Path:
     # Where `flowtide worker` looks too (its --home defaults to $FLOWTIDE_HOME).
     return Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
 
@@ -322,16 +327,9 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
     """The catalog, credential and keychain routes over `runtime`'s store (which exists
     once the app has started)."""
     router = APIRouter()
-    vaults: dict[int, _Vault] = {}
 
     def vault() -> _Vault:
-        # One vault per store: the key is loaded once, and a restarted app gets a new one.
-        store = runtime.store
-        found = vaults.get(id(store))
-        if found is None:
-            vaults.clear()
-            found = vaults[id(store)] = _Vault(store, _home())
-        return found
+        return runtime.vault()
 
     async def resolve(catalog_id: str) -> tuple[str, int]:
         """(path, version) of an existing catalog entry; NotFoundError (404) naming it."""
@@ -415,8 +413,9 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
         status_code=201,
         tags=["credentials"],
     )
-    async def put_credential(body: CredentialRequest) -> CredentialInfo:
-        """Store (or replace) a credential alias; the server encrypts `data`."""
+    async def put_credential(body: CredentialRequest) -> StoredCredential:
+        """Store (or replace) a credential alias; the server encrypts `data`. `warnings`
+        names the secret fields whose values are too weak to be masked safely."""
 
         def write() -> dict[str, Any]:
             vault().set(body.name, body.data, kind=body.kind)
@@ -426,7 +425,8 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
             info = await asyncio.to_thread(write)
         except CredentialError as exc:  # the master key is unusable: the server's fault
             return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
-        return CredentialInfo(**info)
+        warnings = [weak_message(body.name, f, why) for f, why in weak_fields(body.data)]
+        return StoredCredential(**info, warnings=warnings)
 
     @router.get("/api/credentials", tags=["credentials"])
     async def list_credentials() -> list[CredentialInfo]:

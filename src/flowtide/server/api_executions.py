@@ -23,10 +23,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Event
+from flowtide.engine.state import secret_values
 from flowtide.errors import NotFoundError
+from flowtide.redaction import mask_value
+from flowtide.sealing import SEALED_PREFIX
 from flowtide.server.app import _error, _event_doc
 from flowtide.server.coordinator import TERMINAL, Coordinator, ExecutionFinished
-from flowtide.store.codec import EVENT_COLUMNS, event_row
+from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
 
 if TYPE_CHECKING:
     import psycopg
@@ -170,6 +173,7 @@ def _open_stream(runtime: _Runtime, execution_id: int, after: int | None) -> tup
 
 
 def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Poll:
+    sealer = runtime.store.sealer
     with runtime.store.transaction("event stream") as conn:
         # One snapshot for the status, the horizon and the rows.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -185,7 +189,7 @@ def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Pol
             f" AND xact < ({_HORIZON}) ORDER BY xact, seq LIMIT %s",
             (execution_id, *cursor, _BATCH),
         ).fetchall()
-        events = [(event_row(r[:11]), (str(r[11]), int(r[12]))) for r in rows]
+        events = [(event_row(r[:11], sealer), (str(r[11]), int(r[12]))) for r in rows]
         finished = False
         if status in TERMINAL and len(events) < _BATCH:
             last = events[-1][1] if events else cursor
@@ -195,17 +199,21 @@ def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Pol
                 (execution_id, *last),
             ).fetchone()
             finished = not (more and more[0])
-    return _Poll(events, status, json.loads(error) if error else None, finished)
+    what = f"execution {execution_id}: error"
+    return _Poll(events, status, load_json(error, sealer, what) if error else None, finished)
 
 
-def _message(event: Event) -> str:
-    data = json.dumps(_event_doc(event), separators=(",", ":"))
+def _message(event: Event, secrets: frozenset[str]) -> str:
+    data = json.dumps(_event_doc(event, secrets), separators=(",", ":"))
     return f"id: {event.event_id}\nevent: {event.type}\ndata: {data}\n\n"
 
 
 async def _follow(
-    runtime: _Runtime, execution_id: int, cursor: tuple[str, int]
+    runtime: _Runtime, execution_id: int, cursor: tuple[str, int], secrets: frozenset[str]
 ) -> AsyncIterator[str]:
+    """The stream from `cursor` on, masked with the execution's secret set (`secrets` as
+    known at the start, then grown by the `secrets.added` events streamed, which come
+    before the events that hold their values)."""
     loop = asyncio.get_running_loop()
     yield "retry: 1000\n\n"
     last_sent = loop.time()
@@ -214,10 +222,19 @@ async def _follow(
         poll = await asyncio.to_thread(_poll, runtime, execution_id, cursor)
         if poll.events:
             cursor = poll.events[-1][1]
-            yield "".join(_message(e) for e, _ in poll.events)
+            parts = []
+            for e, _ in poll.events:
+                if e.type == ev.SECRETS_ADDED:
+                    secrets = secrets | secret_values(e)
+                parts.append(_message(e, secrets))
+            yield "".join(parts)
             last_sent = loop.time()
         if poll.finished:
-            end = {"execution_id": str(execution_id), "status": poll.status, "error": poll.error}
+            end = {
+                "execution_id": str(execution_id),
+                "status": poll.status,
+                "error": mask_value(poll.error, secrets),
+            }
             yield f"event: end\ndata: {json.dumps(end, separators=(',', ':'))}\n\n"
             return
         if len(poll.events) == _BATCH:
@@ -237,26 +254,31 @@ async def _ctx_history(
     """name -> (time, event_id, source) of the last event that set each top-level ctx key
     (the events that can change ctx: `ctx.updated`, a step's `set` in `step.exit`, a
     policy's `set` in a command report)."""
+    # A sealed payload's text says nothing: those rows are read and unsealed too.
+    sealed = SEALED_PREFIX + "%"
     rows = await runtime.fetch(
         "variables",
         "SELECT event_id, type, step, payload, time FROM event WHERE execution_id = %s"
-        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))"
-        " OR (type IN (%s, %s) AND payload LIKE %s)) ORDER BY seq",
+        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s OR payload LIKE %s))"
+        " OR (type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))) ORDER BY seq",
         (
             execution_id,
             ev.CTX_UPDATED,
             ev.STEP_EXIT,
             '%"set":{%',
             '%"unset":[%',
+            sealed,
             ev.COMMAND_COMPLETED,
             ev.COMMAND_FAILED,
             '%"ctx":{%',
+            sealed,
         ),
         part="shard",
     )
+    sealer = runtime.store.sealer
     out: dict[str, tuple[float, int, str | None]] = {}
     for event_id, type_, step, payload, at in rows:
-        doc = json.loads(payload) if payload else {}
+        doc = load_json(payload, sealer, f"event {event_id}: payload") if payload else {}
         source = doc.get("source") if type_ == ev.CTX_UPDATED else step
         for name in doc.get("set") or doc.get("ctx") or {}:
             out[name] = (at, int(event_id), source)
@@ -300,7 +322,8 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     async def read_vars(execution_id: int) -> tuple[str, dict[str, Any]]:
         state = await coord().state(execution_id)
         history = await _ctx_history(runtime, execution_id)
-        return state.status, _variables(dict(state.ctx), history)
+        # Shown, not used: masked with the execution's secret set.
+        return state.status, _variables(mask_value(dict(state.ctx), state.secrets), history)
 
     def finished(exc: ExecutionFinished) -> JSONResponse:
         return _error(
@@ -344,6 +367,7 @@ def executions_router(runtime: _Runtime) -> APIRouter:
         field = "Last-Event-ID" if last_event_id is not None else "after"
         try:
             cursor = await asyncio.to_thread(_open_stream, runtime, execution_id, start)
+            secrets = (await coord().state(execution_id)).secrets
         except LookupError:
             message = f"event {start} is not in execution {execution_id}"
             return _error(  # type: ignore[return-value]
@@ -352,7 +376,7 @@ def executions_router(runtime: _Runtime) -> APIRouter:
                 fields=[{"field": field, "message": message}],
             )
         return StreamingResponse(
-            _follow(runtime, execution_id, cursor),
+            _follow(runtime, execution_id, cursor, secrets),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

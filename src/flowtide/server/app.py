@@ -15,29 +15,46 @@ import os
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from flowtide.auth.oidc import JwtSettings, JwtVerifier, parse_role_map
+from flowtide.auth.principal import Principal
 from flowtide.engine.events import Event
-from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, StoreError, TemplateError
+from flowtide.errors import (
+    AuthError,
+    CredentialError,
+    FlowtideError,
+    NotFoundError,
+    PlaybookError,
+    StoreError,
+    TemplateError,
+)
+from flowtide.natsauth import NatsAuth
 from flowtide.playbook.loader import parse_playbook
+from flowtide.redaction import install_log_masking, known, mask_event_doc, mask_text, mask_value
 from flowtide.runtime.report import execution_document
 from flowtide.server import metrics
-from flowtide.server.api_cluster import cluster_router, parse_catalog_id
+from flowtide.server.access import DEFAULT_MAX_BODY, Authenticator, Gate, authorize, caller
+from flowtide.server.api_cluster import _Vault, cluster_router, parse_catalog_id, server_home
+from flowtide.server.api_tokens import tokens_router
 from flowtide.server.coordinator import (
     TERMINAL,
+    WORKER_EVENTS,
     ClaimConflict,
     ClaimItem,
     Coordinator,
     ExecutionFinished,
     SubmitResult,
 )
-from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
+from flowtide.server.problems import error_response
+from flowtide.server.workers import WorkerRegistry
 from flowtide.urls import redact_url
 
 __all__ = ["ServerSettings", "create_app"]
@@ -62,12 +79,34 @@ class ServerSettings:
     lease: float = 30.0
     reap_interval: float = 2.0
     worker_timeout: float = 30.0
+    #: Serve every request without authentication (a trusted machine only; logged).
+    insecure_no_auth: bool = False
+    #: Bearer JWTs of an identity provider, besides flowtide's own tokens.
+    jwt: JwtSettings | None = None
+    #: Largest request body taken (bytes); larger ones get 413 before they are read.
+    max_body: int = DEFAULT_MAX_BODY
+    #: /metrics without a credential (for scrapers that cannot send one).
+    public_metrics: bool = False
+    #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
+    #: carry none.
+    nats_auth: NatsAuth = field(default_factory=NatsAuth)
 
     @classmethod
     def from_env(cls) -> ServerSettings:
         db = os.environ.get("FLOWTIDE_DB")
         if not db:
             raise FlowtideError("FLOWTIDE_DB must name the PostgreSQL database")
+        jwks = os.environ.get("FLOWTIDE_JWKS_URL") or None
+        jwt = None
+        if jwks:
+            jwt = JwtSettings(
+                jwks_url=jwks,
+                issuer=os.environ.get("FLOWTIDE_JWT_ISSUER") or None,
+                audience=os.environ.get("FLOWTIDE_JWT_AUDIENCE") or None,
+                roles_claim=os.environ.get("FLOWTIDE_JWT_ROLES_CLAIM") or "flowtide_roles",
+                role_map=parse_role_map(os.environ.get("FLOWTIDE_JWT_ROLES")),
+                pool_claim=os.environ.get("FLOWTIDE_JWT_POOL_CLAIM") or "flowtide_pool",
+            )
         return cls(
             db=db,
             nats=os.environ.get("FLOWTIDE_NATS") or None,
@@ -75,6 +114,11 @@ class ServerSettings:
             kv_bucket=os.environ.get("FLOWTIDE_KV_BUCKET", "flowtide_state"),
             cluster_db=os.environ.get("FLOWTIDE_CLUSTER_DB") or None,
             lease=float(os.environ.get("FLOWTIDE_LEASE", "30")),
+            insecure_no_auth=os.environ.get("FLOWTIDE_INSECURE_NO_AUTH") == "1",
+            jwt=jwt,
+            max_body=int(os.environ.get("FLOWTIDE_MAX_BODY") or DEFAULT_MAX_BODY),
+            public_metrics=os.environ.get("FLOWTIDE_PUBLIC_METRICS") == "1",
+            nats_auth=NatsAuth.from_env(),
         )
 
 
@@ -91,7 +135,7 @@ class ExecuteRequest(_Body):
         None, ge=1, le=2**31 - 1, description="Catalog version (default: latest)."
     )
     catalog_id: str | None = Field(None, description="`path@version` or `path`.")
-    playbook: str | None = Field(None, description="Inline playbook YAML.")
+    playbook: str | None = Field(None, max_length=4_000_000, description="Inline playbook YAML.")
     payload: dict[str, Any] = Field(default_factory=dict, description="Workload overrides.")
     pool: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     parent_execution_id: Id | None = None
@@ -171,6 +215,13 @@ class Heartbeat(_Body):
     )
 
 
+class CredentialGrant(_Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    execution_id: Id
+    command_id: Id
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
+
+
 class OutboxClaim(_Body):
     limit: int = Field(100, ge=1, le=10_000)
     lease: float = Field(10.0, gt=0, le=3600)
@@ -202,6 +253,10 @@ class _Runtime:
         self.coordinator: Coordinator | None = None
         self.relay: OutboxRelay | None = None
         self.outbox: OutboxStore | None = None
+        self.auth: Authenticator | None = None
+        self.workers: WorkerRegistry | None = None
+        self._vault: _Vault | None = None
+        self._vault_store: Any = None
         self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -210,6 +265,8 @@ class _Runtime:
         from flowtide.store.postgres import PostgresStore
 
         s = self.settings
+        # Secrets this process meets (executions' secret sets) are masked in its logs.
+        install_log_masking()
         self.store = await asyncio.to_thread(
             lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=_POOL_SIZE)
         )
@@ -220,7 +277,9 @@ class _Runtime:
             ThreadPoolExecutor(_POOL_SIZE * 2, thread_name_prefix="flowtide-db")
         )
         self.outbox = OutboxStore(self.store)
-        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600)
+        self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
+        self.auth = await asyncio.to_thread(self._authenticator)
+        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)
         self.coordinator = Coordinator(
             self.store,
             loopstate=LoopState(self.kv),
@@ -229,9 +288,9 @@ class _Runtime:
             step_slots=_POOL_SIZE - 4,
         )
         if s.nats:
-            import nats
+            from flowtide.natsauth import connect_nats
 
-            self.nc = await nats.connect(s.nats, name="flowtide-server", max_reconnect_attempts=-1)
+            self.nc = await connect_nats(s.nats, s.nats_auth, name="flowtide-server")
             self.relay = OutboxRelay(self.store, self.nc)
             self.coordinator.on_outbox = self.relay.poke
             self.coordinator.publish = self.relay.publish
@@ -239,16 +298,35 @@ class _Runtime:
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
         metrics.process_started()
 
-    async def rowcount(
-        self, op: str, sql: str, params: tuple[Any, ...], part: str = "cluster"
-    ) -> int:
-        """Run one statement in its own transaction; how many rows it changed."""
+    def vault(self) -> _Vault:
+        """The credential vault over this runtime's store (the key is loaded once)."""
+        if self._vault is None or self._vault_store is not self.store:
+            self._vault = _Vault(self.store, server_home())
+            self._vault_store = self.store
+        return self._vault
 
-        def run() -> int:
-            with self.store.transaction(op, part) as conn:
-                return int(conn.execute(sql, params).rowcount)
+    def _authenticator(self) -> Authenticator:
+        """Tokens of the cluster database, and JWTs when configured. Without either way
+        in (no active token, no JWKS), the server would answer nobody: it refuses."""
+        from flowtide.auth.tokens import TokenStore
 
-        return await asyncio.to_thread(run)
+        s = self.settings
+        if s.insecure_no_auth:
+            log.warning(
+                "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server"
+                " can run code on its workers and change its credentials"
+            )
+            return Authenticator(None, insecure=True)
+        tokens = TokenStore(self.store)
+        if s.jwt is None and not tokens.any_active():
+            raise AuthError(
+                "no way to authenticate: the database has no active API token and no JWKS"
+                " URL is set. Create an admin token with `flowtide token create --role admin"
+                " --db URL`, or give --jwks-url, or (on a trusted machine only)"
+                " --insecure-no-auth",
+                status=401,
+            )
+        return Authenticator(tokens, JwtVerifier(s.jwt) if s.jwt else None)
 
     async def fetch(
         self, op: str, sql: str, params: tuple[Any, ...] = (), part: str = "cluster"
@@ -290,8 +368,7 @@ class _Runtime:
             await asyncio.to_thread(self.store.close)
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
+_error = error_response
 
 
 def _submit_doc(result: SubmitResult) -> dict[str, Any]:
@@ -317,6 +394,8 @@ def _item_doc(outcome: Any, ok: dict[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any]
     if isinstance(outcome, ClaimConflict):
         doc = {"code": 409, "error": {"message": str(outcome), "holder": outcome.holder}}
+    elif isinstance(outcome, AuthError):
+        doc = {"code": outcome.status, "error": {"message": outcome.message}}
     elif isinstance(outcome, NotFoundError):
         doc = {"code": 404, "error": {"message": str(outcome)}}
     elif isinstance(outcome, StoreError):
@@ -326,6 +405,7 @@ def _item_doc(outcome: Any, ok: dict[str, Any]) -> dict[str, Any]:
     else:
         log.exception("batch item failed", exc_info=outcome)
         doc = {"code": 500, "error": {"message": f"{type(outcome).__name__}: {outcome}"}}
+    doc["error"]["message"] = mask_text(doc["error"]["message"], known())
     return doc
 
 
@@ -343,15 +423,59 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="flowtide",
-        description="Runs NoETL-style playbooks: executions, events, commands, workers.",
+        description="Runs NoETL-style playbooks: executions, events, commands, workers. "
+        "Every endpoint but /healthz and /readyz needs `Authorization: Bearer <token>` "
+        "(a flowtide API token or a JWT of the configured identity provider); what each "
+        "role may call is in flowtide.server.access.",
         version="1",
         lifespan=lifespan,
+        dependencies=[Depends(authorize)],
+    )
+    app.add_middleware(
+        Gate,
+        authenticator=lambda: runtime.auth,
+        max_body=runtime.settings.max_body,
+        public_metrics=runtime.settings.public_metrics,
     )
     app.include_router(cluster_router(runtime))
+    app.include_router(tokens_router(runtime))
 
     def coord() -> Coordinator:
         assert runtime.coordinator is not None
         return runtime.coordinator
+
+    def registry() -> WorkerRegistry:
+        assert runtime.workers is not None
+        return runtime.workers
+
+    async def acting_worker(who: Principal, worker_id: str | None) -> str:
+        """The worker id a worker's request speaks for, once checked against its
+        credential (403 when it is another's, 404 when it never registered)."""
+        if worker_id is None:
+            raise AuthError("worker_id is required", status=422)
+        await registry().require(who, worker_id)
+        return worker_id
+
+    async def held_by(who: Principal, execution_id: int, *, parent: bool = False) -> None:
+        """A worker reads only executions of the commands it holds (or their children)."""
+        if who.role != "worker" or who.insecure:
+            return
+        if not await registry().holds(who, execution_id, parent=parent):
+            what = "a sub-playbook of a command" if parent else "a command"
+            raise AuthError(
+                f"{who.describe()} holds no {what} of execution {execution_id}", status=403
+            )
+
+    @app.exception_handler(AuthError)
+    async def _auth_error(request: Request, exc: AuthError) -> JSONResponse:
+        response = _error(exc.status, exc.message)
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="flowtide"'
+        return response
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -380,9 +504,18 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # -- executions -----------------------------------------------------------------
 
     @app.post("/api/execute", status_code=201)
-    async def execute(body: ExecuteRequest) -> dict[str, Any]:
+    async def execute(
+        body: ExecuteRequest, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
         """Start an execution of a catalog playbook (path/version or catalog_id) or of an
-        inline playbook."""
+        inline playbook. A worker may start only sub-playbooks of the commands it holds,
+        on its own pool."""
+        if who.role == "worker" and not who.insecure:
+            if body.parent_execution_id is None:
+                raise AuthError("a worker starts sub-playbooks only (parent_execution_id)")
+            if who.pool is not None and body.pool != who.pool:
+                raise AuthError(f"{who.describe()} serves pool {who.pool!r}, not {body.pool!r}")
+            await held_by(who, body.parent_execution_id)
         given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
         if len(given) != 1:
             return _error(400, "give exactly one of path, catalog_id, playbook")  # type: ignore[return-value]
@@ -446,16 +579,42 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"items": items, "next_before": nxt}
 
     @app.get("/api/executions/{execution_id}")
-    async def get_execution(execution_id: Annotated[int, Path(ge=0)]) -> dict[str, Any]:
-        """The execution's document (the same as `flowtide run --json`)."""
+    async def get_execution(
+        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        """The execution's document (the same as `flowtide run --json`): values of the
+        execution's secret set are masked (`***`)."""
+        await held_by(who, execution_id, parent=True)
         state = await coord().state(execution_id)
-        doc = execution_document(state)
+        doc: dict[str, Any] = mask_value(execution_document(state), state.secrets)
         row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
         doc["playbook"] = row.playbook_path or row.playbook_file
         return doc
 
+    @app.get("/api/internal/executions/{execution_id}/result")
+    async def execution_result(
+        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        """What a worker running a `playbook` step reads of the sub-playbook execution it
+        started: status, error, result and each step's result, intact (not masked: the
+        parent's step uses the data). For the worker holding the parent's command only,
+        never for display."""
+        await held_by(who, execution_id, parent=True)
+        state = await coord().state(execution_id)
+        doc = execution_document(state)
+        return {
+            "execution_id": doc["execution_id"],
+            "status": doc["status"],
+            "error": doc["error"],
+            "result": doc["result"],
+            "steps": {name: step["result"] for name, step in doc["steps"].items()},
+        }
+
     @app.get("/api/executions/{execution_id}/status")
-    async def execution_status(execution_id: Annotated[int, Path(ge=0)]) -> dict[str, Any]:
+    async def execution_status(
+        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        await held_by(who, execution_id, parent=True)
         row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
         return {
             "execution_id": str(execution_id),
@@ -473,7 +632,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"execution_id": str(execution_id), "status": result.status}
 
     @app.get("/api/executions/{execution_id}/cancellation-check")
-    async def cancellation_check(execution_id: Annotated[int, Path(ge=0)]) -> dict[str, Any]:
+    async def cancellation_check(
+        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        await held_by(who, execution_id)
+
         def read() -> tuple[str, float | None]:
             with runtime.store.transaction("cancellation-check") as conn:
                 row = conn.execute(
@@ -500,12 +663,41 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         events = await asyncio.to_thread(
             lambda: runtime.store.events(execution_id, after_event_id=after, limit=limit)
         )
-        return [_event_doc(e) for e in events]
+        if not events:
+            return []
+        secrets = (await coord().state(execution_id)).secrets
+        return [_event_doc(e, secrets) for e in events]
 
     # -- events and commands --------------------------------------------------------
 
+    def worker_events(
+        events: list[EventBody], worker_id: str, field: str
+    ) -> tuple[list[Event], dict[str, str] | None]:
+        """A worker's events, stamped with the worker id its credential speaks for (an
+        event naming another worker is refused); only the kinds a worker reports, each of
+        a command. Else the problem (field, message) of the first other one."""
+        out = []
+        for i, e in enumerate(events):
+            where = f"{field}.{i}"
+            message = None
+            if e.type not in WORKER_EVENTS or e.command_id is None:
+                message = (
+                    f"{where}: a worker reports {', '.join(sorted(WORKER_EVENTS))} events of"
+                    f" a command, not {e.type!r}"
+                    + ("" if e.command_id is not None else " without command_id")
+                )
+            elif e.worker_id is not None and e.worker_id != worker_id:
+                where += ".worker_id"
+                message = f"{where}: {e.worker_id!r} is not the reporting worker {worker_id!r}"
+            if message is not None:
+                return [], {"field": where, "message": message}
+            out.append(replace(e.to_event(), worker_id=worker_id))
+        return out, None
+
     @app.post("/api/events/batch")
-    async def post_events(body: EventBatch) -> dict[str, Any]:
+    async def post_events(
+        body: EventBatch, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
         """Worker reports for one execution; idempotent (known event ids are skipped).
         409 when every report is stale (the worker no longer holds the command)."""
         for i, e in enumerate(body.events):
@@ -513,7 +705,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 field = f"events.{i}.execution_id"
                 message = f"{field}: {e.execution_id} is not the batch's {body.execution_id}"
                 return _error(422, message, fields=[{"field": field, "message": message}])  # type: ignore[return-value]
-        events = [e.to_event() for e in body.events]
+        worker_id = await acting_worker(who, body.worker_id)
+        events, problem = worker_events(body.events, worker_id, "events")
+        if problem is not None:
+            return _error(422, problem["message"], fields=[problem])  # type: ignore[return-value]
         result = await coord().submit(body.execution_id, events)
         doc = _submit_doc(result)
         if _refused_stale(result):
@@ -521,15 +716,21 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return doc
 
     @app.post("/api/events/reports")
-    async def post_reports(body: WorkerReports) -> dict[str, Any]:
+    async def post_reports(
+        body: WorkerReports, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
         """Several worker reports at once (each one command's events), of any executions.
 
         `results` has one entry per report, in order: `{"code": 200, "accepted",
         "duplicates", "stale", "status"}`, with code 409 when the report is stale (as
         `POST /api/events/batch` answers it), or `{"code": 4xx|5xx, "error": ...}`; a
-        report with code 500 or above was not taken and may be sent again."""
+        report with code 500 or above was not taken and may be sent again. The events
+        are taken as the worker's whose id the request names, which must be one the
+        caller's credential registered."""
+        worker_id = await acting_worker(who, body.worker_id)
         results: list[dict[str, Any]] = [{} for _ in body.reports]
         by_execution: dict[int, list[int]] = {}
+        parts: dict[int, list[Event]] = {}
         for i, report in enumerate(body.reports):
             wrong = next((e for e in report.events if e.execution_id != report.execution_id), None)
             if wrong is not None:
@@ -539,12 +740,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 )
                 results[i] = {"code": 422, "error": {"message": message}}
                 continue
+            events, problem = worker_events(report.events, worker_id, f"reports.{i}.events")
+            if problem is not None:
+                results[i] = {"code": 422, "error": {"message": problem["message"]}}
+                continue
+            parts[i] = events
             by_execution.setdefault(report.execution_id, []).append(i)
 
         async def one(execution_id: int, indexes: list[int]) -> list[Any]:
-            parts = [[e.to_event() for e in body.reports[i].events] for i in indexes]
             try:
-                return await coord().submit_many(execution_id, parts)
+                return await coord().submit_many(execution_id, [parts[i] for i in indexes])
             except Exception as exc:  # noqa: BLE001 - every report of it gets the error
                 return [exc] * len(indexes)
 
@@ -561,27 +766,48 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"results": results}
 
     @app.post("/api/events")
-    async def post_event(body: EventBody) -> dict[str, Any]:
-        return await post_events(EventBatch(execution_id=body.execution_id, events=[body]))
+    async def post_event(
+        body: EventBody, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        return await post_events(
+            EventBatch(execution_id=body.execution_id, worker_id=body.worker_id, events=[body]),
+            who,
+        )
 
     @app.post("/api/commands/{event_id}/claim")
-    async def claim(event_id: Annotated[int, Path(ge=0)], body: ClaimRequest) -> dict[str, Any]:
+    async def claim(
+        event_id: Annotated[int, Path(ge=0)],
+        body: ClaimRequest,
+        who: Annotated[Principal, Depends(caller)],
+    ) -> dict[str, Any]:
         """Claim the command issued by event `event_id`: exactly one worker wins; others
         get 409 (ack the notification and move on)."""
-        return await coord().claim(body.execution_id, body.command_id, event_id, body.worker_id)
+        row = await registry().require(who, body.worker_id)
+        return await coord().claim(
+            body.execution_id,
+            body.command_id,
+            event_id,
+            body.worker_id,
+            pool=row.pool if row else None,
+        )
 
     @app.post("/api/commands/claim")
-    async def claim_many(body: ClaimMany) -> dict[str, Any]:
+    async def claim_many(
+        body: ClaimMany, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
         """Claim several commands in one transaction (a worker's batch of notifications).
 
         `results` has one entry per claim, in order: `{"code": 200, "command": ...,
         "iterator": ..., "element": ..., "lease": ...}` for a command won, or `{"code":
-        404|409, "error": ...}` as `POST /api/commands/{event_id}/claim` would have
-        answered. `executions` holds, once per execution, what its commands share:
-        `playbook`, `context`, `cancelled`."""
+        403|404|409, "error": ...}` as `POST /api/commands/{event_id}/claim` would have
+        answered (403: a command of another pool than the worker's). `executions` holds,
+        once per execution, what its commands share: `playbook`, `context`,
+        `cancelled`."""
+        row = await registry().require(who, body.worker_id)
         batch = await coord().claim_many(
             body.worker_id,
             [ClaimItem(c.execution_id, c.command_id, c.event_id) for c in body.claims],
+            pool=row.pool if row else None,
         )
         return {
             "results": [_item_doc(r, {"code": 200}) for r in batch.results],
@@ -611,76 +837,103 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # -- workers ----------------------------------------------------------------------
 
     @app.post("/api/worker/pool/register")
-    async def register_worker(body: PoolRegister) -> dict[str, Any]:
-        now = time.time()
-
-        def write() -> None:
-            with runtime.store.transaction("worker register", "cluster") as conn:
-                conn.execute(
-                    "INSERT INTO worker (worker_id, pool, hostname, pid, concurrency,"
-                    " registered, heartbeat, status) VALUES (%s,%s,%s,%s,%s,%s,%s,'ready')"
-                    " ON CONFLICT (worker_id) DO UPDATE SET pool = excluded.pool,"
-                    " hostname = excluded.hostname, pid = excluded.pid,"
-                    " concurrency = excluded.concurrency, heartbeat = excluded.heartbeat,"
-                    " status = 'ready'",
-                    (
-                        body.worker_id,
-                        body.pool,
-                        body.hostname,
-                        body.pid,
-                        body.concurrency,
-                        now,
-                        now,
-                    ),
+    async def register_worker(
+        body: PoolRegister, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        """Register (or renew) a worker under the caller's credential: later requests
+        naming this worker id are taken from that credential only."""
+        await registry().register(
+            who,
+            worker_id=body.worker_id,
+            pool=body.pool,
+            hostname=body.hostname,
+            pid=body.pid,
+            concurrency=body.concurrency,
+        )
+        if runtime.nc is not None:
+            # The pool's consumer is made here, not by the worker: a worker's NATS user
+            # may only pull from it (flowtide.subjects).
+            try:
+                await ensure_consumer(runtime.nc.jetstream(), body.pool)
+            except Exception as exc:  # noqa: BLE001 - nats-py's errors, told as a 503
+                return _error(  # type: ignore[return-value]
+                    503,
+                    f"cannot create the NATS consumer of pool {body.pool!r}: "
+                    f"{str(exc) or type(exc).__name__}",
                 )
-
-        await asyncio.to_thread(write)
         return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
 
     @app.post("/api/worker/pool/heartbeat")
-    async def heartbeat(body: Heartbeat) -> dict[str, Any]:
-        if not await runtime.rowcount(
-            "worker heartbeat",
-            "UPDATE worker SET heartbeat = %s, running = %s WHERE worker_id = %s",
-            (time.time(), body.running, body.worker_id),
-        ):
+    async def heartbeat(
+        body: Heartbeat, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        await registry().require(who, body.worker_id)
+        if not await registry().heartbeat(body.worker_id, body.running):
             raise NotFoundError(f"worker {body.worker_id!r} is not registered")
         extended = await coord().extend_leases(body.worker_id, body.commands)
         return {"worker_id": body.worker_id, "leases_extended": extended}
 
     @app.post("/api/worker/pool/deregister")
-    async def deregister(body: Heartbeat) -> dict[str, Any]:
-        if not await runtime.rowcount(
-            "worker deregister",
-            "UPDATE worker SET status = 'stopped', heartbeat = %s WHERE worker_id = %s",
-            (time.time(), body.worker_id),
-        ):
+    async def deregister(
+        body: Heartbeat, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        await registry().require(who, body.worker_id)
+        if not await registry().deregister(body.worker_id):
             raise NotFoundError(f"worker {body.worker_id!r} is not registered")
         return {"worker_id": body.worker_id, "status": "stopped"}
 
+    @app.post("/api/worker/credentials")
+    async def worker_credential(
+        body: CredentialGrant, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        """A credential's decrypted body, for a command the calling worker holds now (its
+        claim is live): workers need no master key, and get nothing between commands.
+        Each grant is logged (alias, command, worker; never the value)."""
+        await registry().require(who, body.worker_id)
+        if not await coord().holds_command(body.worker_id, body.execution_id, body.command_id):
+            raise AuthError(
+                f"worker {body.worker_id!r} holds no live claim on command {body.command_id}"
+                f" of execution {body.execution_id}"
+            )
+        try:
+            data = await asyncio.to_thread(runtime.vault().resolve, body.name)
+        except CredentialError as exc:
+            if exc.missing:
+                raise NotFoundError(f"credential {body.name!r} not found") from None
+            return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
+        log.info(
+            "credential %r given to worker %s for command %s of execution %s",
+            body.name,
+            body.worker_id,
+            body.command_id,
+            body.execution_id,
+        )
+        return {"name": body.name, "data": data}
+
     @app.get("/api/worker/pools")
     async def pools() -> dict[str, Any]:
-        rows = await runtime.fetch(
-            "worker pools",
-            "SELECT worker_id, pool, hostname, pid, concurrency, heartbeat, status, running"
-            " FROM worker ORDER BY pool, worker_id",
-        )
+        rows = await registry().all()
         now = time.time()
         out: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
-            alive = r[6] != "stopped" and now - r[5] < runtime.settings.worker_timeout
-            out.setdefault(r[1], []).append(
+            alive = r.status != "stopped" and now - r.heartbeat < runtime.settings.worker_timeout
+            out.setdefault(r.pool, []).append(
                 {
-                    "worker_id": r[0],
-                    "hostname": r[2],
-                    "pid": r[3],
-                    "concurrency": r[4],
-                    "last_heartbeat_age": round(now - r[5], 3),
-                    "status": r[6] if alive or r[6] == "stopped" else "lost",
-                    "running": r[7],
+                    "worker_id": r.worker_id,
+                    "hostname": r.hostname,
+                    "pid": r.pid,
+                    "concurrency": r.concurrency,
+                    "last_heartbeat_age": round(now - r.heartbeat, 3),
+                    "status": r.status if alive or r.status == "stopped" else "lost",
+                    "running": r.running,
                 }
             )
         return {"pools": [{"pool": k, "workers": v} for k, v in out.items()]}
+
+    @app.get("/api/whoami")
+    async def whoami(who: Annotated[Principal, Depends(caller)]) -> dict[str, Any]:
+        """The caller as the server authenticated it: name, role and pool."""
+        return {"name": who.name, "role": who.role, "pool": who.pool, "subject": who.subject}
 
     # -- outbox (for external relays and autoscalers) -----------------------------------
 
@@ -763,12 +1016,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     return app
 
 
-def _event_doc(e: Event) -> dict[str, Any]:
+def _event_doc(e: Event, secrets: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An event as the API shows it: ids as strings, payload and error masked with the
+    execution's secret set `secrets`."""
     doc = e.to_dict()
     for key in ("event_id", "execution_id", "parent_event_id", "command_id"):
         if doc[key] is not None:
             doc[key] = str(doc[key])
-    return doc
+    return mask_event_doc(doc, secrets)
 
 
 def app_factory() -> FastAPI:

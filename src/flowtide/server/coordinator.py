@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any, Final
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import CommandRecord, ExecutionState, LoopRecord
-from flowtide.errors import FlowtideError, NotFoundError
+from flowtide.errors import AuthError, FlowtideError, NotFoundError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import visible_env
-from flowtide.runtime.advance import Advance, Advancer, initialized_event
+from flowtide.redaction import remember
+from flowtide.runtime.advance import Advance, Advancer, inherited_secrets_event, initialized_event
 from flowtide.runtime.local import render_workload
 from flowtide.server import metrics
 from flowtide.server.outbox import OUTBOX_HOLD, OutboxRow
@@ -56,6 +57,8 @@ __all__ = [
     "FinalizeResult",
     "SubmitResult",
     "TERMINAL",
+    "WORKER_EVENTS",
+    "WrongPool",
     "command_subject",
 ]
 
@@ -69,8 +72,10 @@ _SINCE: Final = (
     f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s ORDER BY seq"
 )
 _ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED})
-_WORKER_EVENTS: Final = frozenset(
+#: The events a worker reports (each of one command); nothing else is taken from one.
+WORKER_EVENTS: Final = frozenset(
     {
+        ev.SECRETS_ADDED,
         ev.COMMAND_STARTED,
         ev.COMMAND_HEARTBEAT,
         ev.CALL_DONE,
@@ -135,6 +140,13 @@ class SubmitResult:
 #: What `_after` needs of a committed step: execution id, pool, the parts' results, the
 #: step's output and the outbox rows to publish.
 _After = tuple[int, str, list[SubmitResult], Advance, list[OutboxRow]]
+
+
+class WrongPool(AuthError):
+    """A claim for a command of another pool than the claiming worker's (403)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=403)
 
 
 @dataclass(frozen=True)
@@ -303,15 +315,18 @@ class Coordinator:
         self._apply_rows(cached, rows)
         return cached
 
-    @staticmethod
-    def _apply_rows(cached: _Cached, rows: list[Any]) -> None:
+    def _apply_rows(self, cached: _Cached, rows: list[Any]) -> None:
         """Apply log rows (EVENT_COLUMNS, seq; in seq order) to a cached state."""
+        sealer = self.store.sealer
         for r in rows:
-            event = event_row(r)
+            event = event_row(r, sealer)
             cached.state.apply(event)
             cached.last_seq = r[11]
             if event.type == ev.PLAYBOOK_INITIALIZED:
                 cached.pool = (event.payload or {}).get("pool") or cached.pool
+            elif event.type == ev.SECRETS_ADDED:
+                # Logged by another server process: this one masks them in its logs too.
+                remember(cached.state.secrets)
 
     async def state(self, execution_id: int) -> ExecutionState:
         """A caught-up state of the execution (read-only use)."""
@@ -346,6 +361,11 @@ class Coordinator:
         pool: str = "default",
     ) -> int:
         """Create an execution and take its first engine step in one transaction."""
+        inherited: frozenset[str] = frozenset()
+        if parent_execution_id is not None:
+            # A sub-playbook's workload comes from its parent's data: it is sealed (and
+            # shown) with the parent's secrets.
+            inherited = (await self.state(parent_execution_id)).secrets
         execution_id = self.ids.next_id()
         rendered = render_workload(playbook, execution_id, workload or {}, self.template_env)
         now = time.time()
@@ -369,7 +389,18 @@ class Coordinator:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             created=now,
+            secrets=inherited,
         )
+        incoming = [first]
+        if inherited and parent_execution_id is not None:
+            given = inherited_secrets_event(
+                execution_id,
+                inherited,
+                event_id=self.ids.next_id(),
+                now=now,
+                parent_execution_id=parent_execution_id,
+            )
+            incoming = [given, first]
 
         def create(conn: psycopg.Connection) -> None:
             if parent_execution_id is not None:
@@ -390,7 +421,7 @@ class Coordinator:
             conn.execute(*insert)
 
         cached = _Cached(ExecutionState(playbook, execution_id, self.template_env), pool)
-        await self._step(execution_id, [first], prepare=create, fresh=cached)
+        await self._step(execution_id, incoming, prepare=create, fresh=cached)
         return execution_id
 
     async def submit(self, execution_id: int, events: Sequence[Event]) -> SubmitResult:
@@ -709,7 +740,7 @@ class Coordinator:
                     e.command_id
                     for part in parts
                     for e in part
-                    if e.type in _WORKER_EVENTS and e.command_id is not None
+                    if e.type in WORKER_EVENTS and e.command_id is not None
                 }
             )
             if check_workers
@@ -814,7 +845,13 @@ class Coordinator:
         def write_and_commit() -> int:
             """Write the step, commit, give the connection back; the log's last seq."""
             now = time.time()
-            rows = [(u.execution_id, *self.store.execution_update(u)) for u in out.execution_rows]
+            # Written with the set as the step left it: a report's `secrets.added` came
+            # before the events holding the values, and seals them all.
+            secrets = state.secrets
+            rows = [
+                (u.execution_id, *self.store.execution_update(u, secrets))
+                for u in out.execution_rows
+            ]
             subject = command_subject(cached.pool, execution_id)
             payloads = [
                 json.dumps(
@@ -831,7 +868,14 @@ class Coordinator:
             # One round trip for all of it (the statements run in order on the server).
             with conn.pipeline():
                 PostgresStore.write_batch(
-                    conn, event_params(out.recorded), command_params(command_rows), rows
+                    conn,
+                    event_params(
+                        out.recorded,
+                        self.store.sealer,
+                        {execution_id: secrets} if secrets else None,
+                    ),
+                    command_params(command_rows),
+                    rows,
                 )
                 # The last statement's rows are (outbox id, command id, the log's last
                 # seq): one per command issued, or one (None, None, seq) without any.
@@ -942,7 +986,7 @@ class Coordinator:
         `current` holds the rows (status, worker_id, attempt) of the commands named."""
         by_command: dict[int, list[Event]] = {}
         for e in events:
-            if e.type in _WORKER_EVENTS and e.command_id is not None:
+            if e.type in WORKER_EVENTS and e.command_id is not None:
                 by_command.setdefault(e.command_id, []).append(e)
         if not by_command:
             return events
@@ -960,7 +1004,7 @@ class Coordinator:
                     stale.add(command_id)
         if stale:
             result.stale = sum(1 for e in events if e.command_id in stale and e.type in _REPORTS)
-        return [e for e in events if e.command_id not in stale or e.type not in _WORKER_EVENTS]
+        return [e for e in events if e.command_id not in stale or e.type not in WORKER_EVENTS]
 
     def _expired_commands(self, conn: psycopg.Connection, state: ExecutionState) -> list[Event]:
         """`command.issued` events re-issuing the claimed commands whose lease expired."""
@@ -1004,7 +1048,13 @@ class Coordinator:
     # -- claims --------------------------------------------------------------------------
 
     async def claim(
-        self, execution_id: int, command_id: int, event_id: int, worker_id: str
+        self,
+        execution_id: int,
+        command_id: int,
+        event_id: int,
+        worker_id: str,
+        *,
+        pool: str | None = None,
     ) -> dict[str, Any]:
         """Claim a command for `worker_id` and return what the worker needs to run it.
 
@@ -1012,22 +1062,28 @@ class Coordinator:
             NotFoundError: no such command.
             ClaimConflict: another worker holds it, it is closed, or the notification is
                 for an earlier issue of the command (`event_id` is not its latest).
+            WrongPool: `pool` is given and the command belongs to another.
         """
-        batch = await self.claim_many(worker_id, [ClaimItem(execution_id, command_id, event_id)])
+        batch = await self.claim_many(
+            worker_id, [ClaimItem(execution_id, command_id, event_id)], pool=pool
+        )
         outcome = batch.results[0]
         if isinstance(outcome, Exception):
             raise outcome
         return {**outcome, **batch.executions[execution_id]}
 
-    async def claim_many(self, worker_id: str, items: Sequence[ClaimItem]) -> ClaimBatch:
+    async def claim_many(
+        self, worker_id: str, items: Sequence[ClaimItem], *, pool: str | None = None
+    ) -> ClaimBatch:
         """Claim several commands for `worker_id` in one transaction (a worker's batch of
         notifications). Each item is judged alone, in order, as `claim` judges one: the
         result in its place is the command's part of the reply, or the NotFoundError /
-        ClaimConflict it would have raised. What the commands of one execution share (the
-        playbook, the context) is in `executions` once.
+        ClaimConflict / WrongPool it would have raised. What the commands of one execution
+        share (the playbook, the context) is in `executions` once. `pool`: the worker's,
+        when it may claim only that pool's commands.
         """
         now = time.time()
-        taken = await asyncio.to_thread(self._take_claims, worker_id, items, now)
+        taken = await asyncio.to_thread(self._take_claims, worker_id, items, now, pool)
         batch = ClaimBatch()
         snaps: dict[int, _Snapshot] = {}
         for item, got in zip(items, taken, strict=True):
@@ -1096,7 +1152,7 @@ class Coordinator:
         return snap
 
     def _take_claims(
-        self, worker_id: str, items: Sequence[ClaimItem], now: float
+        self, worker_id: str, items: Sequence[ClaimItem], now: float, only_pool: str | None
     ) -> list[_Taken | Exception]:
         """The claims' transaction: command rows locked in id order (two batches never
         wait on each other in a cycle), each item judged against the rows as the items
@@ -1128,7 +1184,14 @@ class Coordinator:
                 stopping = row[9] == "cancelled" or row[10] is not None
                 issued = (json.loads(payload) if payload else {}).get("issued_event_id")
                 taken = _Taken(step, attempt, instance, index, pool or "default", stopping)
-                if issued is not None and int(issued) != item.event_id:
+                if only_pool is not None and taken.pool != only_pool:
+                    out.append(
+                        WrongPool(
+                            f"command {item.command_id} is of pool {taken.pool!r}, not the"
+                            f" worker's {only_pool!r}"
+                        )
+                    )
+                elif issued is not None and int(issued) != item.event_id:
                     out.append(
                         ClaimConflict(
                             f"command {item.command_id}: event {item.event_id} is not its"
@@ -1201,6 +1264,20 @@ class Coordinator:
                     if isinstance(got, _Taken) and not got.repeat:
                         got.issued_at = issued_at.get(item.event_id)
             return out
+
+    async def holds_command(self, worker_id: str, execution_id: int, command_id: int) -> bool:
+        """Whether `worker_id` holds a live claim (lease not expired) on the command."""
+
+        def read() -> bool:
+            with self.store.transaction("command holder") as conn:
+                row = conn.execute(
+                    "SELECT 1 FROM command WHERE command_id = %s AND execution_id = %s"
+                    " AND status = 'claimed' AND worker_id = %s AND lease_until > %s",
+                    (command_id, execution_id, worker_id, time.time()),
+                ).fetchone()
+            return row is not None
+
+        return await asyncio.to_thread(read)
 
     async def extend_leases(self, worker_id: str, command_ids: list[int] | None = None) -> int:
         """Extend the leases `worker_id` holds (its heartbeat): those of `command_ids`, the

@@ -19,16 +19,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.store.postgres import PostgresStore
+from flowtide.subjects import COMMAND_PREFIX, COMMAND_STREAM, command_filter, pool_consumer
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-__all__ = ["OUTBOX_HOLD", "STREAM", "OutboxRelay", "OutboxRow", "ensure_stream"]
+__all__ = ["OUTBOX_HOLD", "STREAM", "OutboxRelay", "OutboxRow", "ensure_consumer", "ensure_stream"]
 
 log = logging.getLogger("flowtide.server.outbox")
 
-STREAM: Final = "FLOWTIDE_COMMANDS"
+STREAM: Final = COMMAND_STREAM
 #: Seconds an outbox row written for `OutboxRelay.publish` stays locked: the relay takes
 #: it only if the writing process did not mark it published by then (it died).
 OUTBOX_HOLD: Final = 5.0
@@ -36,7 +37,7 @@ OUTBOX_HOLD: Final = 5.0
 #: them: the mark stays out of the way of the claims the notifications set off (it ran
 #: between the publish and the claim), and far below OUTBOX_HOLD.
 MARK_DELAY: Final = 0.05
-_SUBJECTS: Final = ["flowtide.commands.>"]
+_SUBJECTS: Final = [f"{COMMAND_PREFIX}.>"]
 #: Seconds a publish waits for JetStream's ack (nats-py's default for `js.publish`).
 PUBLISH_TIMEOUT: Final = 5.0
 
@@ -79,6 +80,37 @@ async def ensure_stream(js: JetStreamContext) -> None:
         with contextlib.suppress(Exception):  # another server created it meanwhile
             await js.add_stream(config)
         await js.stream_info(STREAM)
+
+
+async def ensure_consumer(js: JetStreamContext, pool: str) -> str:
+    """Create `pool`'s durable pull consumer (and the stream) if missing; its name.
+
+    The server does this when a worker of the pool registers: workers hold no right to
+    manage streams or consumers (flowtide.subjects), only to pull from theirs.
+    """
+    from nats.js.api import AckPolicy, ConsumerConfig
+    from nats.js.errors import NotFoundError
+
+    await ensure_stream(js)
+    durable = pool_consumer(pool)
+    try:
+        await js.consumer_info(STREAM, durable)
+        return durable
+    except NotFoundError:
+        pass
+    config = ConsumerConfig(
+        durable_name=durable,
+        filter_subject=command_filter(pool),
+        ack_policy=AckPolicy.EXPLICIT,
+        # Acked right after the claim: this only covers delivery -> claim.
+        ack_wait=10.0,
+        max_ack_pending=-1,
+        max_waiting=512,
+    )
+    with contextlib.suppress(Exception):  # another server created it meanwhile
+        await js.add_consumer(STREAM, config=config)
+    await js.consumer_info(STREAM, durable)
+    return durable
 
 
 class OutboxStore:

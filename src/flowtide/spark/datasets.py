@@ -6,7 +6,9 @@ Input shapes (`inputs: {name: ...}`):
   SQL tool result `{rows: [...]}`;
 - a result reference of an earlier spark step (`"{{ totals }}"`): `{uri, format, ...}`;
 - a source `{format: parquet|csv|json|orc|text|jdbc, path | url, table | query, options,
-  schema, auth}`; `{table: name}` alone reads a catalog table.
+  schema, auth}`; `{table: name}` alone reads a catalog table. A jdbc `query` is sent to
+  the database as text (Spark's JDBC source has no bind parameters): values belong in the
+  step's `sql` with `params`, never in the `query`.
 
 A step's result is never the dataset itself but a reference:
 `{uri, format, schema: [{name, type}], row_count, preview: [first 20 rows]}` (JDBC results
@@ -193,6 +195,15 @@ def _read_source(session: Any, name: str, spec: Mapping[str, Any], ctx: ToolCont
     if not isinstance(spec.get("options") or {}, Mapping):
         raise ToolError(f"input '{name}': `options` must be a mapping", kind="config_error")
     if fmt == "jdbc":
+        if spec.get("params") is not None:
+            # Spark's JDBC source sends `query` to the database as text inside its own
+            # SELECT: it has no bind parameters, and pretending otherwise would mean pasting.
+            raise ToolError(
+                f"input '{name}': a jdbc source cannot bind `params` (Spark sends its `query` "
+                "as text); read the table or a value-free `query`, and filter in the step's "
+                "`sql` with `params` (Spark pushes simple filters down to the database)",
+                kind="config_error",
+            )
         url, props = jdbc_connection(spec, ctx)
         reader = session.read.format("jdbc").option("url", url)
         for key, value in props.items():

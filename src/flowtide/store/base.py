@@ -6,12 +6,17 @@ The port is synchronous: the runtime calls it from a dedicated writer thread, an
 Per-execution data (executions, events, commands) is always addressed by execution_id so a
 sharded router can forward each call to the owning shard; catalog and credentials are
 cluster-wide. Adapters raise only `flowtide.errors.StoreError` / `NotFoundError`.
+
+Secrets: a writer passes each execution's secret set (the values its tools touched); what
+holds one of them is stored sealed with the master key and read back intact
+(`flowtide.sealing`), so the store never holds a secret in plaintext and readers never
+see altered data.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -192,6 +197,7 @@ class Store(Protocol):
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         created: float,
+        secrets: Collection[str] = (),
     ) -> None:
         """Record a new execution with status `EXECUTION_CREATED` and `updated = created`.
 
@@ -205,6 +211,8 @@ class Store(Protocol):
             parent_execution_id: the execution whose `playbook` step started this one.
             parent_command_id: the command of that step.
             created: Unix seconds.
+            secrets: the execution's secret set so far (a sub-playbook inherits its
+                parent's): a workload holding one is stored sealed.
         Raises:
             StoreError: the execution already exists, or the store failed.
         """
@@ -251,6 +259,7 @@ class Store(Protocol):
         result: Any | Unset = UNSET,
         error: dict[str, Any] | None | Unset = UNSET,
         updated: float,
+        secrets: Collection[str] = (),
     ) -> None:
         """Change an execution's status, and its result or error when given.
 
@@ -260,6 +269,7 @@ class Store(Protocol):
             result: the new result (any JSON value); `UNSET` keeps the stored one.
             error: the new error; None clears it; `UNSET` keeps the stored one.
             updated: Unix seconds.
+            secrets: the execution's secret set: a result or error holding one is sealed.
         Raises:
             NotFoundError: no such execution.
             StoreError: a value is not JSON-serialisable, or the store failed.
@@ -274,6 +284,7 @@ class Store(Protocol):
         *,
         commands: Sequence[CommandUpdate] = (),
         execution_updates: Sequence[ExecutionUpdate] = (),
+        secrets: Mapping[int, Collection[str]] | None = None,
     ) -> None:
         """Write a batch in one transaction: all of it becomes visible, or none of it.
 
@@ -285,6 +296,9 @@ class Store(Protocol):
             events: events to add to the log; (execution_id, event_id) must be new.
             commands: command upserts (see `CommandUpdate`).
             execution_updates: execution row changes (see `ExecutionUpdate`).
+            secrets: execution id -> its secret set. An event payload or error, or an
+                execution result or error, holding one of its execution's values is
+                stored sealed; `secrets.added` events always are. Reads unseal them.
         Raises:
             NotFoundError: an execution update names a missing execution.
             StoreError: a duplicate event, an unknown command status, a value that is not
@@ -299,7 +313,7 @@ class Store(Protocol):
         after_event_id: int | None = None,
         limit: int | None = None,
     ) -> list[Event]:
-        """Return an execution's events in event_id order.
+        """Return an execution's events in event_id order, sealed ones unsealed.
 
         Args:
             execution_id: whose log to read.
@@ -453,6 +467,19 @@ class Store(Protocol):
         Raises:
             NotFoundError: no such credential.
             StoreError: the store failed.
+        """
+        ...
+
+    def reseal(self, reseal: Callable[[bytes], bytes]) -> int:
+        """Replace every value sealed with the master key — credentials, the keychain
+        where there is one, and the sealed JSON of events and executions — by
+        `reseal(old token)` (a master key rotation), in one transaction per database.
+
+        Returns:
+            How many values were resealed.
+        Raises:
+            StoreError: the store failed (nothing changed).
+            Exception: whatever `reseal` raises (nothing changed).
         """
         ...
 

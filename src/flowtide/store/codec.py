@@ -3,16 +3,21 @@ validation done before a batch reaches the database.
 
 Parameters are built here as plain tuples in one column order per table, so the SQLite and
 PostgreSQL adapters differ only in their SQL text (placeholders, types, locking).
+
+JSON columns that hold a value of their execution's secret set are written sealed and
+unsealed on read (`flowtide.sealing`): every function that writes or reads them takes the
+store's `Sealer`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
-from flowtide.engine.events import Event
+from flowtide.engine.events import SECRETS_ADDED, Event
 from flowtide.errors import StoreError
+from flowtide.sealing import SEALED_PREFIX, Sealer
 from flowtide.store.base import (
     COMMAND_STATUSES,
     UNSET,
@@ -41,6 +46,7 @@ __all__ = [
     "event_row",
     "execution_row",
     "execution_update_params",
+    "load_json",
 ]
 
 # Compact separators keep rows small; ensure_ascii stays on so any Python str (even a lone
@@ -82,12 +88,37 @@ def decode_optional(text: str | None) -> Any:
     return None if text is None else decode(text)
 
 
+def load_json(text: str | None, sealer: Sealer | None, what: str) -> Any:
+    """The value of a stored JSON column (None for NULL), unsealed when it was sealed;
+    `what` names it in errors.
+
+    Raises:
+        StoreError: it is sealed and `sealer` is None or holds another key.
+    """
+    if text is None:
+        return None
+    if text.startswith(SEALED_PREFIX):
+        if sealer is None:
+            raise StoreError(f"{what} is sealed and no master key was given to read it")
+        text = sealer.unseal(text, what)
+    return decode(text)
+
+
+def _stored(
+    value: Any, what: str, sealer: Sealer, secrets: Collection[str], *, optional: bool = False
+) -> str | None:
+    if value is None and optional:
+        return None
+    return sealer.store_text(encode_value(value, what), secrets)
+
+
 def check_limit(limit: int | None) -> None:
     if limit is not None and limit < 0:
         raise StoreError(f"limit must be >= 0, got {limit}")
 
 
-def execution_row(r: Sequence[Any]) -> ExecutionRow:
+def execution_row(r: Sequence[Any], sealer: Sealer | None) -> ExecutionRow:
+    what = f"execution {r[0]}"
     return ExecutionRow(
         execution_id=r[0],
         parent_execution_id=r[1],
@@ -96,10 +127,10 @@ def execution_row(r: Sequence[Any]) -> ExecutionRow:
         playbook_version=r[4],
         playbook_file=r[5],
         playbook_text=r[6],
-        workload=decode(r[7]),
+        workload=load_json(r[7], sealer, f"{what}: workload"),
         status=r[8],
-        result=decode_optional(r[9]),
-        error=decode_optional(r[10]),
+        result=load_json(r[9], sealer, f"{what}: result"),
+        error=load_json(r[10], sealer, f"{what}: error"),
         created=r[11],
         updated=r[12],
     )
@@ -127,16 +158,26 @@ def catalog_row(r: Sequence[Any]) -> CatalogRow:
     )
 
 
-def event_row(r: Sequence[Any]) -> Event:
-    """An `Event` from columns selected in `EVENT_COLUMNS` order (positional: hot path)."""
+def event_row(r: Sequence[Any], sealer: Sealer | None) -> Event:
+    """An `Event` from columns selected in `EVENT_COLUMNS` order (positional: hot path);
+    sealed columns are unsealed with `sealer`."""
+    payload, error = r[5], r[6]
     return Event(
         r[0],
         r[1],
         r[2],
         r[3],
         r[4],
-        None if r[5] is None else decode(r[5]),
-        None if r[6] is None else decode(r[6]),
+        None
+        if payload is None
+        else decode(payload)
+        if not payload.startswith(SEALED_PREFIX)
+        else load_json(payload, sealer, f"event {r[1]} of execution {r[0]}: payload"),
+        None
+        if error is None
+        else decode(error)
+        if not error.startswith(SEALED_PREFIX)
+        else load_json(error, sealer, f"event {r[1]} of execution {r[0]}: error"),
         r[7],
         r[8],
         r[9],
@@ -144,9 +185,36 @@ def event_row(r: Sequence[Any]) -> Event:
     )
 
 
-def event_params(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+def event_params(
+    events: Sequence[Event],
+    sealer: Sealer,
+    secrets: Mapping[int, Collection[str]] | None = None,
+) -> list[tuple[Any, ...]]:
     """Insert parameters in the order (execution_id, event_id, type, step, status, payload,
-    error, parent_event_id, command_id, worker_id, time)."""
+    error, parent_event_id, command_id, worker_id, time); a payload or error that holds a
+    value of its execution's set in `secrets` is sealed, and so is every `secrets.added`.
+    """
+    rows = _event_rows(events)
+    for i, e in enumerate(events):
+        row = rows[i]
+        payload, error = row[5], row[6]
+        held = secrets.get(e.execution_id) if secrets else None
+        always = e.type == SECRETS_ADDED
+        if not held and not always:
+            # Without secrets only text that would read as sealed must be sealed.
+            if not (payload or "").startswith(SEALED_PREFIX) and not (error or "").startswith(
+                SEALED_PREFIX
+            ):
+                continue
+        if payload is not None:
+            payload = sealer.store_text(payload, held or (), always=always)
+        if error is not None:
+            error = sealer.store_text(error, held or (), always=always)
+        rows[i] = (*row[:5], payload, error, *row[7:])
+    return rows
+
+
+def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
     try:
         return [
             (
@@ -203,17 +271,20 @@ def command_params(commands: Sequence[CommandUpdate]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def execution_update_params(update: ExecutionUpdate) -> tuple[tuple[bool, bool], tuple[Any, ...]]:
+def execution_update_params(
+    update: ExecutionUpdate, sealer: Sealer, secrets: Collection[str] = ()
+) -> tuple[tuple[bool, bool], tuple[Any, ...]]:
     """((with_result, with_error), params) for `UPDATE execution SET status, updated
-    [, result][, error] WHERE execution_id`."""
+    [, result][, error] WHERE execution_id`; a result or error that holds a value of
+    `secrets` is sealed."""
     params: list[Any] = [update.status, update.updated]
     with_result = update.result is not UNSET
     with_error = update.error is not UNSET
     what = f"execution {update.execution_id}"
     if with_result:
-        params.append(encode_value(update.result, f"{what}: result"))
+        params.append(_stored(update.result, f"{what}: result", sealer, secrets))
     if with_error:
-        params.append(encode_optional(update.error, f"{what}: error"))
+        params.append(_stored(update.error, f"{what}: error", sealer, secrets, optional=True))
     params.append(update.execution_id)
     return (with_result, with_error), tuple(params)
 

@@ -259,6 +259,27 @@ CLUSTER: Final = Component(
             """,
             "CREATE INDEX keychain_expires ON keychain (expires) WHERE expires IS NOT NULL",
         ),
+        # API tokens (flowtide.auth.tokens): the SHA-256 of each secret, never the secret.
+        # A worker row remembers the token that registered it: reports, claims and
+        # heartbeats for that worker id are taken from that token only.
+        4: (
+            """
+            CREATE TABLE api_token (
+                token_id  text PRIMARY KEY,
+                name      text NOT NULL,
+                role      text NOT NULL
+                          CHECK (role IN ('reader', 'operator', 'admin', 'worker')),
+                pool      text,
+                digest    bytea NOT NULL,
+                created   double precision NOT NULL,
+                expires   double precision,
+                revoked   double precision,
+                last_used double precision
+            )
+            """,
+            "CREATE INDEX api_token_name ON api_token (name) WHERE revoked IS NULL",
+            "ALTER TABLE worker ADD COLUMN token_id text",
+        ),
     },
 )
 

@@ -17,15 +17,18 @@ writes at once, which is what a stateless server needs.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
+from flowtide.sealing import Sealer
 from flowtide.store import pgschema
 from flowtide.store.base import (
     CommandUpdate,
@@ -183,6 +186,7 @@ class PostgresStore(SQLStore):
     """The store port on PostgreSQL; usable from any number of threads."""
 
     PARAM = "%s"
+    SEALED_TABLES = ("credential", "keychain")
 
     def __init__(
         self,
@@ -193,6 +197,7 @@ class PostgresStore(SQLStore):
         max_size: int = 8,
         migrate: bool = True,
         connect_timeout: float = 10.0,
+        sealer: Sealer | None = None,
     ) -> None:
         """Connect, and upgrade (`migrate=True`) or check the schema.
 
@@ -203,6 +208,8 @@ class PostgresStore(SQLStore):
             max_size: connections each pool opens at most (concurrent port calls).
             migrate: apply pending schema migrations; False only checks the version.
             connect_timeout: seconds to wait for the first connection.
+            sealer: seals what holds a secret (default: the master key of
+                $FLOWTIDE_HOME or ./.flowtide, or FLOWTIDE_MASTER_KEY: the server's vault's).
         Raises:
             StoreError: the database cannot be reached (the message shows the DSN without
                 its password), or its schema is newer than this flowtide, or older and
@@ -217,6 +224,7 @@ class PostgresStore(SQLStore):
                 "pip install 'flowtide[postgres]'"
             ) from exc
         self.dsn_display = display_dsn(dsn)
+        self.sealer = sealer or Sealer(Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide"))
         self._secrets = {s for s in (_password(dsn), _password(cluster_dsn or "")) if s}
         self._dsns = {"shard": dsn, "cluster": cluster_dsn or dsn}
         self._lock = threading.Lock()
@@ -356,13 +364,17 @@ class PostgresStore(SQLStore):
         *,
         commands: Sequence[CommandUpdate] = (),
         execution_updates: Sequence[ExecutionUpdate] = (),
+        secrets: Mapping[int, Collection[str]] | None = None,
     ) -> None:
         """See `flowtide.store.base.Store.append`."""
         if not events and not commands and not execution_updates:
             return
-        event_rows = event_params(events)
+        event_rows = event_params(events, self.sealer, secrets)
         command_rows = command_params(commands)
-        updates = [(u.execution_id, *self.execution_update(u)) for u in execution_updates]
+        updates = [
+            (u.execution_id, *self.execution_update(u, (secrets or {}).get(u.execution_id, ())))
+            for u in execution_updates
+        ]
         with self.transaction("append (batch rolled back)") as conn:
             self.write_batch(conn, event_rows, command_rows, updates)
 

@@ -8,17 +8,19 @@ which database a statement belongs to: "shard" (per-execution tables) or "cluste
 (catalog, credentials); a single-database adapter ignores it.
 
 What differs between the adapters stays in them: opening and migrating, `append` (the
-batch write), `create_execution` (duplicate detection) and `close`.
+batch write), `create_execution` (duplicate detection) and `close`. An adapter sets
+`sealer`, the `flowtide.sealing.Sealer` its JSON columns are sealed and unsealed with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Final
 
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
+from flowtide.sealing import SEALED_PREFIX, Sealer
 from flowtide.store.base import (
     EXECUTION_CREATED,
     PENDING_COMMAND_STATUSES,
@@ -88,6 +90,8 @@ class SQLStore:
     #: The driver's placeholder for `?`.
     PARAM: ClassVar[str] = "?"
     _converted: ClassVar[dict[str, str]]
+    #: Seals JSON columns that hold a secret, unseals them on read.
+    sealer: Sealer
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -140,6 +144,7 @@ class SQLStore:
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         created: float,
+        secrets: Collection[str] = (),
     ) -> None:
         """See `flowtide.store.base.Store.create_execution`."""
         sql, row = self.execution_insert(
@@ -152,6 +157,7 @@ class SQLStore:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             created=created,
+            secrets=secrets,
         )
         try:
             with self.transaction("create_execution") as conn:
@@ -161,9 +167,8 @@ class SQLStore:
                 raise StoreError(f"execution {execution_id} already exists") from exc
             raise
 
-    @classmethod
     def execution_insert(
-        cls,
+        self,
         execution_id: int,
         *,
         playbook_path: str | None,
@@ -174,8 +179,10 @@ class SQLStore:
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         created: float,
+        secrets: Collection[str] = (),
     ) -> tuple[str, tuple[Any, ...]]:
         """(sql, params) inserting a new execution row (`Store.create_execution`)."""
+        workload_text = encode_value(workload, f"execution {execution_id}: workload")
         row = (
             execution_id,
             parent_execution_id,
@@ -184,15 +191,19 @@ class SQLStore:
             playbook_version,
             playbook_file,
             playbook_text,
-            encode_value(workload, f"execution {execution_id}: workload"),
+            self.sealer.store_text(workload_text, secrets),
             EXECUTION_CREATED,
             created,
             created,
         )
-        return cls._sql(_INSERT_EXECUTION), row
+        return self._sql(_INSERT_EXECUTION), row
 
-    def execution_update(self, update: ExecutionUpdate) -> tuple[str, tuple[Any, ...]]:
-        shape, params = execution_update_params(update)
+    def execution_update(
+        self, update: ExecutionUpdate, secrets: Collection[str] = ()
+    ) -> tuple[str, tuple[Any, ...]]:
+        """(sql, params) of `update`; a result or error holding a value of `secrets` is
+        sealed."""
+        shape, params = execution_update_params(update, self.sealer, secrets)
         return self._sql(_UPDATE_EXECUTION[shape]), params
 
     def get_execution(self, execution_id: int) -> ExecutionRow:
@@ -204,7 +215,7 @@ class SQLStore:
         )
         if not rows:
             raise NotFoundError(f"execution {execution_id} not found")
-        return execution_row(rows[0])
+        return execution_row(rows[0], self.sealer)
 
     def list_executions(
         self,
@@ -228,7 +239,7 @@ class SQLStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY execution_id DESC LIMIT ?"
         params.append(limit)
-        return [execution_row(r) for r in self._read("list_executions", sql, params)]
+        return [execution_row(r, self.sealer) for r in self._read("list_executions", sql, params)]
 
     def update_execution(
         self,
@@ -238,12 +249,13 @@ class SQLStore:
         result: Any | Unset = UNSET,
         error: dict[str, Any] | None | Unset = UNSET,
         updated: float,
+        secrets: Collection[str] = (),
     ) -> None:
         """See `flowtide.store.base.Store.update_execution`."""
         update = ExecutionUpdate(
             execution_id=execution_id, status=status, updated=updated, result=result, error=error
         )
-        sql, params = self.execution_update(update)
+        sql, params = self.execution_update(update, secrets)
         with self.transaction("update_execution") as conn:
             if conn.execute(sql, params).rowcount == 0:
                 raise NotFoundError(f"execution {execution_id} not found")
@@ -266,7 +278,8 @@ class SQLStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [event_row(r) for r in self._read("events", sql, params)]
+        sealer = self.sealer
+        return [event_row(r, sealer) for r in self._read("events", sql, params)]
 
     def count_events(self, execution_id: int) -> int:
         """See `flowtide.store.base.Store.count_events`."""
@@ -410,6 +423,44 @@ class SQLStore:
         ]
 
     # -- credentials (cluster) ---------------------------------------------------------
+
+    #: Tables whose `ciphertext` the credential master key sealed (cluster part).
+    SEALED_TABLES: tuple[str, ...] = ("credential",)
+    #: JSON text columns sealed when they hold a secret (flowtide.sealing; shard part).
+    SEALED_JSON: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("event", "payload"),
+        ("event", "error"),
+        ("execution", "workload"),
+        ("execution", "result"),
+        ("execution", "error"),
+    )
+
+    def reseal(self, reseal: Callable[[bytes], bytes]) -> int:
+        """See `flowtide.store.base.Store.reseal`: one transaction per part (shard, then
+        cluster), so each database changes all of its values or none."""
+        count = 0
+        with self.transaction("reseal sealed values", "shard") as conn:
+            for table, column in self.SEALED_JSON:
+                rows = conn.execute(
+                    self._sql(f"SELECT {column} FROM {table} WHERE {column} LIKE ?"),
+                    (SEALED_PREFIX + "%",),
+                ).fetchall()
+                for (old,) in rows:
+                    conn.execute(
+                        self._sql(f"UPDATE {table} SET {column} = ? WHERE {column} = ?"),
+                        (Sealer.reseal_text(old, reseal), old),
+                    )
+                    count += 1
+        with self.transaction("reseal credentials", "cluster") as conn:
+            for table in self.SEALED_TABLES:
+                rows = conn.execute(f"SELECT ciphertext FROM {table}").fetchall()
+                for (old,) in rows:
+                    conn.execute(
+                        self._sql(f"UPDATE {table} SET ciphertext = ? WHERE ciphertext = ?"),
+                        (reseal(bytes(old)), bytes(old)),
+                    )
+                    count += 1
+        return count
 
     def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
         """See `flowtide.store.base.Store.put_credential`."""

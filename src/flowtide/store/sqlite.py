@@ -18,13 +18,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
+from flowtide.sealing import Sealer
 from flowtide.store.base import (
     COMMAND_STATUSES,
     CommandUpdate,
@@ -131,17 +132,26 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {}
 class SQLiteStore(SQLStore):
     """The store port on one SQLite file (created with its parent directories)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        sealer: Sealer | None = None,
+    ) -> None:
         """Open (and create or migrate) the store at `path`.
 
         Args:
             path: the database file; parent directories are created.
             busy_timeout: seconds to wait for another process holding the write lock.
+            sealer: seals what holds a secret (default: the master key of the file's
+                folder, the flowtide home, or FLOWTIDE_MASTER_KEY).
         Raises:
             StoreError: the file cannot be opened, is not a flowtide store, or was written
                 by a newer flowtide (schema version above `SCHEMA_VERSION`).
         """
         self.path = Path(path)
+        self.sealer = sealer or Sealer(self.path.parent)
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,14 +277,18 @@ class SQLiteStore(SQLStore):
         *,
         commands: Sequence[CommandUpdate] = (),
         execution_updates: Sequence[ExecutionUpdate] = (),
+        secrets: Mapping[int, Collection[str]] | None = None,
     ) -> None:
         """See `flowtide.store.base.Store.append`."""
         if not events and not commands and not execution_updates:
             return
         # Serialise before taking the lock: the writer holds it only for the SQL itself.
-        event_rows = event_params(events)
+        event_rows = event_params(events, self.sealer, secrets)
         command_rows = command_params(commands)
-        updates = [(u.execution_id, *self.execution_update(u)) for u in execution_updates]
+        updates = [
+            (u.execution_id, *self.execution_update(u, (secrets or {}).get(u.execution_id, ())))
+            for u in execution_updates
+        ]
         with self.transaction("append (batch rolled back)") as conn:
             if event_rows:
                 conn.executemany(INSERT_EVENT, event_rows)

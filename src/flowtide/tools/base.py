@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flowtide.errors import CredentialError, ToolError
+from flowtide.redaction import mask_text, warn_weak_credential
 
 
 class CredentialResolver(Protocol):
@@ -33,8 +34,9 @@ class ToolContext:
     task: str | None = None
     base_dir: Path = field(default_factory=Path.cwd)
     credentials: CredentialResolver | None = None
-    # Values (passwords, DSNs) the tool touched; the runtime scrubs them from every
-    # result, error message and captured stdout before anything is recorded.
+    # Values (passwords, DSNs) the tool touched. The runtime adds them to the execution's
+    # secret set: what is stored holding one is sealed, what is shown is masked; results
+    # themselves stay intact for the steps that read them.
     secrets: set[str] = field(default_factory=set)
     # The full render context (workload, step results, ctx, iter, execution_id), exposed
     # to python code as `context`.
@@ -72,6 +74,7 @@ class ToolContext:
             raise ToolError(str(exc), kind="credential") from None
         if not isinstance(body, Mapping):
             raise ToolError(f"credential '{alias}' is not a mapping", kind="credential")
+        warn_weak_credential(alias, body)
         return dict(body)
 
     def add_secret(self, value: Any) -> None:
@@ -97,21 +100,8 @@ class Tool(Protocol):
 
 
 def redact(text: str, secrets: set[str]) -> str:
-    """Replace each secret in `text` with '***'."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if secret and secret in text:
-            text = text.replace(secret, "***")
-    return text
-
-
-def redact_value(value: Any, secrets: set[str]) -> Any:
-    """`redact` applied to every string inside a JSON-like value."""
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, Mapping):
-        return {k: redact_value(v, secrets) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_value(v, secrets) for v in value]
-    return value
+    """`text` with each secret masked as `***` (for a tool's error message built from a
+    driver's, which may quote a connection string). A short or common secret is masked only
+    as a whole word (`flowtide.redaction`): `demo` never turns `demographics` into
+    `***graphics` in a message a policy reads. Results are never masked."""
+    return mask_text(text, secrets) if secrets else text

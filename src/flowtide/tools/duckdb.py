@@ -2,8 +2,10 @@
 
 The result is the rows of the last statement that returned rows, as a list of row dicts
 (`duckdb_test.yaml` reads `{{ start }}` as that list); a script whose statements return no
-rows gives `[]`. duckdb is imported inside `run`: it is a heavy import and most playbooks
-never touch it.
+rows gives `[]`. Values reach the SQL through `params`, bound by duckdb and never pasted:
+a mapping for `$name` placeholders (each statement takes the names it uses), or a list
+for `$1..$n` in any statement or `?` in a one-statement script. duckdb is imported inside
+`run`: it is a heavy import and most playbooks never touch it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, redact
-from flowtide.tools.postgres import to_jsonable
+from flowtide.tools.postgres import mask_sql, read_params, to_jsonable
 
 __all__ = ["DuckDBTool"]
 
@@ -68,6 +70,61 @@ def _returns_rows(statement_type: str, description: list[Any] | None) -> bool:
     return not (len(description) == 1 and description[0][0] == "Count")
 
 
+def _statement_args(
+    statement: Any,
+    index: int,
+    params: list[Any] | dict[str, Any] | None,
+    step: str,
+    statement_count: int,
+) -> dict[str, Any] | None:
+    """The parameters of one statement, keyed by the names duckdb found in it (`$1` and
+    `?` are named "1", "2", ...): duckdb refuses values a statement does not use, so each
+    statement gets exactly its own."""
+    if params is None:
+        return None
+    names = sorted(statement.named_parameters)
+    positional = [name for name in names if name.isdigit()]
+    if isinstance(params, dict):
+        if positional and not all(name in params for name in positional):
+            raise ToolError(
+                f"step '{step}': duckdb statement {index} uses positional placeholders "
+                "(? or $1..$n): `params` must be a list for them",
+                kind="config_error",
+            )
+        missing = [name for name in names if name not in params]
+        if missing:
+            raise ToolError(
+                f"step '{step}': duckdb statement {index} uses "
+                f"{', '.join('$' + name for name in missing)}, which `params` does not name",
+                kind="config_error",
+            )
+        return {name: params[name] for name in names}
+    if len(positional) < len(names):
+        raise ToolError(
+            f"step '{step}': duckdb statement {index} uses named placeholders "
+            f"({', '.join('$' + n for n in names if not n.isdigit())}): `params` must be a "
+            "mapping for them",
+            kind="config_error",
+        )
+    if statement_count > 1 and "?" in mask_sql(statement.query):
+        # `?` counts from the first value in every statement: which values a second
+        # statement meant is anyone's guess.
+        raise ToolError(
+            f"step '{step}': duckdb `params` is a list, which binds the ? placeholders of one "
+            f"statement, and the script has {statement_count}: use a mapping ($name "
+            "placeholders, shared by every statement) or $1..$n",
+            kind="config_error",
+        )
+    beyond = [name for name in names if not 1 <= int(name) <= len(params)]
+    if beyond:
+        raise ToolError(
+            f"step '{step}': duckdb statement {index} uses "
+            f"{', '.join('$' + n for n in beyond)} but `params` has {len(params)} value(s)",
+            kind="config_error",
+        )
+    return {name: params[int(name) - 1] for name in names}
+
+
 class DuckDBTool:
     """Run SQL on DuckDB (tool kind `duckdb`)."""
 
@@ -76,12 +133,14 @@ class DuckDBTool:
     def run(self, config: dict[str, Any], ctx: ToolContext) -> list[dict[str, Any]]:
         """Execute `query` | `command` | `commands` (str or list of str) on `database`.
 
-        `database` is ':memory:' (default) or a file path relative to ctx.base_dir.
+        `database` is ':memory:' (default) or a file path relative to ctx.base_dir;
+        `params` (optional) a mapping for `$name` or a list for `$1..$n` / `?`.
         Returns the last row-returning statement's rows as a list of dicts.
         Raises ToolError kind `sql_error` (statement index in the message), `timeout` when
-        ctx.timeout elapses, or `config_error`.
+        ctx.timeout elapses, or `config_error` (also for `params` that do not fit).
         """
         scripts = _scripts(config)
+        params = read_params(config, "duckdb", ctx.step)
         database = _database_path(config, ctx)
         import duckdb
 
@@ -111,45 +170,47 @@ class DuckDBTool:
         index = -1
         statement_text = ""
         try:
+            statements = []
             for script in scripts:
                 try:
-                    statements = connection.extract_statements(script)
+                    statements.extend(connection.extract_statements(script))
                 except Exception as exc:
                     raise ToolError(
                         f"duckdb: cannot parse SQL: {redact(str(exc), ctx.secrets)}",
                         kind="sql_error",
                     ) from None
-                for statement in statements:
-                    index += 1
-                    statement_text = statement.query
-                    try:
-                        cursor = connection.execute(statement)
-                        description = cursor.description
-                        if description and _returns_rows(statement.type.name, description):
-                            columns = [column[0] for column in description]
-                            rows = [
-                                {
-                                    name: to_jsonable(value)
-                                    for name, value in zip(columns, record, strict=True)
-                                }
-                                for record in cursor.fetchall()
-                            ]
-                    except Exception as exc:  # every duckdb failure becomes a ToolError
-                        if timed_out.is_set():
-                            raise ToolError(
-                                f"duckdb statement {index} interrupted after {ctx.timeout:g} s",
-                                kind="timeout",
-                                retryable=True,
-                            ) from None
-                        snippet = " ".join(statement_text.split())[:160]
+            for statement in statements:
+                index += 1
+                statement_text = statement.query
+                args = _statement_args(statement, index, params, ctx.step, len(statements))
+                try:
+                    cursor = connection.execute(statement, args)
+                    description = cursor.description
+                    if description and _returns_rows(statement.type.name, description):
+                        columns = [column[0] for column in description]
+                        rows = [
+                            {
+                                name: to_jsonable(value)
+                                for name, value in zip(columns, record, strict=True)
+                            }
+                            for record in cursor.fetchall()
+                        ]
+                except Exception as exc:  # every duckdb failure becomes a ToolError
+                    if timed_out.is_set():
                         raise ToolError(
-                            redact(
-                                f"duckdb statement {index} failed: {exc}\nstatement: {snippet}",
-                                ctx.secrets,
-                            ),
-                            kind="sql_error",
-                            code=type(exc).__name__,
+                            f"duckdb statement {index} interrupted after {ctx.timeout:g} s",
+                            kind="timeout",
+                            retryable=True,
                         ) from None
+                    snippet = " ".join(statement_text.split())[:160]
+                    raise ToolError(
+                        redact(
+                            f"duckdb statement {index} failed: {exc}\nstatement: {snippet}",
+                            ctx.secrets,
+                        ),
+                        kind="sql_error",
+                        code=type(exc).__name__,
+                    ) from None
         finally:
             if timer is not None:
                 timer.cancel()

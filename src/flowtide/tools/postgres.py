@@ -9,9 +9,13 @@ transaction on a pooled connection. The result is NoETL's superset shape::
      "command_1": {...},
      "columns": [...], "rows": [...], "row_count": n}   # last statement that returned rows
 
+Values reach the SQL through `params` (bind parameters the driver sends apart from the
+text): a mapping for `%(name)s` placeholders, shared by every statement of the command,
+or a list for `%s` in a one-statement command or for `$1..$n` in any.
+
 psycopg is imported lazily: it is an optional dependency and costs start-up time.
-This module also hosts two driver-free helpers the SQL tools share: `split_sql` and
-`to_jsonable`.
+This module also hosts driver-free helpers the SQL tools share: `split_sql`, `mask_sql`,
+`read_params` and `to_jsonable`.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-__all__ = ["PostgresTool", "close_pools", "split_sql", "to_jsonable"]
+__all__ = ["PostgresTool", "close_pools", "mask_sql", "read_params", "split_sql", "to_jsonable"]
 
 # Defaults for the per-DSN pool; a task's `pool:` mapping can override them when it is the
 # first task to use that DSN (pools are shared, so later settings cannot resize them).
@@ -57,33 +61,34 @@ def _is_ident_char(ch: str) -> bool:
     return ch.isalnum() or ch in "_$"
 
 
-def split_sql(script: str) -> list[str]:
-    """Split a SQL script into statements on top-level semicolons.
+def mask_sql(script: str) -> str:
+    """`script` with everything that is not SQL code blanked out, at the same offsets.
 
-    Semicolons inside single-quoted strings (including `E'...'` with backslash escapes),
-    double-quoted identifiers, dollar-quoted bodies (`$$...$$`, `$tag$...$tag$`), `--` line
-    comments and (nested) `/* */` block comments do not split. Pieces holding nothing but
-    whitespace and comments are dropped; each statement is returned stripped, without its
-    trailing semicolon.
+    Comments become spaces (newlines kept); the insides of single-quoted strings (including
+    `E'...'` with backslash escapes), double-quoted identifiers and dollar-quoted bodies
+    become `_`, their delimiters stay. A search for `;` or `$1` in the result finds only
+    the ones PostgreSQL would read as code.
     """
-    statements: list[str] = []
+    out = list(script)
     n = len(script)
-    start = 0
+
+    def blank(begin: int, end: int, fill: str) -> None:
+        for k in range(begin, min(end, n)):
+            if out[k] != "\n":
+                out[k] = fill
+
     i = 0
-    has_code = False
-
-    def flush(end: int) -> None:
-        if has_code:
-            statements.append(script[start:end].strip())
-
     while i < n:
         ch = script[i]
         if ch == "-" and script.startswith("--", i):
             newline = script.find("\n", i)
-            i = n if newline < 0 else newline + 1
+            end = n if newline < 0 else newline
+            blank(i, end, " ")
+            i = end
             continue
         if ch == "/" and script.startswith("/*", i):
             # PostgreSQL block comments nest, unlike C's.
+            begin = i
             depth = 1
             i += 2
             while i < n and depth:
@@ -95,11 +100,13 @@ def split_sql(script: str) -> list[str]:
                     i += 2
                 else:
                     i += 1
+            blank(begin, i, " ")
             continue
         if ch == "'":
             prev = script[i - 1] if i else ""
             before = script[i - 2] if i > 1 else ""
             backslash_escapes = prev in "eE" and not _is_ident_char(before)
+            begin = i + 1
             i += 1
             while i < n:
                 c = script[i]
@@ -110,42 +117,164 @@ def split_sql(script: str) -> list[str]:
                     if i + 1 < n and script[i + 1] == "'":
                         i += 2
                         continue
-                    i += 1
                     break
                 i += 1
-            has_code = True
+            blank(begin, i, "_")
+            i += 1
             continue
         if ch == '"':
+            begin = i + 1
             i += 1
             while i < n:
                 if script[i] == '"':
                     if i + 1 < n and script[i + 1] == '"':
                         i += 2
                         continue
-                    i += 1
                     break
                 i += 1
-            has_code = True
+            blank(begin, i, "_")
+            i += 1
             continue
         if ch == "$" and not (i and _is_ident_char(script[i - 1])):
             match = _DOLLAR_TAG.match(script, i)
             if match:
                 tag = match.group(0)
                 close = script.find(tag, match.end())
+                blank(match.end(), n if close < 0 else close, "_")
                 i = n if close < 0 else close + len(tag)
-                has_code = True
                 continue
-        if ch == ";":
-            flush(i)
-            start = i + 1
-            has_code = False
-            i += 1
-            continue
-        if not ch.isspace():
-            has_code = True
         i += 1
-    flush(n)
+    return "".join(out)
+
+
+def split_sql(script: str) -> list[str]:
+    """Split a SQL script into statements on top-level semicolons.
+
+    Semicolons inside single-quoted strings (including `E'...'` with backslash escapes),
+    double-quoted identifiers, dollar-quoted bodies (`$$...$$`, `$tag$...$tag$`), `--` line
+    comments and (nested) `/* */` block comments do not split. Pieces holding nothing but
+    whitespace and comments are dropped; each statement is returned stripped, without its
+    trailing semicolon.
+    """
+    masked = mask_sql(script)
+    statements: list[str] = []
+    start = 0
+    for end in [*(m.start() for m in re.finditer(";", masked)), len(script)]:
+        if masked[start:end].strip():
+            statements.append(script[start:end].strip())
+        start = end + 1
     return statements
+
+
+# ---------------------------------------------------------------------------------------
+# Bind parameters
+# ---------------------------------------------------------------------------------------
+
+# `params:` is how a value reaches SQL: handed to the driver, never pasted into the text,
+# so a quote in a value cannot end a literal and start a statement of its own.
+# What NoETL does (checked in its public source): the Python postgres tool
+# (noetl/noetl, noetl/tools/postgres/command.py) has no parameters at all; it renders
+# templates into the SQL after doubling single quotes in `with:` values. The newer Rust
+# tool runner (noetl/tools, src/tools/postgres.rs) takes `params: [...]` bound to
+# `$1..$n`, and sends a command that has params as one statement (splitting only
+# commands without them). flowtide accepts that list-with-`$n` form, and psycopg's own:
+# a mapping for `%(name)s`, a list for `%s`.
+_NUMBERED = re.compile(r"(?<![\w$])\$([0-9]+)")
+
+
+def read_params(
+    config: Mapping[str, Any], tool: str, step: str
+) -> list[Any] | dict[str, Any] | None:
+    """The task's `params`: a list (positional placeholders), a mapping with string keys
+    (named placeholders), or None when the task has none.
+
+    Raises:
+        ToolError: kind "config_error" for any other shape.
+    """
+    raw = config.get("params")
+    if raw is None:
+        return None
+    if isinstance(raw, Mapping):
+        bad = [repr(k) for k in raw if not isinstance(k, str) or not k]
+        if bad:
+            raise ToolError(
+                f"step '{step}': {tool} `params` keys must be placeholder names, "
+                f"not {', '.join(bad)}",
+                kind="config_error",
+            )
+        return dict(raw)
+    if isinstance(raw, list | tuple):
+        return list(raw)
+    raise ToolError(
+        f"step '{step}': {tool} `params` must be a list (positional placeholders) or a "
+        f"mapping (named placeholders), not {type(raw).__name__}",
+        kind="config_error",
+    )
+
+
+def _adapt(value: Any) -> Any:
+    """A rendered value as psycopg should send it: mappings (and lists holding any) as
+    jsonb, which psycopg does not do by itself; other lists as arrays (`= ANY(%s)`)."""
+    from psycopg.types.json import Jsonb
+
+    if isinstance(value, Mapping):
+        return Jsonb(dict(value))
+    if isinstance(value, list | tuple):
+        if any(isinstance(item, Mapping) for item in value):
+            return Jsonb(list(value))
+        return [_adapt(item) for item in value]
+    return value
+
+
+def _numbered_to_named(
+    statement: str, index: int, values: list[Any], step: str
+) -> tuple[str, dict[str, Any]]:
+    """Rewrite `$n` placeholders as psycopg's `%(n)s` (and every `%` as `%%`, which
+    psycopg then reads back as one `%`), binding each to `values[n - 1]`."""
+    parts: list[str] = []
+    bound: dict[str, Any] = {}
+    last = 0
+    for match in _NUMBERED.finditer(mask_sql(statement)):
+        number = int(match.group(1))
+        if not 1 <= number <= len(values):
+            raise ToolError(
+                f"step '{step}': postgres statement {index} (command_{index}) uses "
+                f"${number} but `params` has {len(values)} value(s)",
+                kind="config_error",
+            )
+        parts.append(statement[last : match.start()].replace("%", "%%"))
+        parts.append(f"%({number})s")
+        bound[str(number)] = values[number - 1]
+        last = match.end()
+    parts.append(statement[last:].replace("%", "%%"))
+    return "".join(parts), bound
+
+
+def _bind(
+    statements: list[str], params: list[Any] | dict[str, Any] | None, step: str
+) -> list[tuple[str, Any]]:
+    """(SQL, driver parameters) per statement; parameters are None without `params`."""
+    if params is None:
+        return [(statement, None) for statement in statements]
+    if isinstance(params, dict):
+        # Every statement gets the whole mapping: each uses the names it needs (psycopg
+        # ignores the others), so one command can create, insert and select.
+        named = {key: _adapt(value) for key, value in params.items()}
+        return [(statement, named) for statement in statements]
+    values = [_adapt(value) for value in params]
+    if any(_NUMBERED.search(mask_sql(statement)) for statement in statements):
+        return [
+            _numbered_to_named(statement, index, values, step)
+            for index, statement in enumerate(statements)
+        ]
+    if len(statements) > 1:
+        raise ToolError(
+            f"step '{step}': postgres `params` is a list, which binds the %s placeholders of "
+            f"one statement, and `command` has {len(statements)} statements: use a mapping "
+            "(%(name)s placeholders, shared by every statement) or $1..$n",
+            kind="config_error",
+        )
+    return [(statements[0], values)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -498,11 +627,14 @@ class PostgresTool:
         """Execute every statement of `command`/`query` and return the per-statement results.
 
         Config: `command` | `query` (str or list of str), `auth` | `credential` (alias,
-        mapping or DSN), optional `pool: {max_size, min_size, timeout, max_waiting}`.
+        mapping or DSN), optional `params` (a mapping for `%(name)s`, a list for `%s` in
+        a single statement or `$1..$n` in any), optional
+        `pool: {max_size, min_size, timeout, max_waiting}`.
         Raises ToolError kind `sql_error` (code = SQLSTATE), `auth`, `connection`,
-        `timeout`, `credential` or `config_error`.
+        `timeout`, `credential` or `config_error` (also for `params` that do not fit).
         """
         statements = _statements_from(config)
+        params = read_params(config, "postgres", ctx.step)
         try:
             import psycopg
             from psycopg_pool import PoolTimeout
@@ -511,6 +643,7 @@ class PostgresTool:
                 "the postgres tool needs psycopg: pip install 'flowtide[postgres]'",
                 kind="config_error",
             ) from None
+        bound = _bind(statements, params, ctx.step)
 
         conninfo = _build_conninfo(_connection_source(config, ctx), ctx)
         pool_config = config.get("pool") if isinstance(config.get("pool"), Mapping) else {}
@@ -543,15 +676,19 @@ class PostgresTool:
                             (str(max(1, int(ctx.timeout * 1000))),),
                         )
                     encoding = conn.info.encoding
-                    for index, statement in enumerate(statements):
+                    for index, (statement, args) in enumerate(bound):
                         # psycopg types str queries as LiteralString (injection safety); this
                         # is the playbook's own SQL, so hand it over as bytes in the
                         # connection's encoding, exactly what psycopg would send.
-                        cursor.execute(statement.encode(encoding))
+                        cursor.execute(statement.encode(encoding), args)
                         results[f"command_{index}"] = _collect(cursor)
                 conn.commit()
-            except psycopg.Error as exc:
+            except (psycopg.Error, TypeError) as exc:
                 _rollback_quietly(conn)
+                if index >= 0 and bound[index][1] is not None and _binding_failed(exc):
+                    raise _params_error(exc, index, statements[index], ctx) from None
+                if isinstance(exc, TypeError):
+                    raise
                 # index -1: the statement_timeout setup itself failed.
                 statement = statements[index] if index >= 0 else "SELECT set_config(...)"
                 raise _statement_error(exc, max(index, 0), statement, ctx.secrets) from None
@@ -568,6 +705,32 @@ class PostgresTool:
         results["rows"] = last["rows"]
         results["row_count"] = last["row_count"]
         return results
+
+
+def _binding_failed(exc: BaseException) -> bool:
+    """psycopg refused the parameters before sending anything: TypeError for a list
+    against named placeholders (or the reverse), a ProgrammingError without SQLSTATE for
+    a count mismatch, a missing name, a stray `%` or a value it cannot adapt."""
+    import psycopg
+
+    return isinstance(exc, TypeError) or (
+        isinstance(exc, psycopg.ProgrammingError) and exc.sqlstate is None
+    )
+
+
+def _params_error(exc: BaseException, index: int, statement: str, ctx: ToolContext) -> ToolError:
+    message = str(exc).strip()
+    hint = ""
+    if "allowed as placeholders" in message:
+        hint = "; with `params`, psycopg reads every % in the SQL: write a literal % as %%"
+    return ToolError(
+        redact(
+            f"step '{ctx.step}': postgres statement {index} (command_{index}): `params` "
+            f"do not fit its placeholders: {message}{hint}\nstatement: {_snippet(statement)}",
+            ctx.secrets,
+        ),
+        kind="config_error",
+    )
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:

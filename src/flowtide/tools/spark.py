@@ -6,7 +6,10 @@ Config (templates already rendered):
   `flowtide.spark.datasets`). Each becomes a temp view `name` for `sql` and a DataFrame
   argument `name` for `code`.
 * `sql:` Spark SQL over the inputs (several statements separated by `;` run in order; the
-  last one's rows are the result), or `code:` Python defining
+  last one's rows are the result), with values bound through `params:` - a mapping for
+  `:name` placeholders (shared by every statement) or a list for `?` in a one-statement
+  `sql` - which `spark.sql(text, args=...)` binds as typed literals, never as text; or
+  `code:` Python defining
   `def main(spark, **inputs)` that returns a DataFrame, or None for side effects only
   (module-level `return` and a global `result` work as in the python tool). `code` also
   sees `F` (pyspark.sql.functions) and `Window`, and the task's `input:` values.
@@ -116,6 +119,43 @@ def _check_config(config: Mapping[str, Any]) -> None:
     for key in ("sink", "conf"):
         if config.get(key) is not None and not isinstance(config[key], Mapping):
             raise ToolError(f"spark `{key}` must be a mapping", kind="config_error")
+    if config.get("params") is not None and not has_sql:
+        raise ToolError(
+            "spark `params` binds the placeholders of `sql`; `code` takes its values "
+            "through `input` (and may call spark.sql(text, args=...) itself)",
+            kind="config_error",
+        )
+
+
+def _params(
+    config: Mapping[str, Any], step: str, statement_count: int
+) -> list[Any] | dict[str, Any] | None:
+    """`params` as spark.sql's `args`: Spark turns each value into a typed literal of the
+    parsed plan (named `:name` for a mapping, `?` for a list), so no value is ever SQL."""
+    from flowtide.tools.postgres import read_params
+
+    params = read_params(config, "spark", step)
+    if params is None:
+        return None
+    if isinstance(params, list) and statement_count > 1:
+        # Each statement would count its ? from the first value again.
+        raise ToolError(
+            f"step '{step}': spark `params` is a list, which binds the ? placeholders of one "
+            f"statement, and `sql` has {statement_count}: use a mapping (:name placeholders, "
+            "shared by every statement)",
+            kind="config_error",
+        )
+    values = params.items() if isinstance(params, dict) else enumerate(params, start=1)
+    for key, value in values:
+        # Spark has no literal for a Python mapping (UNSUPPORTED_FEATURE.LITERAL_TYPE).
+        if isinstance(value, Mapping):
+            raise ToolError(
+                f"step '{step}': spark `params` value {key} is a mapping, which Spark cannot "
+                "bind: pass its fields as separate parameters, or a JSON string "
+                "(`| tojson`) to read with from_json",
+                kind="config_error",
+            )
+    return params
 
 
 def _is_frame(value: Any) -> bool:
@@ -256,9 +296,10 @@ class SparkTool:
             statements = split_sql(str(config["sql"]))
             if not statements:
                 raise ToolError("spark `sql` holds no statement", kind="config_error")
+            params = _params(config, ctx.step, len(statements))
             df = None
             for statement in statements:
-                df = spark.sql(statement)
+                df = spark.sql(statement) if params is None else spark.sql(statement, args=params)
         else:
             df = SparkTool._run_code(spark, config, ctx, frames)
         checkpoint("plan")

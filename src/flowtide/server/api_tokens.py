@@ -1,0 +1,98 @@
+"""The API tokens endpoints (admin only, see flowtide.server.access): create, list,
+revoke. A created token's text is in the creation's reply, and nowhere else, ever."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowtide.auth.tokens import TokenRecord, TokenStore
+from flowtide.errors import FlowtideError
+from flowtide.server.problems import field_error
+
+if TYPE_CHECKING:
+    from flowtide.server.app import _Runtime
+
+__all__ = ["tokens_router"]
+
+#: Ten years: a token that should never expire is created without `expires_in`.
+_MAX_LIFETIME = 10 * 365 * 86400
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["reader", "operator", "admin", "worker"]
+    name: str | None = Field(None, min_length=1, max_length=128)
+    pool: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Worker tokens: the one pool."
+    )
+    expires_in: float | None = Field(
+        None, gt=0, le=_MAX_LIFETIME, description="Seconds until it expires (default: never)."
+    )
+
+
+class TokenInfo(BaseModel):
+    id: str
+    name: str
+    role: str
+    pool: str | None
+    created: float
+    expires: float | None
+    revoked: float | None
+    last_used: float | None
+
+
+class CreatedToken(TokenInfo):
+    token: str = Field(description="The token itself: shown this once, stored only hashed.")
+
+
+class TokenList(BaseModel):
+    items: list[TokenInfo]
+
+
+def _info(record: TokenRecord) -> TokenInfo:
+    return TokenInfo(**record.to_dict())
+
+
+def tokens_router(runtime: _Runtime) -> APIRouter:
+    router = APIRouter(tags=["tokens"])
+
+    def tokens() -> TokenStore:
+        return TokenStore(runtime.store)
+
+    @router.post("/api/tokens", status_code=201, responses={422: {"description": "Bad field."}})
+    async def create_token(body: TokenRequest) -> CreatedToken:
+        """A new API token; its text is in this reply only."""
+        try:
+            text, record = await asyncio.to_thread(
+                lambda: tokens().create(
+                    role=body.role, name=body.name, pool=body.pool, expires_in=body.expires_in
+                )
+            )
+        except FlowtideError as exc:
+            # check_fields and the name check say "field: message".
+            field, _, message = str(exc).partition(": ")
+            return field_error(field, message)  # type: ignore[return-value]
+        return CreatedToken(**record.to_dict(), token=text)
+
+    @router.get("/api/tokens")
+    async def list_tokens(
+        all: Annotated[bool, Query(description="Include revoked and expired tokens.")] = False,
+    ) -> TokenList:
+        """Tokens, newest first: never their text."""
+        records = await asyncio.to_thread(lambda: tokens().list(include_inactive=all))
+        return TokenList(items=[_info(r) for r in records])
+
+    @router.delete("/api/tokens/{token}", responses={404: {"description": "No such token."}})
+    async def revoke_token(
+        token: Annotated[str, Path(min_length=1, max_length=128, description="Id or name.")],
+    ) -> TokenInfo:
+        """Revoke a token by id or name; servers stop taking it within seconds."""
+        record = await asyncio.to_thread(tokens().revoke, token)
+        return _info(record)
+
+    return router

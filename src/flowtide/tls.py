@@ -1,0 +1,82 @@
+"""TLS for the API: what a client trusts and shows, and the server's certificate settings.
+
+A client (the CLI, the worker, the Python client) verifies an `https://` server against
+the system's CAs, or against the CA file in `FLOWTIDE_CA` (`flowtide --ca FILE ...`,
+`flowtide worker --ca FILE`); for mutual TLS it shows the certificate and key in
+`FLOWTIDE_CLIENT_CERT` / `FLOWTIDE_CLIENT_KEY`. Talking to the dev stack's own URL, the
+stack's CA and client certificate are used without any setting (`<home>/dev/tls/`), as
+its admin token is (flowtide.auth.login).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowtide.errors import FlowtideError
+
+__all__ = ["ClientTls", "client_tls"]
+
+CA_ENV = "FLOWTIDE_CA"
+CERT_ENV = "FLOWTIDE_CLIENT_CERT"
+KEY_ENV = "FLOWTIDE_CLIENT_KEY"
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """Where a client's trust and identity come from (None: the defaults)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """An SSL context verifying the server (hostname included) against `ca` (or the
+        system's CAs), showing `cert` when given.
+
+        Raises:
+            FlowtideError: a file is missing or is not a certificate / key.
+        """
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca)
+            if self.cert:
+                ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            which = self.ca if self.cert is None else f"{self.ca or 'system CAs'}, {self.cert}"
+            raise FlowtideError(f"TLS files {which}: {exc}") from None
+        return ctx
+
+
+def _dev_tls(server: str, home: Path | None) -> ClientTls | None:
+    home = home or Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
+    tls = home / "dev" / "tls"
+    try:
+        doc = json.loads((home / "dev" / "tokens.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or str(doc.get("server_url", "")).rstrip("/") != server:
+        return None
+    if not (tls / "ca.pem").is_file():
+        return None
+    cert, key = tls / "admin.pem", tls / "admin-key.pem"
+    if cert.is_file() and key.is_file():
+        return ClientTls(str(tls / "ca.pem"), str(cert), str(key))
+    return ClientTls(str(tls / "ca.pem"))
+
+
+def client_tls(server: str, *, ca: str | None = None, home: Path | None = None) -> ClientTls:
+    """The TLS settings of a client of `server` (see the module's docstring)."""
+    server = server.rstrip("/")
+    env_ca = ca or os.environ.get(CA_ENV) or None
+    cert = os.environ.get(CERT_ENV) or None
+    key = os.environ.get(KEY_ENV) or None
+    if env_ca or cert:
+        return ClientTls(env_ca, cert, key)
+    if server.startswith("https://"):
+        found = _dev_tls(server, home)
+        if found is not None:
+            return found
+    return ClientTls()

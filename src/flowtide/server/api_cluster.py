@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from flowtide.credentials import CredentialVault
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import weak_fields, weak_message
-from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody
+from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody, Text, storable_text
 from flowtide.server.problems import error_response, field_error, problem_responses
 
 if TYPE_CHECKING:
@@ -51,18 +51,6 @@ _MAX_EXPIRES: Final = 253402300799  # 9999-12-31T23:59:59Z
 Scope = Literal["global", "catalog", "local", "shared"]
 
 
-def _storable(text: str) -> str:
-    # PostgreSQL text holds neither NUL nor lone surrogates: refuse them as bad input.
-    if "\x00" in text:
-        raise ValueError("must not contain NUL characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_storable)]
 # Annotations of path and query parameters (module level: FastAPI resolves them by name).
 CatalogIdParam = Annotated[Text, PathParam(min_length=1, max_length=4096)]
 ScopeQuery = Annotated[Scope, Query(description="The entry's scope.")]
@@ -300,7 +288,7 @@ def _catalog_path_problem(path: object) -> str | None:
     if not isinstance(path, str):
         return "metadata.path is not text"
     try:
-        _storable(path)
+        storable_text(path)
     except ValueError as exc:
         return f"metadata.path {exc}"
     return None

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from flowtide.auth.tokens import TokenRecord, TokenStore
 from flowtide.errors import FlowtideError
-from flowtide.server.fields import RequestBody
+from flowtide.server.fields import RequestBody, Text
 from flowtide.server.problems import field_error, problem_responses
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def tokens_router(runtime: _Runtime) -> APIRouter:
 
     @router.delete("/api/tokens/{token}", responses=problem_responses((404, "No such token.")))
     async def revoke_token(
-        token: Annotated[str, Path(min_length=1, max_length=128, description="Id or name.")],
+        token: Annotated[Text, Path(min_length=1, max_length=128, description="Id or name.")],
     ) -> TokenInfo:
         """Revoke a token by id or name; servers stop taking it within seconds."""
         record = await asyncio.to_thread(tokens().revoke, token)

@@ -63,6 +63,7 @@ from flowtide.server.fields import (
     Int,
     PositiveId,
     RequestBody,
+    Text,
 )
 from flowtide.server.openapi import install_openapi
 from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
@@ -574,7 +575,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/api/executions")
     async def list_executions(
-        status: str | None = None,
+        status: Annotated[Text | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=0, le=1000)] = 50,
         before: IdQuery = None,
     ) -> dict[str, Any]:

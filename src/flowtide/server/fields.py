@@ -14,7 +14,15 @@ import re
 from typing import Annotated, Any, Final
 
 from fastapi import Path, Query
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 
 __all__ = [
     "INT64_MAX",
@@ -25,7 +33,9 @@ __all__ = [
     "IdQuery",
     "PositiveId",
     "RequestBody",
+    "Text",
     "id_pattern",
+    "storable_text",
 ]
 
 #: Ids are PostgreSQL bigints.
@@ -34,10 +44,38 @@ INT64_MAX: Final = 2**63 - 1
 _EXACT: Final = 2**53
 
 
+def storable_text(text: str) -> str:
+    """`text`, if a PostgreSQL text column can hold it.
+
+    Raises:
+        ValueError: it holds a NUL or a lone surrogate (refused as bad input: the
+            database would refuse it as a 5xx).
+    """
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+#: A text parameter that reaches the database.
+Text = Annotated[str, AfterValidator(storable_text)]
+
+
 class RequestBody(BaseModel):
-    """The base of every request body: unknown fields, type coercions and NaN refused."""
+    """The base of every request body: unknown fields, type coercions and NaN refused,
+    and text the database cannot store (any text field may reach one)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            storable_text(value)
+        return value
 
 
 def _integral(value: Any) -> Any:

@@ -11,6 +11,7 @@ two-core machine.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import schemathesis
@@ -68,8 +69,52 @@ def _left_out(role: str) -> list[str]:
     return out
 
 
+SEED = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: seed, path: tests/schemathesis/seed}
+workflow:
+  - step: only
+    tool: {kind: python, code: "result = {'ok': True}"}
+"""
+
+
+@pytest.fixture(scope="module")
+def seeded(stack: Stack) -> dict[str, list[Any]]:
+    """Rows for the generated requests to find, as dictionaries of values schemathesis
+    draws parameters from half of the time: a catalog entry with a keychain entry, a
+    credential, and executions with a variable. The executions are finalized: no worker
+    runs them, and the event stream of a running one would wait for events to come."""
+    executions: list[Any] = []
+    with stack.client("admin") as admin:
+        r = admin.post("/api/catalog/register", json={"content": SEED})
+        assert r.status_code == 201, r.text
+        catalog_id = r.json()["catalog_id"]
+        r = admin.post(f"/api/keychain/{catalog_id}/seed_token", json={"data": {"t": "x" * 24}})
+        assert r.status_code == 200, r.text
+        r = admin.post("/api/credentials", json={"name": "seed_pg", "data": {"password": "p" * 24}})
+        assert r.status_code == 201, r.text
+        for status in ("completed", "failed"):
+            r = admin.post("/api/execute", json={"catalog_id": catalog_id})
+            assert r.status_code == 201, r.text
+            execution_id = r.json()["execution_id"]
+            executions.append(int(execution_id))
+            r = admin.post(f"/api/vars/{execution_id}", json={"variables": {"seed": [1, "a"]}})
+            assert r.status_code == 200, r.text
+            body = {"status": status, "reason": "seeded for schemathesis"}
+            r = admin.post(f"/api/executions/{execution_id}/finalize", json=body)
+            assert r.status_code == 200, r.text
+    path = catalog_id.partition("@")[0]
+    return {
+        "executions": executions,
+        "catalog_ids": [catalog_id, path],
+        "paths": [path],
+        "names": ["seed", "seed_pg", "seed_token"],
+    }
+
+
 @pytest.fixture(scope="module", params=ROLES)
-def api(stack: Stack, request: pytest.FixtureRequest) -> BaseSchema:
+def api(stack: Stack, seeded: dict[str, list[Any]], request: pytest.FixtureRequest) -> BaseSchema:
     role: str = request.param
     config = schemathesis.Config.from_dict(
         {
@@ -77,7 +122,24 @@ def api(stack: Stack, request: pytest.FixtureRequest) -> BaseSchema:
             "request-timeout": 30,
             # The event stream of an execution that is still running never ends.
             "max-stream-events": 5,
-            "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
+            # Derandomized: CI fails when the server or its document changes, not by the
+            # luck of a draw (raise MAX_EXAMPLES and drop this to hunt further).
+            "generation": {
+                "max-examples": MAX_EXAMPLES,
+                "database": "none",
+                "deterministic": True,
+            },
+            "dictionaries": {name: {"values": values} for name, values in seeded.items()},
+            "parameters": {
+                key: {"dictionary": name, "probability": 0.5}
+                for key, name in (
+                    ("path.execution_id", "executions"),
+                    ("path.catalog_id", "catalog_ids"),
+                    ("query.catalog_id", "catalog_ids"),
+                    ("path.path", "paths"),
+                    ("path.name", "names"),
+                )
+            },
             "phases": {
                 "examples": {"enabled": True},
                 "coverage": {"enabled": True},
@@ -120,3 +182,13 @@ def _node_id(request: pytest.FixtureRequest) -> None:
 )
 def test_the_api_answers_as_its_document_says(case: Case) -> None:
     case.call_and_validate()
+
+
+def test_a_405_names_every_method_of_the_path(stack: Stack) -> None:
+    # GET, POST and DELETE of /api/vars/{execution_id} are three routes: Starlette's
+    # own 405 named the first one's method only, in a body of its own format.
+    with stack.client("admin") as admin:
+        r = admin.options("/api/vars/1")
+    assert r.status_code == 405
+    assert r.headers["allow"] == "DELETE, GET, POST"
+    assert r.json()["error"] == {"status": 405, "message": "Method Not Allowed"}

@@ -23,7 +23,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
 
 from flowtide.auth.oidc import JwtSettings, JwtVerifier, parse_role_map
 from flowtide.auth.principal import Principal
@@ -65,7 +64,7 @@ from flowtide.server.fields import (
     RequestBody,
     Text,
 )
-from flowtide.server.openapi import install_openapi
+from flowtide.server.openapi import documented_methods, install_openapi
 from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.workers import WorkerRegistry
@@ -488,7 +487,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         response = _error(exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:
-            response.headers["Allow"] = _allowed_methods(request)
+            # Starlette names the methods of the first route that matched the path, but
+            # a path has several (GET, POST and DELETE of /api/vars/{execution_id}).
+            methods = documented_methods(request.scope["path"])
+            if methods:
+                response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -1087,23 +1090,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         "nats": redact_url(runtime.settings.nats) if runtime.settings.nats else None,
     }
     return app
-
-
-def _allowed_methods(request: Request) -> str:
-    """The `Allow` header of a 405: the methods the API's document gives the path.
-
-    Starlette names those of the first route that matched, but a path has several (GET,
-    POST and DELETE of /api/vars/{execution_id} are three routes). As in OpenAPI, a
-    concrete path wins over a template that also matches it: /api/catalog/register is
-    POST only, though /api/catalog/{path} would take a GET of it."""
-    matched: dict[int, set[str]] = {}
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        methods = getattr(route, "methods", None)
-        if match is not Match.NONE and methods:
-            params = len(getattr(route, "param_convertors", {}))
-            matched.setdefault(params, set()).update(methods)
-    return ", ".join(sorted(matched[min(matched)])) if matched else ""
 
 
 def _event_doc(e: Event, secrets: frozenset[str] = frozenset()) -> dict[str, Any]:

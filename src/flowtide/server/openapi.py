@@ -17,28 +17,40 @@ FastAPI's own document falls short in three ways, each mended here:
    header cannot carry a null: left out is how it is not given (`_not_nullable`).
 
 What a route answers beyond that (404, 409, ...) it declares itself, with
-`problem_responses`.
+`problem_responses`. `documented_methods` gives the `Allow` header of a 405 from the same
+table (`RULES`, which a test keeps equal to the app's routes).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.routing import APIRoute
+from starlette.routing import compile_path
 
 from flowtide.server.access import RULES
 from flowtide.server.fields import INT64_MAX
 from flowtide.server.problems import ErrorDocument, problem_responses
 
-__all__ = ["install_openapi", "openapi_document"]
+__all__ = ["documented_methods", "install_openapi", "openapi_document"]
 
 _ERROR_REF: Final = "#/components/schemas/ErrorDocument"
 _FASTAPI_ERRORS: Final = ("HTTPValidationError", "ValidationError")
 _BOUNDS: Final = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 #: Below this a float holds every integer exactly.
 _EXACT: Final = 2**53
+#: `{catalog_id:path}` as declared is `{catalog_id}` in the document.
+_CONVERTOR: Final = re.compile(r"\{(\w+):\w+\}")
+#: (method, path as documented) -> its access rule.
+_DOCUMENTED: Final = {(m, _CONVERTOR.sub(r"{\1}", p)): rule for (m, p), rule in RULES.items()}
+#: (path regex, number of path parameters, method) of every route.
+_MATCHERS: Final = [
+    (regex, len(convertors), method)
+    for (method, path) in RULES
+    for regex, _, convertors in [compile_path(path)]
+]
 
 
 def install_openapi(app: FastAPI, *, public_metrics: bool = False) -> None:
@@ -73,24 +85,27 @@ def openapi_document(app: FastAPI, *, public_metrics: bool = False) -> dict[str,
         schemas.setdefault(name, schema)
     schemas.setdefault("ErrorDocument", error_schema)
 
-    routes = {
-        (method, route.path_format): route
-        for route in app.routes
-        if isinstance(route, APIRoute)
-        for method in route.methods or ()
-    }
     for path, item in doc.get("paths", {}).items():
         for method, operation in item.items():
-            route = routes.get((method.upper(), path))
-            declared = route.path if route is not None else path
-            rule = RULES.get((method.upper(), declared))
+            rule = _DOCUMENTED.get((method.upper(), path))
             public = rule is not None and rule.public
-            if declared == "/metrics" and public_metrics:
+            if path == "/metrics" and public_metrics:
                 public = True
             _document_operation(operation, public=public)
     for name in _FASTAPI_ERRORS:
         schemas.pop(name, None)
     return doc
+
+
+def documented_methods(path: str) -> set[str]:
+    """The methods the API has for a request path (the `Allow` of a 405). As in OpenAPI,
+    a concrete path wins over a template that also matches it: /api/catalog/register
+    is POST only, though GET /api/catalog/{path:path} would match it too."""
+    matched: dict[int, set[str]] = {}
+    for regex, params, method in _MATCHERS:
+        if regex.match(path):
+            matched.setdefault(params, set()).add(method)
+    return matched[min(matched)] if matched else set()
 
 
 def _document_operation(operation: dict[str, Any], *, public: bool) -> None:

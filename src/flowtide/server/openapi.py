@@ -1,7 +1,7 @@
 """The API's OpenAPI document (`/openapi.json`), made to say what the server does, so a
 client generated from it, or schemathesis reading it, is not surprised.
 
-FastAPI's own document falls short in three ways, each mended here:
+FastAPI's own document falls short in four ways, each mended here:
 
 1. Integer bounds come out as floats (its `Schema` model types them `float`): `le=2**63-1`
    is written `9.223372036854776e+18`, which is 2**63, so a client that trusts the

@@ -1031,7 +1031,8 @@ class PythonTool:
         ctx.stdout.extend(str(line) for line in reply["stdout"])
         if reply.get("ok"):
             return reply.get("result")
-        error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        raw_error = reply.get("error")
+        error: dict[str, Any] = raw_error if isinstance(raw_error, dict) else {}
         message = str(error.get("message") or "the python step failed")
         if error.get("code") == "MemoryError" and self.isolation.memory_mb:
             message += (

@@ -33,11 +33,23 @@ _HEADER = struct.Struct(">I")
 
 def read_frame(fd: int) -> bytes | None:
     """One frame from `fd`; None at end of file (the other side is gone)."""
-    head = read_exactly(fd, _HEADER.size)
-    if head is None:
-        return None
-    (size,) = _HEADER.unpack(head)
-    return read_exactly(fd, size)
+    # One read takes a whole small frame (the usual case): a system call less per frame.
+    first = os.read(fd, 1 << 16)
+    if len(first) < _HEADER.size:
+        rest = read_exactly(fd, _HEADER.size - len(first)) if first else None
+        if rest is None:
+            return None
+        first += rest
+    (size,) = _HEADER.unpack_from(first)
+    return frame_body(fd, first[_HEADER.size :], size)
+
+
+def frame_body(fd: int, got: bytes, size: int) -> bytes | None:
+    """The `size` bytes of a frame whose first bytes `got` were read already."""
+    if len(got) >= size:
+        return got[:size]
+    rest = read_exactly(fd, size - len(got))
+    return None if rest is None else got + rest
 
 
 def read_exactly(fd: int, size: int) -> bytes | None:

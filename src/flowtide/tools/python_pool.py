@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowtide.errors import ToolError
-from flowtide.tools.python_child import read_exactly, read_frame, write_frame
+from flowtide.tools.python_child import frame_body, read_frame, write_frame
 
 __all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation"]
 
@@ -383,9 +383,15 @@ class ChildPool:
                 )
 
     def _reply(self, child: _Child) -> dict[str, Any]:
-        head = _read_some(child.from_child, 4)
-        if head is not None:
-            size = int.from_bytes(head, "big")
+        try:
+            first = os.read(child.from_child, 1 << 16)
+            while 0 < len(first) < 4:
+                more = os.read(child.from_child, 4 - len(first))
+                first = first + more if more else b""
+        except OSError:
+            first = b""
+        if first:
+            size = int.from_bytes(first[:4], "big")
             if size > self.max_reply_bytes:
                 child.kill("too large")
                 raise ToolError(
@@ -393,7 +399,10 @@ class ChildPool:
                     f" {self.max_reply_bytes}-byte limit (FLOWTIDE_MAX_RESULT_BYTES)",
                     kind="result_too_large",
                 )
-            data = _read_some(child.from_child, size)
+            try:
+                data = frame_body(child.from_child, first[4:], size)
+            except OSError:
+                data = None
             if data is not None:
                 try:
                     reply = json.loads(data)
@@ -501,13 +510,6 @@ class ChildPool:
         env.update(visible_env(os.environ, embedded=self.settings.embedded))
         env["HOME"] = user.home if user is not None else os.environ.get("HOME", "/")
         return env
-
-
-def _read_some(fd: int, size: int) -> bytes | None:
-    try:
-        return read_exactly(fd, size)
-    except OSError:
-        return None
 
 
 def _cancelled_error() -> ToolError:

@@ -101,6 +101,9 @@ def main(settings: dict[str, Any]) -> None:
     from flowtide.tools import python as pytool
 
     max_bytes = int(settings["max_bytes"])
+    # The interpreter's own entries (after the parent's, which BOOT put first) stay: its
+    # standard library, when the parent's is one this user cannot read.
+    own = [p for p in sys.path[len(settings["path"]) :] if p not in settings["path"]]
     write_frame(proto_out, json.dumps({"ready": os.getpid()}).encode())
     while True:
         frame = read_frame(proto_in)
@@ -108,7 +111,7 @@ def main(settings: dict[str, Any]) -> None:
             return
         request = json.loads(frame)
         if "path" in request:
-            sys.path[:] = request["path"]
+            sys.path[:] = [*request["path"], *own]
         stdout: list[str] = []
         reply: dict[str, Any]
         try:

@@ -62,7 +62,7 @@ START_TIMEOUT = 30.0
 _MODES = ("thread", "process")
 _ENV_KEPT = ("PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR")
 _BOOT = (
-    "import json, sys; s = json.loads(sys.argv[1]); sys.path[:] = s['path']; "
+    "import json, sys; s = json.loads(sys.argv[1]); sys.path[:0] = s['path']; "
     "from flowtide.tools.python_child import main; main(s)"
 )
 
@@ -444,22 +444,24 @@ class ChildPool:
         )
 
     def _spawn(self) -> _Child:
+        user = self._user
         try:
-            return self._start(self._user)
+            return self._start(user)
         except ToolError:
-            if self._user is None or self._user_explicit:
+            if user is None or self._user_explicit:
                 raise
             # The implicit default user cannot run this interpreter (a Python installed
             # under /root): run as root rather than not at all, and say so.
-            log.warning(
-                "python steps run as root: user %s cannot start %s (make the interpreter"
-                " and its packages readable by %s, or choose another with"
-                " --python-user / FLOWTIDE_PYTHON_USER)",
-                self._user.name,
-                self.executable,
-                self._user.name,
-            )
-            self._user = None
+            if self._user is not None:
+                self._user = None
+                log.warning(
+                    "python steps run as root: user %s cannot start %s (make the"
+                    " interpreter and its packages readable by %s, or choose another with"
+                    " --python-user / FLOWTIDE_PYTHON_USER)",
+                    user.name,
+                    self.executable,
+                    user.name,
+                )
             return self._start(None)
 
     def _start(self, user: _User | None) -> _Child:

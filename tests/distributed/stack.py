@@ -152,7 +152,11 @@ class Stack:
         self.server.wait()
 
     def start_worker(
-        self, concurrency: int = 8, pool: str = "default", env: dict[str, str] | None = None
+        self,
+        concurrency: int = 8,
+        pool: str = "default",
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         n = len(self.workers)
         proc = self._spawn(
@@ -168,6 +172,7 @@ class Stack:
             str(concurrency),
             "--worker-id",
             f"w{n}",
+            *args,
             env={
                 "FLOWTIDE_TOKEN": self.tokens["worker"],
                 **self.nats_env(worker_user_name(pool)),

@@ -1,4 +1,10 @@
-"""The `python` tool: runs a step's Python code in-process, the way NoETL playbooks write it.
+"""The `python` tool: runs a step's Python code the way NoETL playbooks write it.
+
+Where it runs (`Isolation`, flowtide.tools.python_pool): in this process, on the calling
+thread ("thread", the embedded default), or in a child process of a warm pool
+("process", the worker's default), which a timeout or a cancel kills. Both give the same
+results, errors and captured output; what follows describes the code's side of it, which
+is the same in a child (the child runs `run_request`).
 
 Config (every template already rendered, including Jinja inside `code`):
 
@@ -32,7 +38,7 @@ Output capture. `print` output goes to `ctx.stdout`, one string per line, capped
 
 Writes made straight to file descriptor 1/2 (C extensions, subprocesses) are not captured.
 
-Timeouts. Without a timeout the code runs on the calling (worker) thread: no extra thread
+Timeouts in-process. Without a timeout the code runs on the calling (worker) thread: no extra thread
 on the hot path. With one, it runs on a helper thread; when time runs out an exception is
 injected into that thread with `PyThreadState_SetAsyncExc`. That interrupts pure-Python
 code (loops, comprehensions) but not a blocking C call (`time.sleep`, a socket read): such

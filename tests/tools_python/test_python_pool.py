@@ -189,6 +189,7 @@ def test_the_environment_is_the_templates_one(monkeypatch: pytest.MonkeyPatch) -
 
 def test_settings_from_the_environment() -> None:
     assert Isolation.from_env({}) == Isolation(mode="thread", memory_mb=2048)
+    assert Isolation.from_env({"FLOWTIDE_PYTHON_MEMORY_MB": ""}).memory_mb == 2048
     assert Isolation.from_env({}, mode="process", embedded=False).mode == "process"
     got = Isolation.from_env(
         {

@@ -116,10 +116,12 @@ class Isolation:
                 raise ToolError(f"{name}={raw!r}: expected a number", kind="config_error") from None
             return value if value > 0 else None
 
+        memory_set = bool(env.get("FLOWTIDE_PYTHON_MEMORY_MB", "").strip())
         memory = number("FLOWTIDE_PYTHON_MEMORY_MB", int)
         return cls(
             mode=env.get("FLOWTIDE_PYTHON_ISOLATION", "").strip() or mode,
-            memory_mb=DEFAULT_MEMORY_MB if "FLOWTIDE_PYTHON_MEMORY_MB" not in env else memory,
+            # Unset: the default; 0: no limit.
+            memory_mb=memory if memory_set else DEFAULT_MEMORY_MB,
             cpu_seconds=number("FLOWTIDE_PYTHON_CPU_SECONDS", float),
             user=env.get("FLOWTIDE_PYTHON_USER", "").strip() or None,
             embedded=embedded,

@@ -51,6 +51,7 @@ from flowtide.dev.nats import (
 )
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
 from flowtide.dev.tls import LocalCA
+from flowtide.natsauth import ENV_CA as ENV_NATS_CA
 
 __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
 
@@ -81,7 +82,8 @@ class StackConfig:
     workdir: str | None = None
     #: NATS user name -> password (flowtide.dev.nats.flowtide_users).
     nats_passwords: dict[str, str] = field(default_factory=dict)
-    #: The API over mutual TLS, with certificates of the stack's own CA (flowtide.dev.tls).
+    #: Every part over TLS with certificates of the stack's own CA (flowtide.dev.tls): the API
+    #: (mutual: clients show a certificate too), nats-server and PostgreSQL.
     tls: bool = True
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -152,7 +154,8 @@ class DevStack:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.config.nats_port}"
+        scheme = "tls" if self.config.tls else "nats"
+        return f"{scheme}://127.0.0.1:{self.config.nats_port}"
 
     @property
     def db_url(self) -> str:
@@ -161,9 +164,17 @@ class DevStack:
 
     @property
     def postgres(self) -> LocalPostgres:
+        tls = None
+        if self.config.tls:
+            cert, key = self.ca.cert("server")
+            tls = (cert, key, self.ca.ca)
         return LocalPostgres(
-            self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password
+            self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password, tls=tls
         )
+
+    def _nats_tls(self) -> dict[str, str]:
+        """The environment that makes a process verify the stack's nats-server."""
+        return {ENV_NATS_CA: str(self.ca.ca)} if self.config.tls else {}
 
     @property
     def nats_config_path(self) -> Path:
@@ -232,8 +243,16 @@ class DevStack:
             raise DevStackError(
                 f"the workers' directory {c.workdir} does not exist (choose one with --workdir)"
             )
+        if tls is not None and tls != c.tls:
+            # TLS is all or nothing: every part serves it with the stack's CA.
+            running = [part for part in ("postgres", "nats", "server") if self._alive(part)]
+            if running:
+                raise DevStackError(
+                    f"{', '.join(running)} running with TLS {'on' if c.tls else 'off'}; "
+                    "`flowtide dev down` first to change it"
+                )
+            c.tls = tls
         for part, attr, value in (
-            ("server", "tls", tls),
             ("server", "server_port", server_port),
             ("nats", "nats_port", nats_port),
             ("postgres", "pg_port", pg_port),
@@ -248,6 +267,8 @@ class DevStack:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self._save()
+        if c.tls:
+            self.ca.ensure()
         self._up_postgres(progress, timeout)
         self._ensure_tokens(progress)
         self._up_nats(progress, timeout)
@@ -347,7 +368,11 @@ class DevStack:
             raise DevStackError(f"nats: {exc}") from None
         log = self._log("nats")
         log.write_text("")
-        write_nats_config(self.nats_config_path, list(self.nats_users().values()))
+        write_nats_config(
+            self.nats_config_path,
+            list(self.nats_users().values()),
+            tls=self.ca.cert("server") if self.config.tls else None,
+        )
         argv = [
             binary,
             "--config",
@@ -395,10 +420,13 @@ class DevStack:
         if self.config.tls:
             # Mutual TLS: clients show a certificate of the stack's CA (the workers theirs,
             # the local CLI the admin's, found on its own for this URL: flowtide.tls).
-            self.ca.ensure()
             cert, key = self.ca.cert("server")
             argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(self.ca.ca)]
-        env = {"FLOWTIDE_DB": self.db_url, **self.nats_users()[SERVER_USER].auth().env()}
+        env = {
+            "FLOWTIDE_DB": self.db_url,
+            **self.nats_users()[SERVER_USER].auth().env(),
+            **self._nats_tls(),
+        }
         self._spawn("server", argv, log, env=env)
 
         def ready() -> bool:
@@ -439,7 +467,12 @@ class DevStack:
                 name,
                 argv,
                 self._log(name),
-                env={"FLOWTIDE_TOKEN": token, **user.auth().env(), **self._worker_tls()},
+                env={
+                    "FLOWTIDE_TOKEN": token,
+                    **user.auth().env(),
+                    **self._worker_tls(),
+                    **self._nats_tls(),
+                },
                 cwd=Path(self.config.workdir or self.dir),
             )
             started.append(name)

@@ -66,7 +66,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import calendar
-import contextlib
 import json
 import logging
 import re
@@ -104,7 +103,14 @@ from flowtide.kv.base import (
     as_bytes,
     validate_key,
 )
-from flowtide.natsauth import NatsAuth, is_refusal
+from flowtide.natsauth import (
+    NatsAuth,
+    bounded_connect,
+    close_quietly,
+    is_refusal,
+    is_tls_failure,
+    tls_hint,
+)
 
 __all__ = ["DEFAULT_TIMEOUT", "NatsKeyValue", "NatsWatcher", "open_nats", "redact_url"]
 
@@ -459,7 +465,7 @@ class _Connection:
         self, url: str, loop: asyncio.AbstractEventLoop, auth: NatsAuth | None = None
     ) -> None:
         self.url = url
-        self.auth = auth or NatsAuth()
+        self.auth = auth if auth is not None else NatsAuth()
         self.shown = redact_url(url)
         self.loop = loop
         self.nc: Client | None = None
@@ -541,12 +547,11 @@ class _Connection:
         }
         nc = Client()
         try:
-            await nc.connect(**options)
+            await bounded_connect(nc, options)
         except Exception as exc:
             # A failed connect leaves its transport open (a ws:// one holds an aiohttp
             # session that would otherwise be collected unclosed).
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await close_quietly(nc)
             # `from None`: a parser or transport error may quote the URL, password included.
             raise KVError(f"cannot connect to NATS at {self.shown}: {self._reason(exc)}") from None
         # The attempt limit is for the first connect only: a connection that worked
@@ -575,11 +580,14 @@ class _Connection:
             raise
 
     def _reason(self, exc: BaseException) -> str:
-        cause = self._last_error if isinstance(exc, nats.errors.NoServersError) else exc
+        gave_up = isinstance(exc, nats.errors.NoServersError | TimeoutError)
+        cause = self._last_error if gave_up else exc
         if cause is None:
             cause = exc
         if self._refused or _is_auth_error(cause):
             text = "authorization violation (wrong user, password or token)"
+        elif is_tls_failure(cause):
+            text = tls_hint(cause)
         elif isinstance(cause, ImportError):
             text = "ws:// and wss:// need aiohttp (pip install aiohttp)"
         else:
@@ -856,7 +864,7 @@ async def open_nats(
             names the URL without its password), JetStream is not enabled, or the
             bucket cannot be created or the stream is not a KV bucket.
     """
-    conn = await _acquire(url, auth or NatsAuth())
+    conn = await _acquire(url, auth if auth is not None else NatsAuth())
     try:
         info = await _bind_bucket(conn, config, timeout, create)
     except BaseException:

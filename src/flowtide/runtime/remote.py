@@ -405,7 +405,7 @@ class RemoteWorker:
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._tls = client_tls(self.server, ca=ca).context()
         self.nats_url = nats_url
-        self.nats_auth = nats_auth or NatsAuth()
+        self.nats_auth = nats_auth if nats_auth is not None else NatsAuth()
         self.pool = pool
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"

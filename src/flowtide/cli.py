@@ -1531,7 +1531,7 @@ def worker_cmd(
     import signal
 
     from flowtide.auth.login import read_token_file
-    from flowtide.errors import AuthError, FlowtideError, NatsError
+    from flowtide.errors import AuthError, FlowtideError, NatsError, ToolError
     from flowtide.runtime.remote import RemoteWorker
     from flowtide.tools.python_pool import Isolation
 
@@ -1575,9 +1575,9 @@ def worker_cmd(
             asyncio.run(main())
         else:
             uvloop.run(main())
-    except (NatsError, AuthError) as exc:
-        # Credentials refused (NATS or the API), or the pool's consumer out of reach: say
-        # which and stop, instead of a traceback.
+    except (NatsError, AuthError, ToolError) as exc:
+        # Credentials refused (NATS or the API), the pool's consumer out of reach, or
+        # python steps unable to start: say which and stop, instead of a traceback.
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
     if worker.stuck:

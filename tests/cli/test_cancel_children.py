@@ -67,10 +67,11 @@ def test_cancel_kills_sleeping_python_steps_in_child_processes(tmp_path: Path) -
     from flowtide.runtime.report import execution_document
     from flowtide.tools.python_pool import Isolation
     from flowtide.tools.registry import get_tool
+    from pyuser import PYTHON_USER
 
     tool = get_tool("python")
     previous = tool.isolation
-    tool.configure(Isolation(mode="process"))
+    tool.configure(Isolation(mode="process", user=PYTHON_USER))
     store = SQLiteStore(tmp_path / "flowtide.db")
 
     async def main() -> tuple[dict[str, object], float]:

@@ -19,6 +19,7 @@ from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 from flowtide.tools.python import PythonTool
 from flowtide.tools.python_pool import ChildPool, Isolation
+from pyuser import PYTHON_USER
 
 SLEEP = "import time\ntime.sleep(3600)\n"
 
@@ -31,7 +32,7 @@ def make_ctx(**kwargs: Any) -> ToolContext:
 
 @pytest.fixture
 def tool() -> Iterator[PythonTool]:
-    t = PythonTool(isolation=Isolation(mode="process"))
+    t = PythonTool(isolation=Isolation(mode="process", user=PYTHON_USER))
     yield t
     t.configure(Isolation())
 
@@ -90,7 +91,7 @@ def test_ctx_cancelled_is_asked_while_the_code_runs(tool: PythonTool) -> None:
 
 
 def test_memory_limit_is_a_clear_error_and_the_child_is_recycled() -> None:
-    tool = PythonTool(isolation=Isolation(mode="process", memory_mb=300))
+    tool = PythonTool(isolation=Isolation(mode="process", user=PYTHON_USER, memory_mb=300))
     try:
         err = error_of(tool, {"code": "x = bytearray(600 * 1024 * 1024)"})
         assert err.kind == "python_error" and err.code == "MemoryError"
@@ -112,7 +113,7 @@ def test_a_dead_child_is_a_crash_with_its_exit_status(tool: PythonTool) -> None:
 
 
 def test_cpu_limit() -> None:
-    tool = PythonTool(isolation=Isolation(mode="process", cpu_seconds=0.3))
+    tool = PythonTool(isolation=Isolation(mode="process", user=PYTHON_USER, cpu_seconds=0.3))
     try:
         started = time.monotonic()
         err = error_of(tool, {"code": "while True:\n    pass\n"})
@@ -158,7 +159,7 @@ def test_writes_to_fd_1_do_not_garble_the_reply(tool: PythonTool) -> None:
 
 def test_an_oversized_reply_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOWTIDE_MAX_RESULT_BYTES", "1000")
-    tool = PythonTool(isolation=Isolation(mode="process"))
+    tool = PythonTool(isolation=Isolation(mode="process", user=PYTHON_USER))
     try:
         err = error_of(tool, {"code": "result = 'x' * (3 * 1024 * 1024)"})
         assert err.kind == "result_too_large"
@@ -174,7 +175,7 @@ def test_the_environment_is_the_templates_one(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("FLOWTIDE_TEMPLATE_ENV", "SHOWN_*,FLOWTIDE_*")
     code = "import os\nresult = {k: os.environ.get(k) for k in keys}"
     keys = ["FLOWTIDE_TOKEN", "SHOWN_VAR", "HIDDEN_VAR", "PATH"]
-    worker = PythonTool(isolation=Isolation(mode="process", embedded=False))
+    worker = PythonTool(isolation=Isolation(mode="process", user=PYTHON_USER, embedded=False))
     try:
         got = worker.run({"code": code, "input": {"keys": keys}}, make_ctx())
     finally:
@@ -263,3 +264,51 @@ def test_an_unknown_python_user_is_a_config_error() -> None:
     with pytest.raises(ToolError, match="no such user") as info:
         ChildPool(Isolation(mode="process", user="no-such-user-here"))
     assert info.value.kind == "config_error"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_a_default_user_that_cannot_start_python_is_an_error_never_root() -> None:
+    import pwd
+
+    from flowtide.tools.python_pool import default_user_works
+
+    nobody = pwd.getpwnam("nobody")
+    probe = [sys.executable, "-I", "-c", "import sys"]
+    try:
+        runs = subprocess.run(probe, user=nobody.pw_uid, capture_output=True, timeout=30)
+    except PermissionError:
+        pass
+    else:
+        if runs.returncode == 0:
+            pytest.skip("nobody can run this interpreter here")
+    assert not default_user_works()
+    pool = ChildPool(Isolation(mode="process"))
+    try:
+        with pytest.raises(ToolError, match="--python-user root") as info:
+            pool.prestart(1)
+        assert info.value.kind == "config_error"
+        assert "nobody cannot start" in info.value.message
+        # Asked for out loud, root it is.
+        chosen = ChildPool(Isolation(mode="process", user="root"))
+        try:
+            chosen.prestart(1)
+            assert chosen.user == "root"
+        finally:
+            chosen.close()
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_a_root_worker_whose_python_cannot_drop_privileges_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    if PYTHON_USER is None:
+        pytest.skip("nobody can run this interpreter here")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTIDE_")}
+    # Refused before it looks for the server or NATS (neither is there).
+    argv = [sys.executable, "-m", "flowtide.cli", "worker", "--server", "http://127.0.0.1:9"]
+    argv += ["--nats", "nats://127.0.0.1:9", "--home", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "nobody cannot start" in done.stderr and "--python-user root" in done.stderr

@@ -20,6 +20,7 @@ from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 from flowtide.tools.python import PythonTool, compile_cache_clear, compile_cache_info
 from flowtide.tools.python_pool import Isolation
+from pyuser import PYTHON_USER
 
 E2E_PLAYBOOKS = Path("/work/shared/noetl-e2e/playbooks")
 SCRIPT_DIR = E2E_PLAYBOOKS / "script_execution"
@@ -50,7 +51,8 @@ def tool(output_limit: int = 64 * 1024) -> PythonTool:
     key = (_MODE["isolation"], output_limit)
     if key not in _TOOLS:
         _TOOLS[key] = PythonTool(
-            output_limit=output_limit, isolation=Isolation(mode=_MODE["isolation"])
+            output_limit=output_limit,
+            isolation=Isolation(mode=_MODE["isolation"], user=PYTHON_USER),
         )
     return _TOOLS[key]
 

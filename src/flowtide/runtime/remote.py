@@ -451,16 +451,17 @@ class RemoteWorker:
         return self._in_threads > 0
 
     async def _start_python(self) -> None:
-        """Set up python steps (and warn when this process runs as root)."""
-        from flowtide.errors import ToolError
+        """Set up python steps (and warn when this process runs as root).
+
+        Raises:
+            ToolError: a python child process cannot start (as the chosen user): the
+                worker must not take commands it would fail, or run as root unasked.
+        """
         from flowtide.tools.registry import get_tool
 
         tool = get_tool("python")
         tool.configure(self.python)
-        try:
-            await asyncio.to_thread(tool.warm)
-        except ToolError as exc:
-            log.error("python steps cannot run: %s", exc)
+        await asyncio.to_thread(tool.warm)
         if os.geteuid() == 0:
             if self.python.mode != "process":
                 who = "as root, in the worker process"
@@ -478,6 +479,8 @@ class RemoteWorker:
 
         # Values the steps' tools touch are masked in this process's logs.
         install_log_masking()
+        # Before it registers: a worker whose python steps cannot start takes no command.
+        await self._start_python()
         async with _Api(self.server, 30.0, self._headers, self._tls) as client:
             self.client = client
             # NATS first: credentials it refuses end the worker before it registers. Its
@@ -503,7 +506,6 @@ class RemoteWorker:
             from flowtide.tools import http as http_tool
 
             await asyncio.to_thread(http_tool.warm_up)
-            await self._start_python()
             beat = asyncio.create_task(self._heartbeat())
             reporter = asyncio.create_task(self._reports.run(client))
             asker = asyncio.create_task(self._ask(puller))

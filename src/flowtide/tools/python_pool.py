@@ -21,9 +21,10 @@ exit status; it is replaced by a fresh one on the next call. Every child is in i
 process group, so what it started (a `subprocess`) is killed with it.
 
 Who the child runs as: the worker's own user, except when the worker runs as root, then
-as `user` (default `nobody`), with no supplementary groups. When the default `nobody`
-cannot run the interpreter (a Python installed under /root), the children run as root
-and a warning says so; a `user` named explicitly is never given up on.
+as `user` (default `nobody`), with no supplementary groups. A child that cannot start as
+that user (a Python installed under /root, which `nobody` cannot read) is an error, never
+a quiet fall-back to root: the worker refuses to start and says how to fix it. Running
+them as root anyway takes `--python-user root`, spelled out.
 
 Its environment: PATH, HOME, LANG, LC_*, TZ, TMPDIR and the variables templates may see
 (`FLOWTIDE_TEMPLATE_ENV`; never `FLOWTIDE_*`), not the worker's whole environment.
@@ -223,7 +224,6 @@ class ChildPool:
         self._lock = threading.Lock()
         self._closed = False
         self._user = _resolve_user(settings.user)
-        self._user_explicit = settings.user is not None
         _pools.add(self)
 
     # -- who the children are -------------------------------------------------------------
@@ -449,22 +449,17 @@ class ChildPool:
         user = self._user
         try:
             return self._start(user)
-        except ToolError:
-            if user is None or self._user_explicit:
+        except ToolError as exc:
+            if user is None:
                 raise
-            # The implicit default user cannot run this interpreter (a Python installed
-            # under /root): run as root rather than not at all, and say so.
-            if self._user is not None:
-                self._user = None
-                log.warning(
-                    "python steps run as root: user %s cannot start %s (make the"
-                    " interpreter and its packages readable by %s, or choose another with"
-                    " --python-user / FLOWTIDE_PYTHON_USER)",
-                    user.name,
-                    self.executable,
-                    user.name,
-                )
-            return self._start(None)
+            raise ToolError(
+                f"{exc.message}: user {user.name} cannot start {self.executable} (make the"
+                f" interpreter and its packages readable by {user.name}, choose another"
+                " user with --python-user / FLOWTIDE_PYTHON_USER, or run python steps as"
+                " root with --python-user root)",
+                kind="config_error",
+                data=exc.data,
+            ) from None
 
     def _start(self, user: _User | None) -> _Child:
         memory = self.settings.memory_mb
@@ -537,3 +532,19 @@ def _resolve_user(name: str | None) -> _User | None:
     if entry.pw_uid == 0:
         return None
     return _User(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def default_user_works(executable: str | None = None) -> bool:
+    """Whether python children can start as the default user (`nobody`) here; always
+    True when this process is not root. The dev stack and the tests ask before they
+    start workers as root, and then choose `--python-user root` out loud."""
+    if os.geteuid() != 0:
+        return True
+    pool = ChildPool(Isolation(mode="process", embedded=False), executable=executable)
+    try:
+        pool.prestart(1)
+    except ToolError:
+        return False
+    finally:
+        pool.close()
+    return True

@@ -132,17 +132,35 @@ class DevStack:
     def ca(self) -> LocalCA:
         return LocalCA(self.dir / "tls")
 
+    def _admin_tls(self) -> Any:
+        """What an httpx client verifies with: the stack's CA and the admin's client
+        certificate with TLS on, else the default."""
+        if not self.config.tls:
+            return True
+        from flowtide.tls import ClientTls
+
+        cert, key = self.ca.cert("admin")
+        return ClientTls(str(self.ca.ca), str(cert), str(key)).context()
+
+    def admin_client(self, *, timeout: float = 60.0) -> Any:
+        """An httpx.Client on the server as the stack's admin: its token and, with TLS
+        on, its client certificate (for benchmarks and scripts; close it after use)."""
+        import httpx
+
+        return httpx.Client(
+            base_url=self.server_url,
+            headers=self.admin_headers(),
+            verify=self._admin_tls(),
+            timeout=timeout,
+        )
+
     def _http_get(self, path: str, **headers: str) -> Any:
         """GET on the server as the stack's admin (its client certificate with TLS on)."""
         import httpx
 
-        verify: Any = True
-        if self.config.tls:
-            from flowtide.tls import ClientTls
-
-            cert, key = self.ca.cert("admin")
-            verify = ClientTls(str(self.ca.ca), str(cert), str(key)).context()
-        return httpx.get(f"{self.server_url}{path}", headers=headers, timeout=2, verify=verify)
+        return httpx.get(
+            f"{self.server_url}{path}", headers=headers, timeout=2, verify=self._admin_tls()
+        )
 
     def _http_ok(self, path: str) -> bool:
         import httpx

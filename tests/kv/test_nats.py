@@ -784,7 +784,7 @@ async def test_other_schemes_route_to_nats(url: str) -> None:
 
 def test_importing_the_port_does_not_import_nats() -> None:
     code = "import sys, flowtide.kv; assert 'nats' not in sys.modules, sorted(sys.modules)"
-    env = {**os.environ, "PYTHONPATH": str(Path(adapter.__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(adapter.__file__).parents[3])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 

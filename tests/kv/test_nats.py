@@ -310,7 +310,9 @@ def api_error_codes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """JetStream error codes the adapter receives, recorded on their way in."""
     codes: list[int] = []
     monkeypatch.setattr(_RecordingApiError, "codes", codes)
-    monkeypatch.setattr(adapter, "_ApiError", _RecordingApiError)
+    # Where JetStream error replies become _ApiError (API replies, publish acks).
+    for module in (adapter.connection, adapter.bucket):
+        monkeypatch.setattr(module, "_ApiError", _RecordingApiError)
     return codes
 
 

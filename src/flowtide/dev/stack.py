@@ -443,6 +443,9 @@ class DevStack:
                 self._stop_process(name)
                 progress(f"{name}: stopped")
         started = []
+        python_user = (
+            self._python_user(progress) if any(not self._alive(name) for name in wanted) else {}
+        )
         for name in wanted:
             if self._alive(name):
                 progress(f"{name}: already running (pid {self.config.pids[name]})")
@@ -472,6 +475,7 @@ class DevStack:
                     **user.auth().env(),
                     **self._worker_tls(),
                     **self._nats_tls(),
+                    **python_user,
                 },
                 cwd=Path(self.config.workdir or self.dir),
             )
@@ -672,6 +676,20 @@ class DevStack:
             f"{name} not ready after {timeout:.0f} s; the end of {self._log(name)}:\n"
             + _tail(self._log(name))
         )
+
+    def _python_user(self, progress: Progress) -> dict[str, str]:
+        """Who the workers' python steps run as. As root they run as `nobody`; where
+        `nobody` cannot run this interpreter (one installed under /root), the dev stack
+        runs them as root rather than not at all, and says so."""
+        from flowtide.tools.python_pool import default_user_works
+
+        if os.environ.get("FLOWTIDE_PYTHON_USER") or default_user_works():
+            return {}
+        progress(
+            f"workers: python steps run as root: user nobody cannot start {sys.executable}"
+            " (install Python where nobody can read it, or set FLOWTIDE_PYTHON_USER)"
+        )
+        return {"FLOWTIDE_PYTHON_USER": "root"}
 
     def _worker_tls(self) -> dict[str, str]:
         if not self.config.tls:

@@ -3,6 +3,7 @@
     .venv/bin/python bench/distributed.py [--iterations 2000] [--workers 2]
         [--concurrency 8 128] [--max-in-flight 16 256] [--repeat 3] [--latency-runs 200]
         [--json] [--quick]
+    .venv/bin/python bench/distributed.py --isolation [--iterations 2000] [--repeat 3]
 
 One dev stack (`flowtide.dev.stack.DevStack`: PostgreSQL from initdb, nats-server,
 `flowtide server`, --workers `flowtide worker`s, all on loopback) is started in a fresh
@@ -325,7 +326,7 @@ class Bench:
             **ports,
         )
         self.concurrency = concurrency
-        self.http = httpx.Client(base_url=self.stack.server_url, timeout=60.0)
+        self.http = self.stack.admin_client(timeout=60.0)
         return time.perf_counter() - t0
 
     def close_http(self) -> None:
@@ -622,6 +623,55 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     return report
 
 
+def run_isolation(args: argparse.Namespace, log: Log) -> dict[str, Any]:
+    """--isolation: the loop on workers whose python steps run in-process ("thread")
+    against child processes ("process", the worker's default), interleaved: each repeat
+    restarts the workers once per mode, on one stack."""
+    n, mif, concurrency = args.iterations, args.max_in_flight[0], args.concurrency[0]
+    modes = ("thread", "process")
+    report: dict[str, Any] = {"machine": machine(), "isolation": {m: [] for m in modes}}
+    log(
+        f"python isolation on the workers: {n:,} iterations, max_in_flight {mif}, "
+        f"{args.workers} workers x {concurrency}, {args.repeat} interleaved repeats; load "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    home = Path(tempfile.mkdtemp(prefix="flowtide-bench-iso-", dir="/tmp"))
+    home.chmod(0o755)
+    bench = Bench(home, args.workers, log)
+    previous = os.environ.get("FLOWTIDE_PYTHON_ISOLATION")
+    try:
+        bench.up(concurrency)
+        for _ in range(args.repeat):
+            for mode in modes:
+                # The dev stack's workers inherit this process's environment.
+                os.environ["FLOWTIDE_PYTHON_ISOLATION"] = mode
+                bench.stack.up(workers=0)
+                bench.stack.up(workers=args.workers, timeout=120.0)
+                measure_loop(bench, min(n, 200), mif)  # warm-up: imports, children
+                r = measure_loop(bench, n, mif)
+                report["isolation"][mode].append(r["it_s"])
+                log(
+                    f"  {mode:7s}: {r['it_s']:7,.0f} it/s ({r['wall_s']:.2f} s), workers' cores "
+                    f"{r['cores'].get('workers', 0.0):.2f}"
+                )
+    finally:
+        if previous is None:
+            os.environ.pop("FLOWTIDE_PYTHON_ISOLATION", None)
+        else:
+            os.environ["FLOWTIDE_PYTHON_ISOLATION"] = previous
+        bench.down()
+        shutil.rmtree(home, ignore_errors=True)
+    medians = {m: statistics.median(v) for m, v in report["isolation"].items()}
+    report["medians"] = medians
+    report["ratio"] = medians["process"] / medians["thread"]
+    log(
+        f"median it/s: in-process {medians['thread']:,.0f}, child processes "
+        f"{medians['process']:,.0f}: ratio {report['ratio']:.2f} (goal >= 0.80); load "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    return report
+
+
 def _phase_line(phases: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
 
@@ -751,6 +801,12 @@ def main() -> int:
         action="store_true",
         help="smoke run: 200 iterations, 20 latency runs, 1 run of the default setting",
     )
+    parser.add_argument(
+        "--isolation",
+        action="store_true",
+        help="compare python steps in-process and in child processes on the workers"
+        " (first --concurrency and --max-in-flight values; default 8 and 16)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--child-embedded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -769,7 +825,14 @@ def main() -> int:
     from flowtide.dev.stack import DevStackError
 
     try:
-        report = run(args, log)
+        if args.isolation:
+            if args.concurrency == [DEFAULT_CONCURRENCY, 128]:
+                args.concurrency = [DEFAULT_CONCURRENCY]
+            if args.max_in_flight == [DEFAULT_MAX_IN_FLIGHT, 256]:
+                args.max_in_flight = [DEFAULT_MAX_IN_FLIGHT]
+            report = run_isolation(args, log)
+        else:
+            report = run(args, log)
     except DevStackError as exc:
         print(f"error: the dev stack could not start: {exc}", file=sys.stderr)
         return 2
@@ -777,7 +840,7 @@ def main() -> int:
         print(f"CHECK FAILED: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        for row in report["loops"]:
+        for row in report.get("loops", []):
             for r in row["runs"]:
                 r.pop("_delays", None)
         print(json.dumps(report, indent=2, default=str))

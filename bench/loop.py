@@ -4,6 +4,7 @@
                                    [--skip-prefect] [--skip-cli] [--json]
     .venv/bin/python bench/loop.py --scaling [--scaling-n 10000 100000]
     .venv/bin/python bench/loop.py --profile [--profile-n 10000] [--profile-out DIR]
+    .venv/bin/python bench/loop.py --isolation [--n 4000] [--repeat 5]
 
 The work is the same on both sides: N tiny iterations, `{"i": item, "sq": item * item}`.
 
@@ -24,6 +25,12 @@ backlog (seen with `py-spy dump` in server/services/task_run_recorder.py).
 
 Every measurement runs in its own subprocess so peak RSS (ru_maxrss) does not mix.
 `--scaling` and `--profile` are separate modes; without either, the comparison runs.
+
+`--isolation` (flowtide only) runs the same loop with the python steps in-process
+(FLOWTIDE_PYTHON_ISOLATION=thread) and in child processes (=process), interleaved (thread,
+process, thread, process, ...), and prints both medians and their ratio. The child pool is
+started before the run (max_in_flight + 1 children, timed apart as "prestart"), so the
+loop figure is the steady-state cost of isolation, not the one-off process starts.
 """
 
 from __future__ import annotations
@@ -170,8 +177,12 @@ def maxrss_mb(usage: resource.struct_rusage | None = None) -> float:
 # -- child: flowtide in-process -----------------------------------------------------------
 
 
-def child_embedded(n: int, max_in_flight: int, profile: bool = False) -> dict[str, Any]:
+def child_embedded(
+    n: int, max_in_flight: int, profile: bool = False, isolation: str | None = None
+) -> dict[str, Any]:
     """Run the playbook in this process; return figures (and profiles when asked)."""
+    if isolation is not None:
+        os.environ["FLOWTIDE_PYTHON_ISOLATION"] = isolation
     t_import = time.perf_counter()
     import asyncio
 
@@ -182,6 +193,13 @@ def child_embedded(n: int, max_in_flight: int, profile: bool = False) -> dict[st
     from flowtide.store.sqlite import SQLiteStore
 
     import_s = time.perf_counter() - t_import
+    prestart_s = 0.0
+    if isolation == "process":
+        from flowtide.tools.registry import get_tool
+
+        t_pre = time.perf_counter()
+        get_tool("python").pool().prestart(max_in_flight + 1)
+        prestart_s = time.perf_counter() - t_pre
 
     profiles: list[Any] = []
     if profile:
@@ -232,6 +250,7 @@ def child_embedded(n: int, max_in_flight: int, profile: bool = False) -> dict[st
         "n": n,
         "max_in_flight": max_in_flight,
         "import_s": import_s,
+        "prestart_s": prestart_s,
         "run_s": timings["run_s"],
         "rss_before_run_mb": timings["rss_before_mb"],
         "peak_rss_mb": peak,
@@ -308,7 +327,7 @@ def run_measured(
         )
 
 
-def measure_embedded(n: int, max_in_flight: int) -> dict[str, Any]:
+def measure_embedded(n: int, max_in_flight: int, isolation: str | None = None) -> dict[str, Any]:
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -318,6 +337,7 @@ def measure_embedded(n: int, max_in_flight: int) -> dict[str, Any]:
         str(n),
         "--max-in-flight",
         str(max_in_flight),
+        *(["--child-isolation", isolation] if isolation else []),
     ]
     code, out, err, wall, usage = run_measured(cmd)
     if code != 0:
@@ -716,6 +736,48 @@ def scaling(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     return report
 
 
+GOAL_ISOLATION_RATIO = 0.8  # process isolation keeps at least 80% of in-process throughput
+
+
+def isolation(args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    n, mif = args.n, args.max_in_flight
+    repeat = args.repeat or 5
+    runs: dict[str, list[dict[str, Any]]] = {"thread": [], "process": []}
+    for i in range(repeat):
+        for mode in ("thread", "process"):
+            r = measure_embedded(n, mif, isolation=mode)
+            runs[mode].append(r)
+            log(
+                f"  {i + 1}/{repeat} {mode:>7}: loop {r['loop_it_s']:6,.0f} it/s, run"
+                f" {r['run_it_s']:6,.0f} it/s, prestart {r['prestart_s']:.2f}s,"
+                f" CPU {r['process_cpu_s']:.2f}s (load {_load()})"
+            )
+    report: dict[str, Any] = {"n": n, "max_in_flight": mif, "repeat": repeat}
+    for mode, rows in runs.items():
+        report[mode] = {
+            "runs": rows,
+            "loop_it_s": _median(rows, "loop_it_s"),
+            "run_it_s": _median(rows, "run_it_s"),
+            "prestart_s": _median(rows, "prestart_s"),
+        }
+    ratio = report["process"]["loop_it_s"] / report["thread"]["loop_it_s"]
+    report["ratio_loop"] = ratio
+    report["goal_met"] = ratio >= GOAL_ISOLATION_RATIO
+    log(f"python steps, N={n:,}, max_in_flight={mif}, medians of {repeat} interleaved runs:")
+    for mode, label in (("thread", "in-process"), ("process", "child processes")):
+        r = report[mode]
+        log(
+            f"  {label:>16}: loop {r['loop_it_s']:6,.0f} it/s, whole run {r['run_it_s']:6,.0f}"
+            f" it/s"
+            + (f" (+ {r['prestart_s']:.2f}s to start the children)" if mode == "process" else "")
+        )
+    log(
+        f"  process / in-process: {ratio:.2f} (goal >= {GOAL_ISOLATION_RATIO}:"
+        f" {'met' if report['goal_met'] else 'NOT met'})"
+    )
+    return report
+
+
 def _short(path: str) -> str:
     for marker in ("/site-packages/", "/src/", "/lib/python3."):
         if marker in path:
@@ -822,11 +884,18 @@ def main() -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document instead of text"
     )
+    parser.add_argument(
+        "--isolation",
+        action="store_true",
+        help="flowtide only: python steps in-process vs in child processes, interleaved",
+    )
     parser.add_argument("--child", choices=["embedded"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-isolation", choices=["thread", "process"], help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child == "embedded":
-        print(json.dumps(child_embedded(args.n, args.max_in_flight)))
+        figures = child_embedded(args.n, args.max_in_flight, isolation=args.child_isolation)
+        print(json.dumps(figures))
         return
 
     def log(line: str) -> None:
@@ -843,9 +912,11 @@ def main() -> None:
     )
     if args.scaling:
         report["scaling"] = scaling(args, log)
+    if args.isolation:
+        report["isolation"] = isolation(args, log)
     if args.profile:
         report["profile"] = profile(args, log)
-    if not args.scaling and not args.profile:
+    if not args.scaling and not args.profile and not args.isolation:
         report["compare"] = compare(args, log)
     report["loadavg_after"] = os.getloadavg()
     log(f"load average after: {_load()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pgserver import PgServer  # noqa: E402
+
+# A shell without job control starts background commands with SIGINT ignored, and a
+# program started with SIGINT ignored keeps it so: the Ctrl-C tests' children would then
+# never see their SIGINT. A Python handler here becomes the default action in every
+# child this session starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

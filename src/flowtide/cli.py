@@ -1478,16 +1478,71 @@ def worker_cmd(
         ),
     ] = None,
     nats_creds: NatsCredsOpt = None,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            min=0,
+            help="On SIGTERM/SIGINT: seconds running commands get to finish; then they are"
+            " stopped and handed back to the server for another worker.",
+        ),
+    ] = 10.0,
+    python_isolation: Annotated[
+        str,
+        typer.Option(
+            "--python-isolation",
+            envvar="FLOWTIDE_PYTHON_ISOLATION",
+            help="process: python steps run in child processes that cancel and timeouts"
+            " kill; thread: in the worker process (cannot be stopped).",
+        ),
+    ] = "process",
+    python_user: Annotated[
+        str | None,
+        typer.Option(
+            "--python-user",
+            envvar="FLOWTIDE_PYTHON_USER",
+            help="User the python child processes run as when the worker runs as root"
+            " [default: nobody].",
+            show_default=False,
+        ),
+    ] = None,
+    python_memory_mb: Annotated[
+        int,
+        typer.Option(
+            "--python-memory-mb",
+            envvar="FLOWTIDE_PYTHON_MEMORY_MB",
+            min=0,
+            help="Address space of a python child process, MiB (0: no limit).",
+        ),
+    ] = 2048,
+    python_cpu_seconds: Annotated[
+        float,
+        typer.Option(
+            "--python-cpu-seconds",
+            envvar="FLOWTIDE_PYTHON_CPU_SECONDS",
+            min=0,
+            help="CPU seconds one python step may use (0: no limit).",
+        ),
+    ] = 0.0,
 ) -> None:
-    """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM)."""
+    """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM: running
+    commands get --grace seconds, then are handed back)."""
     import asyncio
     import signal
 
     from flowtide.auth.login import read_token_file
-    from flowtide.errors import AuthError, FlowtideError, NatsError
+    from flowtide.errors import AuthError, FlowtideError, NatsError, ToolError
     from flowtide.runtime.remote import RemoteWorker
+    from flowtide.tools.python_pool import Isolation
 
     try:
+        python = Isolation(
+            mode=python_isolation,
+            memory_mb=python_memory_mb or None,
+            cpu_seconds=python_cpu_seconds or None,
+            user=python_user or None,
+            embedded=False,
+        )
         token = read_token_file(token_file) if token_file else None
         worker = RemoteWorker(
             server,
@@ -1499,6 +1554,8 @@ def worker_cmd(
             token=token,
             nats_auth=_nats_auth(nats_creds),
             ca=ca,
+            python=python,
+            grace=grace,
         )
     except FlowtideError as exc:
         _err(f"error: {exc}")
@@ -1518,11 +1575,20 @@ def worker_cmd(
             asyncio.run(main())
         else:
             uvloop.run(main())
-    except (NatsError, AuthError) as exc:
-        # Credentials refused (NATS or the API), or the pool's consumer out of reach: say
-        # which and stop, instead of a traceback.
+    except (NatsError, AuthError, ToolError) as exc:
+        # Credentials refused (NATS or the API), the pool's consumer out of reach, or
+        # python steps unable to start: say which and stop, instead of a traceback.
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_FAILED) from None
+    if worker.stuck:
+        # Threads still in code that cannot be interrupted (their commands were handed
+        # back): the interpreter would wait for them at exit.
+        from flowtide.tools.registry import cancel_running
+
+        cancel_running(None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
 
 
 # ------------------------------------------------------------------------------ db

@@ -11,6 +11,11 @@ credentials from, first to last:
 The last two keep secrets off command lines, which any local user can read in `ps`: the
 dev stack hands each process its own user this way. Messages name a URL as
 `nats://user:***@host` and never carry a password.
+
+TLS: a server that requires it (its INFO says `tls_required`, or the URL is `tls://`) is
+verified against the CA file in FLOWTIDE_NATS_CA (PEM), or the system's trusted CAs when
+that is unset. The dev stack with TLS on (the default) runs nats-server with a certificate
+of its own CA and sets FLOWTIDE_NATS_CA for every process it starts.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -30,13 +36,23 @@ from flowtide.urls import redact_url, scrub_url
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-__all__ = ["NatsAuth", "connect_nats", "is_refusal", "url_has_credentials"]
+__all__ = [
+    "NatsAuth",
+    "bounded_connect",
+    "close_quietly",
+    "connect_nats",
+    "is_refusal",
+    "is_tls_failure",
+    "tls_hint",
+    "url_has_credentials",
+]
 
 log = logging.getLogger("flowtide.nats")
 
 ENV_USER: Final = "FLOWTIDE_NATS_USER"
 ENV_PASSWORD: Final = "FLOWTIDE_NATS_PASSWORD"
 ENV_CREDS: Final = "FLOWTIDE_NATS_CREDS"
+ENV_CA: Final = "FLOWTIDE_NATS_CA"
 
 _CONNECT_TIMEOUT: Final = 2.0
 _CONNECT_ATTEMPTS: Final = 2
@@ -59,6 +75,87 @@ def is_refusal(exc: BaseException) -> bool:
     )
 
 
+def is_tls_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a failed TLS handshake (an untrusted certificate, say): as final
+    as a refused password, never worth retrying."""
+    return isinstance(exc, ssl.SSLError)
+
+
+def tls_hint(exc: BaseException) -> str:
+    """What to say about a failed TLS handshake."""
+    reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or str(exc)
+    return (
+        f"TLS handshake failed ({reason}; certificate verify failed?): set {ENV_CA} to the"
+        " PEM file of the CA that signed the server's certificate"
+    )
+
+
+async def bounded_connect(nc: Client, arguments: Mapping[str, Any]) -> None:
+    """`nc.connect(**arguments)`, over as soon as a TLS handshake fails, and within the
+    time its attempts may take.
+
+    nats-py 2.16 never returns from a first connect whose TLS handshake failed when it
+    may retry (it hangs closing the half-open transport after error_cb reported the
+    failure); an untrusted certificate stays untrusted, so the first such failure ends
+    the connect (raised as that ssl.SSLError), and a bound turns any other hang into a
+    TimeoutError (error_cb has the cause).
+    """
+    _quiet_asyncio_tls_notice()
+    attempts = max(1, int(arguments.get("max_reconnect_attempts", 1)) + 1)
+    per_attempt = float(arguments.get("connect_timeout", 2)) + float(
+        arguments.get("reconnect_time_wait", 2)
+    )
+    inner = arguments.get("error_cb")
+    failures: list[BaseException] = []
+    failed = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        if inner is not None:
+            await inner(exc)
+        if is_tls_failure(exc) and not nc.is_connected:
+            failures.append(exc)
+            failed.set()
+
+    connect = asyncio.ensure_future(nc.connect(**{**arguments, "error_cb": on_error}))
+    waiter = asyncio.ensure_future(failed.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {connect, waiter}, timeout=attempts * per_attempt + 2.0, return_when="FIRST_COMPLETED"
+        )
+    finally:
+        waiter.cancel()
+    if connect in done:
+        connect.result()
+        return
+    connect.cancel()
+    with contextlib.suppress(BaseException):
+        await connect
+    if failures:
+        raise failures[0]
+    raise TimeoutError(f"no connection after {attempts} attempts")
+
+
+class _TlsNoticeFilter(logging.Filter):
+    # asyncio logs this for every TLS connection nats-py closes: noise, not a problem.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+_NOTICE_FILTER = _TlsNoticeFilter()
+
+
+def _quiet_asyncio_tls_notice() -> None:
+    logger = logging.getLogger("asyncio")
+    if _NOTICE_FILTER not in logger.filters:
+        logger.addFilter(_NOTICE_FILTER)
+
+
+async def close_quietly(nc: Client) -> None:
+    """Close a client that failed to connect, within two seconds (see bounded_connect)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), 2.0)
+
+
 @dataclass(frozen=True)
 class NatsAuth:
     """Credentials for NATS connections besides those a URL carries (which win).
@@ -70,6 +167,8 @@ class NatsAuth:
     password: str | None = field(default=None, repr=False)
     #: Path of a `.creds` file (user JWT + nkey seed).
     creds: str | None = None
+    #: Path of the PEM file of the CA(s) that sign the NATS servers' certificates.
+    ca: str | None = None
 
     @classmethod
     def from_env(
@@ -82,6 +181,7 @@ class NatsAuth:
             user=env.get(ENV_USER) or None,
             password=env.get(ENV_PASSWORD) or None,
             creds=creds or env.get(ENV_CREDS) or None,
+            ca=env.get(ENV_CA) or None,
         )
 
     def __bool__(self) -> bool:
@@ -96,6 +196,8 @@ class NatsAuth:
             out[ENV_PASSWORD] = self.password
         if self.creds:
             out[ENV_CREDS] = self.creds
+        if self.ca:
+            out[ENV_CA] = self.ca
         return out
 
     def secrets(self) -> list[str]:
@@ -136,18 +238,26 @@ class NatsAuth:
                 raise NatsError(
                     "a NATS .creds file needs the nkeys package: pip install 'flowtide[nats]'"
                 )
+        if self.ca and not os.path.isfile(self.ca):
+            raise NatsError(f"{ENV_CA}: no such file {self.ca}")
 
     def options(self, url: str) -> dict[str, Any]:
         """Keyword arguments of nats-py's `connect` for `url`. A URL with credentials
         keeps them: nats-py would otherwise prefer the user and password options."""
         self.check()
+        out: dict[str, Any] = {}
+        if self.ca:
+            try:
+                out["tls"] = ssl.create_default_context(cafile=self.ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise NatsError(f"{ENV_CA}: cannot load {self.ca}: {exc}") from None
         if url_has_credentials(url):
-            return {}
+            return out
         if self.creds:
-            return {"user_credentials": self.creds}
-        if self.user and self.password:
-            return {"user": self.user, "password": self.password}
-        return {}
+            out["user_credentials"] = self.creds
+        elif self.user and self.password:
+            out.update(user=self.user, password=self.password)
+        return out
 
 
 async def connect_nats(
@@ -220,16 +330,19 @@ async def connect_nats(
     while True:
         nc = Client()
         try:
-            await nc.connect(**arguments)
+            await bounded_connect(nc, arguments)
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await close_quietly(nc)
             cause = last[0] if last else exc
             if state["refused"] or is_refusal(cause):
                 raise NatsError(
                     f"cannot connect to NATS at {shown}: authorization violation "
                     "(wrong user, password, token or credentials file)",
                     url=shown,
+                ) from None
+            if is_tls_failure(cause):
+                raise NatsError(
+                    f"cannot connect to NATS at {shown}: {tls_hint(cause)}", url=shown
                 ) from None
             # `from None`: a transport error may quote the URL, password included.
             reason = auth.scrub(str(cause) or type(cause).__name__, url)

@@ -4,6 +4,7 @@ database (the session's server), a nats-server, `flowtide server` and `flowtide 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -26,10 +27,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@functools.cache
+def _python_user() -> dict[str, str]:
+    """As root where `nobody` cannot run this interpreter (one under /root), workers
+    refuse to start unless told to run python steps as root: the tests say so."""
+    from flowtide.tools.python_pool import default_user_works
+
+    return {} if default_user_works() else {"FLOWTIDE_PYTHON_USER": "root"}
+
+
 def flowtide_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTIDE_")}
     env["FLOWTIDE_HOME"] = str(home)
     env["FLOWTIDE_NO_PROGRESS"] = "1"
+    env.update(_python_user())
     return env
 
 
@@ -152,7 +163,11 @@ class Stack:
         self.server.wait()
 
     def start_worker(
-        self, concurrency: int = 8, pool: str = "default", env: dict[str, str] | None = None
+        self,
+        concurrency: int = 8,
+        pool: str = "default",
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         n = len(self.workers)
         proc = self._spawn(
@@ -168,6 +183,7 @@ class Stack:
             str(concurrency),
             "--worker-id",
             f"w{n}",
+            *args,
             env={
                 "FLOWTIDE_TOKEN": self.tokens["worker"],
                 **self.nats_env(worker_user_name(pool)),

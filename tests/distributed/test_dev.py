@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from flowtide.dev.postgres import find_pg_bin, free_port
@@ -136,8 +137,14 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         cmdline = Path(f"/proc/{part['pid']}/cmdline").read_bytes().decode(errors="replace")
         for secret in [state["pg_password"], *passwords.values()]:
             assert secret not in cmdline, name
-    nats_url = f"nats://127.0.0.1:{ports[1]}"
-    anonymous = _flowtide(home, "kv", "ls", "--url", nats_url)
+    # nats-server takes TLS only, verified with the stack's CA (FLOWTIDE_NATS_CA): a
+    # client that does not trust it gets no connection, whatever scheme it asks for.
+    nats_url = f"tls://127.0.0.1:{ports[1]}"
+    trust = {"FLOWTIDE_NATS_CA": str(tls / "ca.pem")}
+    for plain in (nats_url, f"nats://127.0.0.1:{ports[1]}"):
+        untrusted = _flowtide(home, "kv", "ls", "--url", plain)
+        assert untrusted.returncode == 2 and "certificate verify failed" in untrusted.stderr
+    anonymous = _flowtide(home, "kv", "ls", "--url", nats_url, env=trust)
     assert anonymous.returncode == 2 and "authorization violation" in anonymous.stderr
     as_worker = _flowtide(
         home,
@@ -146,12 +153,22 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "--url",
         nats_url,
         env={
+            **trust,
             "FLOWTIDE_NATS_USER": "worker-default",
             "FLOWTIDE_NATS_PASSWORD": passwords["worker-default"],
         },
     )
     assert as_worker.returncode == 2 and "permissions violation" in as_worker.stderr
     assert passwords["worker-default"] not in as_worker.stderr
+
+    # PostgreSQL takes TCP connections over TLS only; the stack's URL verifies it.
+    pg = f"postgresql://flowtide:{state['pg_password']}@127.0.0.1:{ports[2]}/flowtide"
+    with pytest.raises(psycopg.OperationalError, match="no encryption"):
+        psycopg.connect(pg + "?sslmode=disable", connect_timeout=5).close()
+    verified = f"{pg}?sslmode=verify-full&sslrootcert={tls / 'ca.pem'}"
+    with psycopg.connect(verified, connect_timeout=5) as conn:
+        row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+        assert row == (True,)
 
     logs = _flowtide(home, "dev", "logs", "server")
     assert logs.returncode == 0 and f"flowtide server on {url}" in logs.stdout

@@ -310,7 +310,9 @@ def api_error_codes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """JetStream error codes the adapter receives, recorded on their way in."""
     codes: list[int] = []
     monkeypatch.setattr(_RecordingApiError, "codes", codes)
-    monkeypatch.setattr(adapter, "_ApiError", _RecordingApiError)
+    # Where JetStream error replies become _ApiError (API replies, publish acks).
+    for module in (adapter.connection, adapter.bucket):
+        monkeypatch.setattr(module, "_ApiError", _RecordingApiError)
     return codes
 
 
@@ -784,7 +786,7 @@ async def test_other_schemes_route_to_nats(url: str) -> None:
 
 def test_importing_the_port_does_not_import_nats() -> None:
     code = "import sys, flowtide.kv; assert 'nats' not in sys.modules, sorted(sys.modules)"
-    env = {**os.environ, "PYTHONPATH": str(Path(adapter.__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(adapter.__file__).parents[3])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 

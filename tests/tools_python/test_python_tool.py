@@ -1,4 +1,9 @@
-"""PythonTool: the code conventions real NoETL playbooks use (DSL-NOTES C1)."""
+"""PythonTool: the code conventions real NoETL playbooks use (DSL-NOTES C1).
+
+Every test runs twice: with the code in-process (isolation "thread") and in a child
+process of the warm pool (isolation "process"); both must behave the same. Tests of
+what only one of them has (helper threads, the in-process compile cache) say so.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import pytest
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 from flowtide.tools.python import PythonTool, compile_cache_clear, compile_cache_info
+from flowtide.tools.python_pool import Isolation
+from pyuser import PYTHON_USER
 
 E2E_PLAYBOOKS = Path("/work/shared/noetl-e2e/playbooks")
 SCRIPT_DIR = E2E_PLAYBOOKS / "script_execution"
@@ -25,13 +32,43 @@ def make_ctx(**kwargs: Any) -> ToolContext:
     return ToolContext(**kwargs)
 
 
+_MODE = {"isolation": "thread"}
+_TOOLS: dict[tuple[str, int], PythonTool] = {}
+
+
+@pytest.fixture(autouse=True, scope="module", params=["thread", "process"])
+def isolation(request: pytest.FixtureRequest) -> Any:
+    _MODE["isolation"] = request.param
+    yield request.param
+    for tool_ in _TOOLS.values():
+        tool_.configure(Isolation())  # stops the children
+    _TOOLS.clear()
+    _MODE["isolation"] = "thread"
+
+
+def tool(output_limit: int = 64 * 1024) -> PythonTool:
+    """The tool of the current isolation (one per setting: the process pools stay warm)."""
+    key = (_MODE["isolation"], output_limit)
+    if key not in _TOOLS:
+        _TOOLS[key] = PythonTool(
+            output_limit=output_limit,
+            isolation=Isolation(mode=_MODE["isolation"], user=PYTHON_USER),
+        )
+    return _TOOLS[key]
+
+
+def thread_isolation_only(what: str) -> None:
+    if _MODE["isolation"] != "thread":
+        pytest.skip(f"in-process isolation only: {what}")
+
+
 def run(config: dict[str, Any], ctx: ToolContext | None = None, **tool_kw: Any) -> Any:
-    return PythonTool(**tool_kw).run(config, ctx or make_ctx())
+    return tool(**tool_kw).run(config, ctx or make_ctx())
 
 
 def run_error(config: dict[str, Any], ctx: ToolContext | None = None) -> ToolError:
     with pytest.raises(ToolError) as info:
-        PythonTool().run(config, ctx or make_ctx())
+        tool().run(config, ctx or make_ctx())
     return info.value
 
 
@@ -572,7 +609,7 @@ def test_system_exit_is_an_error() -> None:
 def test_output_before_an_error_is_kept() -> None:
     ctx = make_ctx()
     with pytest.raises(ToolError):
-        PythonTool().run({"code": "print('before')\nraise ValueError('bad')"}, ctx)
+        tool().run({"code": "print('before')\nraise ValueError('bad')"}, ctx)
     assert ctx.stdout == ["before"]
 
 
@@ -620,7 +657,7 @@ result = tag
     def worker(i: int) -> None:
         barrier.wait()
         try:
-            results[i] = PythonTool().run({"input": {"tag": f"t{i}"}, "code": code}, contexts[i])
+            results[i] = tool().run({"input": {"tag": f"t{i}"}, "code": code}, contexts[i])
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
 
@@ -665,6 +702,7 @@ def _python_threads() -> list[threading.Thread]:
 
 
 def test_timeout_interrupts_busy_loop() -> None:
+    thread_isolation_only("a helper thread is interrupted (a child process is killed instead)")
     started = time.monotonic()
     ctx = make_ctx(step="spin")
     err = run_error({"code": "print('spinning')\nwhile True:\n    pass\n", "timeout": 0.3}, ctx)
@@ -710,17 +748,18 @@ def test_invalid_timeout_is_a_config_error() -> None:
 
 
 def test_compile_cache_hits_in_a_loop() -> None:
+    thread_isolation_only("the cache of this process (a child has its own)")
     compile_cache_clear()
     code = "result = {'n': n * 2}  # compile-cache probe"
-    tool = PythonTool()
     for n in range(1000):
-        assert tool.run({"input": {"n": n}, "code": code}, make_ctx()) == {"n": n * 2}
+        assert tool().run({"input": {"n": n}, "code": code}, make_ctx()) == {"n": n * 2}
     info = compile_cache_info()
     assert info.misses == 1
     assert info.hits == 999
 
 
 def test_timeout_abandons_a_thread_blocked_in_c() -> None:
+    thread_isolation_only("a thread blocked in C is abandoned (a child process is killed)")
     started = time.monotonic()
     ctx = make_ctx(step="sleeper")
     err = run_error({"code": "import time\ntime.sleep(1.2)\nprint('late')", "timeout": 0.2}, ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,36 @@ def test_config_file_is_private_and_quotes_subjects(tmp_path: Path) -> None:
     assert users["worker-default"]["permissions"]["subscribe"] == {
         "allow": ["_WORKER_INBOX.default.>"]
     }
+
+
+def test_a_ca_file_makes_a_verifying_tls_context(tmp_path: Path) -> None:
+    from flowtide.dev.tls import LocalCA
+
+    ca = LocalCA(tmp_path / "tls")
+    ca.ensure()
+    auth = NatsAuth.from_env(
+        {"FLOWTIDE_NATS_CA": str(ca.ca), "FLOWTIDE_NATS_USER": "u"}
+        | {"FLOWTIDE_NATS_PASSWORD": "p"}
+    )
+    assert NatsAuth.from_env(auth.env()) == auth
+    options = auth.options("tls://127.0.0.1:4222")
+    context = options.pop("tls")
+    assert options == {"user": "u", "password": "p"}
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    # A URL with credentials keeps them, and still verifies the server.
+    assert set(auth.options("nats://a:b@127.0.0.1:4222")) == {"tls"}
+    with pytest.raises(NatsError, match="FLOWTIDE_NATS_CA: no such file"):
+        NatsAuth(ca=str(tmp_path / "missing.pem")).options("tls://127.0.0.1:4222")
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(NatsError, match="cannot load"):
+        NatsAuth(ca=str(tmp_path / "junk.pem")).options("tls://127.0.0.1:4222")
+
+
+def test_the_nats_config_requires_tls_when_given_a_certificate(tmp_path: Path) -> None:
+    users = flowtide_users(new_passwords(["default"]), ["default"], "flowtide_state")
+    path = tmp_path / "nats.conf"
+    write_nats_config(path, users, tls=(tmp_path / "c.pem", tmp_path / "k.pem"))
+    doc = json.loads(path.read_text())
+    assert doc["tls"]["cert_file"] == str(tmp_path / "c.pem")
+    write_nats_config(path, users)
+    assert "tls" not in json.loads(path.read_text())

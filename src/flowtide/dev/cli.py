@@ -100,8 +100,9 @@ def dev_up(
         bool | None,
         typer.Option(
             "--tls/--no-tls",
-            help="The API over mutual TLS with certificates of a local CA made in"
-            " HOME/dev/tls (default: on; remembered).",
+            help="Every part over TLS with certificates of a local CA made in HOME/dev/tls:"
+            " the API (mutual TLS), nats-server and PostgreSQL (default: on; remembered;"
+            " changing it needs `dev down` first).",
             show_default=False,
         ),
     ] = None,
@@ -148,7 +149,9 @@ def dev_up(
             f"--server {stack.server_url}\n"
             + (
                 f"TLS:                   the stack's CA is {stack.ca.ca}; clients here use"
-                " it (and the admin's client certificate) on their own\n"
+                " it (and the admin's client certificate) on their own;\n"
+                "                       nats-server and PostgreSQL take TLS only (for NATS"
+                f" clients: export FLOWTIDE_NATS_CA={stack.ca.ca})\n"
                 if stack.config.tls
                 else ""
             )

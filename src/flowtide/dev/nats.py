@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from flowtide.natsauth import NatsAuth
 from flowtide.subjects import Permissions, server_permissions, worker_permissions
@@ -88,15 +88,18 @@ def new_passwords(pools: Sequence[str], known: Mapping[str, str] | None = None) 
     return out
 
 
-def write_nats_config(path: Path, users: Sequence[NatsUser]) -> None:
-    """Write a nats-server configuration file with these users (and nothing else: the
-    listen address, port and JetStream store stay on the command line). Mode 0600 from
-    its creation on: it holds the passwords in clear, as nats-server needs them.
+def write_nats_config(
+    path: Path, users: Sequence[NatsUser], tls: tuple[Path, Path] | None = None
+) -> None:
+    """Write a nats-server configuration file with these users and, given `tls`
+    (certificate, key), TLS required of every client (the listen address, port and
+    JetStream store stay on the command line). Mode 0600 from its creation on: it holds
+    the passwords in clear, as nats-server needs them.
 
     JSON is valid nats-server configuration; json.dumps quotes every string, so
     subjects that start with `$` are not taken for variables.
     """
-    doc = {
+    doc: dict[str, Any] = {
         "authorization": {
             "users": [
                 {"user": u.name, "password": u.password, "permissions": u.permissions.to_config()}
@@ -104,6 +107,8 @@ def write_nats_config(path: Path, users: Sequence[NatsUser]) -> None:
             ]
         }
     }
+    if tls is not None:
+        doc["tls"] = {"cert_file": str(tls[0]), "key_file": str(tls[1]), "timeout": 2}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -27,6 +27,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 __all__ = ["LocalPostgres", "PostgresSetupError", "find_pg_bin", "free_port"]
 
@@ -94,6 +95,9 @@ class LocalPostgres:
     host: str = "127.0.0.1"
     bindir: Path | None = None
     os_user: str | None = None
+    #: (certificate, key, CA) in PEM: the server then takes TCP connections over TLS
+    #: only (`hostssl` in pg_hba.conf) and its URLs verify it (sslmode=verify-full).
+    tls: tuple[Path, Path, Path] | None = None
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
@@ -116,8 +120,12 @@ class LocalPostgres:
         return self.root / "server.log"
 
     def url(self, database: str) -> str:
-        """A postgresql:// URL with password, TCP on loopback."""
-        return f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{database}"
+        """A postgresql:// URL with password, TCP on loopback (over verified TLS when the
+        cluster has a certificate)."""
+        url = f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{database}"
+        if self.tls is not None:
+            url += f"?sslmode=verify-full&sslrootcert={quote(str(self.tls[2]), safe='/')}"
+        return url
 
     @property
     def initialized(self) -> bool:
@@ -181,6 +189,10 @@ class LocalPostgres:
         ]
         if not durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        self._configure_tls()
+        if self.tls is not None:
+            # Relative to the data directory, where _configure_tls put them.
+            options += ["-c ssl=on", "-c ssl_cert_file=server.crt", "-c ssl_key_file=server.key"]
         self._run(
             [
                 "pg_ctl",
@@ -271,10 +283,39 @@ class LocalPostgres:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def _admin_dsn(self) -> str:
-        return (
+        dsn = (
             f"host={self.host} port={self.port} user={self.user} "
             f"password={self.password} dbname=postgres"
         )
+        if self.tls is not None:
+            dsn += f" sslmode=verify-full sslrootcert='{self.tls[2]}'"
+        return dsn
+
+    def _configure_tls(self) -> None:
+        """Put the certificate and key in the data directory (the key readable by the
+        server's account only, as PostgreSQL demands) and make pg_hba.conf take TCP
+        connections over TLS only (`hostssl`), or over either without TLS."""
+        hba = self.datadir / "pg_hba.conf"
+        lines = hba.read_text().splitlines(keepends=True)
+        if self.tls is not None:
+            for name, source, mode in (
+                ("server.crt", self.tls[0], 0o644),
+                ("server.key", self.tls[1], 0o600),
+            ):
+                target = self.datadir / name
+                target.unlink(missing_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(Path(source).read_bytes())
+                self._chown(target)
+            old, new = "host ", "hostssl "
+        else:
+            old, new = "hostssl ", "host "
+        changed = [new + line[len(old) :] if line.startswith(old) else line for line in lines]
+        if changed != lines:
+            # Written in place: the file keeps its owner (the server's account).
+            with open(hba, "w") as handle:
+                handle.writelines(changed)
 
     # -- steps -----------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from flowtide.dev.nats import (
 )
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
 from flowtide.dev.tls import LocalCA
+from flowtide.natsauth import ENV_CA as ENV_NATS_CA
 
 __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
 
@@ -81,7 +82,8 @@ class StackConfig:
     workdir: str | None = None
     #: NATS user name -> password (flowtide.dev.nats.flowtide_users).
     nats_passwords: dict[str, str] = field(default_factory=dict)
-    #: The API over mutual TLS, with certificates of the stack's own CA (flowtide.dev.tls).
+    #: Every part over TLS with certificates of the stack's own CA (flowtide.dev.tls): the API
+    #: (mutual: clients show a certificate too), nats-server and PostgreSQL.
     tls: bool = True
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -130,17 +132,35 @@ class DevStack:
     def ca(self) -> LocalCA:
         return LocalCA(self.dir / "tls")
 
+    def _admin_tls(self) -> Any:
+        """What an httpx client verifies with: the stack's CA and the admin's client
+        certificate with TLS on, else the default."""
+        if not self.config.tls:
+            return True
+        from flowtide.tls import ClientTls
+
+        cert, key = self.ca.cert("admin")
+        return ClientTls(str(self.ca.ca), str(cert), str(key)).context()
+
+    def admin_client(self, *, timeout: float = 60.0) -> Any:
+        """An httpx.Client on the server as the stack's admin: its token and, with TLS
+        on, its client certificate (for benchmarks and scripts; close it after use)."""
+        import httpx
+
+        return httpx.Client(
+            base_url=self.server_url,
+            headers=self.admin_headers(),
+            verify=self._admin_tls(),
+            timeout=timeout,
+        )
+
     def _http_get(self, path: str, **headers: str) -> Any:
         """GET on the server as the stack's admin (its client certificate with TLS on)."""
         import httpx
 
-        verify: Any = True
-        if self.config.tls:
-            from flowtide.tls import ClientTls
-
-            cert, key = self.ca.cert("admin")
-            verify = ClientTls(str(self.ca.ca), str(cert), str(key)).context()
-        return httpx.get(f"{self.server_url}{path}", headers=headers, timeout=2, verify=verify)
+        return httpx.get(
+            f"{self.server_url}{path}", headers=headers, timeout=2, verify=self._admin_tls()
+        )
 
     def _http_ok(self, path: str) -> bool:
         import httpx
@@ -152,7 +172,8 @@ class DevStack:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.config.nats_port}"
+        scheme = "tls" if self.config.tls else "nats"
+        return f"{scheme}://127.0.0.1:{self.config.nats_port}"
 
     @property
     def db_url(self) -> str:
@@ -161,9 +182,17 @@ class DevStack:
 
     @property
     def postgres(self) -> LocalPostgres:
+        tls = None
+        if self.config.tls:
+            cert, key = self.ca.cert("server")
+            tls = (cert, key, self.ca.ca)
         return LocalPostgres(
-            self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password
+            self.dir / "pg", port=self.config.pg_port, password=self.config.pg_password, tls=tls
         )
+
+    def _nats_tls(self) -> dict[str, str]:
+        """The environment that makes a process verify the stack's nats-server."""
+        return {ENV_NATS_CA: str(self.ca.ca)} if self.config.tls else {}
 
     @property
     def nats_config_path(self) -> Path:
@@ -232,8 +261,16 @@ class DevStack:
             raise DevStackError(
                 f"the workers' directory {c.workdir} does not exist (choose one with --workdir)"
             )
+        if tls is not None and tls != c.tls:
+            # TLS is all or nothing: every part serves it with the stack's CA.
+            running = [part for part in ("postgres", "nats", "server") if self._alive(part)]
+            if running:
+                raise DevStackError(
+                    f"{', '.join(running)} running with TLS {'on' if c.tls else 'off'}; "
+                    "`flowtide dev down` first to change it"
+                )
+            c.tls = tls
         for part, attr, value in (
-            ("server", "tls", tls),
             ("server", "server_port", server_port),
             ("nats", "nats_port", nats_port),
             ("postgres", "pg_port", pg_port),
@@ -248,6 +285,8 @@ class DevStack:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self._save()
+        if c.tls:
+            self.ca.ensure()
         self._up_postgres(progress, timeout)
         self._ensure_tokens(progress)
         self._up_nats(progress, timeout)
@@ -347,7 +386,11 @@ class DevStack:
             raise DevStackError(f"nats: {exc}") from None
         log = self._log("nats")
         log.write_text("")
-        write_nats_config(self.nats_config_path, list(self.nats_users().values()))
+        write_nats_config(
+            self.nats_config_path,
+            list(self.nats_users().values()),
+            tls=self.ca.cert("server") if self.config.tls else None,
+        )
         argv = [
             binary,
             "--config",
@@ -395,10 +438,13 @@ class DevStack:
         if self.config.tls:
             # Mutual TLS: clients show a certificate of the stack's CA (the workers theirs,
             # the local CLI the admin's, found on its own for this URL: flowtide.tls).
-            self.ca.ensure()
             cert, key = self.ca.cert("server")
             argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(self.ca.ca)]
-        env = {"FLOWTIDE_DB": self.db_url, **self.nats_users()[SERVER_USER].auth().env()}
+        env = {
+            "FLOWTIDE_DB": self.db_url,
+            **self.nats_users()[SERVER_USER].auth().env(),
+            **self._nats_tls(),
+        }
         self._spawn("server", argv, log, env=env)
 
         def ready() -> bool:
@@ -415,6 +461,9 @@ class DevStack:
                 self._stop_process(name)
                 progress(f"{name}: stopped")
         started = []
+        python_user = (
+            self._python_user(progress) if any(not self._alive(name) for name in wanted) else {}
+        )
         for name in wanted:
             if self._alive(name):
                 progress(f"{name}: already running (pid {self.config.pids[name]})")
@@ -439,7 +488,13 @@ class DevStack:
                 name,
                 argv,
                 self._log(name),
-                env={"FLOWTIDE_TOKEN": token, **user.auth().env(), **self._worker_tls()},
+                env={
+                    "FLOWTIDE_TOKEN": token,
+                    **user.auth().env(),
+                    **self._worker_tls(),
+                    **self._nats_tls(),
+                    **python_user,
+                },
                 cwd=Path(self.config.workdir or self.dir),
             )
             started.append(name)
@@ -639,6 +694,20 @@ class DevStack:
             f"{name} not ready after {timeout:.0f} s; the end of {self._log(name)}:\n"
             + _tail(self._log(name))
         )
+
+    def _python_user(self, progress: Progress) -> dict[str, str]:
+        """Who the workers' python steps run as. As root they run as `nobody`; where
+        `nobody` cannot run this interpreter (one installed under /root), the dev stack
+        runs them as root rather than not at all, and says so."""
+        from flowtide.tools.python_pool import default_user_works
+
+        if os.environ.get("FLOWTIDE_PYTHON_USER") or default_user_works():
+            return {}
+        progress(
+            f"workers: python steps run as root: user nobody cannot start {sys.executable}"
+            " (install Python where nobody can read it, or set FLOWTIDE_PYTHON_USER)"
+        )
+        return {"FLOWTIDE_PYTHON_USER": "root"}
 
     def _worker_tls(self) -> dict[str, str]:
         if not self.config.tls:

@@ -156,7 +156,9 @@ class ExecutionState:
         return None if instance is None else self.loops.get((step, instance))
 
     def result(self) -> Any:
-        if self.last_finished is None:
+        """The execution's result: the last completed step's. A cancelled execution has
+        none (None), whatever its steps finished before the cancel (they keep theirs)."""
+        if self.last_finished is None or self.status in ("cancelling", "cancelled"):
             return None
         return self.steps[self.last_finished].result
 

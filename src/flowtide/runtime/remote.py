@@ -39,6 +39,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.template import visible_env
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
 from flowtide.subjects import COMMAND_STREAM, pool_consumer, worker_inbox
+from flowtide.tools.python_pool import Isolation
 from flowtide.tools.registry import cancel_running
 
 __all__ = ["RemoteWorker"]
@@ -383,12 +384,18 @@ class RemoteWorker:
         token: str | None = None,
         nats_auth: NatsAuth | None = None,
         ca: str | None = None,
+        python: Isolation | None = None,
+        grace: float = 10.0,
     ) -> None:
         """`token` and `ca`: see flowtide.auth.login and flowtide.tls (FLOWTIDE_TOKEN,
-        FLOWTIDE_CA and FLOWTIDE_CLIENT_CERT/KEY by default).
+        FLOWTIDE_CA and FLOWTIDE_CLIENT_CERT/KEY by default). `python`: how python steps
+        run (default: in child processes, `Isolation.from_env(mode="process")`). `grace`:
+        seconds that running commands get to finish once `stop()` is called; what is still
+        running then is stopped and handed back to the server for another worker.
 
         Raises:
-            FlowtideError: the token file or a TLS file cannot be read.
+            FlowtideError: the token file or a TLS file cannot be read, or a python
+                setting is not understood.
         """
         from flowtide.auth.login import resolve_token
         from flowtide.tls import client_tls
@@ -398,7 +405,7 @@ class RemoteWorker:
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._tls = client_tls(self.server, ca=ca).context()
         self.nats_url = nats_url
-        self.nats_auth = nats_auth or NatsAuth()
+        self.nats_auth = nats_auth if nats_auth is not None else NatsAuth()
         self.pool = pool
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -424,15 +431,56 @@ class RemoteWorker:
         )
         # A worker shows templates only the variables FLOWTIDE_TEMPLATE_ENV lists.
         self.template_env = visible_env(os.environ, embedded=False)
+        self.python = python or Isolation.from_env(mode="process", embedded=False)
+        self.grace = grace
+        #: Set once the grace period is over: what finishes now is handed back, not reported.
+        self._handing_back = False
+        #: Commands whose thread is still inside `_run_command` (a stuck one keeps the
+        #: process from exiting normally: see `stuck`).
+        self._in_threads = 0
+        self._in_threads_lock = threading.Lock()
 
     def stop(self) -> None:
+        """Stop claiming; running commands get `grace` seconds (see `__init__`)."""
         self._stop.set()
+
+    @property
+    def stuck(self) -> bool:
+        """Whether threads are still running commands (code that cannot be interrupted):
+        the process should then end without waiting for them."""
+        return self._in_threads > 0
+
+    async def _start_python(self) -> None:
+        """Set up python steps (and warn when this process runs as root).
+
+        Raises:
+            ToolError: a python child process cannot start (as the chosen user): the
+                worker must not take commands it would fail, or run as root unasked.
+        """
+        from flowtide.tools.registry import get_tool
+
+        tool = get_tool("python")
+        tool.configure(self.python)
+        await asyncio.to_thread(tool.warm)
+        if os.geteuid() == 0:
+            if self.python.mode != "process":
+                who = "as root, in the worker process"
+            else:
+                who = f"as user {tool.pool().user}, in child processes"
+            log.warning(
+                "flowtide worker %s runs as root: run it as an unprivileged user. Python"
+                " steps run %s (--python-user, --python-isolation).",
+                self.worker_id,
+                who,
+            )
 
     async def run(self) -> None:
         from flowtide.redaction import install_log_masking
 
         # Values the steps' tools touch are masked in this process's logs.
         install_log_masking()
+        # Before it registers: a worker whose python steps cannot start takes no command.
+        await self._start_python()
         async with _Api(self.server, 30.0, self._headers, self._tls) as client:
             self.client = client
             # NATS first: credentials it refuses end the worker before it registers. Its
@@ -478,9 +526,9 @@ class RemoteWorker:
                 for msg in await puller.close():
                     with contextlib.suppress(Exception):
                         await msg.nak()
+                # The heartbeat goes on meanwhile: it keeps the running commands' leases.
+                await self._finish(tasks)
                 beat.cancel()
-                while tasks:
-                    await asyncio.gather(*list(tasks), return_exceptions=True)
                 reporter.cancel()
                 with contextlib.suppress(Exception):
                     await client.post(
@@ -491,6 +539,39 @@ class RemoteWorker:
                     await nc.close()
                 self._threads.shutdown(wait=False, cancel_futures=True)
                 self._sync.close()
+
+    async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Let running commands finish for `grace` seconds; then stop them (python child
+        processes killed, Spark jobs cancelled) and hand them back to the server, which
+        issues them again for another worker at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        while tasks and loop.time() < deadline:
+            await asyncio.wait(list(tasks), timeout=deadline - loop.time())
+        if not tasks:
+            return
+        # First: whatever finishes from here on is not reported (it was handed back).
+        self._handing_back = True
+        held = sorted(self.held)
+        log.warning(
+            "grace period (%gs) over: stopping %d running commands and handing them back",
+            self.grace,
+            len(held),
+        )
+        if held:
+            try:
+                r = await self.client.post(
+                    "/api/worker/commands/release",
+                    {"worker_id": self.worker_id, "commands": [str(c) for c in held]},
+                )
+                r.raise_for_status()
+            except ApiError as exc:
+                # Their leases run out instead: the reaper issues them again later.
+                log.warning("handing back %d commands failed: %s", len(held), exc)
+        cancel_running(None)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(list(tasks), timeout=2.0)
 
     async def _check_consumer(self, js: Any, durable: str) -> None:
         """Fail clearly when the pool's consumer is missing or out of reach. The server
@@ -651,6 +732,8 @@ class RemoteWorker:
                 )
             finally:
                 self.running -= 1
+            if self._handing_back:
+                return  # handed back to the server: another worker runs it again
             await self._reports.send(execution_id, [e.to_dict() for e in events])
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
@@ -694,6 +777,15 @@ class RemoteWorker:
         return flag
 
     def _run_command(self, spec: dict[str, Any]) -> list[Any]:
+        with self._in_threads_lock:
+            self._in_threads += 1
+        try:
+            return self._run_command_in_thread(spec)
+        finally:
+            with self._in_threads_lock:
+                self._in_threads -= 1
+
+    def _run_command_in_thread(self, spec: dict[str, Any]) -> list[Any]:
         raw = spec["command"]
         command = Command(
             command_id=int(raw["command_id"]),

@@ -13,6 +13,10 @@ def step_view(state: ExecutionState) -> dict[str, dict[str, Any]]:
         status = rec.status
         if rec.runs == 0:
             status = "skipped" if state.terminal else "pending"
+        elif status == "running" and state.terminal:
+            # Stopped with its execution (a cancel, or another branch failing it): no
+            # step.exit will ever come.
+            status = "cancelled"
         steps[name] = {"status": status, "runs": rec.runs, "result": rec.result, "error": rec.error}
     return steps
 

@@ -120,6 +120,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/api/worker/pool/register"): WORKER,
     ("POST", "/api/worker/pool/heartbeat"): WORKER,
     ("POST", "/api/worker/pool/deregister"): WORKER,
+    ("POST", "/api/worker/commands/release"): WORKER,
     ("POST", "/api/worker/credentials"): WORKER,
     ("GET", "/api/worker/pools"): ADMIN,
     # outbox, for external relays and autoscalers

@@ -224,6 +224,15 @@ class Heartbeat(RequestBody):
     )
 
 
+class CommandRelease(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    commands: list[Id] = Field(
+        max_length=10_000,
+        description="Commands the worker holds and will not finish (it is stopping): they "
+        "are issued again at once instead of when their lease runs out.",
+    )
+
+
 class CredentialGrant(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     execution_id: Id
@@ -925,6 +934,20 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise NotFoundError(f"worker {body.worker_id!r} is not registered")
         extended = await coord().extend_leases(body.worker_id, body.commands)
         return {"worker_id": body.worker_id, "leases_extended": extended}
+
+    @app.post(
+        "/api/worker/commands/release",
+        responses=problem_responses((404, "The worker id was never registered.")),
+    )
+    async def release_commands(
+        body: CommandRelease, who: Annotated[Principal, Depends(caller)]
+    ) -> dict[str, Any]:
+        """Hand back commands the calling worker holds (a worker stopping after its grace
+        period): each is issued again now, for any worker of the pool. Commands it does
+        not hold are left alone."""
+        await registry().require(who, body.worker_id)
+        released = await coord().release(body.worker_id, body.commands)
+        return {"worker_id": body.worker_id, "released": released}
 
     @app.post(
         "/api/worker/pool/deregister",

@@ -1010,12 +1010,12 @@ class Coordinator:
         """`command.issued` events re-issuing the claimed commands whose lease expired."""
         now = time.time()
         rows = conn.execute(
-            "SELECT command_id FROM command WHERE execution_id = %s AND status = 'claimed'"
-            " AND lease_until < %s FOR UPDATE",
+            "SELECT command_id, lease_until FROM command WHERE execution_id = %s"
+            " AND status = 'claimed' AND lease_until < %s FOR UPDATE",
             (state.execution_id, now),
         ).fetchall()
         out: list[Event] = []
-        for (command_id,) in rows:
+        for command_id, lease_until in rows:
             record = state.commands.get(command_id)
             if record is None:
                 continue
@@ -1023,7 +1023,8 @@ class Coordinator:
                 "command_id": command_id,
                 "attempt": record.attempt + 1,
                 "reissued": True,
-                "reason": "lease expired",
+                # `release` ends a lease at 0: the worker handed the command back.
+                "reason": "released by its worker" if not lease_until else "lease expired",
             }
             if record.loop_instance is not None:
                 payload["loop_instance"] = record.loop_instance
@@ -1305,6 +1306,27 @@ class Coordinator:
                 ).rowcount
 
         return int(await asyncio.to_thread(extend))
+
+    async def release(self, worker_id: str, command_ids: list[int]) -> int:
+        """Hand back commands `worker_id` holds and will not finish: their leases end now
+        and they are issued again (as the reaper would once the lease ran out). Commands
+        it does not hold are left alone. Returns how many were released."""
+
+        def expire() -> list[int]:
+            with self.store.transaction("release") as conn:
+                rows = conn.execute(
+                    "UPDATE command SET lease_until = 0 WHERE worker_id = %s"
+                    " AND status = 'claimed' AND command_id = ANY(%s) RETURNING execution_id",
+                    (worker_id, command_ids),
+                ).fetchall()
+            return [int(r[0]) for r in rows]
+
+        if not command_ids:
+            return 0
+        executions = await asyncio.to_thread(expire)
+        for execution_id in sorted(set(executions)):
+            await self.nudge(execution_id)
+        return len(executions)
 
     async def reap(self, limit: int = 100) -> int:
         """Re-issue commands whose lease expired; returns how many executions were nudged."""

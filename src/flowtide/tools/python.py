@@ -1,4 +1,10 @@
-"""The `python` tool: runs a step's Python code in-process, the way NoETL playbooks write it.
+"""The `python` tool: runs a step's Python code the way NoETL playbooks write it.
+
+Where it runs (`Isolation`, flowtide.tools.python_pool): in this process, on the calling
+thread ("thread", the embedded default), or in a child process of a warm pool
+("process", the worker's default), which a timeout or a cancel kills. Both give the same
+results, errors and captured output; what follows describes the code's side of it, which
+is the same in a child (the child runs `run_request`).
 
 Config (every template already rendered, including Jinja inside `code`):
 
@@ -32,7 +38,7 @@ Output capture. `print` output goes to `ctx.stdout`, one string per line, capped
 
 Writes made straight to file descriptor 1/2 (C extensions, subprocesses) are not captured.
 
-Timeouts. Without a timeout the code runs on the calling (worker) thread: no extra thread
+Timeouts in-process. Without a timeout the code runs on the calling (worker) thread: no extra thread
 on the hot path. With one, it runs on a helper thread; when time runs out an exception is
 injected into that thread with `PyThreadState_SetAsyncExc`. That interrupts pure-Python
 code (loops, comprehensions) but not a blocking C call (`time.sleep`, a socket read): such
@@ -44,7 +50,6 @@ bare `except:`) can swallow the injected exception; the call still reports a tim
 from __future__ import annotations
 
 import ast
-import asyncio
 import base64
 import builtins
 import contextvars
@@ -66,12 +71,14 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
+from flowtide.tools.python_pool import ChildPool, Isolation
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",
     "PythonTool",
     "compile_cache_clear",
     "compile_cache_info",
+    "run_request",
     "run_user_code",
 ]
 
@@ -529,7 +536,9 @@ def _call_main(main: Callable[..., Any], inputs: Any, ns: Mapping[str, Any]) -> 
             if isinstance(key, str) and key not in kwargs and key not in names[:n_pos_only]:
                 kwargs[key] = value
     value = main(*positional, **kwargs)
-    if asyncio.iscoroutine(value):
+    if inspect.iscoroutine(value):
+        import asyncio  # imported here: a python child starts faster without it
+
         # `async def main`: the call is on a worker thread with no running loop.
         value = asyncio.run(value)
     return value
@@ -924,32 +933,68 @@ def _effective_timeout(config: Mapping[str, Any], ctx: ToolContext) -> float | N
 
 
 class PythonTool:
-    """Runs python code (`kind: python`) in-process; see the module docstring."""
+    """Runs python code (`kind: python`); see the module docstring."""
 
     kind = "python"
 
-    def __init__(self, *, output_limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
-        """`output_limit`: characters of printed output kept per call."""
+    def __init__(
+        self, *, output_limit: int = DEFAULT_OUTPUT_LIMIT, isolation: Isolation | None = None
+    ) -> None:
+        """`output_limit`: characters of printed output kept per call. `isolation`: where
+        the code runs (default: `Isolation.from_env()`, in-process unless
+        FLOWTIDE_PYTHON_ISOLATION=process)."""
         self.output_limit = output_limit
+        self.isolation = isolation or Isolation.from_env()
+        self._pool: ChildPool | None = None
+        self._pool_lock = threading.Lock()
+
+    def configure(self, isolation: Isolation) -> None:
+        """Use `isolation` from now on (the worker's flags); children of the old settings
+        are stopped."""
+        with self._pool_lock:
+            old, self._pool = self._pool, None
+            self.isolation = isolation
+        if old is not None:
+            old.close()
+
+    def pool(self) -> ChildPool:
+        """The child pool of process isolation (created on first use)."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ChildPool(self.isolation)
+            return self._pool
+
+    def warm(self) -> None:
+        """Start a child ahead of the first call (process isolation only)."""
+        if self.isolation.mode == "process":
+            self.pool().prestart(1)
+
+    def cancel(self, execution_id: int | None = None) -> int:
+        """Kill the child processes running `execution_id`'s code (every one when None).
+        Code running in-process cannot be stopped from outside: it is left to finish."""
+        pool = self._pool
+        return pool.cancel(execution_id) if pool is not None else 0
 
     def run(self, config: dict[str, Any], ctx: ToolContext) -> Any:
         """Run one python task and return its JSON-serialisable result.
 
         Raises:
             ToolError: kind "python_error" (code = exception class name, "SyntaxError",
-                "ResultNotSerializable", "InvalidConfig", "ScriptNotFound", ...) or
-                kind "timeout" (retryable).
+                "ResultNotSerializable", "InvalidConfig", "ScriptNotFound", ...), kind
+                "timeout" (retryable); with process isolation also "cancelled", "crashed"
+                (the child died: killed, out of memory) and "result_too_large".
         """
         source, filename = _load_source(config, ctx)
+        timeout = _effective_timeout(config, ctx)
+        if self.isolation.mode == "process":
+            return self._run_in_child(source, filename, config, timeout, ctx)
         unit = _compiled(source, filename)
         error: ToolError | None = None
-
-        timeout = _effective_timeout(config, ctx)
         raw_input = config.get("input")
         inputs = {} if raw_input is None else _plain(raw_input)
         libs = _load_libs(config.get("libs"))
         capture = _Capture(self.output_limit)
-        ns = self._namespace(unit, inputs, libs, ctx, capture)
+        ns = _namespace(unit, inputs, libs, ctx.execution_id, ctx.render_context, capture)
         _ensure_routing()
         try:
             if timeout is None:
@@ -968,38 +1013,109 @@ class PythonTool:
             capture.drain_into(ctx.stdout)
         return _json_result(value)
 
-    @staticmethod
-    def _namespace(
-        unit: _Unit,
-        inputs: Any,
-        libs: dict[str, Any],
+    def _run_in_child(
+        self,
+        source: str,
+        filename: str,
+        config: Mapping[str, Any],
+        timeout: float | None,
         ctx: ToolContext,
-        capture: _Capture,
-    ) -> dict[str, Any]:
-        """Globals for one call. Later entries win: presets < libs < input keys."""
-        ns: dict[str, Any] = {
-            "__name__": _MODULE_NAME,
-            "__builtins__": builtins,
-            "json": json,
+    ) -> Any:
+        request: dict[str, Any] = {
+            "source": source,
+            "filename": filename,
+            "input": config.get("input"),
+            "libs": config.get("libs"),
             "execution_id": ctx.execution_id,
+            "limit": self.output_limit,
         }
-        if unit.filename != _CODE_FILENAME:
-            ns["__file__"] = unit.filename
-        if unit.uses_context:
-            ns["context"] = _plain(ctx.render_context)
-        if libs:
-            ns.update(libs)
-        if isinstance(inputs, dict):
-            for key, value in inputs.items():
-                if isinstance(key, str):
-                    ns[key] = value
-            # An explicit `input_data` input is the payload itself: never wrapped again.
-            ns["input_data"] = inputs["input_data"] if "input_data" in inputs else inputs
-        else:
-            ns["input_data"] = inputs
-        # Last, so no input key can break output capture.
-        ns["print"] = _make_print(capture)
-        return ns
+        if "context" in source:  # the rule `_Unit.uses_context` follows
+            request["context"] = _plain(ctx.render_context)
+        reply = self.pool().run(
+            request, execution_id=ctx.execution_id, timeout=timeout, cancelled=ctx.cancelled
+        )
+        ctx.stdout.extend(str(line) for line in reply["stdout"])
+        if reply.get("ok"):
+            return reply.get("result")
+        raw_error = reply.get("error")
+        error: dict[str, Any] = raw_error if isinstance(raw_error, dict) else {}
+        message = str(error.get("message") or "the python step failed")
+        if error.get("code") == "MemoryError" and self.isolation.memory_mb:
+            message += (
+                f" (a python step may use {self.isolation.memory_mb} MiB:"
+                " FLOWTIDE_PYTHON_MEMORY_MB / --python-memory-mb)"
+            )
+        raise ToolError(
+            message,
+            kind=str(error.get("kind") or "python_error"),
+            code=error.get("code"),
+            data=error.get("data"),
+            retryable=bool(error.get("retryable")),
+        )
+
+
+def _namespace(
+    unit: _Unit,
+    inputs: Any,
+    libs: dict[str, Any],
+    execution_id: int,
+    render_context: Mapping[str, Any],
+    capture: _Capture,
+) -> dict[str, Any]:
+    """Globals for one call. Later entries win: presets < libs < input keys."""
+    ns: dict[str, Any] = {
+        "__name__": _MODULE_NAME,
+        "__builtins__": builtins,
+        "json": json,
+        "execution_id": execution_id,
+    }
+    if unit.filename != _CODE_FILENAME:
+        ns["__file__"] = unit.filename
+    if unit.uses_context:
+        ns["context"] = _plain(render_context)
+    if libs:
+        ns.update(libs)
+    if isinstance(inputs, dict):
+        for key, value in inputs.items():
+            if isinstance(key, str):
+                ns[key] = value
+        # An explicit `input_data` input is the payload itself: never wrapped again.
+        ns["input_data"] = inputs["input_data"] if "input_data" in inputs else inputs
+    else:
+        ns["input_data"] = inputs
+    # Last, so no input key can break output capture.
+    ns["print"] = _make_print(capture)
+    return ns
+
+
+def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
+    """Run one request of a python child process (`flowtide.tools.python_child`) and
+    return its JSON result; printed lines go to `stdout`. Time limits are the parent's.
+
+    Raises:
+        ToolError: as `PythonTool.run` does for the code itself.
+    """
+    unit = _compiled(request["source"], request["filename"])
+    error: ToolError | None = None
+    raw_input = request.get("input")
+    inputs = {} if raw_input is None else raw_input
+    libs = _load_libs(request.get("libs"))
+    capture = _Capture(int(request.get("limit") or DEFAULT_OUTPUT_LIMIT))
+    ns = _namespace(
+        unit, inputs, libs, request["execution_id"], request.get("context") or {}, capture
+    )
+    _ensure_routing()
+    value: Any = None
+    try:
+        try:
+            value = _execute(unit, ns, inputs, capture)
+        except (Exception, SystemExit) as exc:
+            error = _user_error(exc, unit)
+        if error is not None:
+            raise error
+    finally:
+        capture.drain_into(stdout)
+    return _json_result(value)
 
 
 def run_user_code(
@@ -1024,7 +1140,7 @@ def run_user_code(
     error: ToolError | None = None
     merged = {**(extra_globals or {}), **inputs}
     capture = _Capture(DEFAULT_OUTPUT_LIMIT)
-    ns = PythonTool._namespace(unit, dict(inputs), {}, ctx, capture)
+    ns = _namespace(unit, dict(inputs), {}, ctx.execution_id, ctx.render_context, capture)
     ns.update({k: v for k, v in (extra_globals or {}).items() if k not in inputs})
     _ensure_routing()
     value: Any = None

@@ -1,0 +1,145 @@
+"""The child side of process-isolated python steps (`flowtide.tools.python_pool` starts it).
+
+The process is started as `python -I -c BOOT SETTINGS`, with a minimal environment and,
+when the worker runs as root, as an unprivileged user. Before it reads any request it
+caps its own memory (RLIMIT_AS, hard limit too, so user code cannot raise it) and moves
+the protocol off file descriptors 0 and 1: code that writes to fd 1 (a C extension, a
+subprocess) writes to the worker's stderr instead of corrupting a reply.
+
+Protocol: frames of a 4-byte big-endian length and that many bytes of JSON, requests
+from the parent on the original stdin, replies on the original stdout. JSON, never
+pickle, in both directions: the parent must not run anything the child says (user code
+can write to the reply pipe too; the worst it can do is garble its own reply).
+
+    request  {"source", "filename", "input", "libs", "execution_id", "context"?, "path"?}
+    reply    {"ok": true, "result": ..., "stdout": [...]}
+             {"ok": false, "error": {message, kind, code, data, retryable}, "stdout": [...],
+              "recycle": bool}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+_HEADER = struct.Struct(">I")
+
+
+def read_frame(fd: int) -> bytes | None:
+    """One frame from `fd`; None at end of file (the other side is gone)."""
+    # One read takes a whole small frame (the usual case): a system call less per frame.
+    first = os.read(fd, 1 << 16)
+    if len(first) < _HEADER.size:
+        rest = read_exactly(fd, _HEADER.size - len(first)) if first else None
+        if rest is None:
+            return None
+        first += rest
+    (size,) = _HEADER.unpack_from(first)
+    return frame_body(fd, first[_HEADER.size :], size)
+
+
+def frame_body(fd: int, got: bytes, size: int) -> bytes | None:
+    """The `size` bytes of a frame whose first bytes `got` were read already."""
+    if len(got) >= size:
+        return got[:size]
+    rest = read_exactly(fd, size - len(got))
+    return None if rest is None else got + rest
+
+
+def read_exactly(fd: int, size: int) -> bytes | None:
+    parts: list[bytes] = []
+    left = size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def write_frame(fd: int, data: bytes) -> None:
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent is gone: a child stuck in user code never reads the EOF."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _limit_memory(limit: int | None) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def main(settings: dict[str, Any]) -> None:
+    """Serve requests until the parent closes the pipe."""
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    _limit_memory(settings.get("memory"))
+    threading.Thread(
+        target=_watch_parent, args=(settings["parent"],), name="parent-watch", daemon=True
+    ).start()
+
+    from flowtide.errors import ToolError
+    from flowtide.tools import python as pytool
+
+    max_bytes = int(settings["max_bytes"])
+    # The interpreter's own entries (after the parent's, which BOOT put first) stay: its
+    # standard library, when the parent's is one this user cannot read.
+    own = [p for p in sys.path[len(settings["path"]) :] if p not in settings["path"]]
+    write_frame(proto_out, json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        frame = read_frame(proto_in)
+        if frame is None:
+            return
+        request = json.loads(frame)
+        if "path" in request:
+            sys.path[:] = [*request["path"], *own]
+        stdout: list[str] = []
+        reply: dict[str, Any]
+        try:
+            result = pytool.run_request(request, stdout)
+            reply = {"ok": True, "result": result, "stdout": stdout}
+        except ToolError as exc:
+            reply = {"ok": False, "error": _error_doc(exc), "stdout": stdout}
+            # A MemoryError can leave the interpreter half-broken: start afresh.
+            reply["recycle"] = exc.code == "MemoryError"
+        data = json.dumps(reply).encode("utf-8", "surrogatepass")
+        if len(data) > max_bytes:
+            size = len(data)
+            del data, reply
+            error = ToolError(
+                f"the result is {size} bytes of JSON, over the {max_bytes}-byte limit"
+                " (FLOWTIDE_MAX_RESULT_BYTES): write large data to a table or a file and"
+                " return a reference to it",
+                kind="result_too_large",
+            )
+            data = json.dumps({"ok": False, "error": _error_doc(error), "stdout": stdout}).encode()
+        write_frame(proto_out, data)
+
+
+def _error_doc(exc: Any) -> dict[str, Any]:
+    return {
+        "message": exc.message,
+        "kind": exc.kind,
+        "code": exc.code,
+        "data": exc.data,
+        "retryable": exc.retryable,
+    }

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from flowtide.server.access import RULES
+from flowtide.server.api_executions import VariableBody
 from flowtide.server.app import ClaimRequest, PoolRegister, ServerSettings, create_app
 from flowtide.server.fields import INT64_MAX, id_pattern
 from flowtide.server.openapi import (
@@ -197,6 +198,8 @@ def test_text_a_database_cannot_store_is_refused() -> None:
         with pytest.raises(ValidationError) as info:
             _claim(worker_id=worker_id)
         assert info.value.errors()[0]["loc"] == ("worker_id",)
+    # A value of any JSON type is stored as JSON (escaped): a NUL in it is data.
+    assert VariableBody.model_validate({"value": "a\x00b"}).value == "a\x00b"
 
 
 def test_allow_names_every_method_of_the_path() -> None:

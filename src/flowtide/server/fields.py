@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
@@ -72,8 +73,9 @@ class RequestBody(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _storable(cls, value: Any) -> Any:
-        if isinstance(value, str):
+    def _storable(cls, value: Any, info: ValidationInfo) -> Any:
+        # A field of any JSON value is stored as JSON, where a NUL is written escaped.
+        if isinstance(value, str) and cls.model_fields[info.field_name or ""].annotation is not Any:
             storable_text(value)
         return value
 

@@ -38,12 +38,14 @@ CHECKS = (
     "unsupported_method",
     "allow_header_conformance",
 )
-# Left out: ignored_auth, which re-sends a request with the credential it generates, but
-# the token rides in every request's headers here (tests/distributed/test_access.py sends
-# none, bad ones and the wrong roles); and positive_data_acceptance. Some rules join fields and no JSON Schema states
-# them (exactly one of path/catalog_id/playbook; a keychain `execution_id` only with
-# scope local/shared; `pool` only on worker tokens; `content` must be a playbook), so
-# schema-valid requests are refused by design, with a 4xx naming the field.
+# Left out:
+# - ignored_auth: it re-sends a request with a credential it makes up, but here the token
+#   rides in every request's headers (tests/distributed/test_access.py sends none, bad
+#   ones and the wrong roles);
+# - positive_data_acceptance: some rules join fields, which no JSON Schema states (exactly
+#   one of path/catalog_id/playbook; a keychain `execution_id` only with scope
+#   local/shared; `pool` only on worker tokens; `content` must be a playbook), so
+#   schema-valid requests are refused by design, with a 4xx naming the field.
 
 #: What refusing invalid data may look like. 413: the generator builds bodies past the
 #: server's 16 MiB cap (1000 reports of events), which the Gate refuses unread.

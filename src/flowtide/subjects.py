@@ -1,4 +1,4 @@
-"""The NATS names flowtide's processes share, and what each NATS user may do with them.
+"""What each NATS user may do with the names flowtide's processes share (`flowtide.wire`).
 
     FLOWTIDE_COMMANDS                 the command stream (work queue), subjects
       flowtide.commands.<pool>.<eid>    one notification per issued command
@@ -21,9 +21,16 @@ and a worker must not hold that grant.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Final
+
+# The names are the wire contract's; they are importable from here too.
+from flowtide.wire import (
+    COMMAND_PREFIX,
+    COMMAND_STREAM,
+    command_filter,
+    pool_consumer,
+    worker_inbox,
+)
 
 __all__ = [
     "COMMAND_PREFIX",
@@ -35,34 +42,6 @@ __all__ = [
     "worker_inbox",
     "worker_permissions",
 ]
-
-COMMAND_STREAM: Final = "FLOWTIDE_COMMANDS"
-#: Notifications are published to COMMAND_PREFIX.<pool>.<execution_id>.
-COMMAND_PREFIX: Final = "flowtide.commands"
-_POOL: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-def _pool(pool: str) -> str:
-    # A pool name becomes a subject token and part of a permission: a dot or a wildcard
-    # in it would widen what a worker of that pool may do.
-    if not _POOL.match(pool):
-        raise ValueError(f"invalid pool name {pool!r}: expected [A-Za-z0-9_-]{{1,64}}")
-    return pool
-
-
-def command_filter(pool: str) -> str:
-    """The subjects of `pool`'s notifications (its consumer's filter)."""
-    return f"{COMMAND_PREFIX}.{_pool(pool)}.>"
-
-
-def pool_consumer(pool: str) -> str:
-    """The durable pull consumer shared by the workers of `pool`."""
-    return f"flowtide-{_pool(pool)}"
-
-
-def worker_inbox(pool: str) -> str:
-    """The inbox prefix of a worker of `pool` (nats-py's `inbox_prefix`)."""
-    return f"_WORKER_INBOX.{_pool(pool)}"
 
 
 @dataclass(frozen=True)

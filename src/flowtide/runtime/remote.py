@@ -31,16 +31,37 @@ from typing import Any
 
 import httpx
 
-from flowtide.engine.events import Command
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.template import visible_env
 from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
-from flowtide.subjects import COMMAND_STREAM, pool_consumer, worker_inbox
 from flowtide.tools.python_pool import Isolation
 from flowtide.tools.registry import cancel_running
+from flowtide.wire import (
+    CANCELLATION_CHECK_PATH,
+    CHILD_RESULT_PATH,
+    CLAIM_PATH,
+    COMMAND_STREAM,
+    CREDENTIALS_PATH,
+    DEREGISTER_PATH,
+    EXECUTE_PATH,
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    RELEASE_PATH,
+    REPORTS_PATH,
+    Claimed,
+    ClaimReply,
+    ClaimRequest,
+    ExecutionShare,
+    Notification,
+    Report,
+    ReportsReply,
+    pool_consumer,
+    reports_body,
+    worker_inbox,
+)
 
 __all__ = ["RemoteWorker"]
 
@@ -70,7 +91,7 @@ class _CommandCredentials:
         if found is not None:
             return found
         try:
-            r = self.client.post("/api/worker/credentials", json={**self.body, "name": alias})
+            r = self.client.post(CREDENTIALS_PATH, json={**self.body, "name": alias})
         except httpx.HTTPError as exc:
             raise CredentialError(f"credential '{alias}': server unreachable: {exc}") from None
         if r.status_code == 404:
@@ -196,7 +217,7 @@ class _Reporter:
         """Queue one command's report; returns when the server took it (or refused it as
         stale or invalid, which is logged). Raises RuntimeError when it gave up."""
         done = asyncio.get_running_loop().create_future()
-        raw = json.dumps({"execution_id": str(execution_id), "events": events}).encode()
+        raw = Report(execution_id, events).to_json()
         self._waiting.append(_Pending(execution_id, raw, done, time.monotonic() + self.patience))
         self._wake.set()
         await done
@@ -240,17 +261,9 @@ class _Reporter:
 
     async def _post(self, client: _Api, batch: list[_Pending]) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""
-        body = b"".join(
-            (
-                b'{"worker_id":',
-                json.dumps(self.worker_id).encode(),
-                b',"reports":[',
-                b",".join(p.raw for p in batch),
-                b"]}",
-            )
-        )
+        body = reports_body(self.worker_id, [p.raw for p in batch])
         try:
-            r = await client.post_json("/api/events/reports", body)
+            r = await client.post_json(REPORTS_PATH, body)
         except ApiError as exc:
             return str(exc)
         if r.status_code >= 500:
@@ -261,14 +274,13 @@ class _Reporter:
                 p.done.set_exception(RuntimeError(f"reports refused: {r.text[:500]}"))
             return None
         problem = None
-        for p, result in zip(batch, r.json()["results"], strict=True):
-            code = int(result.get("code", 500))
-            if code >= 500:
-                problem = f"HTTP {code}: {result.get('error', {}).get('message', '')}"
+        for p, result in zip(batch, ReportsReply.from_json(r.body).results, strict=True):
+            if result.code >= 500:
+                problem = f"HTTP {result.code}: {result.message}"
                 continue
-            if code >= 400:
+            if result.code >= 400:
                 # 409: stale (the command was issued again meanwhile).
-                log.warning("report for execution %s refused: %s", p.execution_id, result)
+                log.warning("report for execution %s refused: %s", p.execution_id, result.to_dict())
             p.done.set_result(None)
         return problem
 
@@ -532,7 +544,7 @@ class RemoteWorker:
                 reporter.cancel()
                 with contextlib.suppress(Exception):
                     await client.post(
-                        "/api/worker/pool/deregister",
+                        DEREGISTER_PATH,
                         {"worker_id": self.worker_id, "running": 0},
                     )
                 with contextlib.suppress(Exception):
@@ -561,7 +573,7 @@ class RemoteWorker:
         if held:
             try:
                 r = await self.client.post(
-                    "/api/worker/commands/release",
+                    RELEASE_PATH,
                     {"worker_id": self.worker_id, "commands": [str(c) for c in held]},
                 )
                 r.raise_for_status()
@@ -614,7 +626,7 @@ class RemoteWorker:
 
     async def _register(self) -> None:
         r = await self.client.post(
-            "/api/worker/pool/register",
+            REGISTER_PATH,
             {
                 "worker_id": self.worker_id,
                 "pool": self.pool,
@@ -649,7 +661,7 @@ class RemoteWorker:
             await asyncio.sleep(max(0.5, self.lease / 6))
             try:
                 r = await self.client.post(
-                    "/api/worker/pool/heartbeat",
+                    HEARTBEAT_PATH,
                     {
                         "worker_id": self.worker_id,
                         "running": self.running,
@@ -669,20 +681,13 @@ class RemoteWorker:
     async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:
         """Claim the notifications that arrived together in one request, ack them, and
         start the commands won."""
-        notes: list[dict[str, Any]] = []
+        notes: list[Notification] = []
         kept: list[Any] = []
         for msg in msgs:
             try:
-                note = json.loads(msg.data)
-                notes.append(
-                    {
-                        "event_id": int(note["event_id"]),
-                        "execution_id": int(note["execution_id"]),
-                        "command_id": int(note["command_id"]),
-                    }
-                )
+                notes.append(Notification.from_json(msg.data))
                 kept.append(msg)
-            except (ValueError, KeyError, TypeError) as exc:
+            except ValueError as exc:
                 # Not ours to run, ever: dropped rather than redelivered forever.
                 log.warning("unreadable notification %r: %s", msg.data[:200], exc)
                 with contextlib.suppress(Exception):
@@ -690,12 +695,11 @@ class RemoteWorker:
                 self._release()
         if not notes:
             return
+        request = ClaimRequest(self.worker_id, [n.claim_item() for n in notes])
         try:
-            r = await self.client.post(
-                "/api/commands/claim", {"worker_id": self.worker_id, "claims": notes}
-            )
+            r = await self.client.post_json(CLAIM_PATH, request.to_json())
             r.raise_for_status()
-            doc = r.json()
+            reply = ClaimReply.from_json(r.body)
         except Exception as exc:  # noqa: BLE001 - the notifications come back later
             log.warning("claim of %d commands failed: %s", len(notes), exc)
             for msg in kept:
@@ -708,27 +712,24 @@ class RemoteWorker:
         for msg in kept:
             with contextlib.suppress(Exception):
                 await msg.ack()
-        shared = doc["executions"]
-        for result in doc["results"]:
-            if result.get("code") != 200:
+        for result in reply.results:
+            if not isinstance(result, Claimed):
                 self._release()
                 continue
-            raw = result["command"]
-            spec = {**result, **shared[str(raw["execution_id"])]}
-            task = asyncio.create_task(self._handle(spec))
+            share = reply.executions[result.command.execution_id]
+            task = asyncio.create_task(self._handle(result, share))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    async def _handle(self, spec: dict[str, Any]) -> None:
-        raw = spec["command"]
-        command_id = int(raw["command_id"])
-        execution_id = int(raw["execution_id"])
+    async def _handle(self, claimed: Claimed, share: ExecutionShare) -> None:
+        command_id = claimed.command.command_id
+        execution_id = claimed.command.execution_id
         self.held.add(command_id)
         self.running += 1
         try:
             try:
                 events = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, self._run_command, spec
+                    self._threads, self._run_command, claimed, share
                 )
             finally:
                 self.running -= 1
@@ -743,14 +744,14 @@ class RemoteWorker:
             self.held.discard(command_id)
             self._release()
 
-    def _runner(self, execution_id: int, playbook: Mapping[str, Any]) -> StepRunner:
+    def _runner(self, share: ExecutionShare) -> StepRunner:
         # One parse per playbook text (the commands of an execution arrive together, and
         # the same playbook runs again and again): parsing costs ~100 ms on a slow machine.
         with self._runners_lock:
-            key = (playbook["text"], playbook.get("file"))
+            key = (share.playbook_text, share.playbook_file)
             cached = self._runners.get(key)
             if cached is None:
-                parsed = parse_playbook(playbook["text"], playbook.get("file"))
+                parsed = parse_playbook(share.playbook_text, share.playbook_file)
                 cached = StepRunner(
                     parsed,
                     run_playbook=self._run_child,
@@ -767,7 +768,7 @@ class RemoteWorker:
         if cached is not None and now - cached[0] < 1.0:
             return cached[1]
         try:
-            r = self._sync.get(f"/api/executions/{execution_id}/cancellation-check")
+            r = self._sync.get(CANCELLATION_CHECK_PATH.format(execution_id=execution_id))
             flag = bool(r.json().get("cancelled")) if r.status_code == 200 else False
         except httpx.HTTPError:
             flag = False
@@ -776,30 +777,20 @@ class RemoteWorker:
             cancel_running(execution_id)
         return flag
 
-    def _run_command(self, spec: dict[str, Any]) -> list[Any]:
+    def _run_command(self, claimed: Claimed, share: ExecutionShare) -> list[Any]:
         with self._in_threads_lock:
             self._in_threads += 1
         try:
-            return self._run_command_in_thread(spec)
+            return self._run_command_in_thread(claimed, share)
         finally:
             with self._in_threads_lock:
                 self._in_threads -= 1
 
-    def _run_command_in_thread(self, spec: dict[str, Any]) -> list[Any]:
-        raw = spec["command"]
-        command = Command(
-            command_id=int(raw["command_id"]),
-            execution_id=int(raw["execution_id"]),
-            step=raw["step"],
-            attempt=int(raw["attempt"]),
-            loop_instance=raw.get("loop_instance"),
-            loop_index=raw.get("loop_index"),
-            issued_event_id=int(raw["issued_event_id"]) if raw.get("issued_event_id") else None,
-            extra=raw.get("extra") or {},
-        )
-        runner = self._runner(command.execution_id, spec["playbook"])
+    def _run_command_in_thread(self, claimed: Claimed, share: ExecutionShare) -> list[Any]:
+        command = claimed.command
+        runner = self._runner(share)
         step = runner.playbook.steps[command.step]
-        parts = spec["context"]
+        parts = share.context
         base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
         ctx = parts["ctx"]
         credentials = _CommandCredentials(
@@ -821,8 +812,8 @@ class RemoteWorker:
                     ctx,
                     execution_id=command.execution_id,
                     credentials=credentials,
-                    iterator=spec.get("iterator"),
-                    element=spec.get("element"),
+                    iterator=claimed.iterator,
+                    element=claimed.element,
                     index=command.loop_index,
                     cancelled=lambda: self._cancelled(command.execution_id),
                 )
@@ -843,7 +834,7 @@ class RemoteWorker:
         from flowtide.errors import ToolError
 
         r = self._sync.post(
-            "/api/execute",
+            EXECUTE_PATH,
             json={
                 "path": path,
                 "payload": workload,
@@ -857,7 +848,7 @@ class RemoteWorker:
         child = r.json()["execution_id"]
         while True:
             # The intact result, not the masked document: the parent's step uses it.
-            doc = self._sync.get(f"/api/internal/executions/{child}/result").json()
+            doc = self._sync.get(CHILD_RESULT_PATH.format(execution_id=child)).json()
             if doc["status"] != "running":
                 break
             time.sleep(0.1)

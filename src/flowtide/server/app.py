@@ -48,7 +48,6 @@ from flowtide.server.coordinator import (
     TERMINAL,
     WORKER_EVENTS,
     ClaimConflict,
-    ClaimItem,
     Coordinator,
     ExecutionFinished,
     SubmitResult,
@@ -69,6 +68,23 @@ from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.workers import WorkerRegistry
 from flowtide.urls import redact_url
+from flowtide.wire import (
+    CANCELLATION_CHECK_PATH,
+    CHILD_RESULT_PATH,
+    CLAIM_PATH,
+    CREDENTIALS_PATH,
+    DEREGISTER_PATH,
+    EXECUTE_PATH,
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    RELEASE_PATH,
+    REPORTS_PATH,
+    Claimed,
+    ClaimItem,
+    ClaimRefused,
+    ClaimReply,
+    ReportResult,
+)
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -530,7 +546,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # -- executions -----------------------------------------------------------------
 
     @app.post(
-        "/api/execute",
+        EXECUTE_PATH,
         status_code=201,
         responses=problem_responses(
             (400, "Not exactly one of path, catalog_id and playbook; or an invalid playbook."),
@@ -625,7 +641,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         doc["playbook"] = row.playbook_path or row.playbook_file
         return doc
 
-    @app.get("/api/internal/executions/{execution_id}/result", responses=problem_responses(404))
+    @app.get(CHILD_RESULT_PATH, responses=problem_responses(404))
     async def execution_result(
         execution_id: IdPath, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -663,7 +679,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         result = await coord().cancel(execution_id, body.reason if body else "cancelled by user")
         return {"execution_id": str(execution_id), "status": result.status}
 
-    @app.get("/api/executions/{execution_id}/cancellation-check", responses=problem_responses(404))
+    @app.get(CANCELLATION_CHECK_PATH, responses=problem_responses(404))
     async def cancellation_check(
         execution_id: IdPath, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -754,7 +770,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return doc
 
     @app.post(
-        "/api/events/reports",
+        REPORTS_PATH,
         responses=problem_responses((404, "The worker id was never registered.")),
     )
     async def post_reports(
@@ -800,7 +816,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             for i, outcome in zip(indexes, got, strict=True):
                 if isinstance(outcome, SubmitResult):
                     code = 409 if _refused_stale(outcome) else 200
-                    doc = {"code": code, **_submit_doc(outcome)}
+                    doc = ReportResult(code, **_submit_doc(outcome)).to_dict()
                 else:
                     doc = _item_doc(outcome, {})
                 results[i] = doc
@@ -845,7 +861,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         )
 
     @app.post(
-        "/api/commands/claim",
+        CLAIM_PATH,
         responses=problem_responses((404, "The worker id was never registered.")),
     )
     async def claim_many(
@@ -865,10 +881,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             [ClaimItem(c.execution_id, c.command_id, c.event_id) for c in body.claims],
             pool=row.pool if row else None,
         )
-        return {
-            "results": [_item_doc(r, {"code": 200}) for r in batch.results],
-            "executions": {str(k): v for k, v in batch.executions.items()},
-        }
+        results = [
+            r if isinstance(r, Claimed) else ClaimRefused(**_item_doc(r, {})) for r in batch.results
+        ]
+        return ClaimReply(results, batch.executions).to_dict()
 
     @app.get("/api/commands/{event_id:int}", responses=problem_responses(404))
     async def get_command(
@@ -893,7 +909,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # -- workers ----------------------------------------------------------------------
 
     @app.post(
-        "/api/worker/pool/register",
+        REGISTER_PATH,
         responses=problem_responses((503, "The pool's NATS consumer cannot be created.")),
     )
     async def register_worker(
@@ -923,7 +939,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
 
     @app.post(
-        "/api/worker/pool/heartbeat",
+        HEARTBEAT_PATH,
         responses=problem_responses((404, "The worker id is not registered.")),
     )
     async def heartbeat(
@@ -936,7 +952,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"worker_id": body.worker_id, "leases_extended": extended}
 
     @app.post(
-        "/api/worker/commands/release",
+        RELEASE_PATH,
         responses=problem_responses((404, "The worker id was never registered.")),
     )
     async def release_commands(
@@ -950,7 +966,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"worker_id": body.worker_id, "released": released}
 
     @app.post(
-        "/api/worker/pool/deregister",
+        DEREGISTER_PATH,
         responses=problem_responses((404, "The worker id is not registered.")),
     )
     async def deregister(
@@ -962,7 +978,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"worker_id": body.worker_id, "status": "stopped"}
 
     @app.post(
-        "/api/worker/credentials",
+        CREDENTIALS_PATH,
         responses=problem_responses(
             (404, "No such credential, or the worker id was never registered."),
             (503, "The credential vault is unavailable (the master key)."),

@@ -43,6 +43,7 @@ from flowtide.store.codec import (
     event_row,
 )
 from flowtide.store.postgres import PostgresStore
+from flowtide.wire import Claimed, ClaimItem, ExecutionShare, Notification, command_subject
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,8 +63,6 @@ __all__ = [
     "command_subject",
 ]
 
-#: JetStream subjects of command notifications: flowtide.commands.<pool>.<execution_id>.
-SUBJECT_PREFIX: Final = "flowtide.commands"
 _REPORTS: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
 #: The seq of an execution's last event (a subquery of the step's last statement).
 _LAST_SEQ: Final = "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1"
@@ -84,10 +83,6 @@ WORKER_EVENTS: Final = frozenset(
         ev.COMMAND_FAILED,
     }
 )
-
-
-def command_subject(pool: str, execution_id: int) -> str:
-    return f"{SUBJECT_PREFIX}.{pool}.{execution_id}"
 
 
 class ClaimConflict(FlowtideError):
@@ -149,22 +144,13 @@ class WrongPool(AuthError):
         super().__init__(message, status=403)
 
 
-@dataclass(frozen=True)
-class ClaimItem:
-    """One command a worker asks for, named as its notification names it."""
-
-    execution_id: int
-    command_id: int
-    event_id: int
-
-
 @dataclass
 class ClaimBatch:
     """The reply to `claim_many`: per item, the command's part of the reply or the error
     it got; per execution, what its commands share (playbook, context, cancelled)."""
 
-    results: list[dict[str, Any] | Exception] = field(default_factory=list)
-    executions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    results: list[Claimed | Exception] = field(default_factory=list)
+    executions: dict[int, ExecutionShare] = field(default_factory=dict)
 
 
 @dataclass
@@ -853,18 +839,7 @@ class Coordinator:
                 for u in out.execution_rows
             ]
             subject = command_subject(cached.pool, execution_id)
-            payloads = [
-                json.dumps(
-                    {
-                        "event_id": str(c.issued_event_id),
-                        "execution_id": str(execution_id),
-                        "command_id": str(c.command_id),
-                        "attempt": c.attempt,
-                        "step": c.step,
-                    }
-                )
-                for c in commands
-            ]
+            payloads = [Notification.of(c).to_json() for c in commands]
             # One round trip for all of it (the statements run in order on the server).
             with conn.pipeline():
                 PostgresStore.write_batch(
@@ -1071,7 +1046,7 @@ class Coordinator:
         outcome = batch.results[0]
         if isinstance(outcome, Exception):
             raise outcome
-        return {**outcome, **batch.executions[execution_id]}
+        return {**outcome.to_dict(), **batch.executions[execution_id].to_dict()}
 
     async def claim_many(
         self, worker_id: str, items: Sequence[ClaimItem], *, pool: str | None = None
@@ -1107,34 +1082,21 @@ class Coordinator:
                 issued_event_id=item.event_id,
                 extra={"cursor": True} if record is not None and record.cursor else {},
             )
-            part: dict[str, Any] = {
-                # Ids as strings, as everywhere in the API (JSON numbers lose them).
-                "command": {
-                    **command.to_dict(),
-                    "command_id": str(item.command_id),
-                    "execution_id": str(item.execution_id),
-                    "issued_event_id": str(item.event_id),
-                },
-                "iterator": None,
-                "element": None,
-                "lease": self.lease,
-            }
+            part = Claimed(command, lease=self.lease)
             if got.index is not None and not command.extra:
                 loop = snap.loops.get((got.step, got.instance or 0))
                 if loop is not None:
-                    part["iterator"] = loop.iterator
-                    part["element"] = loop.collection[got.index]
+                    part.iterator = loop.iterator
+                    part.element = loop.collection[got.index]
             batch.results.append(part)
             shared = batch.executions.get(item.execution_id)
             cancelled = got.stopping or snap.status in ("cancelling", "cancelled")
             if shared is None:
-                batch.executions[item.execution_id] = {
-                    "playbook": {"text": snap.playbook.text, "file": snap.playbook.file},
-                    "context": snap.parts,
-                    "cancelled": cancelled,
-                }
+                batch.executions[item.execution_id] = ExecutionShare(
+                    snap.playbook.text, snap.playbook.file, snap.parts, cancelled
+                )
             elif cancelled:
-                shared["cancelled"] = True
+                shared.cancelled = True
         return batch
 
     async def _claim_snapshot(self, snaps: dict[int, _Snapshot], item: ClaimItem) -> _Snapshot:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.store.postgres import PostgresStore
-from flowtide.subjects import COMMAND_PREFIX, COMMAND_STREAM, command_filter, pool_consumer
+from flowtide.wire import COMMAND_PREFIX, COMMAND_STREAM, command_filter, pool_consumer
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -1,0 +1,442 @@
+"""The contract between the server and its workers: names, paths and the messages that
+travel between them, with their JSON round-trips.
+
+    NATS JetStream
+      COMMAND_STREAM                  FLOWTIDE_COMMANDS (work queue)
+      command_subject(pool, eid)      flowtide.commands.<pool>.<eid>: one Notification
+                                      per issued command
+      pool_consumer(pool)             flowtide-<pool>: the durable pull consumer a pool's
+                                      workers share
+      worker_inbox(pool)              _WORKER_INBOX.<pool>: replies to a worker of <pool>
+    HTTP
+      CLAIM_PATH      ClaimRequest -> ClaimReply (per item: Claimed or ClaimRefused, and
+                      once per execution an ExecutionShare)
+      REPORTS_PATH    reports_body(Report...) -> ReportsReply
+      REGISTER_PATH, HEARTBEAT_PATH, DEREGISTER_PATH, RELEASE_PATH, CREDENTIALS_PATH,
+      EXECUTE_PATH, CANCELLATION_CHECK_PATH, CHILD_RESULT_PATH
+
+Both `flowtide.server` and `flowtide.worker` import this module; it imports neither (the
+engine's `Command` is the only flowtide type it carries). The server parses requests with
+its own pydantic models (validation, the OpenAPI document): the types here are what it
+writes and what a worker reads and writes. They hold what they are given (no copies of a
+context or an event list on the way): a claim reply's context is the server's state
+snapshot, a report's events are the dicts the worker made once.
+
+Ids the server writes are strings (JSON numbers lose int64 precision in many clients);
+ids a worker writes are numbers, which the server accepts as well.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from flowtide.engine.events import Command
+
+__all__ = [
+    "CANCELLATION_CHECK_PATH",
+    "CHILD_RESULT_PATH",
+    "CLAIM_PATH",
+    "COMMAND_PREFIX",
+    "COMMAND_STREAM",
+    "CREDENTIALS_PATH",
+    "DEREGISTER_PATH",
+    "EXECUTE_PATH",
+    "HEARTBEAT_PATH",
+    "REGISTER_PATH",
+    "RELEASE_PATH",
+    "REPORTS_PATH",
+    "ClaimItem",
+    "ClaimRefused",
+    "ClaimReply",
+    "ClaimRequest",
+    "Claimed",
+    "ExecutionShare",
+    "Notification",
+    "Report",
+    "ReportResult",
+    "ReportsReply",
+    "command_filter",
+    "command_subject",
+    "pool_consumer",
+    "read_reports_body",
+    "reports_body",
+    "worker_inbox",
+]
+
+# -- NATS names -----------------------------------------------------------------------------
+
+COMMAND_STREAM: Final = "FLOWTIDE_COMMANDS"
+#: Notifications are published to COMMAND_PREFIX.<pool>.<execution_id>.
+COMMAND_PREFIX: Final = "flowtide.commands"
+_POOL: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _pool(pool: str) -> str:
+    # A pool name becomes a subject token and part of a permission: a dot or a wildcard
+    # in it would widen what a worker of that pool may do.
+    if not _POOL.match(pool):
+        raise ValueError(f"invalid pool name {pool!r}: expected [A-Za-z0-9_-]{{1,64}}")
+    return pool
+
+
+def command_subject(pool: str, execution_id: int) -> str:
+    """The subject of a notification of `pool` for `execution_id` (`pool` is one the API
+    checked: this is on every issue's path, so it is not checked again)."""
+    return f"{COMMAND_PREFIX}.{pool}.{execution_id}"
+
+
+def command_filter(pool: str) -> str:
+    """The subjects of `pool`'s notifications (its consumer's filter)."""
+    return f"{COMMAND_PREFIX}.{_pool(pool)}.>"
+
+
+def pool_consumer(pool: str) -> str:
+    """The durable pull consumer shared by the workers of `pool`."""
+    return f"flowtide-{_pool(pool)}"
+
+
+def worker_inbox(pool: str) -> str:
+    """The inbox prefix of a worker of `pool` (nats-py's `inbox_prefix`)."""
+    return f"_WORKER_INBOX.{_pool(pool)}"
+
+
+# -- HTTP paths ------------------------------------------------------------------------------
+
+CLAIM_PATH: Final = "/api/commands/claim"
+REPORTS_PATH: Final = "/api/events/reports"
+REGISTER_PATH: Final = "/api/worker/pool/register"
+HEARTBEAT_PATH: Final = "/api/worker/pool/heartbeat"
+DEREGISTER_PATH: Final = "/api/worker/pool/deregister"
+RELEASE_PATH: Final = "/api/worker/commands/release"
+CREDENTIALS_PATH: Final = "/api/worker/credentials"
+#: Starts an execution (a worker: the sub-playbook of a `playbook` step it runs).
+EXECUTE_PATH: Final = "/api/execute"
+#: Path templates: `.format(execution_id=...)` for a request.
+CANCELLATION_CHECK_PATH: Final = "/api/executions/{execution_id}/cancellation-check"
+CHILD_RESULT_PATH: Final = "/api/internal/executions/{execution_id}/result"
+
+
+def _id(value: Any) -> int:
+    """An id as either side writes it (a number, or the string of its digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"not an id: {value!r}")
+    return int(value)
+
+
+def _opt_id(value: Any) -> int | None:
+    return None if value is None else _id(value)
+
+
+# -- the notification ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """What the server publishes on `command_subject` for each issued command: enough to
+    claim it (the three ids), never what it runs."""
+
+    event_id: int
+    execution_id: int
+    command_id: int
+    attempt: int | None = None
+    step: str | None = None
+
+    @classmethod
+    def of(cls, command: Command) -> Notification:
+        """The notification of an issued command.
+
+        Raises:
+            ValueError: the command has no issue event (it was never issued).
+        """
+        if command.issued_event_id is None:
+            raise ValueError(f"command {command.command_id} was never issued")
+        return cls(
+            command.issued_event_id,
+            command.execution_id,
+            command.command_id,
+            command.attempt,
+            command.step,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "event_id": str(self.event_id),
+                "execution_id": str(self.execution_id),
+                "command_id": str(self.command_id),
+                "attempt": self.attempt,
+                "step": self.step,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Notification:
+        """Raises:
+        ValueError: `data` is not a notification (not JSON, or an id missing)."""
+        doc = json.loads(data)
+        try:
+            attempt = doc.get("attempt")
+            return cls(
+                _id(doc["event_id"]),
+                _id(doc["execution_id"]),
+                _id(doc["command_id"]),
+                int(attempt) if attempt is not None else None,
+                doc.get("step"),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a notification: {exc!r}") from None
+
+    def claim_item(self) -> ClaimItem:
+        return ClaimItem(self.execution_id, self.command_id, self.event_id)
+
+
+# -- claims ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimItem:
+    """One command a worker asks for, named as its notification names it."""
+
+    execution_id: int
+    command_id: int
+    event_id: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "event_id": self.event_id,
+            "execution_id": self.execution_id,
+            "command_id": self.command_id,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ClaimItem:
+        return cls(_id(doc["execution_id"]), _id(doc["command_id"]), _id(doc["event_id"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """The body of CLAIM_PATH: the notifications that arrived together, claimed at once."""
+
+    worker_id: str
+    claims: Sequence[ClaimItem]
+
+    def to_json(self) -> bytes:
+        body = {"worker_id": self.worker_id, "claims": [c.to_dict() for c in self.claims]}
+        return json.dumps(body).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ClaimRequest:
+        doc = json.loads(data)
+        return cls(str(doc["worker_id"]), [ClaimItem.from_dict(c) for c in doc["claims"]])
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A command a claim won: what runs (`command`), the loop element it runs for, and the
+    lease (seconds) the worker holds it for without a heartbeat."""
+
+    command: Command
+    iterator: str | None = None
+    element: Any = None
+    lease: float = 30.0
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.command
+        return {
+            "command": {
+                **c.to_dict(),
+                "command_id": str(c.command_id),
+                "execution_id": str(c.execution_id),
+                "issued_event_id": None if c.issued_event_id is None else str(c.issued_event_id),
+            },
+            "iterator": self.iterator,
+            "element": self.element,
+            "lease": self.lease,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Claimed:
+        raw = doc["command"]
+        command = Command(
+            command_id=_id(raw["command_id"]),
+            execution_id=_id(raw["execution_id"]),
+            step=raw["step"],
+            attempt=int(raw["attempt"]),
+            loop_instance=raw.get("loop_instance"),
+            loop_index=raw.get("loop_index"),
+            issued_event_id=_opt_id(raw.get("issued_event_id") or None),
+            extra=raw.get("extra") or {},
+        )
+        return cls(command, doc.get("iterator"), doc.get("element"), float(doc.get("lease", 30.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRefused:
+    """A claim that did not win: `code` is the status its own request would have got (403
+    another pool's command, 404 no such command, 409 held, closed or a stale
+    notification; 5xx not judged, may be tried again); `error` holds `message` (and
+    `holder` for a 409)."""
+
+    code: int
+    error: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "error": self.error}
+
+
+@dataclass(slots=True)
+class ExecutionShare:
+    """What the commands of one execution in a claim reply share: the playbook they run,
+    the execution's context parts (`ExecutionState.context_parts`) and whether it is
+    being cancelled."""
+
+    playbook_text: str
+    playbook_file: str | None
+    context: dict[str, Any]
+    cancelled: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "playbook": {"text": self.playbook_text, "file": self.playbook_file},
+            "context": self.context,
+            "cancelled": self.cancelled,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ExecutionShare:
+        playbook = doc["playbook"]
+        return cls(
+            playbook["text"], playbook.get("file"), doc["context"], bool(doc.get("cancelled"))
+        )
+
+
+@dataclass(slots=True)
+class ClaimReply:
+    """The reply of CLAIM_PATH: one result per claim, in order; each execution's share
+    once."""
+
+    results: list[Claimed | ClaimRefused]
+    executions: dict[int, ExecutionShare]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "results": [
+                {"code": 200, **r.to_dict()} if isinstance(r, Claimed) else r.to_dict()
+                for r in self.results
+            ],
+            "executions": {str(k): v.to_dict() for k, v in self.executions.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ClaimReply:
+        """Raises:
+        ValueError: `data` is not a claim reply."""
+        doc = json.loads(data)
+        try:
+            results: list[Claimed | ClaimRefused] = [
+                Claimed.from_dict(r)
+                if r.get("code") == 200
+                else ClaimRefused(int(r.get("code", 500)), r.get("error") or {})
+                for r in doc["results"]
+            ]
+            shared = {_id(k): ExecutionShare.from_dict(v) for k, v in doc["executions"].items()}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a claim reply: {exc!r}") from None
+        return cls(results, shared)
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One command's events (`Event.to_dict()` each), reported by the worker that ran it."""
+
+    execution_id: int
+    events: list[dict[str, Any]]
+
+    def to_json(self) -> bytes:
+        """Encoded once: a batch (`reports_body`) is joined from these."""
+        return json.dumps({"execution_id": str(self.execution_id), "events": self.events}).encode()
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Report:
+        return cls(_id(doc["execution_id"]), list(doc["events"]))
+
+
+def reports_body(worker_id: str, encoded: Sequence[bytes]) -> bytes:
+    """The body of REPORTS_PATH from reports already encoded (`Report.to_json`)."""
+    return b"".join(
+        (
+            b'{"worker_id":',
+            json.dumps(worker_id).encode(),
+            b',"reports":[',
+            b",".join(encoded),
+            b"]}",
+        )
+    )
+
+
+def read_reports_body(data: bytes | str) -> tuple[str | None, list[Report]]:
+    """(worker id, reports) of a REPORTS_PATH body."""
+    doc = json.loads(data)
+    return doc.get("worker_id"), [Report.from_dict(r) for r in doc["reports"]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    """What the server did with one report: `code` 200 (taken: how many events were new,
+    already known, or dropped as stale, and the execution's status after), 409 (every
+    command of it stale), 4xx (refused: never sent again) or 5xx (not taken: may be
+    sent again); `error` holds `message` when it was not 200."""
+
+    code: int
+    accepted: int = 0
+    duplicates: int = 0
+    stale: int = 0
+    status: str = ""
+    error: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"code": self.code, "error": self.error}
+        return {
+            "code": self.code,
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "stale": self.stale,
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ReportResult:
+        return cls(
+            int(doc.get("code", 500)),
+            int(doc.get("accepted", 0)),
+            int(doc.get("duplicates", 0)),
+            int(doc.get("stale", 0)),
+            str(doc.get("status", "")),
+            doc.get("error"),
+        )
+
+    @property
+    def message(self) -> str:
+        return str((self.error or {}).get("message", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class ReportsReply:
+    """The reply of REPORTS_PATH: one result per report, in order."""
+
+    results: list[ReportResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"results": [r.to_dict() for r in self.results]}
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ReportsReply:
+        return cls([ReportResult.from_dict(r) for r in json.loads(data)["results"]])

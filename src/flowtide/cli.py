@@ -1532,8 +1532,8 @@ def worker_cmd(
 
     from flowtide.auth.login import read_token_file
     from flowtide.errors import AuthError, FlowtideError, NatsError, ToolError
-    from flowtide.runtime.remote import RemoteWorker
     from flowtide.tools.python_pool import Isolation
+    from flowtide.worker import Worker as RemoteWorker
 
     try:
         python = Isolation(

@@ -209,3 +209,30 @@ def test_wire_imports_neither_side() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_the_worker_imports_no_server() -> None:
+    """Neither in its source (lazy imports included) nor once loaded."""
+    import ast
+    from pathlib import Path
+
+    import flowtide.worker
+
+    root = Path(flowtide.worker.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith("flowtide.server"), f"{path.name} imports {name}"
+    code = (
+        "import sys, flowtide.worker; "
+        "print(sorted(m for m in sys.modules if m.startswith('flowtide.server')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"

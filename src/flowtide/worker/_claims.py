@@ -1,0 +1,69 @@
+"""Claims: the notifications that arrived together, claimed in one request (CLAIM_PATH).
+Per command exactly one claimer wins; a loser acks and moves on."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from flowtide.wire import (
+    CLAIM_PATH,
+    Claimed,
+    ClaimReply,
+    ClaimRequest,
+    ExecutionShare,
+    Notification,
+)
+from flowtide.worker._api import Api
+
+__all__ = ["claim"]
+
+log = logging.getLogger("flowtide.worker")
+
+
+async def claim(
+    api: Api, worker_id: str, msgs: list[Any], release: Callable[[int], None]
+) -> list[tuple[Claimed, ExecutionShare]]:
+    """Claim the notifications `msgs` in one request and settle them (ack, nak or term);
+    the commands won, each with what its execution's commands share. `release(n)` gives
+    back the slots of the notifications that won nothing."""
+    notes: list[Notification] = []
+    kept: list[Any] = []
+    for msg in msgs:
+        try:
+            notes.append(Notification.from_json(msg.data))
+            kept.append(msg)
+        except ValueError as exc:
+            # Not ours to run, ever: dropped rather than redelivered forever.
+            log.warning("unreadable notification %r: %s", msg.data[:200], exc)
+            with contextlib.suppress(Exception):
+                await msg.term()
+            release(1)
+    if not notes:
+        return []
+    request = ClaimRequest(worker_id, [n.claim_item() for n in notes])
+    try:
+        r = await api.post_json(CLAIM_PATH, request.to_json())
+        r.raise_for_status()
+        reply = ClaimReply.from_json(r.body)
+    except Exception as exc:  # noqa: BLE001 - the notifications come back later
+        log.warning("claim of %d commands failed: %s", len(notes), exc)
+        for msg in kept:
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+        release(len(kept))
+        return []
+    # Claimed or not, the notifications have done their job: the claim row is the
+    # durable record, and the reaper re-issues a claimed command that is lost.
+    for msg in kept:
+        with contextlib.suppress(Exception):
+            await msg.ack()
+    won = []
+    for result in reply.results:
+        if isinstance(result, Claimed):
+            won.append((result, reply.executions[result.command.execution_id]))
+        else:
+            release(1)
+    return won

@@ -1,0 +1,216 @@
+"""Running a claimed command in one of the worker's threads: the step's playbook (parsed
+once per text), its context rebuilt from the claim reply, and what the step's tools ask
+the server meanwhile (credentials, cancellation, sub-playbooks) on a blocking httpx
+client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from flowtide.engine.events import Event
+from flowtide.engine.state import context_from_parts
+from flowtide.ids import Snowflake
+from flowtide.playbook.loader import parse_playbook
+from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
+from flowtide.tools.registry import cancel_running
+from flowtide.wire import (
+    CANCELLATION_CHECK_PATH,
+    CHILD_RESULT_PATH,
+    CREDENTIALS_PATH,
+    EXECUTE_PATH,
+    Claimed,
+    ExecutionShare,
+)
+
+__all__ = ["CommandCredentials", "CommandRunner"]
+
+
+class CommandCredentials:
+    """A command's credential resolver: the server gives a credential's body to the
+    worker that holds a live claim on the command, and to nobody else (workers have no
+    master key). Bodies are kept for the command's run only."""
+
+    def __init__(
+        self, client: httpx.Client, worker_id: str, execution_id: int, command_id: int
+    ) -> None:
+        self.client = client
+        self.body = {
+            "worker_id": worker_id,
+            "execution_id": str(execution_id),
+            "command_id": str(command_id),
+        }
+        self._got: dict[str, dict[str, Any]] = {}
+
+    def resolve(self, alias: str) -> dict[str, Any]:
+        from flowtide.errors import CredentialError
+
+        found = self._got.get(alias)
+        if found is not None:
+            return found
+        try:
+            r = self.client.post(CREDENTIALS_PATH, json={**self.body, "name": alias})
+        except httpx.HTTPError as exc:
+            raise CredentialError(f"credential '{alias}': server unreachable: {exc}") from None
+        if r.status_code == 404:
+            raise CredentialError(
+                f"credential '{alias}' is not defined on the server; an admin adds it with:"
+                f" flowtide credential set {alias} --server URL --json '{{...}}'",
+                missing=True,
+            )
+        if r.status_code == 422:
+            raise CredentialError(f"'{alias}' is not a credential alias")
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            raise CredentialError(f"credential '{alias}': HTTP {r.status_code}: {message}")
+        body = r.json()["data"]
+        self._got[alias] = body
+        return dict(body)
+
+
+class CommandRunner:
+    """Runs claimed commands (thread-safe: one serves all the worker's threads)."""
+
+    def __init__(
+        self,
+        client: httpx.Client,
+        *,
+        worker_id: str,
+        pool: str,
+        home: Path,
+        template_env: Mapping[str, str],
+        ids: Snowflake,
+    ) -> None:
+        self.client = client
+        self.worker_id = worker_id
+        self.pool = pool
+        self.home = home
+        self.template_env = template_env
+        self.ids = ids
+        self._runners: dict[tuple[str, str | None], StepRunner] = {}
+        self._runners_lock = threading.Lock()
+        self._cancel_cache: dict[int, tuple[float, bool]] = {}
+        #: Commands whose thread is still inside `run` (a stuck one keeps the process
+        #: from exiting normally: see `Worker.stuck`).
+        self.in_threads = 0
+        self._in_threads_lock = threading.Lock()
+
+    def runner(self, share: ExecutionShare) -> StepRunner:
+        # One parse per playbook text (the commands of an execution arrive together, and
+        # the same playbook runs again and again): parsing costs ~100 ms on a slow machine.
+        with self._runners_lock:
+            key = (share.playbook_text, share.playbook_file)
+            cached = self._runners.get(key)
+            if cached is None:
+                parsed = parse_playbook(share.playbook_text, share.playbook_file)
+                cached = StepRunner(
+                    parsed,
+                    run_playbook=self.run_child,
+                    data_dir=(self.home / "data").absolute(),
+                )
+                if len(self._runners) >= 64:
+                    self._runners.pop(next(iter(self._runners)))
+                self._runners[key] = cached
+            return cached
+
+    def cancelled(self, execution_id: int) -> bool:
+        now = time.monotonic()
+        cached = self._cancel_cache.get(execution_id)
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        try:
+            r = self.client.get(CANCELLATION_CHECK_PATH.format(execution_id=execution_id))
+            flag = bool(r.json().get("cancelled")) if r.status_code == 200 else False
+        except httpx.HTTPError:
+            flag = False
+        self._cancel_cache[execution_id] = (now, flag)
+        if flag:
+            cancel_running(execution_id)
+        return flag
+
+    def run(self, claimed: Claimed, share: ExecutionShare) -> list[Event]:
+        with self._in_threads_lock:
+            self.in_threads += 1
+        try:
+            return self._run(claimed, share)
+        finally:
+            with self._in_threads_lock:
+                self.in_threads -= 1
+
+    def _run(self, claimed: Claimed, share: ExecutionShare) -> list[Event]:
+        command = claimed.command
+        runner = self.runner(share)
+        step = runner.playbook.steps[command.step]
+        parts = share.context
+        base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
+        ctx = parts["ctx"]
+        credentials = CommandCredentials(
+            self.client, self.worker_id, command.execution_id, command.command_id
+        )
+        try:
+            if command.extra.get("cursor"):
+                outcome = runner.claim(
+                    step,
+                    base,
+                    ctx,
+                    execution_id=command.execution_id,
+                    credentials=credentials,
+                )
+            else:
+                outcome = runner.run(
+                    step,
+                    base,
+                    ctx,
+                    execution_id=command.execution_id,
+                    credentials=credentials,
+                    iterator=claimed.iterator,
+                    element=claimed.element,
+                    index=command.loop_index,
+                    cancelled=lambda: self.cancelled(command.execution_id),
+                )
+        except Exception as exc:  # noqa: BLE001 - report, never lose a command
+            outcome = crashed(exc)
+        return outcome_events(command, outcome, self.ids.next_id, self.worker_id)
+
+    def run_child(
+        self,
+        *,
+        path: str,
+        workload: dict[str, Any],
+        return_step: str | None,
+        parent_execution_id: int,
+        base_dir: Path,
+    ) -> Any:
+        """A `playbook` step: start the child through the API and wait for it."""
+        from flowtide.errors import ToolError
+
+        r = self.client.post(
+            EXECUTE_PATH,
+            json={
+                "path": path,
+                "payload": workload,
+                "pool": self.pool,
+                "parent_execution_id": parent_execution_id,
+            },
+        )
+        if r.status_code >= 400:
+            message = r.json().get("error", {}).get("message", r.text)
+            raise ToolError(f"sub-playbook '{path}': {message}", kind="playbook_error")
+        child = r.json()["execution_id"]
+        while True:
+            # The intact result, not the masked document: the parent's step uses it.
+            doc = self.client.get(CHILD_RESULT_PATH.format(execution_id=child)).json()
+            if doc["status"] != "running":
+                break
+            time.sleep(0.1)
+        return child_result(
+            path, child, doc["status"], doc.get("error"), doc["steps"], doc["result"], return_step
+        )

@@ -1,0 +1,323 @@
+"""The worker: pulls its pool's notifications, claims, runs and reports commands, and
+keeps its leases alive until `stop()` (then a grace period, then hands back the rest)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from flowtide.ids import Snowflake
+from flowtide.natsauth import NatsAuth, connect_nats
+from flowtide.playbook.template import visible_env
+from flowtide.tools.python_pool import Isolation
+from flowtide.tools.registry import cancel_running
+from flowtide.wire import (
+    COMMAND_STREAM,
+    DEREGISTER_PATH,
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    RELEASE_PATH,
+    Claimed,
+    ExecutionShare,
+    pool_consumer,
+    worker_inbox,
+)
+from flowtide.worker._api import Api, ApiError
+from flowtide.worker._claims import claim
+from flowtide.worker._commands import CommandRunner
+from flowtide.worker._pull import Puller, check_consumer
+from flowtide.worker._python import start_python
+from flowtide.worker._reports import Reporter
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("flowtide.worker")
+
+
+class Worker:
+    """Claims and runs commands of one pool until `stop()`."""
+
+    def __init__(
+        self,
+        server: str,
+        nats_url: str,
+        *,
+        pool: str = "default",
+        concurrency: int = 8,
+        worker_id: str | None = None,
+        home: Path | None = None,
+        token: str | None = None,
+        nats_auth: NatsAuth | None = None,
+        ca: str | None = None,
+        python: Isolation | None = None,
+        grace: float = 10.0,
+    ) -> None:
+        """`token` and `ca`: see flowtide.auth.login and flowtide.tls (FLOWTIDE_TOKEN,
+        FLOWTIDE_CA and FLOWTIDE_CLIENT_CERT/KEY by default). `python`: how python steps
+        run (default: in child processes, `Isolation.from_env(mode="process")`). `grace`:
+        seconds that running commands get to finish once `stop()` is called; what is still
+        running then is stopped and handed back to the server for another worker.
+
+        Raises:
+            FlowtideError: the token file or a TLS file cannot be read, or a python
+                setting is not understood.
+        """
+        from flowtide.auth.login import resolve_token
+        from flowtide.tls import client_tls
+
+        self.server = server.rstrip("/")
+        token = resolve_token(self.server, token)
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._tls = client_tls(self.server, ca=ca).context()
+        self.nats_url = nats_url
+        self.nats_auth = nats_auth if nats_auth is not None else NatsAuth()
+        self.pool = pool
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.home = home or Path(".flowtide")
+        self.ids = Snowflake()
+        self.running = 0
+        self.completed = 0
+        # Commands claimed and not yet reported: the heartbeat extends only their leases.
+        self.held: set[int] = set()
+        self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=self.worker_id)
+        self._stop = asyncio.Event()
+        #: Fetched notifications not yet settled (claim lost, or command reported).
+        self._taken = 0
+        self._slot_freed = asyncio.Event()
+        # Reports are retried while the server is away for up to four leases (the
+        # register reply sets the lease).
+        self._reports = Reporter(self.worker_id, 120.0)
+        self._sync = httpx.Client(
+            base_url=self.server, timeout=30.0, headers=self._headers, verify=self._tls
+        )
+        # A worker shows templates only the variables FLOWTIDE_TEMPLATE_ENV lists.
+        self.template_env = visible_env(os.environ, embedded=False)
+        self._commands = CommandRunner(
+            self._sync,
+            worker_id=self.worker_id,
+            pool=self.pool,
+            home=self.home,
+            template_env=self.template_env,
+            ids=self.ids,
+        )
+        self.python = python or Isolation.from_env(mode="process", embedded=False)
+        self.grace = grace
+        #: Set once the grace period is over: what finishes now is handed back, not reported.
+        self._handing_back = False
+
+    def stop(self) -> None:
+        """Stop claiming; running commands get `grace` seconds (see `__init__`)."""
+        self._stop.set()
+
+    @property
+    def stuck(self) -> bool:
+        """Whether threads are still running commands (code that cannot be interrupted):
+        the process should then end without waiting for them."""
+        return self._commands.in_threads > 0
+
+    async def run(self) -> None:
+        from flowtide.redaction import install_log_masking
+
+        # Values the steps' tools touch are masked in this process's logs.
+        install_log_masking()
+        # Before it registers: a worker whose python steps cannot start takes no command.
+        await start_python(self.python, self.worker_id)
+        async with Api(self.server, 30.0, self._headers, self._tls) as client:
+            self.client = client
+            # NATS first: credentials it refuses end the worker before it registers. Its
+            # replies come to the pool's own inbox prefix, the one its user may read.
+            nc = await connect_nats(
+                self.nats_url,
+                self.nats_auth,
+                name=self.worker_id,
+                inbox_prefix=worker_inbox(self.pool),
+            )
+            try:
+                # Registering makes the server create the pool's consumer if missing.
+                await self._register()
+                durable = pool_consumer(self.pool)
+                await check_consumer(
+                    nc.jetstream(), durable, nats_url=self.nats_url, pool=self.pool
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                raise
+            puller = Puller(nc, COMMAND_STREAM, durable, self._slot_freed)
+            await puller.start()
+            # Paid once here rather than inside the first HTTP step it runs.
+            from flowtide.tools import http as http_tool
+
+            await asyncio.to_thread(http_tool.warm_up)
+            beat = asyncio.create_task(self._heartbeat())
+            reporter = asyncio.create_task(self._reports.run(client))
+            asker = asyncio.create_task(self._ask(puller))
+            tasks: set[asyncio.Task[None]] = set()
+            try:
+                while not self._stop.is_set():
+                    # A slot is taken from the delivery until the command's report is
+                    # settled (or its claim is lost): no more is asked for than can run.
+                    msgs = await puller.take(timeout=1.0)
+                    if not msgs:
+                        continue
+                    self._taken += len(msgs)
+                    task = asyncio.create_task(self._claim(msgs, tasks))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            finally:
+                asker.cancel()
+                for msg in await puller.close():
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                # The heartbeat goes on meanwhile: it keeps the running commands' leases.
+                await self._finish(tasks)
+                beat.cancel()
+                reporter.cancel()
+                with contextlib.suppress(Exception):
+                    await client.post(
+                        DEREGISTER_PATH,
+                        {"worker_id": self.worker_id, "running": 0},
+                    )
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                self._threads.shutdown(wait=False, cancel_futures=True)
+                self._sync.close()
+
+    async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Let running commands finish for `grace` seconds; then stop them (python child
+        processes killed, Spark jobs cancelled) and hand them back to the server, which
+        issues them again for another worker at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        while tasks and loop.time() < deadline:
+            await asyncio.wait(list(tasks), timeout=deadline - loop.time())
+        if not tasks:
+            return
+        # First: whatever finishes from here on is not reported (it was handed back).
+        self._handing_back = True
+        held = sorted(self.held)
+        log.warning(
+            "grace period (%gs) over: stopping %d running commands and handing them back",
+            self.grace,
+            len(held),
+        )
+        if held:
+            try:
+                r = await self.client.post(
+                    RELEASE_PATH,
+                    {"worker_id": self.worker_id, "commands": [str(c) for c in held]},
+                )
+                r.raise_for_status()
+            except ApiError as exc:
+                # Their leases run out instead: the reaper issues them again later.
+                log.warning("handing back %d commands failed: %s", len(held), exc)
+        cancel_running(None)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(list(tasks), timeout=2.0)
+
+    async def _ask(self, puller: Puller) -> None:
+        """Keep pull requests open for the free slots: asks again when a slot frees up, a
+        request ends, or nothing arrived for a second."""
+        while True:
+            self._slot_freed.clear()
+            await puller.ask(self.concurrency - self._taken)
+            await self._slot_freed.wait()
+
+    def _release(self, n: int = 1) -> None:
+        self._taken -= n
+        self._slot_freed.set()
+
+    async def _register(self) -> None:
+        r = await self.client.post(
+            REGISTER_PATH,
+            {
+                "worker_id": self.worker_id,
+                "pool": self.pool,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "concurrency": self.concurrency,
+            },
+        )
+        if r.status_code in (401, 403):
+            from flowtide.errors import AuthError
+
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            hint = (
+                " (give the worker a token of role worker: FLOWTIDE_TOKEN, FLOWTIDE_TOKEN_FILE"
+                " or --token-file)"
+                if r.status_code == 401
+                else ""
+            )
+            raise AuthError(
+                f"{self.server} refused worker {self.worker_id}: {message}{hint}",
+                status=r.status_code,
+            )
+        r.raise_for_status()
+        self.lease = float(r.json().get("lease", 30.0))
+        self._reports.patience = max(60.0, 4 * self.lease)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.5, self.lease / 6))
+            try:
+                r = await self.client.post(
+                    HEARTBEAT_PATH,
+                    {
+                        "worker_id": self.worker_id,
+                        "running": self.running,
+                        "commands": [str(c) for c in self.held],
+                    },
+                )
+                if r.status_code == 404:
+                    # The server no longer knows this worker (its row was removed): the
+                    # beats would extend nothing until it registers again.
+                    log.warning("heartbeat: worker %s unknown, registering again", self.worker_id)
+                    await self._register()
+                    continue
+                r.raise_for_status()
+            except ApiError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:
+        """Claim the notifications that arrived together in one request, ack them, and
+        start the commands won."""
+        for claimed, share in await claim(self.client, self.worker_id, msgs, self._release):
+            task = asyncio.create_task(self._handle(claimed, share))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _handle(self, claimed: Claimed, share: ExecutionShare) -> None:
+        command_id = claimed.command.command_id
+        execution_id = claimed.command.execution_id
+        self.held.add(command_id)
+        self.running += 1
+        try:
+            try:
+                events = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._commands.run, claimed, share
+                )
+            finally:
+                self.running -= 1
+            if self._handing_back:
+                return  # handed back to the server: another worker runs it again
+            await self._reports.send(execution_id, [e.to_dict() for e in events])
+            self.completed += 1
+        except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
+            # Its lease runs out and the reaper issues it again.
+            log.warning("command %s of execution %s: %s", command_id, execution_id, exc)
+        finally:
+            self.held.discard(command_id)
+            self._release()

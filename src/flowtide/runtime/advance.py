@@ -22,69 +22,13 @@ from flowtide.engine.decide import decide
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState, secret_values
 from flowtide.loopstate import LoopState
-from flowtide.playbook.model import Playbook
 from flowtide.redaction import remember
 from flowtide.store.base import CommandUpdate, ExecutionUpdate
 
-__all__ = ["Advance", "Advancer", "inherited_secrets_event", "initialized_event"]
+__all__ = ["Advance", "Advancer"]
 
 _FILTERED = frozenset({ev.COMMAND_COMPLETED, ev.COMMAND_FAILED, ev.LOOP_DONE, ev.LOOP_STARTED})
 _REPORTS = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
-
-
-def initialized_event(
-    playbook: Playbook,
-    execution_id: int,
-    workload: dict[str, Any],
-    *,
-    event_id: int,
-    now: float,
-    parent_execution_id: int | None = None,
-    parent_command_id: int | None = None,
-    **extra: Any,
-) -> Event:
-    """The `playbook.initialized` event that starts an execution (`extra` joins its
-    payload, e.g. the server's worker pool)."""
-    return Event(
-        event_id=event_id,
-        execution_id=execution_id,
-        type=ev.PLAYBOOK_INITIALIZED,
-        status="running",
-        payload={
-            "workload": workload,
-            "playbook": {
-                "name": playbook.name,
-                "path": playbook.path,
-                "version": playbook.version,
-                "file": playbook.file,
-            },
-            "parent_execution_id": parent_execution_id,
-            "parent_command_id": parent_command_id,
-            **extra,
-        },
-        time=now,
-    )
-
-
-def inherited_secrets_event(
-    execution_id: int,
-    secrets: frozenset[str],
-    *,
-    event_id: int,
-    now: float,
-    parent_execution_id: int,
-) -> Event:
-    """The `secrets.added` that gives a sub-playbook execution its parent's secret set
-    (its workload comes from the parent's data): it goes before `playbook.initialized`,
-    in the same batch."""
-    return Event(
-        event_id=event_id,
-        execution_id=execution_id,
-        type=ev.SECRETS_ADDED,
-        status="ok",
-        payload={"values": sorted(secrets), "parent_execution_id": parent_execution_id},
-        time=now,
-    )
 
 
 @dataclass

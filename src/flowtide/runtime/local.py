@@ -20,18 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.context import NO_ENV
 from flowtide.engine.events import Command, Event
+from flowtide.engine.start import start_execution
 from flowtide.engine.state import ExecutionState, fold
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
-from flowtide.playbook.template import render, visible_env
+from flowtide.playbook.template import visible_env
 from flowtide.redaction import remember
-from flowtide.runtime.advance import Advance, Advancer, inherited_secrets_event, initialized_event
-from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
+from flowtide.runtime.advance import Advance, Advancer
+from flowtide.runtime.command import run_command
+from flowtide.runtime.pipeline import StepRunner, child_result
 from flowtide.runtime.workers import WorkerPool
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
@@ -45,45 +46,6 @@ class _Execution:
     runner: StepRunner
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
-
-
-def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`overrides` over `base`, mapping into mapping (`--set a.b=1` keeps `a.c`)."""
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def render_workload(
-    playbook: Playbook,
-    execution_id: int,
-    overrides: Mapping[str, Any],
-    env: Mapping[str, str] = NO_ENV,
-) -> dict[str, Any]:
-    """The workload with overrides applied and its own templates rendered (`env`: the
-    environment variables its templates may read, see `visible_env`).
-
-    Raises:
-        TemplateError: a workload value refers to something that does not exist.
-    """
-    raw = _merge(playbook.workload, overrides)
-    scope = {
-        **raw,
-        "workload": raw,
-        "payload": dict(overrides),
-        "input": dict(overrides),
-        "execution_id": execution_id,
-        "job": {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id},
-        "env": env,
-    }
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        out[key] = render(value, scope, field=f"workload.{key}")
-    return out
 
 
 class LocalRuntime:
@@ -185,46 +147,23 @@ class LocalRuntime:
         Raises:
             TemplateError: the workload does not render.
         """
-        execution_id = self.ids.next_id()
-        rendered = render_workload(playbook, execution_id, workload or {}, self.template_env)
-        now = time.time()
         parent = self._states.get(parent_execution_id) if parent_execution_id else None
-        inherited = parent.secrets if parent is not None else frozenset()
-        self.store.create_execution(
-            execution_id,
-            playbook_path=playbook.path,
-            playbook_version=catalog_version,
-            playbook_file=playbook.file,
-            playbook_text=playbook.text,
-            workload=rendered,
-            parent_execution_id=parent_execution_id,
-            parent_command_id=parent_command_id,
-            created=now,
-            secrets=inherited,
-        )
-        self._register(playbook, execution_id)
-        await self._warm(playbook)
-        first = initialized_event(
+        start = start_execution(
             playbook,
-            execution_id,
-            rendered,
-            event_id=self.ids.next_id(),
-            now=now,
+            workload or {},
+            next_id=self.ids.next_id,
+            now=time.time(),
+            env=self.template_env,
+            catalog_version=catalog_version,
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
+            inherited=parent.secrets if parent is not None else frozenset(),
         )
-        if inherited and parent_execution_id is not None:
-            given = inherited_secrets_event(
-                execution_id,
-                inherited,
-                event_id=self.ids.next_id(),
-                now=now,
-                parent_execution_id=parent_execution_id,
-            )
-            await self._post([given, first])
-        else:
-            await self._post([first])
-        return execution_id
+        self.store.create_execution(start.execution_id, **start.columns())
+        self._register(playbook, start.execution_id)
+        await self._warm(playbook)
+        await self._post(start.events)
+        return start.execution_id
 
     async def resume(self, execution_id: int) -> ExecutionState:
         """Load a stopped execution from its event log and carry on where it stopped.
@@ -428,7 +367,6 @@ class LocalRuntime:
 
     def _dispatch(self, execution: _Execution, command: Command) -> None:
         state = execution.state
-        step = state.playbook.steps[command.step]
         base = state.context()
         ctx = state.ctx
         iterator = element = None
@@ -436,40 +374,30 @@ class LocalRuntime:
             loop = state.loops[(command.step, command.loop_instance or 0)]
             iterator = loop.iterator
             element = loop.collection[command.loop_index]
-        self._pool.submit(self._work, execution, command, step, base, ctx, iterator, element)
+        self._pool.submit(self._work, execution, command, base, ctx, iterator, element)
 
     def _work(
         self,
         execution: _Execution,
         command: Command,
-        step: Any,
         base: Mapping[str, Any],
         ctx: Mapping[str, Any],
         iterator: str | None,
         element: Any,
     ) -> None:
-        """Worker thread: run the command (a cursor loop's claim, or the step's tasks) and
-        post its events; a runtime bug becomes a failed command, never a lost one."""
-        runner = execution.runner
-        try:
-            if command.extra.get("cursor"):
-                outcome = runner.claim(step, base, ctx, execution_id=command.execution_id)
-            else:
-                outcome = runner.run(
-                    step,
-                    base,
-                    ctx,
-                    execution_id=command.execution_id,
-                    iterator=iterator,
-                    element=element,
-                    index=command.loop_index,
-                    cancelled=execution.cancelled.is_set,
-                )
-        except Exception as exc:  # noqa: BLE001 - report, never lose a command
-            outcome = crashed(exc)
-        self._post_threadsafe(
-            outcome_events(command, outcome, self.ids.next_id, threading.current_thread().name)
+        """Worker thread: run the command and post its events."""
+        events = run_command(
+            execution.runner,
+            command,
+            base,
+            ctx,
+            next_id=self.ids.next_id,
+            worker_id=threading.current_thread().name,
+            iterator=iterator,
+            element=element,
+            cancelled=execution.cancelled.is_set,
         )
+        self._post_threadsafe(events)
 
     # -- sub-playbooks -----------------------------------------------------------------
 

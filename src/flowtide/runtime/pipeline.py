@@ -1,6 +1,6 @@
-"""Run one command: a step's task(s), with policies, retries and task-level `set`.
+"""Run one step: its task(s), with policies, retries and task-level `set`.
 
-This is the worker side. It renders each task against the execution's context
+This is the worker side (`flowtide.runtime.command` runs a whole command with it). It renders each task against the execution's context
 snapshot plus the pipeline's own variables, calls the tool, evaluates the policy on
 NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
 """
@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowtide.engine import events as ev
 from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
 from flowtide.engine.decide import render_set
-from flowtide.engine.events import Command, Event
 from flowtide.engine.policy import retry_delay, select_rule
 from flowtide.errors import FlowtideError, TemplateError, ToolError
 from flowtide.playbook.model import Playbook, Step, Task
@@ -548,100 +546,3 @@ def _timeout(config: Mapping[str, Any]) -> float | None:
         return float(value) if value is not None else None
     except (TypeError, ValueError):
         return None
-
-
-def outcome_events(
-    command: Command, outcome: Outcome, new_id: Callable[[], int], worker: str
-) -> list[Event]:
-    """The events a worker reports for one command: command.started, `secrets.added` when
-    the tools touched secrets, a call.done or call.error per tool call, then
-    command.completed (or command.failed when the step's policy says fail)."""
-    eid = command.execution_id
-    base: dict[str, Any] = {"attempt": command.attempt}
-    if command.extra.get("cursor"):
-        base["loop_instance"] = command.loop_instance
-        base["cursor"] = True
-    elif command.loop_index is not None:
-        base["loop_instance"] = command.loop_instance
-        base["loop_index"] = command.loop_index
-    out = [
-        Event(
-            event_id=new_id(),
-            execution_id=eid,
-            type=ev.COMMAND_STARTED,
-            step=command.step,
-            status="running",
-            payload=dict(base),
-            parent_event_id=command.issued_event_id,
-            command_id=command.command_id,
-            worker_id=worker,
-            time=outcome.started,
-        )
-    ]
-    if outcome.secrets:
-        # Before the events that may hold the values: the whole report is sealed against
-        # the set they join, on the server as in this process.
-        out.append(
-            Event(
-                event_id=new_id(),
-                execution_id=eid,
-                type=ev.SECRETS_ADDED,
-                step=command.step,
-                status="ok",
-                payload={"values": sorted(outcome.secrets)},
-                parent_event_id=command.issued_event_id,
-                command_id=command.command_id,
-                worker_id=worker,
-                time=outcome.started,
-            )
-        )
-    for call in outcome.calls:
-        payload: dict[str, Any] = {
-            "task": call.task,
-            "attempt": call.attempt,
-            "duration_ms": call.duration_ms,
-        }
-        if call.stdout:
-            payload["stdout"] = call.stdout
-        if call.meta:
-            payload.update(call.meta)
-        out.append(
-            Event(
-                event_id=new_id(),
-                execution_id=eid,
-                type=ev.CALL_DONE if call.ok else ev.CALL_ERROR,
-                step=command.step,
-                status="ok" if call.ok else "error",
-                payload=payload,
-                error=call.error,
-                parent_event_id=command.issued_event_id,
-                command_id=command.command_id,
-                worker_id=worker,
-                time=call.started,
-            )
-        )
-    payload = dict(base)
-    payload.update({"status": outcome.status, "result": outcome.result, "action": outcome.action})
-    if outcome.jump_to:
-        payload["jump_to"] = outcome.jump_to
-    if outcome.ctx:
-        payload["ctx"] = outcome.ctx
-    if outcome.tasks:
-        payload["tasks"] = outcome.tasks
-    completed = outcome.action != "fail"
-    out.append(
-        Event(
-            event_id=new_id(),
-            execution_id=eid,
-            type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED,
-            step=command.step,
-            status=outcome.status,
-            payload=payload,
-            error=outcome.error,
-            parent_event_id=command.issued_event_id,
-            command_id=command.command_id,
-            worker_id=worker,
-            time=time.time(),
-        )
-    )
-    return out

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
+from flowtide.engine.start import start_execution
 from flowtide.engine.state import CommandRecord, ExecutionState, LoopRecord
 from flowtide.errors import AuthError, FlowtideError, NotFoundError
 from flowtide.ids import Snowflake
@@ -31,8 +32,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import visible_env
 from flowtide.redaction import remember
-from flowtide.runtime.advance import Advance, Advancer, inherited_secrets_event, initialized_event
-from flowtide.runtime.local import render_workload
+from flowtide.runtime.advance import Advance, Advancer
 from flowtide.server import metrics
 from flowtide.server.outbox import OUTBOX_HOLD, OutboxRow
 from flowtide.store.base import CommandUpdate
@@ -352,41 +352,21 @@ class Coordinator:
             # A sub-playbook's workload comes from its parent's data: it is sealed (and
             # shown) with the parent's secrets.
             inherited = (await self.state(parent_execution_id)).secrets
-        execution_id = self.ids.next_id()
-        rendered = render_workload(playbook, execution_id, workload or {}, self.template_env)
-        now = time.time()
-        first = initialized_event(
+        start = start_execution(
             playbook,
-            execution_id,
-            rendered,
-            event_id=self.ids.next_id(),
-            now=now,
+            workload or {},
+            next_id=self.ids.next_id,
+            now=time.time(),
+            env=self.template_env,
+            catalog_version=catalog_version,
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
+            inherited=inherited,
             pool=pool,
         )
-        insert = self.store.execution_insert(
-            execution_id,
-            playbook_path=playbook.path,
-            playbook_version=catalog_version,
-            playbook_file=playbook.file,
-            playbook_text=playbook.text,
-            workload=rendered,
-            parent_execution_id=parent_execution_id,
-            parent_command_id=parent_command_id,
-            created=now,
-            secrets=inherited,
-        )
-        incoming = [first]
-        if inherited and parent_execution_id is not None:
-            given = inherited_secrets_event(
-                execution_id,
-                inherited,
-                event_id=self.ids.next_id(),
-                now=now,
-                parent_execution_id=parent_execution_id,
-            )
-            incoming = [given, first]
+        execution_id = start.execution_id
+        insert = self.store.execution_insert(execution_id, **start.columns())
+        incoming = start.events
 
         def create(conn: psycopg.Connection) -> None:
             if parent_execution_id is not None:

@@ -17,7 +17,8 @@ from flowtide.engine.events import Event
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
 from flowtide.playbook.loader import parse_playbook
-from flowtide.runtime.pipeline import StepRunner, child_result, crashed, outcome_events
+from flowtide.runtime.command import run_command
+from flowtide.runtime.pipeline import StepRunner, child_result
 from flowtide.tools.registry import cancel_running
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
@@ -148,37 +149,24 @@ class CommandRunner:
     def _run(self, claimed: Claimed, share: ExecutionShare) -> list[Event]:
         command = claimed.command
         runner = self.runner(share)
-        step = runner.playbook.steps[command.step]
         parts = share.context
         base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
         ctx = parts["ctx"]
         credentials = CommandCredentials(
             self.client, self.worker_id, command.execution_id, command.command_id
         )
-        try:
-            if command.extra.get("cursor"):
-                outcome = runner.claim(
-                    step,
-                    base,
-                    ctx,
-                    execution_id=command.execution_id,
-                    credentials=credentials,
-                )
-            else:
-                outcome = runner.run(
-                    step,
-                    base,
-                    ctx,
-                    execution_id=command.execution_id,
-                    credentials=credentials,
-                    iterator=claimed.iterator,
-                    element=claimed.element,
-                    index=command.loop_index,
-                    cancelled=lambda: self.cancelled(command.execution_id),
-                )
-        except Exception as exc:  # noqa: BLE001 - report, never lose a command
-            outcome = crashed(exc)
-        return outcome_events(command, outcome, self.ids.next_id, self.worker_id)
+        return run_command(
+            runner,
+            command,
+            base,
+            ctx,
+            next_id=self.ids.next_id,
+            worker_id=self.worker_id,
+            iterator=claimed.iterator,
+            element=claimed.element,
+            credentials=credentials,
+            cancelled=lambda: self.cancelled(command.execution_id),
+        )
 
     def run_child(
         self,

@@ -1,0 +1,154 @@
+"""Running one command, the same way in every runtime that runs commands (the embedded
+runtime's threads, a worker's threads): the step's tasks through a `StepRunner` (or a
+cursor loop's claim query), then the events that report it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flowtide.engine import events as ev
+from flowtide.engine.events import Command, Event
+from flowtide.runtime.pipeline import Outcome, StepRunner, crashed
+
+__all__ = ["outcome_events", "run_command"]
+
+
+def run_command(
+    runner: StepRunner,
+    command: Command,
+    base: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    *,
+    next_id: Callable[[], int],
+    worker_id: str,
+    iterator: str | None = None,
+    element: Any = None,
+    credentials: Any = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> list[Event]:
+    """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
+    when it is an iteration) against the execution's context `base` and `ctx`; the
+    events to report, ids from `next_id`. A runtime bug becomes a failed command, never
+    a lost one. `credentials`: the command's resolver (default: the runner's own).
+    """
+    step = runner.playbook.steps[command.step]
+    try:
+        if command.extra.get("cursor"):
+            outcome = runner.claim(
+                step, base, ctx, execution_id=command.execution_id, credentials=credentials
+            )
+        else:
+            outcome = runner.run(
+                step,
+                base,
+                ctx,
+                execution_id=command.execution_id,
+                credentials=credentials,
+                iterator=iterator,
+                element=element,
+                index=command.loop_index,
+                cancelled=cancelled,
+            )
+    except Exception as exc:  # noqa: BLE001 - report, never lose a command
+        outcome = crashed(exc)
+    return outcome_events(command, outcome, next_id, worker_id)
+
+
+def outcome_events(
+    command: Command, outcome: Outcome, new_id: Callable[[], int], worker: str
+) -> list[Event]:
+    """The events a worker reports for one command: command.started, `secrets.added` when
+    the tools touched secrets, a call.done or call.error per tool call, then
+    command.completed (or command.failed when the step's policy says fail)."""
+    eid = command.execution_id
+    base: dict[str, Any] = {"attempt": command.attempt}
+    if command.extra.get("cursor"):
+        base["loop_instance"] = command.loop_instance
+        base["cursor"] = True
+    elif command.loop_index is not None:
+        base["loop_instance"] = command.loop_instance
+        base["loop_index"] = command.loop_index
+    out = [
+        Event(
+            event_id=new_id(),
+            execution_id=eid,
+            type=ev.COMMAND_STARTED,
+            step=command.step,
+            status="running",
+            payload=dict(base),
+            parent_event_id=command.issued_event_id,
+            command_id=command.command_id,
+            worker_id=worker,
+            time=outcome.started,
+        )
+    ]
+    if outcome.secrets:
+        # Before the events that may hold the values: the whole report is sealed against
+        # the set they join, on the server as in this process.
+        out.append(
+            Event(
+                event_id=new_id(),
+                execution_id=eid,
+                type=ev.SECRETS_ADDED,
+                step=command.step,
+                status="ok",
+                payload={"values": sorted(outcome.secrets)},
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=worker,
+                time=outcome.started,
+            )
+        )
+    for call in outcome.calls:
+        payload: dict[str, Any] = {
+            "task": call.task,
+            "attempt": call.attempt,
+            "duration_ms": call.duration_ms,
+        }
+        if call.stdout:
+            payload["stdout"] = call.stdout
+        if call.meta:
+            payload.update(call.meta)
+        out.append(
+            Event(
+                event_id=new_id(),
+                execution_id=eid,
+                type=ev.CALL_DONE if call.ok else ev.CALL_ERROR,
+                step=command.step,
+                status="ok" if call.ok else "error",
+                payload=payload,
+                error=call.error,
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=worker,
+                time=call.started,
+            )
+        )
+    payload = dict(base)
+    payload.update({"status": outcome.status, "result": outcome.result, "action": outcome.action})
+    if outcome.jump_to:
+        payload["jump_to"] = outcome.jump_to
+    if outcome.ctx:
+        payload["ctx"] = outcome.ctx
+    if outcome.tasks:
+        payload["tasks"] = outcome.tasks
+    completed = outcome.action != "fail"
+    out.append(
+        Event(
+            event_id=new_id(),
+            execution_id=eid,
+            type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED,
+            step=command.step,
+            status=outcome.status,
+            payload=payload,
+            error=outcome.error,
+            parent_event_id=command.issued_event_id,
+            command_id=command.command_id,
+            worker_id=worker,
+            time=time.time(),
+        )
+    )
+    return out

@@ -13,12 +13,11 @@ import typer
 
 from flowtide.auth.cli import token_app
 from flowtide.dev.cli import dev_app
+from flowtide.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from flowtide.urls import redact_url, scrub_url
 
 if TYPE_CHECKING:
     from flowtide.store.base import Store
-
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 app = typer.Typer(
     help=(

@@ -21,19 +21,12 @@ from typing import Any
 
 import httpx
 
+from flowtide.errors import ServerError
 from flowtide.urls import redact_url
 
 __all__ = ["ServerClient", "ServerError"]
 
 TERMINAL = ("completed", "failed", "cancelled")
-
-
-class ServerError(Exception):
-    """The server refused a request (`status` is its HTTP status) or is unreachable (0)."""
-
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ServerClient:

@@ -8,16 +8,31 @@
     │   └── NotFoundError    no such execution / playbook / credential
     ├── CredentialError      missing alias, bad master key
     ├── AuthError            a request without valid credentials (401) or rights (403)
+    │   └── WrongPool        a worker's claim of another pool's command (403)
+    ├── ClaimConflict        a command already claimed or closed, or a stale notification
+    ├── ExecutionFinished    the execution is completed, failed or cancelled (execution_id)
+    ├── ServerError          a flowtide server refused a request (status) or is unreachable
     ├── NatsError            NATS unreachable, credentials refused or incomplete (url)
-    └── KVError              key-value port errors (see flowtide.kv)
+    ├── KVError              key-value port errors (see flowtide.kv)
+    ├── PostgresSetupError   a local PostgreSQL cluster cannot be set up (flowtide.dev)
+    └── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
 
 Errors carry their data as attributes; the message is for people.
 Nothing above an adapter sees a psycopg, sqlite3, httpx or duckdb exception.
+
+Each error meets its HTTP status in one place (`flowtide.server.problems.problem`) and
+its exit status in one place (`exit_code` below).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+#: Exit statuses of the `flowtide` command: done (a run that completed), failed (a run
+#: that failed, or a server or service that failed us), invalid (the input was refused).
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_INVALID: Final = 2
 
 
 class FlowtideError(Exception):
@@ -192,3 +207,48 @@ class NatsError(FlowtideError):
         self.message = message
         self.url = url
         super().__init__(message)
+
+
+class WrongPool(AuthError):
+    """A claim for a command of another pool than the claiming worker's (403)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=403)
+
+
+class ClaimConflict(FlowtideError):
+    """The command cannot be claimed (already claimed, finished, or a stale notification);
+    `holder` is the worker that holds it, when one does."""
+
+    def __init__(self, message: str, *, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class ExecutionFinished(FlowtideError):
+    """The execution is already completed, failed or cancelled (its log is closed)."""
+
+    def __init__(self, execution_id: int, status: str) -> None:
+        super().__init__(f"execution {execution_id} is {status}")
+        self.execution_id = execution_id
+        self.status = status
+
+
+class ServerError(FlowtideError):
+    """A flowtide server refused a request (`status` is its HTTP status) or gave no usable
+    answer (0: unreachable, the connection lost, a timeout)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status of a `flowtide` command that ends on `exc`: EXIT_INVALID when the
+    input was refused (a playbook, a template, a request the server answered 4xx),
+    EXIT_FAILED otherwise."""
+    if isinstance(exc, PlaybookError | TemplateError):
+        return EXIT_INVALID
+    if isinstance(exc, ServerError) and 400 <= exc.status < 500:
+        return EXIT_INVALID
+    return EXIT_FAILED

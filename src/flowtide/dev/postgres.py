@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from flowtide.errors import FlowtideError
+
 __all__ = ["LocalPostgres", "PostgresSetupError", "find_pg_bin", "free_port"]
 
 DEFAULT_USER = "flowtide"
@@ -39,7 +41,7 @@ _INSTALL_HINT = (
 )
 
 
-class PostgresSetupError(RuntimeError):
+class PostgresSetupError(FlowtideError, RuntimeError):
     """The cluster could not be created, started or stopped; the message says why."""
 
 

@@ -51,6 +51,7 @@ from flowtide.dev.nats import (
 )
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
 from flowtide.dev.tls import LocalCA
+from flowtide.errors import FlowtideError
 from flowtide.natsauth import ENV_CA as ENV_NATS_CA
 
 __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
@@ -60,7 +61,7 @@ DATABASE = "flowtide"
 KV_BUCKET = "flowtide_state"
 
 
-class DevStackError(RuntimeError):
+class DevStackError(FlowtideError, RuntimeError):
     """A part of the stack could not be started or stopped; the message says which and why."""
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flowtide.worker import ApiError
+from flowtide.errors import ServerError as ApiError
 from flowtide.worker import Worker as RemoteWorker
 from flowtide.worker._api import Reply as _Reply
 from flowtide.worker._reports import Reporter as _Reporter

@@ -65,7 +65,12 @@ from flowtide.server.fields import (
 )
 from flowtide.server.openapi import documented_methods, install_openapi
 from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
-from flowtide.server.problems import error_response, problem_responses
+from flowtide.server.problems import (
+    error_response,
+    problem,
+    problem_response,
+    problem_responses,
+)
 from flowtide.server.workers import WorkerRegistry
 from flowtide.urls import redact_url
 from flowtide.wire import (
@@ -423,22 +428,10 @@ def _item_doc(outcome: Any, ok: dict[str, Any]) -> dict[str, Any]:
     would have answered as its own request (code 5xx: not done, may be sent again)."""
     if not isinstance(outcome, BaseException):
         return {**ok, **outcome}
-    doc: dict[str, Any]
-    if isinstance(outcome, ClaimConflict):
-        doc = {"code": 409, "error": {"message": str(outcome), "holder": outcome.holder}}
-    elif isinstance(outcome, AuthError):
-        doc = {"code": outcome.status, "error": {"message": outcome.message}}
-    elif isinstance(outcome, NotFoundError):
-        doc = {"code": 404, "error": {"message": str(outcome)}}
-    elif isinstance(outcome, StoreError):
-        doc = {"code": 503, "error": {"message": f"store unavailable: {outcome}"}}
-    elif isinstance(outcome, FlowtideError):
-        doc = {"code": 422, "error": {"message": str(outcome)}}
-    else:
+    status, message, extra = problem(outcome)
+    if not isinstance(outcome, FlowtideError):
         log.exception("batch item failed", exc_info=outcome)
-        doc = {"code": 500, "error": {"message": f"{type(outcome).__name__}: {outcome}"}}
-    doc["error"]["message"] = mask_text(doc["error"]["message"], known())
-    return doc
+    return {"code": status, "error": {"message": mask_text(message, known()), **extra}}
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -500,7 +493,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.exception_handler(AuthError)
     async def _auth_error(request: Request, exc: AuthError) -> JSONResponse:
-        response = _error(exc.status, exc.message)
+        response = problem_response(exc)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="flowtide"'
         return response
@@ -531,17 +524,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         first = fields[0] if fields else {"field": "body", "message": "invalid"}
         return _error(422, f"{first['field']}: {first['message']}", fields=fields)
 
-    @app.exception_handler(NotFoundError)
-    async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
-        return _error(404, str(exc))
+    async def _problem(request: Request, exc: Exception) -> JSONResponse:
+        return problem_response(exc)
 
-    @app.exception_handler(ClaimConflict)
-    async def _conflict(request: Request, exc: ClaimConflict) -> JSONResponse:
-        return _error(409, str(exc), holder=exc.holder)
-
-    @app.exception_handler(StoreError)
-    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
-        return _error(503, f"store unavailable: {exc}")
+    # (A NotFoundError is a StoreError: the handler of its own class is the one taken.)
+    for error in (NotFoundError, ClaimConflict, StoreError):
+        app.add_exception_handler(error, _problem)
 
     # -- executions -----------------------------------------------------------------
 

@@ -25,7 +25,13 @@ from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.start import start_execution
 from flowtide.engine.state import CommandRecord, ExecutionState, LoopRecord
-from flowtide.errors import AuthError, FlowtideError, NotFoundError
+from flowtide.errors import (
+    ClaimConflict,
+    ExecutionFinished,
+    FlowtideError,
+    NotFoundError,
+    WrongPool,
+)
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
@@ -85,23 +91,6 @@ WORKER_EVENTS: Final = frozenset(
 )
 
 
-class ClaimConflict(FlowtideError):
-    """The command cannot be claimed (already claimed, finished, or a stale notification)."""
-
-    def __init__(self, message: str, *, holder: str | None = None) -> None:
-        super().__init__(message)
-        self.holder = holder
-
-
-class ExecutionFinished(FlowtideError):
-    """The execution is already completed, failed or cancelled (its log is closed)."""
-
-    def __init__(self, execution_id: int, status: str) -> None:
-        super().__init__(f"execution {execution_id} is {status}")
-        self.execution_id = execution_id
-        self.status = status
-
-
 #: The terminal statuses `finalize` can force, with the engine's events for each.
 FINALIZE_STATUSES: Final = {
     "failed": (ev.WORKFLOW_FAILED, ev.PLAYBOOK_FAILED),
@@ -135,13 +124,6 @@ class SubmitResult:
 #: What `_after` needs of a committed step: execution id, pool, the parts' results, the
 #: step's output and the outbox rows to publish.
 _After = tuple[int, str, list[SubmitResult], Advance, list[OutboxRow]]
-
-
-class WrongPool(AuthError):
-    """A claim for a command of another pool than the claiming worker's (403)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, status=403)
 
 
 @dataclass

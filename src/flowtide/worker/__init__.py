@@ -17,7 +17,6 @@ imports `flowtide.server`.
 
 from __future__ import annotations
 
-from flowtide.worker._api import ApiError
 from flowtide.worker._worker import Worker
 
-__all__ = ["ApiError", "Worker"]
+__all__ = ["Worker"]

@@ -9,11 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Api", "ApiError", "Reply"]
+from flowtide.errors import ServerError
 
-
-class ApiError(Exception):
-    """A call to the server that got no usable answer (connection, timeout, 4xx/5xx)."""
+__all__ = ["Api", "Reply"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,7 @@ class Reply:
 
     def raise_for_status(self) -> None:
         if self.status_code >= 400:
-            raise ApiError(f"HTTP {self.status_code}: {self.text[:500]}")
+            raise ServerError(f"HTTP {self.status_code}: {self.text[:500]}", self.status_code)
 
 
 class Api:
@@ -62,7 +60,7 @@ class Api:
         await self._session.close()
 
     async def post(self, path: str, body: Any) -> Reply:
-        """POST `body` as JSON; the reply, whatever its status. Raises ApiError when none
+        """POST `body` as JSON; the reply, whatever its status. Raises ServerError when none
         came (connection refused or lost, timeout)."""
         return await self.post_json(path, json.dumps(body).encode())
 
@@ -73,4 +71,4 @@ class Api:
             async with self._session.post(self.server + path, data=data, headers=headers) as r:
                 return Reply(r.status, await r.read())
         except self._errors as exc:
-            raise ApiError(f"POST {path}: {str(exc) or type(exc).__name__}") from exc
+            raise ServerError(f"POST {path}: {str(exc) or type(exc).__name__}") from exc

@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from flowtide.errors import ServerError
 from flowtide.wire import REPORTS_PATH, Report, ReportsReply, reports_body
-from flowtide.worker._api import Api, ApiError
+from flowtide.worker._api import Api
 
 __all__ = ["Reporter"]
 
@@ -103,7 +104,7 @@ class Reporter:
         body = reports_body(self.worker_id, [p.raw for p in batch])
         try:
             r = await client.post_json(REPORTS_PATH, body)
-        except ApiError as exc:
+        except ServerError as exc:
             return str(exc)
         if r.status_code >= 500:
             return f"HTTP {r.status_code}"

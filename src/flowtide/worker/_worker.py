@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from flowtide.errors import ServerError
 from flowtide.ids import Snowflake
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
@@ -30,7 +31,7 @@ from flowtide.wire import (
     pool_consumer,
     worker_inbox,
 )
-from flowtide.worker._api import Api, ApiError
+from flowtide.worker._api import Api
 from flowtide.worker._claims import claim
 from flowtide.worker._commands import CommandRunner
 from flowtide.worker._pull import Puller, check_consumer
@@ -217,7 +218,7 @@ class Worker:
                     {"worker_id": self.worker_id, "commands": [str(c) for c in held]},
                 )
                 r.raise_for_status()
-            except ApiError as exc:
+            except ServerError as exc:
                 # Their leases run out instead: the reaper issues them again later.
                 log.warning("handing back %d commands failed: %s", len(held), exc)
         cancel_running(None)
@@ -288,7 +289,7 @@ class Worker:
                     await self._register()
                     continue
                 r.raise_for_status()
-            except ApiError as exc:
+            except ServerError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
     async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:

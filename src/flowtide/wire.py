@@ -120,17 +120,6 @@ CANCELLATION_CHECK_PATH: Final = "/api/executions/{execution_id}/cancellation-ch
 CHILD_RESULT_PATH: Final = "/api/internal/executions/{execution_id}/result"
 
 
-def _id(value: Any) -> int:
-    """An id as either side writes it (a number, or the string of its digits)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"not an id: {value!r}")
-    return int(value)
-
-
-def _opt_id(value: Any) -> int | None:
-    return None if value is None else _id(value)
-
-
 # -- the notification ------------------------------------------------------------------------
 
 
@@ -180,11 +169,12 @@ class Notification:
         doc = json.loads(data)
         try:
             attempt = doc.get("attempt")
+            # Ids as either side writes them: a number, or the string of its digits.
             return cls(
-                _id(doc["event_id"]),
-                _id(doc["execution_id"]),
-                _id(doc["command_id"]),
-                int(attempt) if attempt is not None else None,
+                int(doc["event_id"]),
+                int(doc["execution_id"]),
+                int(doc["command_id"]),
+                None if attempt is None else int(attempt),
                 doc.get("step"),
             )
         except (KeyError, TypeError, AttributeError) as exc:
@@ -214,7 +204,7 @@ class ClaimItem:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ClaimItem:
-        return cls(_id(doc["execution_id"]), _id(doc["command_id"]), _id(doc["event_id"]))
+        return cls(int(doc["execution_id"]), int(doc["command_id"]), int(doc["event_id"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,31 +235,39 @@ class Claimed:
     lease: float = 30.0
 
     def to_dict(self) -> dict[str, Any]:
+        return self._into({})
+
+    def _into(self, doc: dict[str, Any]) -> dict[str, Any]:
         c = self.command
-        return {
-            "command": {
-                **c.to_dict(),
-                "command_id": str(c.command_id),
-                "execution_id": str(c.execution_id),
-                "issued_event_id": None if c.issued_event_id is None else str(c.issued_event_id),
-            },
-            "iterator": self.iterator,
-            "element": self.element,
-            "lease": self.lease,
+        issued = c.issued_event_id
+        doc["command"] = {
+            "command_id": str(c.command_id),
+            "execution_id": str(c.execution_id),
+            "step": c.step,
+            "attempt": c.attempt,
+            "loop_instance": c.loop_instance,
+            "loop_index": c.loop_index,
+            "issued_event_id": None if issued is None else str(issued),
+            "extra": c.extra,
         }
+        doc["iterator"] = self.iterator
+        doc["element"] = self.element
+        doc["lease"] = self.lease
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Claimed:
         raw = doc["command"]
+        issued = raw.get("issued_event_id")
         command = Command(
-            command_id=_id(raw["command_id"]),
-            execution_id=_id(raw["execution_id"]),
-            step=raw["step"],
-            attempt=int(raw["attempt"]),
-            loop_instance=raw.get("loop_instance"),
-            loop_index=raw.get("loop_index"),
-            issued_event_id=_opt_id(raw.get("issued_event_id") or None),
-            extra=raw.get("extra") or {},
+            int(raw["command_id"]),
+            int(raw["execution_id"]),
+            raw["step"],
+            int(raw["attempt"]),
+            raw.get("loop_instance"),
+            raw.get("loop_index"),
+            int(issued) if issued else None,
+            raw.get("extra") or {},
         )
         return cls(command, doc.get("iterator"), doc.get("element"), float(doc.get("lease", 30.0)))
 
@@ -325,7 +323,7 @@ class ClaimReply:
     def to_dict(self) -> dict[str, Any]:
         return {
             "results": [
-                {"code": 200, **r.to_dict()} if isinstance(r, Claimed) else r.to_dict()
+                r._into({"code": 200}) if isinstance(r, Claimed) else r.to_dict()
                 for r in self.results
             ],
             "executions": {str(k): v.to_dict() for k, v in self.executions.items()},
@@ -343,7 +341,7 @@ class ClaimReply:
                 else ClaimRefused(int(r.get("code", 500)), r.get("error") or {})
                 for r in doc["results"]
             ]
-            shared = {_id(k): ExecutionShare.from_dict(v) for k, v in doc["executions"].items()}
+            shared = {int(k): ExecutionShare.from_dict(v) for k, v in doc["executions"].items()}
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a claim reply: {exc!r}") from None
         return cls(results, shared)
@@ -365,7 +363,7 @@ class Report:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Report:
-        return cls(_id(doc["execution_id"]), list(doc["events"]))
+        return cls(int(doc["execution_id"]), list(doc["events"]))
 
 
 def reports_body(worker_id: str, encoded: Sequence[bytes]) -> bytes:

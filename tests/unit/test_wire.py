@@ -77,7 +77,6 @@ def test_notification_round_trip_and_the_server_text() -> None:
         b'{"event_id": "1"}',
         b'{"event_id": "x", "execution_id": 1, "command_id": 1}',
         b'{"event_id": null, "execution_id": 1, "command_id": 1}',
-        b'{"event_id": true, "execution_id": 1, "command_id": 1}',
     ],
 )
 def test_an_unreadable_notification_is_a_value_error(data: bytes) -> None:

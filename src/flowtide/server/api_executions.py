@@ -26,16 +26,15 @@ from flowtide.engine.events import Event
 from flowtide.engine.state import secret_values
 from flowtide.errors import NotFoundError
 from flowtide.redaction import mask_value
-from flowtide.sealing import SEALED_PREFIX
 from flowtide.server.app import _error, _event_doc
 from flowtide.server.coordinator import TERMINAL, Coordinator, ExecutionFinished
 from flowtide.server.fields import INT64_MAX, IdPath, RequestBody
 from flowtide.server.problems import problem_responses
-from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
+from flowtide.store import pg
+from flowtide.store.codec import load_json
+from flowtide.store.pg.events import LogPosition
 
 if TYPE_CHECKING:
-    import psycopg
-
     from flowtide.server.app import _Runtime
 
 __all__ = ["executions_router"]
@@ -51,17 +50,6 @@ _NAME_RULE: Final = "a variable name is a letter or _ then letters, digits or _ 
 #: A variable travels in every command's context: large data belongs in a result
 #: reference, not here.
 MAX_VALUE_BYTES: Final = 256 * 1024
-
-# Transaction ids older than every transaction still in progress belong to finished
-# transactions, and every transaction to come gets a larger one: below this horizon the
-# (xact, seq) order of the log is final. Transactions of other databases of the server
-# cannot write this log, so they do not hold the stream back.
-_HORIZON: Final = (
-    "SELECT COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
-    " WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_xid = xid(x)"
-    " AND a.datname <> current_database())), pg_snapshot_xmax(pg_current_snapshot()))"
-)
-_START: Final = ("0", 0)
 
 
 def _check_name(name: str) -> str:
@@ -147,64 +135,43 @@ class DeletedResponse(BaseModel):
 
 @dataclass
 class _Poll:
-    events: list[tuple[Event, tuple[str, int]]]
+    events: list[tuple[Event, LogPosition]]
     status: str
     error: Any
     #: The execution is terminal and nothing is left to stream.
     finished: bool
 
 
-def _cursor_of(conn: psycopg.Connection, execution_id: int, event_id: int) -> tuple[str, int]:
-    row = conn.execute(
-        "SELECT xact::text, seq FROM event WHERE execution_id = %s AND event_id = %s",
-        (execution_id, event_id),
-    ).fetchone()
-    if row is None:
-        raise LookupError(event_id)
-    return str(row[0]), int(row[1])
-
-
-def _open_stream(runtime: _Runtime, execution_id: int, after: int | None) -> tuple[str, int]:
-    """The stream's starting cursor. Raises NotFoundError (no execution) or LookupError
+def _open_stream(runtime: _Runtime, execution_id: int, after: int | None) -> LogPosition:
+    """The stream's starting position. Raises NotFoundError (no execution) or LookupError
     (`after` is not an event of it)."""
     with runtime.store.transaction("event stream") as conn:
-        found = conn.execute(
-            "SELECT 1 FROM execution WHERE execution_id = %s", (execution_id,)
-        ).fetchone()
-        if found is None:
+        if not pg.executions.exists(conn, execution_id):
             raise NotFoundError(f"execution {execution_id} not found")
-        return _START if not after else _cursor_of(conn, execution_id, after)
+        if not after:
+            return pg.events.START
+        found = pg.events.position(conn, execution_id, after)
+    if found is None:
+        raise LookupError(after)
+    return found
 
 
-def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Poll:
+def _poll(runtime: _Runtime, execution_id: int, cursor: LogPosition) -> _Poll:
     sealer = runtime.store.sealer
     with runtime.store.transaction("event stream") as conn:
         # One snapshot for the status, the horizon and the rows.
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        row = conn.execute(
-            "SELECT status, error FROM execution WHERE execution_id = %s", (execution_id,)
-        ).fetchone()
+        pg.events.read_snapshot(conn)
+        row = pg.executions.outcome(conn, execution_id)
         if row is None:
             raise NotFoundError(f"execution {execution_id} not found")
-        status, error = row
-        rows = conn.execute(
-            f"SELECT {EVENT_COLUMNS}, xact::text, seq FROM event WHERE execution_id = %s"
-            " AND (xact, seq) > (%s::text::xid8, %s)"
-            f" AND xact < ({_HORIZON}) ORDER BY xact, seq LIMIT %s",
-            (execution_id, *cursor, _BATCH),
-        ).fetchall()
-        events = [(event_row(r[:11], sealer), (str(r[11]), int(r[12]))) for r in rows]
+        events = pg.events.settled_after(conn, execution_id, cursor, _BATCH, sealer)
         finished = False
-        if status in TERMINAL and len(events) < _BATCH:
+        if row.status in TERMINAL and len(events) < _BATCH:
             last = events[-1][1] if events else cursor
-            more = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM event WHERE execution_id = %s"
-                " AND (xact, seq) > (%s::text::xid8, %s))",
-                (execution_id, *last),
-            ).fetchone()
-            finished = not (more and more[0])
+            finished = not pg.events.any_after(conn, execution_id, last)
     what = f"execution {execution_id}: error"
-    return _Poll(events, status, load_json(error, sealer, what) if error else None, finished)
+    error = load_json(row.error, sealer, what) if row.error else None
+    return _Poll(events, row.status, error, finished)
 
 
 def _message(event: Event, secrets: frozenset[str]) -> str:
@@ -213,7 +180,7 @@ def _message(event: Event, secrets: frozenset[str]) -> str:
 
 
 async def _follow(
-    runtime: _Runtime, execution_id: int, cursor: tuple[str, int], secrets: frozenset[str]
+    runtime: _Runtime, execution_id: int, cursor: LogPosition, secrets: frozenset[str]
 ) -> AsyncIterator[str]:
     """The stream from `cursor` on, masked with the execution's secret set (`secrets` as
     known at the start, then grown by the `secrets.added` events streamed, which come
@@ -258,35 +225,18 @@ async def _ctx_history(
     """name -> (time, event_id, source) of the last event that set each top-level ctx key
     (the events that can change ctx: `ctx.updated`, a step's `set` in `step.exit`, a
     policy's `set` in a command report)."""
-    # A sealed payload's text says nothing: those rows are read and unsealed too.
-    sealed = SEALED_PREFIX + "%"
-    rows = await runtime.fetch(
-        "variables",
-        "SELECT event_id, type, step, payload, time FROM event WHERE execution_id = %s"
-        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s OR payload LIKE %s))"
-        " OR (type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))) ORDER BY seq",
-        (
-            execution_id,
-            ev.CTX_UPDATED,
-            ev.STEP_EXIT,
-            '%"set":{%',
-            '%"unset":[%',
-            sealed,
-            ev.COMMAND_COMPLETED,
-            ev.COMMAND_FAILED,
-            '%"ctx":{%',
-            sealed,
-        ),
-        part="shard",
-    )
-    sealer = runtime.store.sealer
+
+    def read() -> list[pg.events.CtxWrite]:
+        with runtime.store.transaction("variables") as conn:
+            return pg.events.ctx_writes(conn, execution_id, runtime.store.sealer)
+
+    writes = await asyncio.to_thread(read)
     out: dict[str, tuple[float, int, str | None]] = {}
-    for event_id, type_, step, payload, at in rows:
-        doc = load_json(payload, sealer, f"event {event_id}: payload") if payload else {}
-        source = doc.get("source") if type_ == ev.CTX_UPDATED else step
-        for name in doc.get("set") or doc.get("ctx") or {}:
-            out[name] = (at, int(event_id), source)
-        for name in doc.get("unset") or ():
+    for w in writes:
+        source = w.payload.get("source") if w.type == ev.CTX_UPDATED else w.step
+        for name in w.payload.get("set") or w.payload.get("ctx") or {}:
+            out[name] = (w.time, w.event_id, source)
+        for name in w.payload.get("unset") or ():
             out.pop(name, None)
     return out
 

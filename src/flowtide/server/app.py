@@ -68,6 +68,7 @@ from flowtide.server.openapi import documented_methods, install_openapi
 from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.workers import WorkerRegistry
+from flowtide.store import pg
 from flowtide.urls import redact_url
 
 __all__ = ["ServerSettings", "create_app"]
@@ -343,17 +344,6 @@ class _Runtime:
                 status=401,
             )
         return Authenticator(tokens, JwtVerifier(s.jwt) if s.jwt else None)
-
-    async def fetch(
-        self, op: str, sql: str, params: tuple[Any, ...] = (), part: str = "cluster"
-    ) -> list[Any]:
-        """Run one query in its own transaction; its rows."""
-
-        def run() -> list[Any]:
-            with self.store.transaction(op, part) as conn:
-                return list(conn.execute(sql, params).fetchall())
-
-        return await asyncio.to_thread(run)
 
     async def _reaper(self) -> None:
         assert self.coordinator is not None
@@ -669,15 +659,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     ) -> dict[str, Any]:
         await held_by(who, execution_id)
 
-        def read() -> tuple[str, float | None]:
+        def read() -> pg.executions.CancelState:
             with runtime.store.transaction("cancellation-check") as conn:
-                row = conn.execute(
-                    "SELECT status, cancel_requested FROM execution WHERE execution_id = %s",
-                    (execution_id,),
-                ).fetchone()
+                row = pg.executions.read_cancel_state(conn, execution_id)
             if row is None:
                 raise NotFoundError(f"execution {execution_id} not found")
-            return row[0], row[1]
+            return row
 
         status, requested = await asyncio.to_thread(read)
         return {
@@ -1073,7 +1060,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
         def ping() -> None:
             with runtime.store.transaction("readyz") as conn:
-                conn.execute("SELECT 1")
+                pg.ping(conn)
 
         try:
             await asyncio.to_thread(ping)

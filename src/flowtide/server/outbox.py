@@ -1,8 +1,8 @@
 """The transactional outbox: command notifications written with the events that issue the
 commands, published to NATS JetStream afterwards (at least once).
 
-Rows are claimed with `FOR UPDATE SKIP LOCKED` plus a short lock lease, so any number of
-server processes relay at once without publishing a row twice in the normal case; a relay
+Rows are claimed with row locks that skip rows locked by others, plus a short lock lease
+(`flowtide.store.pg.outbox.claim`), so any number of server processes relay at once without publishing a row twice in the normal case; a relay
 that dies after publishing but before marking leaves the row to be published again after
 the lease, and JetStream's duplicate window (the `Nats-Msg-Id` header: command id and
 attempt) drops that second copy. A worker that still sees a duplicate loses the claim race

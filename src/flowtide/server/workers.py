@@ -133,6 +133,37 @@ class WorkerRegistry:
             raise NotFoundError(f"worker {worker_id!r} is not registered")
         return row
 
+    async def acting(self, principal: Principal, worker_id: str | None) -> str:
+        """The worker id a worker's request speaks for, once checked against its
+        credential.
+
+        Raises:
+            AuthError: 422 without a worker id; see `check`.
+            NotFoundError: the worker id is not registered.
+        """
+        if worker_id is None:
+            raise AuthError("worker_id is required", status=422)
+        await self.require(principal, worker_id)
+        return worker_id
+
+    async def require_holder(
+        self, principal: Principal, execution_id: int, *, parent: bool = False
+    ) -> None:
+        """A worker reads only executions of the commands it holds (or their children,
+        `parent`); other roles are not limited here.
+
+        Raises:
+            AuthError: 403, the caller is a worker that holds no such command.
+        """
+        if principal.role != "worker" or principal.insecure:
+            return
+        if not await self.holds(principal, execution_id, parent=parent):
+            what = "a sub-playbook of a command" if parent else "a command"
+            raise AuthError(
+                f"{principal.describe()} holds no {what} of execution {execution_id}",
+                status=403,
+            )
+
     async def heartbeat(self, worker_id: str, running: int) -> bool:
         now = time.time()
         return await self._run(

@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
-from flowtide.cli import data, executions, run, server
 from flowtide.cli.catalog import catalog_app
 from flowtide.cli.credential import credential_app
+from flowtide.cli.data import data
 from flowtide.cli.db import db_app
 from flowtide.cli.dev import dev_app
+from flowtide.cli.executions import events, list_executions, status
 from flowtide.cli.kv import kv_app
+from flowtide.cli.run import cancel, execute, resume, run, validate
+from flowtide.cli.server import server_cmd, worker_cmd
 from flowtide.cli.token import token_app
 
 app = typer.Typer(
@@ -29,17 +32,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-app.command("run")(run.run)
-app.command("resume")(run.resume)
-app.command("validate")(run.validate)
-app.command("status")(executions.status)
-app.command("events")(executions.events)
-app.command("execute")(run.execute)
-app.command("cancel")(run.cancel)
-app.command("data")(data.data)
-app.command("list")(executions.list_executions)
-app.command("server")(server.server_cmd)
-app.command("worker")(server.worker_cmd)
+app.command("run")(run)
+app.command("resume")(resume)
+app.command("validate")(validate)
+app.command("status")(status)
+app.command("events")(events)
+app.command("execute")(execute)
+app.command("cancel")(cancel)
+app.command("data")(data)
+app.command("list")(list_executions)
+app.command("server")(server_cmd)
+app.command("worker")(worker_cmd)
 
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")

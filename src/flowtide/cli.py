@@ -901,9 +901,14 @@ def data(
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         con.close()
-    from flowtide.tools.postgres import to_jsonable
+    from flowtide.errors import ToolError
+    from flowtide.jsonvalues import records as json_records
 
-    records = [{c: to_jsonable(v) for c, v in zip(columns, r, strict=True)} for r in rows]
+    try:
+        records = json_records(columns, rows, root="rows")
+    except ToolError as exc:
+        _err(f"error: cannot show {uri}: {exc.message}")
+        raise typer.Exit(EXIT_FAILED) from None
     count = int(total[0]) if total else len(records)
     if as_json:
         _print_json({"uri": uri, "format": fmt, "row_count": count, "rows": records})

@@ -272,8 +272,7 @@ def _duplicate_key(value: Mapping[Any, Any]) -> None:
         if text in seen:
             raise _Unconvertible(
                 key,
-                f"has keys {seen[text]!r} and {key!r}, which both become the JSON key "
-                f"{text!r}",
+                f"has keys {seen[text]!r} and {key!r}, which both become the JSON key {text!r}",
             )
         seen[text] = key
 

@@ -520,7 +520,7 @@ result = {
         "datetime": "2024-01-02T03:04:05",
         "date": "2024-01-02",
         "decimal": 1.5,
-        "text_bytes": "abc",
+        "text_bytes": "YWJj",  # bytes are base64, decodable or not (was "abc")
         "binary": "/wA=",
         "1": "int key",
         "null": "none key",

@@ -326,3 +326,16 @@ def test_conversion_imports_no_optional_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_pipeline_converts_what_a_tool_left() -> None:
+    """Every tool's result passes the pipeline, which applies the same rules to any value
+    a tool did not convert itself (and checks the size of the JSON)."""
+    from flowtide.runtime.pipeline import _json_result
+
+    plain = {"a": [1, 2.5]}
+    assert _json_result(plain) is plain  # already JSON: not copied
+    assert _json_result({"d": Decimal("600"), "x": float("nan")}) == {"d": 600, "x": None}
+    with pytest.raises(ToolError) as info:
+        _json_result({"t": Thing()})
+    assert info.value.data["path"] == "result['t']"

@@ -7,6 +7,7 @@ import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,11 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def stack(pg_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+def stack(
+    pg_server: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """The module's stack; a module sets STACK_WORKERS to start other than 2 workers."""
+    workers = getattr(request.module, "STACK_WORKERS", 2)
     root = tmp_path_factory.mktemp("stack")
     name = f"dist_{next(_names)}"
     db = pg_server.create_database(name)
@@ -29,8 +34,8 @@ def stack(pg_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack
     stack = Stack(db=db, nats=nats.url, root=root, nats_users=nats.users)
     try:
         stack.start_server()
-        stack.start_worker()
-        stack.start_worker()
+        for _ in range(workers):
+            stack.start_worker()
         yield stack
     finally:
         stack.stop()

@@ -66,7 +66,11 @@ def _concrete(path: str) -> str:
 
 
 def _declared(path: str) -> str:
-    return path.replace("{path}", "{path:path}").replace("{catalog_id}", "{catalog_id:path}")
+    return (
+        path.replace("{path}", "{path:path}")
+        .replace("{catalog_id}", "{catalog_id:path}")
+        .replace("{event_id}", "{event_id:int}")
+    )
 
 
 def test_every_route_has_a_rule_and_refuses_whom_it_must(stack: Stack) -> None:

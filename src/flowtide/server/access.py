@@ -100,7 +100,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/executions/{execution_id}/events"): READER,
     ("GET", "/api/executions/{execution_id}/events/stream"): READER,
     ("POST", "/api/executions/{execution_id}/finalize"): ADMIN,
-    ("GET", "/api/commands/{event_id}"): READER,
+    ("GET", "/api/commands/{event_id:int}"): READER,
     # A sub-playbook's result intact (not masked), for the worker waiting on it: never
     # for people, who read the masked document.
     ("GET", "/api/internal/executions/{execution_id}/result"): WORKER,
@@ -115,7 +115,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/api/events"): WORKER,
     ("POST", "/api/events/batch"): WORKER,
     ("POST", "/api/events/reports"): WORKER,
-    ("POST", "/api/commands/{event_id}/claim"): WORKER,
+    ("POST", "/api/commands/{event_id:int}/claim"): WORKER,
     ("POST", "/api/commands/claim"): WORKER,
     ("POST", "/api/worker/pool/register"): WORKER,
     ("POST", "/api/worker/pool/heartbeat"): WORKER,

@@ -26,20 +26,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from flowtide.credentials import CredentialVault
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import weak_fields, weak_message
-from flowtide.server.problems import error_response, field_error
+from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody, Text, storable_text
+from flowtide.server.problems import error_response, field_error, problem_responses
 
 if TYPE_CHECKING:
     from flowtide.server.app import _Runtime
@@ -47,8 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["cluster_router"]
 
-# Snowflake ids exceed 2**53: JSON carries them as strings; int or digit strings are accepted.
-Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
 _NAME: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$"
 _KIND: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
 _CATALOG_VERSION: Final = re.compile(r"(.+)@([0-9]{1,10})", re.ASCII)
@@ -59,24 +51,12 @@ _MAX_EXPIRES: Final = 253402300799  # 9999-12-31T23:59:59Z
 Scope = Literal["global", "catalog", "local", "shared"]
 
 
-def _storable(text: str) -> str:
-    # PostgreSQL text holds neither NUL nor lone surrogates: refuse them as bad input.
-    if "\x00" in text:
-        raise ValueError("must not contain NUL characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_storable)]
 # Annotations of path and query parameters (module level: FastAPI resolves them by name).
 CatalogIdParam = Annotated[Text, PathParam(min_length=1, max_length=4096)]
 ScopeQuery = Annotated[Scope, Query(description="The entry's scope.")]
 OwnerQuery = Annotated[
     int | None,
-    Query(ge=1, le=2**63 - 1, description="Owning execution (local/shared scope)."),
+    Query(ge=1, le=INT64_MAX, description="Owning execution (local/shared scope)."),
 ]
 NameParam = Annotated[str, PathParam(pattern=_NAME)]
 
@@ -113,11 +93,7 @@ class _Vault(CredentialVault):
 # -- bodies and documents --------------------------------------------------------------
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RegisterRequest(_Body):
+class RegisterRequest(RequestBody):
     content: str = Field(
         min_length=1, max_length=4_000_000, description="The playbook's YAML text."
     )
@@ -151,7 +127,7 @@ class CatalogPlaybook(CatalogEntry):
     content: str
 
 
-class CredentialRequest(_Body):
+class CredentialRequest(RequestBody):
     name: str = Field(pattern=_NAME, description="Alias used by playbooks (`auth: NAME`).")
     kind: str = Field("generic", pattern=_KIND, description="postgres, http, ...")
     data: dict[str, Any] = Field(
@@ -185,7 +161,7 @@ class Deleted(BaseModel):
     deleted: bool = True
 
 
-class KeychainRequest(_Body):
+class KeychainRequest(RequestBody):
     data: dict[str, Any] = Field(
         min_length=1,
         description="The secret or token (e.g. {access_token, token_type}): encrypted by "
@@ -197,7 +173,7 @@ class KeychainRequest(_Body):
         description="global/catalog: shared by every execution of the catalog entry; "
         "local/shared: owned by `execution_id` (and its children).",
     )
-    execution_id: Id | None = Field(
+    execution_id: PositiveId | None = Field(
         None,
         validate_default=True,
         description="The owning execution: required for local/shared scope, else absent.",
@@ -312,7 +288,7 @@ def _catalog_path_problem(path: object) -> str | None:
     if not isinstance(path, str):
         return "metadata.path is not text"
     try:
-        _storable(path)
+        storable_text(path)
     except ValueError as exc:
         return f"metadata.path {exc}"
     return None
@@ -343,7 +319,7 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
         "/api/catalog/register",
         status_code=201,
         tags=["catalog"],
-        responses={400: {"description": "Invalid playbook: file:line:column and field."}},
+        responses=problem_responses((400, "Invalid playbook: file:line:column and field.")),
     )
     async def register_playbook(body: RegisterRequest) -> Registered:
         """Validate a playbook (as `flowtide catalog register` does) and record it under
@@ -387,7 +363,11 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
             items=[CatalogEntry(**r, catalog_id=f"{r['path']}@{r['version']}") for r in rows]
         )
 
-    @router.get("/api/catalog/{path:path}", tags=["catalog"])
+    @router.get(
+        "/api/catalog/{path:path}",
+        tags=["catalog"],
+        responses=problem_responses((404, "No such path or version.")),
+    )
     async def get_catalog_entry(
         path: Annotated[Text, PathParam(max_length=4096)],
         version: Annotated[
@@ -412,6 +392,7 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
         "/api/credentials",
         status_code=201,
         tags=["credentials"],
+        responses=problem_responses((503, "The credential vault is unavailable (master key).")),
     )
     async def put_credential(body: CredentialRequest) -> StoredCredential:
         """Store (or replace) a credential alias; the server encrypts `data`. `warnings`
@@ -434,7 +415,11 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
         rows = await asyncio.to_thread(runtime.store.list_credentials)
         return [CredentialInfo(**r) for r in rows]
 
-    @router.get("/api/credentials/{name}", tags=["credentials"])
+    @router.get(
+        "/api/credentials/{name}",
+        tags=["credentials"],
+        responses=problem_responses((404, "No such credential.")),
+    )
     async def get_credential(
         name: Annotated[Text, PathParam(min_length=1, max_length=200)],
         ciphertext: Annotated[
@@ -453,7 +438,11 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
 
         return await asyncio.to_thread(read)
 
-    @router.delete("/api/credentials/{name}", tags=["credentials"])
+    @router.delete(
+        "/api/credentials/{name}",
+        tags=["credentials"],
+        responses=problem_responses((404, "No such credential.")),
+    )
     async def delete_credential(
         name: Annotated[Text, PathParam(min_length=1, max_length=200)],
     ) -> Deleted:
@@ -462,7 +451,11 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
 
     # -- keychain -----------------------------------------------------------------------
 
-    @router.get("/api/keychain", tags=["keychain"])
+    @router.get(
+        "/api/keychain",
+        tags=["keychain"],
+        responses=problem_responses((404, "No such catalog entry.")),
+    )
     async def list_keychain(
         catalog_id: Annotated[Text, Query(min_length=1, max_length=4096)],
     ) -> KeychainList:
@@ -491,6 +484,10 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
     @router.post(
         "/api/keychain/{catalog_id:path}/{name}",
         tags=["keychain"],
+        responses=problem_responses(
+            (404, "No such catalog entry."),
+            (503, "The credential vault is unavailable (master key)."),
+        ),
     )
     async def put_keychain(
         catalog_id: CatalogIdParam, name: NameParam, body: KeychainRequest
@@ -528,6 +525,7 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
     @router.get(
         "/api/keychain/{catalog_id:path}/{name}",
         tags=["keychain"],
+        responses=problem_responses((404, "No such catalog entry, or no live keychain entry.")),
     )
     async def get_keychain(
         catalog_id: CatalogIdParam,
@@ -555,7 +553,11 @@ def cluster_router(runtime: _Runtime) -> APIRouter:
             return SealedKeychainEntry(**doc.model_dump(), ciphertext=_sealed(entry.ciphertext))
         return doc
 
-    @router.delete("/api/keychain/{catalog_id:path}/{name}", tags=["keychain"])
+    @router.delete(
+        "/api/keychain/{catalog_id:path}/{name}",
+        tags=["keychain"],
+        responses=problem_responses((404, "No such catalog entry, or no live keychain entry.")),
+    )
     async def delete_keychain(
         catalog_id: CatalogIdParam,
         name: NameParam,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 from fastapi import APIRouter, Header, Path, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Event
@@ -29,6 +29,8 @@ from flowtide.redaction import mask_value
 from flowtide.sealing import SEALED_PREFIX
 from flowtide.server.app import _error, _event_doc
 from flowtide.server.coordinator import TERMINAL, Coordinator, ExecutionFinished
+from flowtide.server.fields import INT64_MAX, IdPath, RequestBody
+from flowtide.server.problems import problem_responses
 from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
 
 if TYPE_CHECKING:
@@ -78,17 +80,16 @@ def _check_value(value: Any) -> Any:
     return value
 
 
-VarName = Annotated[str, AfterValidator(_check_name)]
+#: The rule of `_NAME` for the document; the server checks it itself, so that a 422 states
+#: the rule rather than quoting a regex.
+_NAME_SCHEMA: Final[dict[str, Any]] = {"type": "string", "pattern": f"^{_NAME.pattern}$"}
+VarName = Annotated[str, AfterValidator(_check_name), WithJsonSchema(_NAME_SCHEMA)]
 VarValue = Annotated[Any, AfterValidator(_check_value)]
-#: Checked by `_bad_name`: a 422 on `name` stating the rule (a pattern error quotes a regex).
-VarPath = Annotated[str, Path(description=_NAME_RULE)]
+#: Checked by `_bad_name`.
+VarPath = Annotated[str, Path(description=_NAME_RULE, json_schema_extra=_NAME_SCHEMA)]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FinalizeRequest(_Body):
+class FinalizeRequest(RequestBody):
     status: Literal["failed", "cancelled", "completed"] = Field(
         "failed", description="The terminal status to force."
     )
@@ -105,13 +106,16 @@ class FinalizeResponse(BaseModel):
     reason: str
 
 
-class VariablesBody(_Body):
+class VariablesBody(RequestBody):
     variables: dict[VarName, VarValue] = Field(
-        min_length=1, max_length=1000, description="name -> any JSON value"
+        min_length=1,
+        max_length=1000,
+        description="name -> any JSON value",
+        json_schema_extra={"propertyNames": _NAME_SCHEMA},
     )
 
 
-class VariableBody(_Body):
+class VariableBody(RequestBody):
     value: VarValue = Field(description="Any JSON value (null included).")
 
 
@@ -344,18 +348,25 @@ def executions_router(runtime: _Runtime) -> APIRouter:
                 "description": "`id:` event id, `event:` event type, `data:` the event "
                 "document; a final `event: end` carries the terminal status.",
             },
-            404: {"description": "No such execution."},
-            422: {"description": "`after` / `Last-Event-ID` is not an event of it."},
+            **problem_responses(
+                (404, "No such execution."),
+                (422, "`after` / `Last-Event-ID` is not an event of it."),
+            ),
         },
     )
     async def stream_events(
-        execution_id: Annotated[int, Path(ge=0)],
+        execution_id: IdPath,
         after: Annotated[
-            int | None, Query(ge=0, description="Start after this event id (0: from the start).")
+            int | None,
+            Query(ge=0, le=INT64_MAX, description="Start after this event id (0: from the start)."),
         ] = None,
         last_event_id: Annotated[
             int | None,
-            Header(ge=0, description="Sent by a reconnecting EventSource; wins over `after`."),
+            Header(
+                ge=0,
+                le=INT64_MAX,
+                description="Sent by a reconnecting EventSource; wins over `after`.",
+            ),
         ] = None,
     ) -> StreamingResponse:
         """The execution's events in log order, each once, as they are written: the
@@ -386,11 +397,9 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     @router.post(
         "/api/executions/{execution_id}/finalize",
         summary="Force an execution to a terminal status",
-        responses={404: {"description": "No such execution."}},
+        responses=problem_responses((404, "No such execution.")),
     )
-    async def finalize(
-        execution_id: Annotated[int, Path(ge=0)], body: FinalizeRequest
-    ) -> FinalizeResponse:
+    async def finalize(execution_id: IdPath, body: FinalizeRequest) -> FinalizeResponse:
         """An operator's tool for stuck executions (a lost worker, a pool nobody serves):
         records the engine's terminal events (`workflow.failed` + `playbook.failed`,
         `playbook.cancelled`, or `workflow.completed` + `playbook.completed`) with the
@@ -408,8 +417,12 @@ def executions_router(runtime: _Runtime) -> APIRouter:
 
     # -- variables -----------------------------------------------------------------------
 
-    @router.get("/api/vars/{execution_id}", summary="List an execution's variables")
-    async def list_vars(execution_id: Annotated[int, Path(ge=0)]) -> VariablesResponse:
+    @router.get(
+        "/api/vars/{execution_id}",
+        summary="List an execution's variables",
+        responses=problem_responses((404, "No such execution.")),
+    )
+    async def list_vars(execution_id: IdPath) -> VariablesResponse:
         """Every variable (`ctx` key) with its value and the event that last set it."""
         status, variables = await read_vars(execution_id)
         return VariablesResponse(
@@ -421,11 +434,11 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     @router.post(
         "/api/vars/{execution_id}",
         summary="Set several variables",
-        responses={409: {"description": "The execution is terminal."}},
+        responses=problem_responses(
+            (404, "No such execution."), (409, "The execution is terminal.")
+        ),
     )
-    async def set_vars(
-        execution_id: Annotated[int, Path(ge=0)], body: VariablesBody
-    ) -> VariablesResponse:
+    async def set_vars(execution_id: IdPath, body: VariablesBody) -> VariablesResponse:
         """Set `variables` in one `ctx.updated` event; steps that start afterwards read
         them as `{{ vars.name }}`. Returns all variables."""
         try:
@@ -437,9 +450,11 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     @router.delete(
         "/api/vars/{execution_id}",
         summary="Delete every variable",
-        responses={409: {"description": "The execution is terminal."}},
+        responses=problem_responses(
+            (404, "No such execution."), (409, "The execution is terminal.")
+        ),
     )
-    async def delete_vars(execution_id: Annotated[int, Path(ge=0)]) -> DeletedResponse:
+    async def delete_vars(execution_id: IdPath) -> DeletedResponse:
         state = await coord().state(execution_id)
         names = sorted(state.ctx)
         if names:
@@ -452,9 +467,9 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     @router.get(
         "/api/vars/{execution_id}/{name}",
         summary="Read one variable",
-        responses={404: {"description": "No such execution or variable."}},
+        responses=problem_responses((404, "No such execution or variable.")),
     )
-    async def get_var(execution_id: Annotated[int, Path(ge=0)], name: VarPath) -> VariableResponse:
+    async def get_var(execution_id: IdPath, name: VarPath) -> VariableResponse:
         _bad_name(name)
         _, variables = await read_vars(execution_id)
         if name not in variables:
@@ -464,11 +479,11 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     @router.put(
         "/api/vars/{execution_id}/{name}",
         summary="Set one variable",
-        responses={409: {"description": "The execution is terminal."}},
+        responses=problem_responses(
+            (404, "No such execution."), (409, "The execution is terminal.")
+        ),
     )
-    async def put_var(
-        execution_id: Annotated[int, Path(ge=0)], name: VarPath, body: VariableBody
-    ) -> VariableResponse:
+    async def put_var(execution_id: IdPath, name: VarPath, body: VariableBody) -> VariableResponse:
         _bad_name(name)
         try:
             await coord().update_ctx(execution_id, {name: body.value})
@@ -479,14 +494,11 @@ def executions_router(runtime: _Runtime) -> APIRouter:
     @router.delete(
         "/api/vars/{execution_id}/{name}",
         summary="Delete one variable",
-        responses={
-            404: {"description": "No such execution or variable."},
-            409: {"description": "The execution is terminal."},
-        },
+        responses=problem_responses(
+            (404, "No such execution or variable."), (409, "The execution is terminal.")
+        ),
     )
-    async def delete_var(
-        execution_id: Annotated[int, Path(ge=0)], name: VarPath
-    ) -> DeletedResponse:
+    async def delete_var(execution_id: IdPath, name: VarPath) -> DeletedResponse:
         _bad_name(name)
         state = await coord().state(execution_id)
         if name not in state.ctx:

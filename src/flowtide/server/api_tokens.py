@@ -7,11 +7,12 @@ import asyncio
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from flowtide.auth.tokens import TokenRecord, TokenStore
 from flowtide.errors import FlowtideError
-from flowtide.server.problems import field_error
+from flowtide.server.fields import RequestBody, Text
+from flowtide.server.problems import field_error, problem_responses
 
 if TYPE_CHECKING:
     from flowtide.server.app import _Runtime
@@ -22,13 +23,13 @@ __all__ = ["tokens_router"]
 _MAX_LIFETIME = 10 * 365 * 86400
 
 
-class TokenRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TokenRequest(RequestBody):
     role: Literal["reader", "operator", "admin", "worker"]
     name: str | None = Field(None, min_length=1, max_length=128)
     pool: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Worker tokens: the one pool."
+        None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="Worker tokens only: the one pool they serve.",
     )
     expires_in: float | None = Field(
         None, gt=0, le=_MAX_LIFETIME, description="Seconds until it expires (default: never)."
@@ -64,7 +65,13 @@ def tokens_router(runtime: _Runtime) -> APIRouter:
     def tokens() -> TokenStore:
         return TokenStore(runtime.store)
 
-    @router.post("/api/tokens", status_code=201, responses={422: {"description": "Bad field."}})
+    @router.post(
+        "/api/tokens",
+        status_code=201,
+        responses=problem_responses(
+            (422, "A field is invalid, or `pool` is given for a role other than worker.")
+        ),
+    )
     async def create_token(body: TokenRequest) -> CreatedToken:
         """A new API token; its text is in this reply only."""
         try:
@@ -87,9 +94,9 @@ def tokens_router(runtime: _Runtime) -> APIRouter:
         records = await asyncio.to_thread(lambda: tokens().list(include_inactive=all))
         return TokenList(items=[_info(r) for r in records])
 
-    @router.delete("/api/tokens/{token}", responses={404: {"description": "No such token."}})
+    @router.delete("/api/tokens/{token}", responses=problem_responses((404, "No such token.")))
     async def revoke_token(
-        token: Annotated[str, Path(min_length=1, max_length=128, description="Id or name.")],
+        token: Annotated[Text, Path(min_length=1, max_length=128, description="Id or name.")],
     ) -> TokenInfo:
         """Revoke a token by id or name; servers stop taking it within seconds."""
         record = await asyncio.to_thread(tokens().revoke, token)

@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Query, Request
-from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 from flowtide.auth.oidc import JwtSettings, JwtVerifier, parse_role_map
 from flowtide.auth.principal import Principal
@@ -52,8 +53,20 @@ from flowtide.server.coordinator import (
     ExecutionFinished,
     SubmitResult,
 )
+from flowtide.server.fields import (
+    INT64_MAX,
+    INTEGRAL,
+    Id,
+    IdPath,
+    IdQuery,
+    Int,
+    PositiveId,
+    RequestBody,
+    Text,
+)
+from flowtide.server.openapi import documented_methods, install_openapi
 from flowtide.server.outbox import OutboxRelay, OutboxStore, ensure_consumer
-from flowtide.server.problems import error_response
+from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.workers import WorkerRegistry
 from flowtide.urls import redact_url
 
@@ -65,8 +78,8 @@ log = logging.getLogger("flowtide.server")
 #: 100: mind --workers N times this, times the number of servers).
 _POOL_SIZE = 16
 
-# Snowflake ids exceed 2**53: JSON carries them as strings; int or digit strings are accepted.
-Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
+#: PostgreSQL `integer` columns a request writes (worker.pid, worker.running).
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -125,14 +138,10 @@ class ServerSettings:
 # -- request bodies ---------------------------------------------------------------------
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ExecuteRequest(_Body):
+class ExecuteRequest(RequestBody):
     path: str | None = Field(None, description="Catalog path of the playbook.")
-    version: int | None = Field(
-        None, ge=1, le=2**31 - 1, description="Catalog version (default: latest)."
+    version: Annotated[int, Field(ge=1, le=_INT32_MAX), INTEGRAL] | None = Field(
+        None, description="Catalog version (default: latest)."
     )
     catalog_id: str | None = Field(None, description="`path@version` or `path`.")
     playbook: str | None = Field(None, max_length=4_000_000, description="Inline playbook YAML.")
@@ -142,7 +151,7 @@ class ExecuteRequest(_Body):
     parent_command_id: Id | None = None
 
 
-class EventBody(_Body):
+class EventBody(RequestBody):
     event_id: Id
     execution_id: Id
     type: str = Field(min_length=1, max_length=64)
@@ -159,54 +168,54 @@ class EventBody(_Body):
         return Event(**self.model_dump())
 
 
-class EventBatch(_Body):
+class EventBatch(RequestBody):
     execution_id: Id
     worker_id: str | None = None
     events: list[EventBody] = Field(max_length=10_000)
 
 
-class ClaimRequest(_Body):
+class ClaimRequest(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     execution_id: Id
     command_id: Id
 
 
-class ClaimManyItem(_Body):
+class ClaimManyItem(RequestBody):
     event_id: Id
     execution_id: Id
     command_id: Id
 
 
-class ClaimMany(_Body):
+class ClaimMany(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     claims: list[ClaimManyItem] = Field(min_length=1, max_length=1000)
 
 
-class WorkerReport(_Body):
+class WorkerReport(RequestBody):
     execution_id: Id
     events: list[EventBody] = Field(max_length=10_000)
 
 
-class WorkerReports(_Body):
+class WorkerReports(RequestBody):
     worker_id: str | None = None
     reports: list[WorkerReport] = Field(min_length=1, max_length=1000)
 
 
-class CancelRequest(_Body):
+class CancelRequest(RequestBody):
     reason: str = Field("cancelled by user", max_length=1000)
 
 
-class PoolRegister(_Body):
+class PoolRegister(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     pool: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     hostname: str | None = None
-    pid: int | None = None
-    concurrency: int = Field(1, ge=1, le=10_000)
+    pid: Annotated[int, Field(ge=0, le=_INT32_MAX), INTEGRAL] | None = None
+    concurrency: Int = Field(1, ge=1, le=10_000)
 
 
-class Heartbeat(_Body):
+class Heartbeat(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
-    running: int = Field(0, ge=0)
+    running: Int = Field(0, ge=0, le=_INT32_MAX)
     commands: list[Id] | None = Field(
         None,
         max_length=100_000,
@@ -215,7 +224,7 @@ class Heartbeat(_Body):
     )
 
 
-class CommandRelease(_Body):
+class CommandRelease(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     commands: list[Id] = Field(
         max_length=10_000,
@@ -224,28 +233,26 @@ class CommandRelease(_Body):
     )
 
 
-class CredentialGrant(_Body):
+class CredentialGrant(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     execution_id: Id
     command_id: Id
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
 
 
-class OutboxClaim(_Body):
-    limit: int = Field(100, ge=1, le=10_000)
+class OutboxClaim(RequestBody):
+    limit: Int = Field(100, ge=1, le=10_000)
     lease: float = Field(10.0, gt=0, le=3600)
 
 
-class OutboxMark(_Body):
-    ids: list[int] = Field(max_length=10_000)
+class OutboxMark(RequestBody):
+    ids: list[PositiveId] = Field(max_length=10_000, description="Outbox row ids.")
     error: str | None = None
 
-    @field_validator("ids")
-    @classmethod
-    def _positive(cls, ids: list[int]) -> list[int]:
-        if any(i < 1 for i in ids):
-            raise ValueError("outbox ids are >= 1")
-        return ids
+
+class Readiness(BaseModel):
+    ready: bool
+    checks: dict[str, str] = Field(description="database, nats: `ok` or what is wrong.")
 
 
 # -- the app ------------------------------------------------------------------------------
@@ -484,7 +491,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+        # Starlette's own (404 and 405 of routing, 400 of an unreadable body) too: in the
+        # API's error format, with their headers.
+        response = _error(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route that matched the path, but
+            # a path has several (GET, POST and DELETE of /api/vars/{execution_id}).
+            methods = documented_methods(request.scope["path"])
+            if methods:
+                response.headers["Allow"] = ", ".join(sorted(methods))
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -512,7 +529,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     # -- executions -----------------------------------------------------------------
 
-    @app.post("/api/execute", status_code=201)
+    @app.post(
+        "/api/execute",
+        status_code=201,
+        responses=problem_responses(
+            (400, "Not exactly one of path, catalog_id and playbook; or an invalid playbook."),
+            (404, "No such catalog path or version, or no such parent execution."),
+            (409, "The parent execution is ending: no sub-playbook starts under it."),
+        ),
+    )
     async def execute(
         body: ExecuteRequest, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -562,9 +587,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/api/executions")
     async def list_executions(
-        status: str | None = None,
+        status: Annotated[Text | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=0, le=1000)] = 50,
-        before: Annotated[int | None, Query(ge=0)] = None,
+        before: IdQuery = None,
     ) -> dict[str, Any]:
         """Executions newest first; pass the last id as `before` for the next page."""
         rows = await asyncio.to_thread(
@@ -587,9 +612,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         nxt = items[-1]["execution_id"] if len(items) == limit and items else None
         return {"items": items, "next_before": nxt}
 
-    @app.get("/api/executions/{execution_id}")
+    @app.get("/api/executions/{execution_id}", responses=problem_responses(404))
     async def get_execution(
-        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+        execution_id: IdPath, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
         """The execution's document (the same as `flowtide run --json`): values of the
         execution's secret set are masked (`***`)."""
@@ -600,9 +625,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         doc["playbook"] = row.playbook_path or row.playbook_file
         return doc
 
-    @app.get("/api/internal/executions/{execution_id}/result")
+    @app.get("/api/internal/executions/{execution_id}/result", responses=problem_responses(404))
     async def execution_result(
-        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+        execution_id: IdPath, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
         """What a worker running a `playbook` step reads of the sub-playbook execution it
         started: status, error, result and each step's result, intact (not masked: the
@@ -619,9 +644,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             "steps": {name: step["result"] for name, step in doc["steps"].items()},
         }
 
-    @app.get("/api/executions/{execution_id}/status")
+    @app.get("/api/executions/{execution_id}/status", responses=problem_responses(404))
     async def execution_status(
-        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+        execution_id: IdPath, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
         await held_by(who, execution_id, parent=True)
         row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
@@ -632,17 +657,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             "terminal": row.status in TERMINAL,
         }
 
-    @app.post("/api/executions/{execution_id}/cancel")
-    async def cancel(
-        execution_id: Annotated[int, Path(ge=0)], body: CancelRequest | None = None
-    ) -> dict[str, Any]:
+    @app.post("/api/executions/{execution_id}/cancel", responses=problem_responses(404))
+    async def cancel(execution_id: IdPath, body: CancelRequest | None = None) -> dict[str, Any]:
         """Stop issuing commands; running workers see it through cancellation-check."""
         result = await coord().cancel(execution_id, body.reason if body else "cancelled by user")
         return {"execution_id": str(execution_id), "status": result.status}
 
-    @app.get("/api/executions/{execution_id}/cancellation-check")
+    @app.get("/api/executions/{execution_id}/cancellation-check", responses=problem_responses(404))
     async def cancellation_check(
-        execution_id: Annotated[int, Path(ge=0)], who: Annotated[Principal, Depends(caller)]
+        execution_id: IdPath, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
         await held_by(who, execution_id)
 
@@ -665,8 +688,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/api/executions/{execution_id}/events")
     async def execution_events(
-        execution_id: Annotated[int, Path(ge=0)],
-        after: Annotated[int | None, Query(ge=0)] = None,
+        execution_id: IdPath,
+        after: IdQuery = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[dict[str, Any]]:
         events = await asyncio.to_thread(
@@ -703,7 +726,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             out.append(replace(e.to_event(), worker_id=worker_id))
         return out, None
 
-    @app.post("/api/events/batch")
+    @app.post(
+        "/api/events/batch",
+        responses=problem_responses(
+            (404, "The worker id was never registered."),
+            (409, "Every report is stale: the worker no longer holds the command."),
+        ),
+    )
     async def post_events(
         body: EventBatch, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -724,7 +753,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             return JSONResponse({"error": {"status": 409, "message": "stale report"}, **doc}, 409)  # type: ignore[return-value]
         return doc
 
-    @app.post("/api/events/reports")
+    @app.post(
+        "/api/events/reports",
+        responses=problem_responses((404, "The worker id was never registered.")),
+    )
     async def post_reports(
         body: WorkerReports, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -774,7 +806,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 results[i] = doc
         return {"results": results}
 
-    @app.post("/api/events")
+    @app.post(
+        "/api/events",
+        responses=problem_responses(
+            (404, "The worker id was never registered."),
+            (409, "The report is stale: the worker no longer holds the command."),
+        ),
+    )
     async def post_event(
         body: EventBody, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -783,9 +821,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             who,
         )
 
-    @app.post("/api/commands/{event_id}/claim")
+    @app.post(
+        "/api/commands/{event_id:int}/claim",
+        responses=problem_responses(
+            (404, "No such command, or the worker id was never registered."),
+            (409, "Another worker holds the command, it is closed, or `event_id` is stale."),
+        ),
+    )
     async def claim(
-        event_id: Annotated[int, Path(ge=0)],
+        event_id: IdPath,
         body: ClaimRequest,
         who: Annotated[Principal, Depends(caller)],
     ) -> dict[str, Any]:
@@ -800,7 +844,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             pool=row.pool if row else None,
         )
 
-    @app.post("/api/commands/claim")
+    @app.post(
+        "/api/commands/claim",
+        responses=problem_responses((404, "The worker id was never registered.")),
+    )
     async def claim_many(
         body: ClaimMany, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -823,11 +870,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             "executions": {str(k): v for k, v in batch.executions.items()},
         }
 
-    @app.get("/api/commands/{event_id}")
+    @app.get("/api/commands/{event_id:int}", responses=problem_responses(404))
     async def get_command(
-        event_id: Annotated[int, Path(ge=0)],
-        execution_id: Annotated[int, Query(ge=0)],
-        command_id: Annotated[int, Query(ge=0)],
+        event_id: IdPath,
+        execution_id: Annotated[int, Query(ge=0, le=INT64_MAX)],
+        command_id: Annotated[int, Query(ge=0, le=INT64_MAX)],
     ) -> dict[str, Any]:
         row = await asyncio.to_thread(runtime.store.get_command, command_id)
         if row.execution_id != execution_id:
@@ -845,7 +892,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     # -- workers ----------------------------------------------------------------------
 
-    @app.post("/api/worker/pool/register")
+    @app.post(
+        "/api/worker/pool/register",
+        responses=problem_responses((503, "The pool's NATS consumer cannot be created.")),
+    )
     async def register_worker(
         body: PoolRegister, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -872,7 +922,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 )
         return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
 
-    @app.post("/api/worker/pool/heartbeat")
+    @app.post(
+        "/api/worker/pool/heartbeat",
+        responses=problem_responses((404, "The worker id is not registered.")),
+    )
     async def heartbeat(
         body: Heartbeat, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -882,7 +935,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         extended = await coord().extend_leases(body.worker_id, body.commands)
         return {"worker_id": body.worker_id, "leases_extended": extended}
 
-    @app.post("/api/worker/commands/release")
+    @app.post(
+        "/api/worker/commands/release",
+        responses=problem_responses((404, "The worker id was never registered.")),
+    )
     async def release_commands(
         body: CommandRelease, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -893,7 +949,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         released = await coord().release(body.worker_id, body.commands)
         return {"worker_id": body.worker_id, "released": released}
 
-    @app.post("/api/worker/pool/deregister")
+    @app.post(
+        "/api/worker/pool/deregister",
+        responses=problem_responses((404, "The worker id is not registered.")),
+    )
     async def deregister(
         body: Heartbeat, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -902,7 +961,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise NotFoundError(f"worker {body.worker_id!r} is not registered")
         return {"worker_id": body.worker_id, "status": "stopped"}
 
-    @app.post("/api/worker/credentials")
+    @app.post(
+        "/api/worker/credentials",
+        responses=problem_responses(
+            (404, "No such credential, or the worker id was never registered."),
+            (503, "The credential vault is unavailable (the master key)."),
+        ),
+    )
     async def worker_credential(
         body: CredentialGrant, who: Annotated[Principal, Depends(caller)]
     ) -> dict[str, Any]:
@@ -998,7 +1063,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        response_model=Readiness,
+        responses={503: {"model": Readiness, "description": "A check failed: not ready."}},
+    )
     async def readyz() -> JSONResponse:
         checks: dict[str, str] = {}
 
@@ -1016,7 +1085,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse({"ready": ok, "checks": checks}, 200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "The Prometheus text exposition format.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def prometheus_metrics() -> Response:
         """Prometheus text format: counters of every server process, gauges read from
         the database now (see flowtide.server.metrics)."""
@@ -1027,6 +1105,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     from flowtide.server.api_executions import executions_router
 
     app.include_router(executions_router(runtime))
+    install_openapi(app, public_metrics=runtime.settings.public_metrics)
 
     app.state.runtime = runtime
     app.state.describe = lambda: {

@@ -527,6 +527,24 @@ result = {
     }
 
 
+def test_steps_that_have_not_run_are_none_in_context_and_inputs() -> None:
+    """The render context and the inputs hold a step that has not run as a template
+    Undefined; the code sees None in a child process (the copy it gets is JSON) and in
+    this process alike (NoETL e2e playbook_composition, whose code names `context`)."""
+    from flowtide.playbook.template import NotRun
+
+    def later() -> NotRun:
+        return NotRun(name="later", hint="step 'later' has not run")
+
+    ctx = make_ctx(render_context={"done": {"x": 1}, "later": later()})
+    code = "result = {'later': context['later'], 'done': context['done'], 'maybe': maybe}"
+    assert run({"code": code, "input": {"maybe": later()}}, ctx) == {
+        "later": None,
+        "done": {"x": 1},
+        "maybe": None,
+    }
+
+
 def test_values_from_main_are_converted_too() -> None:
     moment = dt.datetime(2024, 5, 6, 7, 8, 9)
     code = "import datetime\ndef main():\n    return (datetime.datetime(2024, 5, 6, 7, 8, 9),)"

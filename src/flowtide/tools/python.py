@@ -422,7 +422,9 @@ def _plain(value: Any, depth: int = 0) -> Any:
     """Detached plain copy of a JSON-like value: Mappings -> dict, sequences -> list.
 
     Inputs and the render context may share objects with engine state (step results);
-    user code mutating them in place must not change what the engine recorded.
+    user code mutating them in place must not change what the engine recorded. A step
+    that has not run (a template Undefined) is None: what the code sees is then the same
+    in a child process, which gets the copy as JSON (the Undefined cannot be written).
     """
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
@@ -433,6 +435,9 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return {k: _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v, depth + 1) for v in value]
+    jinja2 = sys.modules.get("jinja2")
+    if jinja2 is not None and isinstance(value, jinja2.Undefined):
+        return None
     return value
 
 
@@ -936,7 +941,7 @@ class PythonTool:
         request: dict[str, Any] = {
             "source": source,
             "filename": filename,
-            "input": config.get("input"),
+            "input": _plain(config.get("input")),
             "libs": config.get("libs"),
             "execution_id": ctx.execution_id,
             "limit": self.output_limit,

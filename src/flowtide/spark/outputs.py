@@ -89,8 +89,14 @@ def read_output(reference: Mapping[str, Any], *, limit: int = 0) -> OutputRows:
         ) from exc
     finally:
         con.close()
-    from flowtide.tools.postgres import to_jsonable
+    from flowtide.errors import ToolError
+    from flowtide.jsonvalues import records
 
-    rows = [{c: to_jsonable(v) for c, v in zip(columns, r, strict=True)} for r in fetched]
+    try:
+        rows = records(columns, fetched, root="rows")
+    except ToolError as exc:
+        raise DatasetError(
+            f"cannot show {uri}: {exc.message}", reason="unreadable", uri=uri, format=fmt
+        ) from None
     count = int(total[0]) if total else len(rows)
     return OutputRows(uri, fmt, columns, rows, count)

@@ -9,6 +9,7 @@
     ├── CredentialError      missing alias, bad master key
     ├── AuthError            a request without valid credentials (401) or rights (403)
     ├── NatsError            NATS unreachable, credentials refused or incomplete (url)
+    ├── DatasetError         a spark step's output cannot be read back here (uri, format)
     └── KVError              key-value port errors (see flowtide.kv)
 
 Errors carry their data as attributes; the message is for people.
@@ -191,4 +192,17 @@ class NatsError(FlowtideError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         self.message = message
         self.url = url
+        super().__init__(message)
+
+
+class DatasetError(FlowtideError):
+    """A spark step's output cannot be read without Spark (`flowtide data`). `reason` is
+    "not_local" (not parquet, csv or json on this machine's disk) or "unreadable" (the
+    files are there but do not read); `uri` and `format` name the output."""
+
+    def __init__(self, message: str, *, reason: str, uri: str | None, format: str) -> None:
+        self.message = message
+        self.reason = reason
+        self.uri = uri
+        self.format = format
         super().__init__(message)

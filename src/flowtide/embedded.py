@@ -1,13 +1,62 @@
-"""`flowtide.run`: run a playbook embedded from Python, as `flowtide run --json` does."""
+"""`flowtide.run`: run a playbook embedded from Python, as `flowtide run --json` does.
+
+`run_to_end` is the embedded lifecycle both use: a `LocalRuntime` over an open store,
+with the credential vault and the spark data folder of the state folder, one execution
+started (or resumed) and waited for, the runtime closed whatever happens.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowtide.playbook.model import Playbook
+
+if TYPE_CHECKING:
+    from flowtide.engine.state import ExecutionState
+    from flowtide.runtime.local import Listener, LocalRuntime
+    from flowtide.store.base import Store
+
+
+async def run_to_end(
+    store: Store,
+    home: Path,
+    start: Callable[[LocalRuntime], Awaitable[int]],
+    *,
+    kv: Any = None,
+    listener: Listener | None = None,
+    watch: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None,
+) -> ExecutionState:
+    """Start one execution on an embedded runtime over `store` and wait for its end.
+
+    Args:
+        store: the event store; the caller opens and closes it.
+        home: state folder: the credential vault's master key, spark results in home/data.
+        start: starts the execution on the runtime (`runtime.start(...)`, or
+            `runtime.resume(id)`) and returns its id.
+        kv: the loop-state KV, opened by the caller (default: the runtime's own memory://).
+        listener: sees every batch of events the runtime applies.
+        watch: called with the execution id once it started; the wait runs inside the
+            context it returns (a live display).
+    Returns:
+        The execution's final state.
+    """
+    from flowtide.credentials import CredentialVault
+    from flowtide.runtime.local import LocalRuntime
+
+    async with LocalRuntime(
+        store,
+        kv=kv,
+        credentials=CredentialVault(store, home),
+        listener=listener,
+        data_dir=home / "data",
+    ) as runtime:
+        execution_id = await start(runtime)
+        with watch(execution_id) if watch is not None else contextlib.nullcontext():
+            return await runtime.wait(execution_id)
 
 
 def run(
@@ -30,9 +79,7 @@ def run(
         PlaybookError: the playbook is invalid (nothing ran).
         TemplateError: the workload does not render (nothing ran).
     """
-    from flowtide.credentials import CredentialVault
     from flowtide.playbook.loader import load_playbook
-    from flowtide.runtime.local import LocalRuntime
     from flowtide.runtime.report import execution_document
     from flowtide.store.sqlite import SQLiteStore
 
@@ -40,14 +87,10 @@ def run(
     home_path = Path(home)
     store = SQLiteStore(Path(db) if db is not None else home_path / "flowtide.db")
 
-    async def main() -> dict[str, Any]:
-        async with LocalRuntime(
-            store, credentials=CredentialVault(store, home_path), data_dir=home_path / "data"
-        ) as runtime:
-            state = await runtime.run(loaded, workload=dict(workload or {}))
-            return execution_document(state)
+    async def start(runtime: LocalRuntime) -> int:
+        return await runtime.start(loaded, workload=dict(workload or {}))
 
     try:
-        return asyncio.run(main())
+        return execution_document(asyncio.run(run_to_end(store, home_path, start)))
     finally:
         store.close()

@@ -13,14 +13,16 @@
     ├── ExecutionFinished    the execution is completed, failed or cancelled (execution_id)
     ├── ServerError          a flowtide server refused a request (status) or is unreachable
     ├── NatsError            NATS unreachable, credentials refused or incomplete (url)
+    ├── DatasetError         a spark step's output cannot be read back here (uri, format)
     ├── KVError              key-value port errors (see flowtide.kv)
     ├── PostgresSetupError   a local PostgreSQL cluster cannot be set up (flowtide.dev)
-    └── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
+    ├── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
+    └── KVUnavailable        the command line cannot open the KV (flowtide.cli.backends)
 
 Errors carry their data as attributes; the message is for people.
 Nothing above an adapter sees a psycopg, sqlite3, httpx or duckdb exception.
 
-Each error meets its HTTP status in one place (`flowtide.server.problems.problem`) and
+Each error meets its HTTP status in one place (`flowtide.server.errors.problem`) and
 its exit status in one place (`exit_code` below).
 """
 
@@ -206,6 +208,19 @@ class NatsError(FlowtideError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         self.message = message
         self.url = url
+        super().__init__(message)
+
+
+class DatasetError(FlowtideError):
+    """A spark step's output cannot be read without Spark (`flowtide data`). `reason` is
+    "not_local" (not parquet, csv or json on this machine's disk) or "unreadable" (the
+    files are there but do not read); `uri` and `format` name the output."""
+
+    def __init__(self, message: str, *, reason: str, uri: str | None, format: str) -> None:
+        self.message = message
+        self.reason = reason
+        self.uri = uri
+        self.format = format
         super().__init__(message)
 
 

@@ -173,9 +173,18 @@ def test_ctrl_c_cancels_the_spark_job_on_the_connect_server(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def running() -> bool:
+        # A loaded machine can keep the server's UI from answering within its timeout:
+        # that is "not yet", not a failure.
+        try:
+            return bool(connect_server.running_jobs())
+        except OSError:
+            return False
+
     try:
         deadline = time.monotonic() + 180
-        while not connect_server.running_jobs():
+        while not running():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the query never started on the server"
             time.sleep(0.5)
@@ -184,6 +193,7 @@ def test_ctrl_c_cancels_the_spark_job_on_the_connect_server(
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()  # closes the pipes
     assert proc.returncode == 130, stderr
     assert "flowtide resume" in stderr
     # The server would run this query for hours; Ctrl-C must have stopped it.

@@ -148,6 +148,12 @@ def _build_stub_app() -> FastAPI:
     async def bad_json() -> Response:
         return Response(content=b"{not json", media_type="application/json")
 
+    @app.get("/non-finite")
+    async def non_finite() -> Response:
+        # What some servers send, and Python's json parser accepts.
+        body = b'{"nan": NaN, "inf": Infinity, "minus_inf": -Infinity, "n": 1.5}'
+        return Response(content=body, media_type="application/json")
+
     @app.get("/headers")
     async def custom_headers() -> Response:
         return JSONResponse({"ok": True}, headers={"X-Custom-Thing": "yes"})

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from flowtide.errors import ToolError
+from flowtide.jsonvalues import to_json
 from flowtide.tools import postgres as pgmod
-from flowtide.tools.postgres import PostgresTool, split_sql, to_jsonable
+from flowtide.tools.postgres import PostgresTool, split_sql
 
 
 @pytest.fixture
@@ -82,7 +83,8 @@ def test_split_unterminated_string_keeps_the_rest() -> None:
     assert split_sql("SELECT 'abc; SELECT 2") == ["SELECT 'abc; SELECT 2"]
 
 
-def test_to_jsonable_conversions() -> None:
+def test_driver_values_become_json() -> None:
+    # The rules themselves are tested in tests/unit/test_jsonvalues.py.
     import datetime as dt
     from decimal import Decimal
 
@@ -97,7 +99,7 @@ def test_to_jsonable_conversions() -> None:
         "nan": float("nan"),
         "nested": [(1, Decimal("2.5"))],
     }
-    converted = to_jsonable(value)
+    converted = to_json(value)
     assert converted == {
         "d": 1.5,
         "i": 600,
@@ -106,7 +108,7 @@ def test_to_jsonable_conversions() -> None:
         "u": "12345678-1234-5678-1234-567812345678",
         "b": "AP8=",
         "td": 60.0,
-        "nan": "nan",
+        "nan": None,  # JSON has no NaN (was "nan": README, Results as JSON)
         "nested": [[1, 2.5]],
     }
     json.dumps(converted, allow_nan=False)

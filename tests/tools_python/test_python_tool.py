@@ -520,10 +520,28 @@ result = {
         "datetime": "2024-01-02T03:04:05",
         "date": "2024-01-02",
         "decimal": 1.5,
-        "text_bytes": "abc",
+        "text_bytes": "YWJj",  # bytes are base64, decodable or not (was "abc")
         "binary": "/wA=",
         "1": "int key",
         "null": "none key",
+    }
+
+
+def test_steps_that_have_not_run_are_none_in_context_and_inputs() -> None:
+    """The render context and the inputs hold a step that has not run as a template
+    Undefined; the code sees None in a child process (the copy it gets is JSON) and in
+    this process alike (NoETL e2e playbook_composition, whose code names `context`)."""
+    from flowtide.playbook.template import NotRun
+
+    def later() -> NotRun:
+        return NotRun(name="later", hint="step 'later' has not run")
+
+    ctx = make_ctx(render_context={"done": {"x": 1}, "later": later()})
+    code = "result = {'later': context['later'], 'done': context['done'], 'maybe': maybe}"
+    assert run({"code": code, "input": {"maybe": later()}}, ctx) == {
+        "later": None,
+        "done": {"x": 1},
+        "maybe": None,
     }
 
 

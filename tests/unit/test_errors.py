@@ -63,12 +63,12 @@ def test_the_errors_that_were_outside_are_in_it() -> None:
     from flowtide.dev.postgres import PostgresSetupError
     from flowtide.dev.stack import DevStackError
     from flowtide.runtime.remote import ApiError
-    from flowtide.server.coordinator import ClaimConflict as CoordinatorClaimConflict
-    from flowtide.server.coordinator import ExecutionFinished as CoordinatorExecutionFinished
+    from flowtide.server.claims import ClaimConflict as ServerClaimConflict
+    from flowtide.server.coordinator import ExecutionFinished as ServerExecutionFinished
 
     assert ClientServerError is ServerError and ApiError is ServerError
-    assert CoordinatorClaimConflict is ClaimConflict
-    assert CoordinatorExecutionFinished is ExecutionFinished
+    assert ServerClaimConflict is ClaimConflict
+    assert ServerExecutionFinished is ExecutionFinished
     for cls in (ServerError, ClaimConflict, ExecutionFinished, WrongPool):
         assert issubclass(cls, FlowtideError)
     # Still what they were for callers that catch RuntimeError.
@@ -97,7 +97,7 @@ def test_the_errors_that_were_outside_are_in_it() -> None:
 def test_the_http_status_of_each_error(
     exc: BaseException, expected: tuple[int, str, dict[str, object]]
 ) -> None:
-    from flowtide.server.problems import problem
+    from flowtide.server.errors import problem
 
     assert problem(exc) == expected
 

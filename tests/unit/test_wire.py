@@ -181,7 +181,7 @@ def test_reports_reply_round_trip() -> None:
 def test_the_server_takes_what_the_worker_writes() -> None:
     """The server's request models (what its OpenAPI document describes) accept the
     worker's bodies, ids intact."""
-    from flowtide.server.app import ClaimMany, WorkerReports
+    from flowtide.server.schemas import ClaimMany, WorkerReports
 
     claims = ClaimMany.model_validate_json(ClaimRequest("w", [ClaimItem(BIG, 2, 3)]).to_json())
     assert (claims.claims[0].execution_id, claims.claims[0].event_id) == (BIG, 3)

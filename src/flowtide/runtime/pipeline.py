@@ -7,7 +7,6 @@ NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +18,7 @@ from flowtide.engine.context import envelope, iteration_scope, layered, plain, r
 from flowtide.engine.decide import render_set
 from flowtide.engine.policy import retry_delay, select_rule
 from flowtide.errors import FlowtideError, TemplateError, ToolError
+from flowtide.jsonvalues import dumps, to_json
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
 from flowtide.redaction import remember
@@ -32,11 +32,25 @@ STDOUT_LIMIT = 16 * 1024
 MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
 
 
-def _check_size(result: Any) -> None:
-    """Raise ToolError (kind result_too_large) when `result` is over MAX_RESULT_BYTES."""
-    if result is None or isinstance(result, bool | int | float):
-        return
-    size = len(json.dumps(result, default=str, separators=(",", ":")).encode("utf-8", "replace"))
+def _json_result(result: Any) -> Any:
+    """`result` as plain JSON by the one rule set (`flowtide.jsonvalues`), checked against
+    MAX_RESULT_BYTES.
+
+    The tools that make non-JSON values convert them themselves, so almost every result
+    passes the strict encoding as is; this catches the rest (a tool added later, a
+    sub-playbook's result), so that no step's result depends on the tool that made it.
+
+    Raises:
+        ToolError: kind result_too_large; code ResultNotSerializable (`to_json`).
+    """
+    if result is None or type(result) is bool:
+        return result
+    try:
+        text = dumps(result)
+    except (TypeError, ValueError):  # a NaN, a Decimal, a cycle, a non-text key...
+        result = to_json(result)
+        text = dumps(result)
+    size = len(text.encode("utf-8", "replace"))
     if size > MAX_RESULT_BYTES:
         raise ToolError(
             f"the result is {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit"
@@ -44,6 +58,7 @@ def _check_size(result: Any) -> None:
             " a reference to it (spark steps do so on their own)",
             kind="result_too_large",
         )
+    return result
 
 
 @dataclass
@@ -324,7 +339,7 @@ class StepRunner:
                         result = self._run_playbook(config, tctx)
                     else:
                         result = get_tool(effective.kind).run(config, tctx)
-                    _check_size(result)
+                    result = _json_result(result)
                     status = "ok"
                 except ToolError as exc:
                     status, error = "error", _error_dict(exc)

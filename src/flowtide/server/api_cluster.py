@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import os
 import re
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Query
@@ -28,18 +25,17 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from flowtide.credentials import CredentialVault
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import weak_fields, weak_message
 from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody, Text, storable_text
 from flowtide.server.problems import error_response, field_error, problem_responses
+from flowtide.server.runtime import Runtime, RuntimeDep
 
 if TYPE_CHECKING:
-    from flowtide.server.app import _Runtime
     from flowtide.store.postgres import KeychainRow
 
-__all__ = ["cluster_router"]
+__all__ = ["parse_catalog_id", "router"]
 
 _NAME: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$"
 _KIND: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
@@ -61,10 +57,6 @@ OwnerQuery = Annotated[
 NameParam = Annotated[str, PathParam(pattern=_NAME)]
 
 
-_error = error_response
-_field_error = field_error
-
-
 def parse_catalog_id(catalog_id: str) -> tuple[str, int | None]:
     """(path, version) of `path@version`; (catalog_id, None) when there is no numeric
     version suffix (the latest version of that path).
@@ -79,15 +71,6 @@ def parse_catalog_id(catalog_id: str) -> tuple[str, int | None]:
     if not 1 <= version <= _MAX_VERSION:
         raise ValueError(f"version must be between 1 and {_MAX_VERSION}, got {version}")
     return match.group(1), version
-
-
-class _Vault(CredentialVault):
-    """The server's vault: it encrypts, and never hands out a decrypted value."""
-
-    def seal(self, body: dict[str, Any]) -> bytes:
-        """The Fernet token of `body` as compact JSON (what `resolve` decrypts)."""
-        plaintext = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-        return self._cipher().encrypt(plaintext)
 
 
 # -- bodies and documents --------------------------------------------------------------
@@ -278,7 +261,7 @@ def _playbook_error(exc: PlaybookError) -> JSONResponse:
         }
         for p in problems
     ]
-    return _error(400, str(exc), field="content", fields=fields)
+    return error_response(400, str(exc), field="content", fields=fields)
 
 
 def _catalog_path_problem(path: object) -> str | None:
@@ -294,287 +277,295 @@ def _catalog_path_problem(path: object) -> str | None:
     return None
 
 
-def server_home() -> Path:
-    # Where `flowtide worker` looks too (its --home defaults to $FLOWTIDE_HOME).
-    return Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
+async def _resolve(runtime: Runtime, catalog_id: str) -> tuple[str, int]:
+    """(path, version) of an existing catalog entry; NotFoundError (404) naming it."""
+    path, version = parse_catalog_id(catalog_id)
+    row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
+    return row.path, row.version
 
 
-def cluster_router(runtime: _Runtime) -> APIRouter:
-    """The catalog, credential and keychain routes over `runtime`'s store (which exists
-    once the app has started)."""
-    router = APIRouter()
+router = APIRouter()
 
-    def vault() -> _Vault:
-        return runtime.vault()
 
-    async def resolve(catalog_id: str) -> tuple[str, int]:
-        """(path, version) of an existing catalog entry; NotFoundError (404) naming it."""
-        path, version = parse_catalog_id(catalog_id)
-        row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
-        return row.path, row.version
+# -- catalog ------------------------------------------------------------------------
 
-    # -- catalog ------------------------------------------------------------------------
 
-    @router.post(
-        "/api/catalog/register",
-        status_code=201,
-        tags=["catalog"],
-        responses=problem_responses((400, "Invalid playbook: file:line:column and field.")),
-    )
-    async def register_playbook(body: RegisterRequest) -> Registered:
-        """Validate a playbook (as `flowtide catalog register` does) and record it under
-        its metadata.path: a new version when the text changed, else the latest one."""
-        file = body.source_file
-        try:
-            playbook = await asyncio.to_thread(parse_playbook, body.content, file)
-        except PlaybookError as exc:
-            return _playbook_error(exc)  # type: ignore[return-value]
-        except RecursionError:  # the YAML parser recurses per nesting level
-            return _playbook_error(  # type: ignore[return-value]
-                PlaybookError("the YAML nests too deeply", file=file, line=1)
-            )
-        path: object = playbook.path
-        problem = _catalog_path_problem(path)
-        if problem or not isinstance(path, str):
-            return _playbook_error(  # type: ignore[return-value]
-                PlaybookError(
-                    problem or "metadata.path is not text",
-                    file=file,
-                    field="metadata.path",
-                    expected="the catalog path to record, a string",
-                )
-            )
-        version = await asyncio.to_thread(
-            lambda: runtime.store.register_playbook(
-                path, playbook.text, source_file=file, created=time.time()
+@router.post(
+    "/api/catalog/register",
+    status_code=201,
+    tags=["catalog"],
+    responses=problem_responses((400, "Invalid playbook: file:line:column and field.")),
+)
+async def register_playbook(body: RegisterRequest, runtime: RuntimeDep) -> Registered:
+    """Validate a playbook (as `flowtide catalog register` does) and record it under
+    its metadata.path: a new version when the text changed, else the latest one."""
+    file = body.source_file
+    try:
+        playbook = await asyncio.to_thread(parse_playbook, body.content, file)
+    except PlaybookError as exc:
+        return _playbook_error(exc)  # type: ignore[return-value]
+    except RecursionError:  # the YAML parser recurses per nesting level
+        return _playbook_error(  # type: ignore[return-value]
+            PlaybookError("the YAML nests too deeply", file=file, line=1)
+        )
+    path: object = playbook.path
+    problem = _catalog_path_problem(path)
+    if problem or not isinstance(path, str):
+        return _playbook_error(  # type: ignore[return-value]
+            PlaybookError(
+                problem or "metadata.path is not text",
+                file=file,
+                field="metadata.path",
+                expected="the catalog path to record, a string",
             )
         )
-        return Registered(path=path, version=version, catalog_id=f"{path}@{version}")
+    version = await asyncio.to_thread(
+        lambda: runtime.store.register_playbook(
+            path, playbook.text, source_file=file, created=time.time()
+        )
+    )
+    return Registered(path=path, version=version, catalog_id=f"{path}@{version}")
 
-    @router.get("/api/catalog/list", tags=["catalog"])
-    async def list_catalog(
-        path: Annotated[
-            Text | None, Query(max_length=4096, description="Only paths starting with this.")
-        ] = None,
-    ) -> CatalogList:
-        """The latest version of every registered path (no playbook text)."""
-        rows = await asyncio.to_thread(runtime.store.catalog_entries, path)
-        return CatalogList(
-            items=[CatalogEntry(**r, catalog_id=f"{r['path']}@{r['version']}") for r in rows]
+
+@router.get("/api/catalog/list", tags=["catalog"])
+async def list_catalog(
+    runtime: RuntimeDep,
+    path: Annotated[
+        Text | None, Query(max_length=4096, description="Only paths starting with this.")
+    ] = None,
+) -> CatalogList:
+    """The latest version of every registered path (no playbook text)."""
+    rows = await asyncio.to_thread(runtime.store.catalog_entries, path)
+    return CatalogList(
+        items=[CatalogEntry(**r, catalog_id=f"{r['path']}@{r['version']}") for r in rows]
+    )
+
+
+@router.get(
+    "/api/catalog/{path:path}",
+    tags=["catalog"],
+    responses=problem_responses((404, "No such path or version.")),
+)
+async def get_catalog_entry(
+    path: Annotated[Text, PathParam(max_length=4096)],
+    runtime: RuntimeDep,
+    version: Annotated[
+        int | None, Query(ge=1, le=_MAX_VERSION, description="Default: the latest.")
+    ] = None,
+) -> CatalogPlaybook:
+    """One registered playbook: metadata and its YAML text. 404 names the path."""
+    row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
+    return CatalogPlaybook(
+        path=row.path,
+        version=row.version,
+        versions=row.versions,
+        catalog_id=f"{row.path}@{row.version}",
+        source_file=row.source_file,
+        created=row.created,
+        content=row.text,
+    )
+
+
+# -- credentials --------------------------------------------------------------------
+
+
+@router.post(
+    "/api/credentials",
+    status_code=201,
+    tags=["credentials"],
+    responses=problem_responses((503, "The credential vault is unavailable (master key).")),
+)
+async def put_credential(body: CredentialRequest, runtime: RuntimeDep) -> StoredCredential:
+    """Store (or replace) a credential alias; the server encrypts `data`. `warnings`
+    names the secret fields whose values are too weak to be masked safely."""
+
+    def write() -> dict[str, Any]:
+        runtime.vault().set(body.name, body.data, kind=body.kind)
+        return dict(runtime.store.credential_info(body.name))
+
+    try:
+        info = await asyncio.to_thread(write)
+    except CredentialError as exc:  # the master key is unusable: the server's fault
+        return error_response(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
+    warnings = [weak_message(body.name, f, why) for f, why in weak_fields(body.data)]
+    return StoredCredential(**info, warnings=warnings)
+
+
+@router.get("/api/credentials", tags=["credentials"])
+async def list_credentials(runtime: RuntimeDep) -> list[CredentialInfo]:
+    """Every alias with its kind and times; never a value."""
+    rows = await asyncio.to_thread(runtime.store.list_credentials)
+    return [CredentialInfo(**r) for r in rows]
+
+
+@router.get(
+    "/api/credentials/{name}",
+    tags=["credentials"],
+    responses=problem_responses((404, "No such credential.")),
+)
+async def get_credential(
+    name: Annotated[Text, PathParam(min_length=1, max_length=200)],
+    runtime: RuntimeDep,
+    ciphertext: Annotated[
+        bool, Query(description="Include the Fernet token (for workers).")
+    ] = False,
+) -> SealedCredential | CredentialInfo:
+    """A credential's metadata; with ?ciphertext=true also its encrypted body, which
+    only holders of the master key can read."""
+
+    def read() -> SealedCredential | CredentialInfo:
+        info = runtime.store.credential_info(name)
+        if not ciphertext:
+            return CredentialInfo(**info)
+        _kind, token = runtime.store.get_credential(name)
+        return SealedCredential(**info, ciphertext=_sealed(token))
+
+    return await asyncio.to_thread(read)
+
+
+@router.delete(
+    "/api/credentials/{name}",
+    tags=["credentials"],
+    responses=problem_responses((404, "No such credential.")),
+)
+async def delete_credential(
+    name: Annotated[Text, PathParam(min_length=1, max_length=200)],
+    runtime: RuntimeDep,
+) -> Deleted:
+    await asyncio.to_thread(runtime.store.delete_credential, name)
+    return Deleted(name=name)
+
+
+# -- keychain -----------------------------------------------------------------------
+
+
+@router.get(
+    "/api/keychain",
+    tags=["keychain"],
+    responses=problem_responses((404, "No such catalog entry.")),
+)
+async def list_keychain(
+    catalog_id: Annotated[Text, Query(min_length=1, max_length=4096)],
+    runtime: RuntimeDep,
+) -> KeychainList:
+    """The live (unexpired) entries of a catalog entry, metadata only."""
+    try:
+        path, version = await _resolve(runtime, catalog_id)
+    except ValueError as exc:
+        return field_error("catalog_id", str(exc))  # type: ignore[return-value]
+    now = time.time()
+    rows = await asyncio.to_thread(lambda: runtime.store.list_keychain(path, version, now=now))
+    return KeychainList(catalog_id=f"{path}@{version}", items=[_keychain_doc(r, now) for r in rows])
+
+
+async def _locate(
+    runtime: Runtime, catalog_id: str, scope: str, execution_id: int | None
+) -> tuple[str, int] | JSONResponse:
+    problem = _scope_problem(scope, execution_id)
+    if problem:
+        return field_error("execution_id", problem)
+    try:
+        return await _resolve(runtime, catalog_id)
+    except ValueError as exc:
+        return field_error("catalog_id", str(exc))
+
+
+@router.post(
+    "/api/keychain/{catalog_id:path}/{name}",
+    tags=["keychain"],
+    responses=problem_responses(
+        (404, "No such catalog entry."),
+        (503, "The credential vault is unavailable (master key)."),
+    ),
+)
+async def put_keychain(
+    catalog_id: CatalogIdParam, name: NameParam, body: KeychainRequest, runtime: RuntimeDep
+) -> KeychainEntry:
+    """Cache a secret or token for a catalog entry (replacing the entry of the same
+    name, scope and execution), encrypted; with an expiry when given."""
+    where = await _locate(runtime, catalog_id, body.scope, body.execution_id)
+    if isinstance(where, JSONResponse):
+        return where  # type: ignore[return-value]
+    path, version = where
+    now = time.time()
+    expires = body.expires_at
+    if body.ttl_seconds is not None:
+        expires = now + body.ttl_seconds
+
+    def write() -> KeychainRow:
+        return runtime.store.put_keychain(  # type: ignore[no-any-return]
+            path,
+            version,
+            name,
+            scope=body.scope,
+            execution_id=body.execution_id,
+            kind=body.kind,
+            ciphertext=runtime.vault().seal(body.data),
+            expires=expires,
+            now=now,
         )
 
-    @router.get(
-        "/api/catalog/{path:path}",
-        tags=["catalog"],
-        responses=problem_responses((404, "No such path or version.")),
-    )
-    async def get_catalog_entry(
-        path: Annotated[Text, PathParam(max_length=4096)],
-        version: Annotated[
-            int | None, Query(ge=1, le=_MAX_VERSION, description="Default: the latest.")
-        ] = None,
-    ) -> CatalogPlaybook:
-        """One registered playbook: metadata and its YAML text. 404 names the path."""
-        row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
-        return CatalogPlaybook(
-            path=row.path,
-            version=row.version,
-            versions=row.versions,
-            catalog_id=f"{row.path}@{row.version}",
-            source_file=row.source_file,
-            created=row.created,
-            content=row.text,
+    try:
+        entry = await asyncio.to_thread(write)
+    except CredentialError as exc:
+        return error_response(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
+    return _keychain_doc(entry, now)
+
+
+@router.get(
+    "/api/keychain/{catalog_id:path}/{name}",
+    tags=["keychain"],
+    responses=problem_responses((404, "No such catalog entry, or no live keychain entry.")),
+)
+async def get_keychain(
+    catalog_id: CatalogIdParam,
+    name: NameParam,
+    runtime: RuntimeDep,
+    scope: ScopeQuery = "global",
+    execution_id: OwnerQuery = None,
+    ciphertext: Annotated[
+        bool, Query(description="Include the Fernet token (for workers).")
+    ] = False,
+) -> SealedKeychainEntry | KeychainEntry:
+    """A keychain entry's metadata (and with ?ciphertext=true its encrypted body);
+    404 when the catalog entry or the keychain entry is unknown or has expired."""
+    where = await _locate(runtime, catalog_id, scope, execution_id)
+    if isinstance(where, JSONResponse):
+        return where  # type: ignore[return-value]
+    path, version = where
+    now = time.time()
+    entry = await asyncio.to_thread(
+        lambda: runtime.store.get_keychain(
+            path, version, name, scope=scope, execution_id=execution_id, now=now
         )
-
-    # -- credentials --------------------------------------------------------------------
-
-    @router.post(
-        "/api/credentials",
-        status_code=201,
-        tags=["credentials"],
-        responses=problem_responses((503, "The credential vault is unavailable (master key).")),
     )
-    async def put_credential(body: CredentialRequest) -> StoredCredential:
-        """Store (or replace) a credential alias; the server encrypts `data`. `warnings`
-        names the secret fields whose values are too weak to be masked safely."""
+    doc = _keychain_doc(entry, now)
+    if ciphertext:
+        return SealedKeychainEntry(**doc.model_dump(), ciphertext=_sealed(entry.ciphertext))
+    return doc
 
-        def write() -> dict[str, Any]:
-            vault().set(body.name, body.data, kind=body.kind)
-            return dict(runtime.store.credential_info(body.name))
 
-        try:
-            info = await asyncio.to_thread(write)
-        except CredentialError as exc:  # the master key is unusable: the server's fault
-            return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
-        warnings = [weak_message(body.name, f, why) for f, why in weak_fields(body.data)]
-        return StoredCredential(**info, warnings=warnings)
-
-    @router.get("/api/credentials", tags=["credentials"])
-    async def list_credentials() -> list[CredentialInfo]:
-        """Every alias with its kind and times; never a value."""
-        rows = await asyncio.to_thread(runtime.store.list_credentials)
-        return [CredentialInfo(**r) for r in rows]
-
-    @router.get(
-        "/api/credentials/{name}",
-        tags=["credentials"],
-        responses=problem_responses((404, "No such credential.")),
-    )
-    async def get_credential(
-        name: Annotated[Text, PathParam(min_length=1, max_length=200)],
-        ciphertext: Annotated[
-            bool, Query(description="Include the Fernet token (for workers).")
-        ] = False,
-    ) -> SealedCredential | CredentialInfo:
-        """A credential's metadata; with ?ciphertext=true also its encrypted body, which
-        only holders of the master key can read."""
-
-        def read() -> SealedCredential | CredentialInfo:
-            info = runtime.store.credential_info(name)
-            if not ciphertext:
-                return CredentialInfo(**info)
-            _kind, token = runtime.store.get_credential(name)
-            return SealedCredential(**info, ciphertext=_sealed(token))
-
-        return await asyncio.to_thread(read)
-
-    @router.delete(
-        "/api/credentials/{name}",
-        tags=["credentials"],
-        responses=problem_responses((404, "No such credential.")),
-    )
-    async def delete_credential(
-        name: Annotated[Text, PathParam(min_length=1, max_length=200)],
-    ) -> Deleted:
-        await asyncio.to_thread(runtime.store.delete_credential, name)
-        return Deleted(name=name)
-
-    # -- keychain -----------------------------------------------------------------------
-
-    @router.get(
-        "/api/keychain",
-        tags=["keychain"],
-        responses=problem_responses((404, "No such catalog entry.")),
-    )
-    async def list_keychain(
-        catalog_id: Annotated[Text, Query(min_length=1, max_length=4096)],
-    ) -> KeychainList:
-        """The live (unexpired) entries of a catalog entry, metadata only."""
-        try:
-            path, version = await resolve(catalog_id)
-        except ValueError as exc:
-            return _field_error("catalog_id", str(exc))  # type: ignore[return-value]
-        now = time.time()
-        rows = await asyncio.to_thread(lambda: runtime.store.list_keychain(path, version, now=now))
-        return KeychainList(
-            catalog_id=f"{path}@{version}", items=[_keychain_doc(r, now) for r in rows]
+@router.delete(
+    "/api/keychain/{catalog_id:path}/{name}",
+    tags=["keychain"],
+    responses=problem_responses((404, "No such catalog entry, or no live keychain entry.")),
+)
+async def delete_keychain(
+    catalog_id: CatalogIdParam,
+    name: NameParam,
+    runtime: RuntimeDep,
+    scope: ScopeQuery = "global",
+    execution_id: OwnerQuery = None,
+) -> Deleted:
+    """Remove a keychain entry (404 when unknown or already expired)."""
+    where = await _locate(runtime, catalog_id, scope, execution_id)
+    if isinstance(where, JSONResponse):
+        return where  # type: ignore[return-value]
+    path, version = where
+    now = time.time()
+    await asyncio.to_thread(
+        lambda: runtime.store.delete_keychain(
+            path, version, name, scope=scope, execution_id=execution_id, now=now
         )
-
-    async def locate(
-        catalog_id: str, scope: str, execution_id: int | None
-    ) -> tuple[str, int] | JSONResponse:
-        problem = _scope_problem(scope, execution_id)
-        if problem:
-            return _field_error("execution_id", problem)
-        try:
-            return await resolve(catalog_id)
-        except ValueError as exc:
-            return _field_error("catalog_id", str(exc))
-
-    @router.post(
-        "/api/keychain/{catalog_id:path}/{name}",
-        tags=["keychain"],
-        responses=problem_responses(
-            (404, "No such catalog entry."),
-            (503, "The credential vault is unavailable (master key)."),
-        ),
     )
-    async def put_keychain(
-        catalog_id: CatalogIdParam, name: NameParam, body: KeychainRequest
-    ) -> KeychainEntry:
-        """Cache a secret or token for a catalog entry (replacing the entry of the same
-        name, scope and execution), encrypted; with an expiry when given."""
-        where = await locate(catalog_id, body.scope, body.execution_id)
-        if isinstance(where, JSONResponse):
-            return where  # type: ignore[return-value]
-        path, version = where
-        now = time.time()
-        expires = body.expires_at
-        if body.ttl_seconds is not None:
-            expires = now + body.ttl_seconds
-
-        def write() -> KeychainRow:
-            return runtime.store.put_keychain(  # type: ignore[no-any-return]
-                path,
-                version,
-                name,
-                scope=body.scope,
-                execution_id=body.execution_id,
-                kind=body.kind,
-                ciphertext=vault().seal(body.data),
-                expires=expires,
-                now=now,
-            )
-
-        try:
-            entry = await asyncio.to_thread(write)
-        except CredentialError as exc:
-            return _error(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
-        return _keychain_doc(entry, now)
-
-    @router.get(
-        "/api/keychain/{catalog_id:path}/{name}",
-        tags=["keychain"],
-        responses=problem_responses((404, "No such catalog entry, or no live keychain entry.")),
-    )
-    async def get_keychain(
-        catalog_id: CatalogIdParam,
-        name: NameParam,
-        scope: ScopeQuery = "global",
-        execution_id: OwnerQuery = None,
-        ciphertext: Annotated[
-            bool, Query(description="Include the Fernet token (for workers).")
-        ] = False,
-    ) -> SealedKeychainEntry | KeychainEntry:
-        """A keychain entry's metadata (and with ?ciphertext=true its encrypted body);
-        404 when the catalog entry or the keychain entry is unknown or has expired."""
-        where = await locate(catalog_id, scope, execution_id)
-        if isinstance(where, JSONResponse):
-            return where  # type: ignore[return-value]
-        path, version = where
-        now = time.time()
-        entry = await asyncio.to_thread(
-            lambda: runtime.store.get_keychain(
-                path, version, name, scope=scope, execution_id=execution_id, now=now
-            )
-        )
-        doc = _keychain_doc(entry, now)
-        if ciphertext:
-            return SealedKeychainEntry(**doc.model_dump(), ciphertext=_sealed(entry.ciphertext))
-        return doc
-
-    @router.delete(
-        "/api/keychain/{catalog_id:path}/{name}",
-        tags=["keychain"],
-        responses=problem_responses((404, "No such catalog entry, or no live keychain entry.")),
-    )
-    async def delete_keychain(
-        catalog_id: CatalogIdParam,
-        name: NameParam,
-        scope: ScopeQuery = "global",
-        execution_id: OwnerQuery = None,
-    ) -> Deleted:
-        """Remove a keychain entry (404 when unknown or already expired)."""
-        where = await locate(catalog_id, scope, execution_id)
-        if isinstance(where, JSONResponse):
-            return where  # type: ignore[return-value]
-        path, version = where
-        now = time.time()
-        await asyncio.to_thread(
-            lambda: runtime.store.delete_keychain(
-                path, version, name, scope=scope, execution_id=execution_id, now=now
-            )
-        )
-        return Deleted(name=name)
-
-    return router
+    return Deleted(name=name)

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Header, Path, Query
 from fastapi.exceptions import RequestValidationError
@@ -26,19 +26,16 @@ from flowtide.engine.events import Event
 from flowtide.engine.state import secret_values
 from flowtide.errors import NotFoundError
 from flowtide.redaction import mask_value
-from flowtide.sealing import SEALED_PREFIX
-from flowtide.server.app import _error, _event_doc
 from flowtide.server.coordinator import TERMINAL, Coordinator, ExecutionFinished
+from flowtide.server.documents import event_document
 from flowtide.server.fields import INT64_MAX, IdPath, RequestBody
-from flowtide.server.problems import problem_responses
-from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
+from flowtide.server.problems import error_response, problem_responses
+from flowtide.server.runtime import CoordinatorDep, Runtime, RuntimeDep
+from flowtide.store import pg
+from flowtide.store.codec import load_json
+from flowtide.store.pg.events import LogPosition
 
-if TYPE_CHECKING:
-    import psycopg
-
-    from flowtide.server.app import _Runtime
-
-__all__ = ["executions_router"]
+__all__ = ["router"]
 
 #: How often an idle stream reads the log, and sends a comment to keep proxies from
 #: closing it.
@@ -51,17 +48,6 @@ _NAME_RULE: Final = "a variable name is a letter or _ then letters, digits or _ 
 #: A variable travels in every command's context: large data belongs in a result
 #: reference, not here.
 MAX_VALUE_BYTES: Final = 256 * 1024
-
-# Transaction ids older than every transaction still in progress belong to finished
-# transactions, and every transaction to come gets a larger one: below this horizon the
-# (xact, seq) order of the log is final. Transactions of other databases of the server
-# cannot write this log, so they do not hold the stream back.
-_HORIZON: Final = (
-    "SELECT COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
-    " WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_xid = xid(x)"
-    " AND a.datname <> current_database())), pg_snapshot_xmax(pg_current_snapshot()))"
-)
-_START: Final = ("0", 0)
 
 
 def _check_name(name: str) -> str:
@@ -147,73 +133,52 @@ class DeletedResponse(BaseModel):
 
 @dataclass
 class _Poll:
-    events: list[tuple[Event, tuple[str, int]]]
+    events: list[tuple[Event, LogPosition]]
     status: str
     error: Any
     #: The execution is terminal and nothing is left to stream.
     finished: bool
 
 
-def _cursor_of(conn: psycopg.Connection, execution_id: int, event_id: int) -> tuple[str, int]:
-    row = conn.execute(
-        "SELECT xact::text, seq FROM event WHERE execution_id = %s AND event_id = %s",
-        (execution_id, event_id),
-    ).fetchone()
-    if row is None:
-        raise LookupError(event_id)
-    return str(row[0]), int(row[1])
-
-
-def _open_stream(runtime: _Runtime, execution_id: int, after: int | None) -> tuple[str, int]:
-    """The stream's starting cursor. Raises NotFoundError (no execution) or LookupError
+def _open_stream(runtime: Runtime, execution_id: int, after: int | None) -> LogPosition:
+    """The stream's starting position. Raises NotFoundError (no execution) or LookupError
     (`after` is not an event of it)."""
     with runtime.store.transaction("event stream") as conn:
-        found = conn.execute(
-            "SELECT 1 FROM execution WHERE execution_id = %s", (execution_id,)
-        ).fetchone()
-        if found is None:
+        if not pg.executions.exists(conn, execution_id):
             raise NotFoundError(f"execution {execution_id} not found")
-        return _START if not after else _cursor_of(conn, execution_id, after)
+        if not after:
+            return pg.events.START
+        found = pg.events.position(conn, execution_id, after)
+    if found is None:
+        raise LookupError(after)
+    return found
 
 
-def _poll(runtime: _Runtime, execution_id: int, cursor: tuple[str, int]) -> _Poll:
+def _poll(runtime: Runtime, execution_id: int, cursor: LogPosition) -> _Poll:
     sealer = runtime.store.sealer
     with runtime.store.transaction("event stream") as conn:
         # One snapshot for the status, the horizon and the rows.
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        row = conn.execute(
-            "SELECT status, error FROM execution WHERE execution_id = %s", (execution_id,)
-        ).fetchone()
+        pg.events.read_snapshot(conn)
+        row = pg.executions.outcome(conn, execution_id)
         if row is None:
             raise NotFoundError(f"execution {execution_id} not found")
-        status, error = row
-        rows = conn.execute(
-            f"SELECT {EVENT_COLUMNS}, xact::text, seq FROM event WHERE execution_id = %s"
-            " AND (xact, seq) > (%s::text::xid8, %s)"
-            f" AND xact < ({_HORIZON}) ORDER BY xact, seq LIMIT %s",
-            (execution_id, *cursor, _BATCH),
-        ).fetchall()
-        events = [(event_row(r[:11], sealer), (str(r[11]), int(r[12]))) for r in rows]
+        events = pg.events.settled_after(conn, execution_id, cursor, _BATCH, sealer)
         finished = False
-        if status in TERMINAL and len(events) < _BATCH:
+        if row.status in TERMINAL and len(events) < _BATCH:
             last = events[-1][1] if events else cursor
-            more = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM event WHERE execution_id = %s"
-                " AND (xact, seq) > (%s::text::xid8, %s))",
-                (execution_id, *last),
-            ).fetchone()
-            finished = not (more and more[0])
+            finished = not pg.events.any_after(conn, execution_id, last)
     what = f"execution {execution_id}: error"
-    return _Poll(events, status, load_json(error, sealer, what) if error else None, finished)
+    error = load_json(row.error, sealer, what) if row.error else None
+    return _Poll(events, row.status, error, finished)
 
 
 def _message(event: Event, secrets: frozenset[str]) -> str:
-    data = json.dumps(_event_doc(event, secrets), separators=(",", ":"))
+    data = json.dumps(event_document(event, secrets), separators=(",", ":"))
     return f"id: {event.event_id}\nevent: {event.type}\ndata: {data}\n\n"
 
 
 async def _follow(
-    runtime: _Runtime, execution_id: int, cursor: tuple[str, int], secrets: frozenset[str]
+    runtime: Runtime, execution_id: int, cursor: LogPosition, secrets: frozenset[str]
 ) -> AsyncIterator[str]:
     """The stream from `cursor` on, masked with the execution's secret set (`secrets` as
     known at the start, then grown by the `secrets.added` events streamed, which come
@@ -253,40 +218,23 @@ async def _follow(
 
 
 async def _ctx_history(
-    runtime: _Runtime, execution_id: int
+    runtime: Runtime, execution_id: int
 ) -> dict[str, tuple[float, int, str | None]]:
     """name -> (time, event_id, source) of the last event that set each top-level ctx key
     (the events that can change ctx: `ctx.updated`, a step's `set` in `step.exit`, a
     policy's `set` in a command report)."""
-    # A sealed payload's text says nothing: those rows are read and unsealed too.
-    sealed = SEALED_PREFIX + "%"
-    rows = await runtime.fetch(
-        "variables",
-        "SELECT event_id, type, step, payload, time FROM event WHERE execution_id = %s"
-        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s OR payload LIKE %s))"
-        " OR (type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))) ORDER BY seq",
-        (
-            execution_id,
-            ev.CTX_UPDATED,
-            ev.STEP_EXIT,
-            '%"set":{%',
-            '%"unset":[%',
-            sealed,
-            ev.COMMAND_COMPLETED,
-            ev.COMMAND_FAILED,
-            '%"ctx":{%',
-            sealed,
-        ),
-        part="shard",
-    )
-    sealer = runtime.store.sealer
+
+    def read() -> list[pg.events.CtxWrite]:
+        with runtime.store.transaction("variables") as conn:
+            return pg.events.ctx_writes(conn, execution_id, runtime.store.sealer)
+
+    writes = await asyncio.to_thread(read)
     out: dict[str, tuple[float, int, str | None]] = {}
-    for event_id, type_, step, payload, at in rows:
-        doc = load_json(payload, sealer, f"event {event_id}: payload") if payload else {}
-        source = doc.get("source") if type_ == ev.CTX_UPDATED else step
-        for name in doc.get("set") or doc.get("ctx") or {}:
-            out[name] = (at, int(event_id), source)
-        for name in doc.get("unset") or ():
+    for w in writes:
+        source = w.payload.get("source") if w.type == ev.CTX_UPDATED else w.step
+        for name in w.payload.get("set") or w.payload.get("ctx") or {}:
+            out[name] = (w.time, w.event_id, source)
+        for name in w.payload.get("unset") or ():
             out.pop(name, None)
     return out
 
@@ -315,198 +263,211 @@ def _bad_name(name: str) -> None:
         ) from None
 
 
-def executions_router(runtime: _Runtime) -> APIRouter:
-    """The routes of this module, served from `runtime` (store and coordinator)."""
-    router = APIRouter()
+async def _read_vars(
+    runtime: Runtime, coord: Coordinator, execution_id: int
+) -> tuple[str, dict[str, Any]]:
+    state = await coord.state(execution_id)
+    history = await _ctx_history(runtime, execution_id)
+    # Shown, not used: masked with the execution's secret set.
+    return state.status, _variables(mask_value(dict(state.ctx), state.secrets), history)
 
-    def coord() -> Coordinator:
-        assert runtime.coordinator is not None
-        return runtime.coordinator
 
-    async def read_vars(execution_id: int) -> tuple[str, dict[str, Any]]:
-        state = await coord().state(execution_id)
-        history = await _ctx_history(runtime, execution_id)
-        # Shown, not used: masked with the execution's secret set.
-        return state.status, _variables(mask_value(dict(state.ctx), state.secrets), history)
+def _finished(exc: ExecutionFinished) -> JSONResponse:
+    return error_response(409, f"{exc}: its variables are read-only", execution_status=exc.status)
 
-    def finished(exc: ExecutionFinished) -> JSONResponse:
-        return _error(
-            409,
-            f"{exc}: its variables are read-only",
-            execution_status=exc.status,
-        )
 
-    # -- event stream ------------------------------------------------------------------
+router = APIRouter()
 
-    @router.get(
-        "/api/executions/{execution_id}/events/stream",
-        summary="Follow an execution's events (Server-Sent Events)",
-        response_class=StreamingResponse,
-        responses={
-            200: {
-                "content": {"text/event-stream": {}},
-                "description": "`id:` event id, `event:` event type, `data:` the event "
-                "document; a final `event: end` carries the terminal status.",
-            },
-            **problem_responses(
-                (404, "No such execution."),
-                (422, "`after` / `Last-Event-ID` is not an event of it."),
-            ),
+
+# -- event stream ------------------------------------------------------------------
+
+
+@router.get(
+    "/api/executions/{execution_id}/events/stream",
+    summary="Follow an execution's events (Server-Sent Events)",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`id:` event id, `event:` event type, `data:` the event "
+            "document; a final `event: end` carries the terminal status.",
         },
-    )
-    async def stream_events(
-        execution_id: IdPath,
-        after: Annotated[
-            int | None,
-            Query(ge=0, le=INT64_MAX, description="Start after this event id (0: from the start)."),
-        ] = None,
-        last_event_id: Annotated[
-            int | None,
-            Header(
-                ge=0,
-                le=INT64_MAX,
-                description="Sent by a reconnecting EventSource; wins over `after`.",
-            ),
-        ] = None,
-    ) -> StreamingResponse:
-        """The execution's events in log order, each once, as they are written: the
-        documents of `GET /api/executions/{id}/events`. Ends with `event: end` once the
-        execution is completed, failed or cancelled; idle streams get a `: keepalive`
-        comment every 15 s. A client that reconnects with `Last-Event-ID` (or `?after=`)
-        resumes right after that event, without gaps or repeats."""
-        start = last_event_id if last_event_id is not None else after
-        field = "Last-Event-ID" if last_event_id is not None else "after"
-        try:
-            cursor = await asyncio.to_thread(_open_stream, runtime, execution_id, start)
-            secrets = (await coord().state(execution_id)).secrets
-        except LookupError:
-            message = f"event {start} is not in execution {execution_id}"
-            return _error(  # type: ignore[return-value]
-                422,
-                f"{field}: {message}",
-                fields=[{"field": field, "message": message}],
-            )
-        return StreamingResponse(
-            _follow(runtime, execution_id, cursor, secrets),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        **problem_responses(
+            (404, "No such execution."),
+            (422, "`after` / `Last-Event-ID` is not an event of it."),
+        ),
+    },
+)
+async def stream_events(
+    execution_id: IdPath,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=INT64_MAX, description="Start after this event id (0: from the start)."),
+    ] = None,
+    last_event_id: Annotated[
+        int | None,
+        Header(
+            ge=0,
+            le=INT64_MAX,
+            description="Sent by a reconnecting EventSource; wins over `after`.",
+        ),
+    ] = None,
+) -> StreamingResponse:
+    """The execution's events in log order, each once, as they are written: the
+    documents of `GET /api/executions/{id}/events`. Ends with `event: end` once the
+    execution is completed, failed or cancelled; idle streams get a `: keepalive`
+    comment every 15 s. A client that reconnects with `Last-Event-ID` (or `?after=`)
+    resumes right after that event, without gaps or repeats."""
+    start = last_event_id if last_event_id is not None else after
+    field = "Last-Event-ID" if last_event_id is not None else "after"
+    try:
+        cursor = await asyncio.to_thread(_open_stream, runtime, execution_id, start)
+        secrets = (await coord.state(execution_id)).secrets
+    except LookupError:
+        message = f"event {start} is not in execution {execution_id}"
+        return error_response(  # type: ignore[return-value]
+            422,
+            f"{field}: {message}",
+            fields=[{"field": field, "message": message}],
         )
-
-    # -- finalize ----------------------------------------------------------------------
-
-    @router.post(
-        "/api/executions/{execution_id}/finalize",
-        summary="Force an execution to a terminal status",
-        responses=problem_responses((404, "No such execution.")),
+    return StreamingResponse(
+        _follow(runtime, execution_id, cursor, secrets),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
-    async def finalize(execution_id: IdPath, body: FinalizeRequest) -> FinalizeResponse:
-        """An operator's tool for stuck executions (a lost worker, a pool nobody serves):
-        records the engine's terminal events (`workflow.failed` + `playbook.failed`,
-        `playbook.cancelled`, or `workflow.completed` + `playbook.completed`) with the
-        reason, closes the open commands (later worker reports are rejected) and tells
-        running workers to stop. Idempotent: an execution that is already terminal is
-        left as it is (`changed: false`)."""
-        result = await coord().finalize(execution_id, body.status, body.reason)
-        return FinalizeResponse(
-            execution_id=str(execution_id),
-            status=result.status,
-            previous_status=result.previous,
-            changed=result.changed,
-            reason=body.reason,
-        )
 
-    # -- variables -----------------------------------------------------------------------
 
-    @router.get(
-        "/api/vars/{execution_id}",
-        summary="List an execution's variables",
-        responses=problem_responses((404, "No such execution.")),
+# -- finalize ----------------------------------------------------------------------
+
+
+@router.post(
+    "/api/executions/{execution_id}/finalize",
+    summary="Force an execution to a terminal status",
+    responses=problem_responses((404, "No such execution.")),
+)
+async def finalize(
+    execution_id: IdPath, body: FinalizeRequest, coord: CoordinatorDep
+) -> FinalizeResponse:
+    """An operator's tool for stuck executions (a lost worker, a pool nobody serves):
+    records the engine's terminal events (`workflow.failed` + `playbook.failed`,
+    `playbook.cancelled`, or `workflow.completed` + `playbook.completed`) with the
+    reason, closes the open commands (later worker reports are rejected) and tells
+    running workers to stop. Idempotent: an execution that is already terminal is
+    left as it is (`changed: false`)."""
+    result = await coord.finalize(execution_id, body.status, body.reason)
+    return FinalizeResponse(
+        execution_id=str(execution_id),
+        status=result.status,
+        previous_status=result.previous,
+        changed=result.changed,
+        reason=body.reason,
     )
-    async def list_vars(execution_id: IdPath) -> VariablesResponse:
-        """Every variable (`ctx` key) with its value and the event that last set it."""
-        status, variables = await read_vars(execution_id)
-        return VariablesResponse(
-            execution_id=str(execution_id),
-            status=status,
-            variables={name: Variable(**v) for name, v in variables.items()},
-        )
 
-    @router.post(
-        "/api/vars/{execution_id}",
-        summary="Set several variables",
-        responses=problem_responses(
-            (404, "No such execution."), (409, "The execution is terminal.")
-        ),
+
+# -- variables -----------------------------------------------------------------------
+
+
+@router.get(
+    "/api/vars/{execution_id}",
+    summary="List an execution's variables",
+    responses=problem_responses((404, "No such execution.")),
+)
+async def list_vars(
+    execution_id: IdPath, runtime: RuntimeDep, coord: CoordinatorDep
+) -> VariablesResponse:
+    """Every variable (`ctx` key) with its value and the event that last set it."""
+    status, variables = await _read_vars(runtime, coord, execution_id)
+    return VariablesResponse(
+        execution_id=str(execution_id),
+        status=status,
+        variables={name: Variable(**v) for name, v in variables.items()},
     )
-    async def set_vars(execution_id: IdPath, body: VariablesBody) -> VariablesResponse:
-        """Set `variables` in one `ctx.updated` event; steps that start afterwards read
-        them as `{{ vars.name }}`. Returns all variables."""
+
+
+@router.post(
+    "/api/vars/{execution_id}",
+    summary="Set several variables",
+    responses=problem_responses((404, "No such execution."), (409, "The execution is terminal.")),
+)
+async def set_vars(
+    execution_id: IdPath, body: VariablesBody, runtime: RuntimeDep, coord: CoordinatorDep
+) -> VariablesResponse:
+    """Set `variables` in one `ctx.updated` event; steps that start afterwards read
+    them as `{{ vars.name }}`. Returns all variables."""
+    try:
+        await coord.update_ctx(execution_id, body.variables)
+    except ExecutionFinished as exc:
+        return _finished(exc)  # type: ignore[return-value]
+    return await list_vars(execution_id, runtime, coord)
+
+
+@router.delete(
+    "/api/vars/{execution_id}",
+    summary="Delete every variable",
+    responses=problem_responses((404, "No such execution."), (409, "The execution is terminal.")),
+)
+async def delete_vars(execution_id: IdPath, coord: CoordinatorDep) -> DeletedResponse:
+    state = await coord.state(execution_id)
+    names = sorted(state.ctx)
+    if names:
         try:
-            await coord().update_ctx(execution_id, body.variables)
+            await coord.update_ctx(execution_id, unset=names)
         except ExecutionFinished as exc:
-            return finished(exc)  # type: ignore[return-value]
-        return await list_vars(execution_id)
+            return _finished(exc)  # type: ignore[return-value]
+    return DeletedResponse(execution_id=str(execution_id), deleted=names)
 
-    @router.delete(
-        "/api/vars/{execution_id}",
-        summary="Delete every variable",
-        responses=problem_responses(
-            (404, "No such execution."), (409, "The execution is terminal.")
-        ),
-    )
-    async def delete_vars(execution_id: IdPath) -> DeletedResponse:
-        state = await coord().state(execution_id)
-        names = sorted(state.ctx)
-        if names:
-            try:
-                await coord().update_ctx(execution_id, unset=names)
-            except ExecutionFinished as exc:
-                return finished(exc)  # type: ignore[return-value]
-        return DeletedResponse(execution_id=str(execution_id), deleted=names)
 
-    @router.get(
-        "/api/vars/{execution_id}/{name}",
-        summary="Read one variable",
-        responses=problem_responses((404, "No such execution or variable.")),
-    )
-    async def get_var(execution_id: IdPath, name: VarPath) -> VariableResponse:
-        _bad_name(name)
-        _, variables = await read_vars(execution_id)
-        if name not in variables:
-            raise NotFoundError(f"variable {name!r} not found in execution {execution_id}")
-        return VariableResponse(execution_id=str(execution_id), name=name, **variables[name])
+@router.get(
+    "/api/vars/{execution_id}/{name}",
+    summary="Read one variable",
+    responses=problem_responses((404, "No such execution or variable.")),
+)
+async def get_var(
+    execution_id: IdPath, name: VarPath, runtime: RuntimeDep, coord: CoordinatorDep
+) -> VariableResponse:
+    _bad_name(name)
+    _, variables = await _read_vars(runtime, coord, execution_id)
+    if name not in variables:
+        raise NotFoundError(f"variable {name!r} not found in execution {execution_id}")
+    return VariableResponse(execution_id=str(execution_id), name=name, **variables[name])
 
-    @router.put(
-        "/api/vars/{execution_id}/{name}",
-        summary="Set one variable",
-        responses=problem_responses(
-            (404, "No such execution."), (409, "The execution is terminal.")
-        ),
-    )
-    async def put_var(execution_id: IdPath, name: VarPath, body: VariableBody) -> VariableResponse:
-        _bad_name(name)
-        try:
-            await coord().update_ctx(execution_id, {name: body.value})
-        except ExecutionFinished as exc:
-            return finished(exc)  # type: ignore[return-value]
-        return await get_var(execution_id, name)
 
-    @router.delete(
-        "/api/vars/{execution_id}/{name}",
-        summary="Delete one variable",
-        responses=problem_responses(
-            (404, "No such execution or variable."), (409, "The execution is terminal.")
-        ),
-    )
-    async def delete_var(execution_id: IdPath, name: VarPath) -> DeletedResponse:
-        _bad_name(name)
-        state = await coord().state(execution_id)
-        if name not in state.ctx:
-            raise NotFoundError(f"variable {name!r} not found in execution {execution_id}")
-        try:
-            await coord().update_ctx(execution_id, unset=[name])
-        except ExecutionFinished as exc:
-            return finished(exc)  # type: ignore[return-value]
-        return DeletedResponse(execution_id=str(execution_id), deleted=[name])
+@router.put(
+    "/api/vars/{execution_id}/{name}",
+    summary="Set one variable",
+    responses=problem_responses((404, "No such execution."), (409, "The execution is terminal.")),
+)
+async def put_var(
+    execution_id: IdPath,
+    name: VarPath,
+    body: VariableBody,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+) -> VariableResponse:
+    _bad_name(name)
+    try:
+        await coord.update_ctx(execution_id, {name: body.value})
+    except ExecutionFinished as exc:
+        return _finished(exc)  # type: ignore[return-value]
+    return await get_var(execution_id, name, runtime, coord)
 
-    return router
+
+@router.delete(
+    "/api/vars/{execution_id}/{name}",
+    summary="Delete one variable",
+    responses=problem_responses(
+        (404, "No such execution or variable."), (409, "The execution is terminal.")
+    ),
+)
+async def delete_var(execution_id: IdPath, name: VarPath, coord: CoordinatorDep) -> DeletedResponse:
+    _bad_name(name)
+    state = await coord.state(execution_id)
+    if name not in state.ctx:
+        raise NotFoundError(f"variable {name!r} not found in execution {execution_id}")
+    try:
+        await coord.update_ctx(execution_id, unset=[name])
+    except ExecutionFinished as exc:
+        return _finished(exc)  # type: ignore[return-value]
+    return DeletedResponse(execution_id=str(execution_id), deleted=[name])

@@ -4,7 +4,7 @@ revoke. A created token's text is in the creation's reply, and nowhere else, eve
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
@@ -13,11 +13,9 @@ from flowtide.auth.tokens import TokenRecord, TokenStore
 from flowtide.errors import FlowtideError
 from flowtide.server.fields import RequestBody, Text
 from flowtide.server.problems import field_error, problem_responses
+from flowtide.server.runtime import RuntimeDep
 
-if TYPE_CHECKING:
-    from flowtide.server.app import _Runtime
-
-__all__ = ["tokens_router"]
+__all__ = ["router"]
 
 #: Ten years: a token that should never expire is created without `expires_in`.
 _MAX_LIFETIME = 10 * 365 * 86400
@@ -59,47 +57,46 @@ def _info(record: TokenRecord) -> TokenInfo:
     return TokenInfo(**record.to_dict())
 
 
-def tokens_router(runtime: _Runtime) -> APIRouter:
-    router = APIRouter(tags=["tokens"])
+router = APIRouter(tags=["tokens"])
 
-    def tokens() -> TokenStore:
-        return TokenStore(runtime.store)
 
-    @router.post(
-        "/api/tokens",
-        status_code=201,
-        responses=problem_responses(
-            (422, "A field is invalid, or `pool` is given for a role other than worker.")
-        ),
-    )
-    async def create_token(body: TokenRequest) -> CreatedToken:
-        """A new API token; its text is in this reply only."""
-        try:
-            text, record = await asyncio.to_thread(
-                lambda: tokens().create(
-                    role=body.role, name=body.name, pool=body.pool, expires_in=body.expires_in
-                )
+@router.post(
+    "/api/tokens",
+    status_code=201,
+    responses=problem_responses(
+        (422, "A field is invalid, or `pool` is given for a role other than worker.")
+    ),
+)
+async def create_token(body: TokenRequest, runtime: RuntimeDep) -> CreatedToken:
+    """A new API token; its text is in this reply only."""
+    try:
+        text, record = await asyncio.to_thread(
+            lambda: TokenStore(runtime.store).create(
+                role=body.role, name=body.name, pool=body.pool, expires_in=body.expires_in
             )
-        except FlowtideError as exc:
-            # check_fields and the name check say "field: message".
-            field, _, message = str(exc).partition(": ")
-            return field_error(field, message)  # type: ignore[return-value]
-        return CreatedToken(**record.to_dict(), token=text)
+        )
+    except FlowtideError as exc:
+        # check_fields and the name check say "field: message".
+        field, _, message = str(exc).partition(": ")
+        return field_error(field, message)  # type: ignore[return-value]
+    return CreatedToken(**record.to_dict(), token=text)
 
-    @router.get("/api/tokens")
-    async def list_tokens(
-        all: Annotated[bool, Query(description="Include revoked and expired tokens.")] = False,
-    ) -> TokenList:
-        """Tokens, newest first: never their text."""
-        records = await asyncio.to_thread(lambda: tokens().list(include_inactive=all))
-        return TokenList(items=[_info(r) for r in records])
 
-    @router.delete("/api/tokens/{token}", responses=problem_responses((404, "No such token.")))
-    async def revoke_token(
-        token: Annotated[Text, Path(min_length=1, max_length=128, description="Id or name.")],
-    ) -> TokenInfo:
-        """Revoke a token by id or name; servers stop taking it within seconds."""
-        record = await asyncio.to_thread(tokens().revoke, token)
-        return _info(record)
+@router.get("/api/tokens")
+async def list_tokens(
+    runtime: RuntimeDep,
+    all: Annotated[bool, Query(description="Include revoked and expired tokens.")] = False,
+) -> TokenList:
+    """Tokens, newest first: never their text."""
+    records = await asyncio.to_thread(lambda: TokenStore(runtime.store).list(include_inactive=all))
+    return TokenList(items=[_info(r) for r in records])
 
-    return router
+
+@router.delete("/api/tokens/{token}", responses=problem_responses((404, "No such token.")))
+async def revoke_token(
+    token: Annotated[Text, Path(min_length=1, max_length=128, description="Id or name.")],
+    runtime: RuntimeDep,
+) -> TokenInfo:
+    """Revoke a token by id or name; servers stop taking it within seconds."""
+    record = await asyncio.to_thread(TokenStore(runtime.store).revoke, token)
+    return _info(record)

@@ -39,6 +39,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from flowtide.errors import StoreError
+from flowtide.store import pg
 
 if TYPE_CHECKING:
     from flowtide.store.postgres import PostgresStore
@@ -195,12 +196,8 @@ class _DatabaseGauges(Collector):
         from flowtide.server.outbox import OutboxStore
 
         try:
-            # An index-only scan of execution_status, not of the wide rows (measured: about
-            # 0.25 s per million executions).
             with self.store.transaction("metrics executions") as conn:
-                rows = conn.execute(
-                    "SELECT status, count(*) FROM execution GROUP BY status"
-                ).fetchall()
+                by_status = pg.executions.count_by_status(conn)
             outbox = OutboxStore(self.store).pending()
         except StoreError as exc:
             # Counters are still worth a scrape; the database's own gauges go missing.
@@ -209,7 +206,7 @@ class _DatabaseGauges(Collector):
         executions = GaugeMetricFamily(
             "flowtide_executions", "Executions by status.", labels=["status"]
         )
-        counts = dict.fromkeys(_EXECUTION_STATUSES, 0) | {str(s): int(n) for s, n in rows}
+        counts = dict.fromkeys(_EXECUTION_STATUSES, 0) | by_status
         for status, count in sorted(counts.items()):
             executions.add_metric([status], count)
         pending = GaugeMetricFamily(

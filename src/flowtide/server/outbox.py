@@ -1,8 +1,8 @@
 """The transactional outbox: command notifications written with the events that issue the
 commands, published to NATS JetStream afterwards (at least once).
 
-Rows are claimed with `FOR UPDATE SKIP LOCKED` plus a short lock lease, so any number of
-server processes relay at once without publishing a row twice in the normal case; a relay
+Rows are claimed with row locks that skip rows locked by others, plus a short lock lease
+(`flowtide.store.pg.outbox.claim`), so any number of server processes relay at once without publishing a row twice in the normal case; a relay
 that dies after publishing but before marking leaves the row to be published again after
 the lease, and JetStream's duplicate window (the `Nats-Msg-Id` header: command id and
 attempt) drops that second copy. A worker that still sees a duplicate loses the claim race
@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from flowtide.store import pg
+from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
 from flowtide.wire import COMMAND_PREFIX, COMMAND_STREAM, command_filter, pool_consumer
 
@@ -40,16 +41,6 @@ MARK_DELAY: Final = 0.05
 _SUBJECTS: Final = [f"{COMMAND_PREFIX}.>"]
 #: Seconds a publish waits for JetStream's ack (nats-py's default for `js.publish`).
 PUBLISH_TIMEOUT: Final = 5.0
-
-
-@dataclass(frozen=True)
-class OutboxRow:
-    id: int
-    execution_id: int
-    command_id: int
-    subject: str
-    payload: str
-    attempts: int
 
 
 def _outcome(sent: Any) -> Any:
@@ -114,61 +105,38 @@ async def ensure_consumer(js: JetStreamContext, pool: str) -> str:
 
 
 class OutboxStore:
-    """The outbox's SQL (also behind the /api/internal/outbox endpoints)."""
+    """The outbox's transactions (also behind the /api/internal/outbox endpoints)."""
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
 
     def claim(self, limit: int = 256, lease: float = 10.0) -> list[OutboxRow]:
-        now = time.time()
         with self.store.transaction("outbox claim") as conn:
-            rows = conn.execute(
-                "UPDATE outbox SET locked_until = %s, attempts = attempts + 1"
-                " WHERE id IN (SELECT id FROM outbox WHERE published IS NULL"
-                " AND (locked_until IS NULL OR locked_until < %s)"
-                " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-                " RETURNING id, execution_id, command_id, subject, payload, attempts",
-                (now + lease, now, limit),
-            ).fetchall()
-        return sorted((OutboxRow(*r) for r in rows), key=lambda r: r.id)
+            return pg.outbox.claim(conn, now=time.time(), lease=lease, limit=limit)
 
     def mark_published(self, ids: list[int]) -> int:
         if not ids:
             return 0
         with self.store.transaction("outbox mark-published") as conn:
-            return conn.execute(
-                "UPDATE outbox SET published = %s, locked_until = NULL, last_error = NULL"
-                " WHERE id = ANY(%s) AND published IS NULL",
-                (time.time(), ids),
-            ).rowcount
+            return pg.outbox.mark_published(conn, ids, time.time())
 
     def mark_failed(self, ids: list[int], error: str) -> int:
         if not ids:
             return 0
         with self.store.transaction("outbox mark-failed") as conn:
-            return conn.execute(
-                "UPDATE outbox SET locked_until = NULL, last_error = %s"
-                " WHERE id = ANY(%s) AND published IS NULL",
-                (error[:2000], ids),
-            ).rowcount
+            return pg.outbox.mark_failed(conn, ids, error[:2000])
 
     def pending(self) -> dict[str, Any]:
         with self.store.transaction("outbox pending-count") as conn:
-            row = conn.execute(
-                "SELECT COUNT(*), MIN(created) FROM outbox WHERE published IS NULL"
-            ).fetchone()
-        count, oldest = row or (0, None)
+            count, oldest = pg.outbox.backlog(conn)
         return {
-            "pending": int(count),
+            "pending": count,
             "oldest_age_seconds": round(time.time() - oldest, 3) if oldest else 0.0,
         }
 
     def prune(self, older_than: float = 3600.0) -> int:
         with self.store.transaction("outbox prune") as conn:
-            return conn.execute(
-                "DELETE FROM outbox WHERE published IS NOT NULL AND published < %s",
-                (time.time() - older_than,),
-            ).rowcount
+            return pg.outbox.prune(conn, time.time() - older_than)
 
 
 class OutboxRelay:

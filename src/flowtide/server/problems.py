@@ -1,6 +1,5 @@
 """The API's error replies: `{"error": {"status", "message", ...}}`, one format for all,
-the status each error answers with (`problem`), and their description in the OpenAPI
-document (`ErrorDocument`, `problem_responses`)."""
+and its description in the OpenAPI document (`ErrorDocument`, `problem_responses`)."""
 
 from __future__ import annotations
 
@@ -9,22 +8,12 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowtide.errors import (
-    AuthError,
-    ClaimConflict,
-    ExecutionFinished,
-    FlowtideError,
-    NotFoundError,
-    StoreError,
-)
 from flowtide.redaction import known, mask_text
 
 __all__ = [
     "ErrorDocument",
     "error_response",
     "field_error",
-    "problem",
-    "problem_response",
     "problem_responses",
 ]
 
@@ -93,37 +82,3 @@ def field_error(field: str, message: str, status: int = 422) -> JSONResponse:
     return error_response(
         status, f"{field}: {message}", fields=[{"field": field, "message": message}]
     )
-
-
-def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
-    """How the API answers an error: (HTTP status, message, members the error document
-    carries besides). The one place an error meets its status; a route that says more
-    (a field, its own words) keeps the status it gives here.
-
-        AuthError            401 or 403 (its `status`)
-        NotFoundError        404
-        ClaimConflict        409, with `holder`
-        ExecutionFinished    409, with `execution_status`
-        StoreError           503 (the database is unavailable)
-        other FlowtideError  422
-        anything else        500
-    """
-    if isinstance(exc, AuthError):
-        return exc.status, exc.message, {}
-    if isinstance(exc, NotFoundError):
-        return 404, str(exc), {}
-    if isinstance(exc, ClaimConflict):
-        return 409, str(exc), {"holder": exc.holder}
-    if isinstance(exc, ExecutionFinished):
-        return 409, str(exc), {"execution_status": exc.status}
-    if isinstance(exc, StoreError):
-        return 503, f"store unavailable: {exc}", {}
-    if isinstance(exc, FlowtideError):
-        return 422, str(exc), {}
-    return 500, f"{type(exc).__name__}: {exc}", {}
-
-
-def problem_response(exc: BaseException) -> JSONResponse:
-    """The error reply to a request that raised `exc` (see `problem`)."""
-    status, message, extra = problem(exc)
-    return error_response(status, message, **extra)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from flowtide.errors import AuthError, NotFoundError
+from flowtide.store import pg
+from flowtide.store.pg.workers import WorkerRow
 
 if TYPE_CHECKING:
+    import psycopg
+
     from flowtide.auth.principal import Principal
     from flowtide.store.postgres import PostgresStore
 
@@ -29,23 +33,7 @@ __all__ = ["WorkerRegistry", "WorkerRow"]
 #: Seconds a process trusts what it read of a worker's binding.
 _TTL: Final = 5.0
 
-
-@dataclass(frozen=True)
-class WorkerRow:
-    worker_id: str
-    pool: str
-    hostname: str | None
-    pid: int | None
-    concurrency: int
-    heartbeat: float
-    status: str
-    running: int
-    subject: str | None
-
-
-_COLUMNS: Final = (
-    "worker_id, pool, hostname, pid, concurrency, heartbeat, status, running, token_id"
-)
+T = TypeVar("T")
 
 
 class WorkerRegistry:
@@ -56,11 +44,12 @@ class WorkerRegistry:
         self.worker_timeout = worker_timeout
         self._bound: dict[str, tuple[float, WorkerRow]] = {}
 
-    async def _run(self, op: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        def run() -> list[Any]:
+    async def _run(self, op: str, query: Callable[[psycopg.Connection], T]) -> T:
+        """`query` in a transaction of the cluster database, in a thread."""
+
+        def run() -> T:
             with self.store.transaction(op, "cluster") as conn:
-                cur = conn.execute(sql, params)
-                return list(cur.fetchall()) if cur.description else [cur.rowcount]
+                return query(conn)
 
         return await asyncio.to_thread(run)
 
@@ -86,36 +75,26 @@ class WorkerRegistry:
             )
         now = time.time()
         subject = None if principal.insecure else principal.subject
-        # One statement: the row is taken over only when it is ours, stopped or lost.
-        rows = await self._run(
+        row = await self._run(
             "worker register",
-            "INSERT INTO worker (worker_id, pool, hostname, pid, concurrency, registered,"
-            " heartbeat, status, token_id) VALUES (%s,%s,%s,%s,%s,%s,%s,'ready',%s)"
-            " ON CONFLICT (worker_id) DO UPDATE SET pool = excluded.pool,"
-            " hostname = excluded.hostname, pid = excluded.pid,"
-            " concurrency = excluded.concurrency, heartbeat = excluded.heartbeat,"
-            " status = 'ready', token_id = excluded.token_id"
-            " WHERE worker.token_id IS NOT DISTINCT FROM excluded.token_id"
-            " OR worker.status = 'stopped' OR worker.heartbeat < %s"
-            f" RETURNING {_COLUMNS}",
-            (
-                worker_id,
-                pool,
-                hostname,
-                pid,
-                concurrency,
-                now,
-                now,
-                subject,
-                now - self.worker_timeout,
+            lambda conn: pg.workers.register(
+                conn,
+                worker_id=worker_id,
+                pool=pool,
+                hostname=hostname,
+                pid=pid,
+                concurrency=concurrency,
+                subject=subject,
+                now=now,
+                lost_before=now - self.worker_timeout,
             ),
         )
-        if not rows:
+        if row is None:
             raise AuthError(
                 f"worker id {worker_id!r} is in use by a live worker of another credential",
                 status=403,
             )
-        self._bound[worker_id] = (time.monotonic() + _TTL, _row(rows[0]))
+        self._bound[worker_id] = (time.monotonic() + _TTL, row)
 
     async def check(self, principal: Principal, worker_id: str) -> WorkerRow | None:
         """The row of `worker_id` when the caller may speak for it (None: not registered,
@@ -129,10 +108,7 @@ class WorkerRegistry:
         if hit is not None and hit[0] > now:
             row: WorkerRow | None = hit[1]
         else:
-            found = await self._run(
-                "worker lookup", f"SELECT {_COLUMNS} FROM worker WHERE worker_id = %s", (worker_id,)
-            )
-            row = _row(found[0]) if found else None
+            row = await self._run("worker lookup", lambda conn: pg.workers.get(conn, worker_id))
             if row is not None:
                 self._bound[worker_id] = (now + _TTL, row)
                 if len(self._bound) > 10_000:
@@ -157,37 +133,58 @@ class WorkerRegistry:
             raise NotFoundError(f"worker {worker_id!r} is not registered")
         return row
 
+    async def acting(self, principal: Principal, worker_id: str | None) -> str:
+        """The worker id a worker's request speaks for, once checked against its
+        credential.
+
+        Raises:
+            AuthError: 422 without a worker id; see `check`.
+            NotFoundError: the worker id is not registered.
+        """
+        if worker_id is None:
+            raise AuthError("worker_id is required", status=422)
+        await self.require(principal, worker_id)
+        return worker_id
+
+    async def require_holder(
+        self, principal: Principal, execution_id: int, *, parent: bool = False
+    ) -> None:
+        """A worker reads only executions of the commands it holds (or their children,
+        `parent`); other roles are not limited here.
+
+        Raises:
+            AuthError: 403, the caller is a worker that holds no such command.
+        """
+        if principal.role != "worker" or principal.insecure:
+            return
+        if not await self.holds(principal, execution_id, parent=parent):
+            what = "a sub-playbook of a command" if parent else "a command"
+            raise AuthError(
+                f"{principal.describe()} holds no {what} of execution {execution_id}",
+                status=403,
+            )
+
     async def heartbeat(self, worker_id: str, running: int) -> bool:
-        rows = await self._run(
-            "worker heartbeat",
-            "UPDATE worker SET heartbeat = %s, running = %s WHERE worker_id = %s",
-            (time.time(), running, worker_id),
+        now = time.time()
+        return await self._run(
+            "worker heartbeat", lambda conn: pg.workers.heartbeat(conn, worker_id, running, now)
         )
-        return bool(rows[0])
 
     async def deregister(self, worker_id: str) -> bool:
         self._bound.pop(worker_id, None)
-        rows = await self._run(
-            "worker deregister",
-            "UPDATE worker SET status = 'stopped', heartbeat = %s WHERE worker_id = %s",
-            (time.time(), worker_id),
+        now = time.time()
+        return await self._run(
+            "worker deregister", lambda conn: pg.workers.deregister(conn, worker_id, now)
         )
-        return bool(rows[0])
 
     async def all(self) -> list[WorkerRow]:
-        rows = await self._run(
-            "worker pools", f"SELECT {_COLUMNS} FROM worker ORDER BY pool, worker_id", ()
-        )
-        return [_row(r) for r in rows]
+        return await self._run("worker pools", pg.workers.list_all)
 
     async def ids_of(self, principal: Principal) -> list[str]:
         """The worker ids registered under the caller's credential."""
-        rows = await self._run(
-            "worker ids",
-            "SELECT worker_id FROM worker WHERE token_id = %s",
-            (principal.subject,),
+        return await self._run(
+            "worker ids", lambda conn: pg.workers.ids_of(conn, principal.subject)
         )
-        return [r[0] for r in rows]
 
     async def holds(self, principal: Principal, execution_id: int, *, parent: bool = False) -> bool:
         """Whether one of the caller's workers holds or held a command of the execution
@@ -202,26 +199,9 @@ class WorkerRegistry:
 
         def read() -> bool:
             with self.store.transaction("worker holds") as conn:
-                target = execution_id
-                if parent:
-                    row = conn.execute(
-                        "SELECT parent_execution_id FROM execution WHERE execution_id = %s",
-                        (execution_id,),
-                    ).fetchone()
-                    if row is None or row[0] is None:
-                        return False
-                    target = row[0]
-                return (
-                    conn.execute(
-                        "SELECT 1 FROM command WHERE execution_id = %s"
-                        " AND worker_id = ANY(%s) LIMIT 1",
-                        (target, ids),
-                    ).fetchone()
-                    is not None
-                )
+                target = pg.executions.parent_of(conn, execution_id) if parent else execution_id
+                if target is None:
+                    return False
+                return pg.commands.held_by_any(conn, target, ids)
 
         return await asyncio.to_thread(read)
-
-
-def _row(r: Any) -> WorkerRow:
-    return WorkerRow(*r)

@@ -7,4 +7,6 @@ mode) only when the first spark step runs.
 - `activity`: spark work in flight, by step (progress display, cancellation, job ids).
 - `records`: inline records (lists of JSON objects) to DataFrames with a widened schema.
 - `datasets`: inputs (records, references, sources), sinks and result references.
+- `outputs`: a result reference's rows read back with DuckDB, without Spark
+  (`flowtide data`).
 """

@@ -26,9 +26,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from flowtide.errors import ToolError
+from flowtide.jsonvalues import to_json
 from flowtide.spark.records import records_frame
 from flowtide.tools.base import ToolContext
-from flowtide.tools.postgres import to_jsonable
 
 __all__ = [
     "FILE_FORMATS",
@@ -399,8 +399,11 @@ def _rows(observation: Any, written: Any) -> int:
     return int(written.count())
 
 
-def _row(row: Any) -> dict[str, Any]:
-    return {str(k): to_jsonable(v) for k, v in row.asDict(recursive=True).items()}
+def _row(row: Any, index: int) -> dict[str, Any]:
+    value: dict[str, Any] = to_json(
+        row.asDict(recursive=True), root=f"result['preview'][{index}]", kind="spark_error"
+    )
+    return value
 
 
 def reference(written: Written) -> dict[str, Any]:
@@ -410,7 +413,7 @@ def reference(written: Written) -> dict[str, Any]:
         "format": written.format,
         "schema": written.schema,
         "row_count": written.rows,
-        "preview": [_row(r) for r in written.preview.collect()],
+        "preview": [_row(r, i) for i, r in enumerate(written.preview.collect())],
     }
     if written.table:
         out["table"] = written.table

@@ -2,7 +2,8 @@
 
 The result is the rows of the last statement that returned rows, as a list of row dicts
 (`duckdb_test.yaml` reads `{{ start }}` as that list); a script whose statements return no
-rows gives `[]`. Values reach the SQL through `params`, bound by duckdb and never pasted:
+rows gives `[]`. Values become JSON by the rules every tool's results follow
+(`flowtide.jsonvalues`, README "Results as JSON"). Values reach the SQL through `params`, bound by duckdb and never pasted:
 a mapping for `$name` placeholders (each statement takes the names it uses), or a list
 for `$1..$n` in any statement or `?` in a one-statement script. duckdb is imported inside
 `run`: it is a heavy import and most playbooks never touch it.
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
+from flowtide.jsonvalues import records
 from flowtide.tools.base import ToolContext, redact
-from flowtide.tools.postgres import mask_sql, read_params, to_jsonable
+from flowtide.tools.postgres import mask_sql, read_params
 
 __all__ = ["DuckDBTool"]
 
@@ -188,13 +190,7 @@ class DuckDBTool:
                     description = cursor.description
                     if description and _returns_rows(statement.type.name, description):
                         columns = [column[0] for column in description]
-                        rows = [
-                            {
-                                name: to_jsonable(value)
-                                for name, value in zip(columns, record, strict=True)
-                            }
-                            for record in cursor.fetchall()
-                        ]
+                        rows = records(columns, cursor.fetchall(), root="result", kind="sql_error")
                 except Exception as exc:  # every duckdb failure becomes a ToolError
                     if timed_out.is_set():
                         raise ToolError(

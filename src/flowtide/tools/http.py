@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from flowtide.errors import ToolError
+from flowtide.jsonvalues import loads
 from flowtide.tools.base import ToolContext, redact
 
 if TYPE_CHECKING:
@@ -270,7 +271,8 @@ def _response_data(response: httpx.Response) -> Any:
         if not text.strip():
             return None
         try:
-            return json.loads(text)
+            # NaN and Infinity, which some servers send, become null (jsonvalues' rule).
+            return loads(text)
         except ValueError:
             return text  # the server lied about the content type; keep what it sent
     return text

@@ -15,32 +15,27 @@ or a list for `%s` in a one-statement command or for `$1..$n` in any.
 
 psycopg is imported lazily: it is an optional dependency and costs start-up time.
 This module also hosts driver-free helpers the SQL tools share: `split_sql`, `mask_sql`,
-`read_params` and `to_jsonable`.
+and `read_params`. Row values become JSON by the rules every tool's results follow
+(`flowtide.jsonvalues`, README "Results as JSON").
 """
 
 from __future__ import annotations
 
 import atexit
-import base64
-import datetime as dt
-import enum
-import ipaddress
-import math
 import re
 import threading
-import uuid
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
 from flowtide.errors import ToolError
+from flowtide.jsonvalues import records
 from flowtide.tools.base import ToolContext, redact
 
 if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-__all__ = ["PostgresTool", "close_pools", "mask_sql", "read_params", "split_sql", "to_jsonable"]
+__all__ = ["PostgresTool", "close_pools", "mask_sql", "read_params", "split_sql"]
 
 # Defaults for the per-DSN pool; a task's `pool:` mapping can override them when it is the
 # first task to use that DSN (pools are shared, so later settings cannot resize them).
@@ -275,48 +270,6 @@ def _bind(
             kind="config_error",
         )
     return [(statements[0], values)]
-
-
-# ---------------------------------------------------------------------------------------
-# JSON-friendly values
-# ---------------------------------------------------------------------------------------
-
-
-def to_jsonable(value: Any) -> Any:
-    """Convert a driver value into something `json.dumps` accepts without help.
-
-    Decimal → int when it has no fractional digits, else float; datetime/date/time → ISO
-    string; timedelta → seconds (float); UUID, IP addresses and unknown objects → str;
-    bytes → base64 text; non-finite floats → their str ("nan", "inf"); mappings and
-    sequences are converted recursively.
-    """
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            return str(value)
-        # An integral NUMERIC (e.g. SUM over an integer column) reads better as 600 than 600.0.
-        exponent = value.as_tuple().exponent
-        if isinstance(exponent, int) and exponent >= 0:
-            return int(value)
-        return float(value)
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return to_jsonable(value.value)
-    if isinstance(value, uuid.UUID | ipaddress.IPv4Address | ipaddress.IPv6Address):
-        return str(value)
-    return str(value)
 
 
 # ---------------------------------------------------------------------------------------
@@ -602,7 +555,7 @@ def _statements_from(config: Mapping[str, Any]) -> list[str]:
     return statements
 
 
-def _collect(cursor: psycopg.Cursor[Any]) -> dict[str, Any]:
+def _collect(cursor: psycopg.Cursor[Any], index: int) -> dict[str, Any]:
     if cursor.description is None:
         return {
             "columns": [],
@@ -611,10 +564,9 @@ def _collect(cursor: psycopg.Cursor[Any]) -> dict[str, Any]:
             "status": "ok",
         }
     columns = [column.name for column in cursor.description]
-    rows = [
-        {name: to_jsonable(value) for name, value in zip(columns, record, strict=True)}
-        for record in cursor.fetchall()
-    ]
+    rows = records(
+        columns, cursor.fetchall(), root=f"result['command_{index}']['rows']", kind="sql_error"
+    )
     return {"columns": columns, "rows": rows, "row_count": len(rows), "status": "ok"}
 
 
@@ -681,7 +633,7 @@ class PostgresTool:
                         # is the playbook's own SQL, so hand it over as bytes in the
                         # connection's encoding, exactly what psycopg would send.
                         cursor.execute(statement.encode(encoding), args)
-                        results[f"command_{index}"] = _collect(cursor)
+                        results[f"command_{index}"] = _collect(cursor, index)
                 conn.commit()
             except (psycopg.Error, TypeError) as exc:
                 _rollback_quietly(conn)

@@ -21,7 +21,10 @@ The code also sees `json` (pre-imported), `context` (the render context as a pla
 `execution_id` and the `libs` aliases. The result is, in order of precedence: the return
 value of a `main` callable the code defines (called with the input values its signature
 names, `**kwargs` gets all); the value of a module-level `return`; the global `result`;
-otherwise None. It is converted to plain JSON (tuples, sets, datetimes, Decimal, bytes).
+otherwise None. It becomes JSON by the rules every tool's results follow
+(`flowtide.jsonvalues`, README "Results as JSON"): the same in a child process, and the
+same as a postgres or duckdb row holding those values. A value with no JSON form fails
+the call (code "ResultNotSerializable") naming its type and path (`result['rows'][3]`).
 
 Output capture. `print` output goes to `ctx.stdout`, one string per line, capped at
 64 KiB. Two mechanisms work together, because either alone has a hole:
@@ -50,12 +53,9 @@ bare `except:`) can swallow the injected exception; the call still reports a tim
 from __future__ import annotations
 
 import ast
-import base64
 import builtins
 import contextvars
 import ctypes
-import datetime as dt
-import decimal
 import functools
 import importlib
 import inspect
@@ -63,13 +63,12 @@ import json
 import sys
 import threading
 import types
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
+from flowtide.jsonvalues import MAX_DEPTH, to_json
 from flowtide.tools.base import ToolContext
 from flowtide.tools.python_pool import ChildPool, Isolation
 
@@ -95,7 +94,6 @@ _MODULE_NAME = "__flowtide__"
 _TIMEOUT_GRACE = 0.5
 _MAX_MESSAGE = 2000
 _MAX_TRACE_FRAMES = 12
-_MAX_RESULT_DEPTH = 256
 _MISSING = object()
 
 
@@ -424,17 +422,22 @@ def _plain(value: Any, depth: int = 0) -> Any:
     """Detached plain copy of a JSON-like value: Mappings -> dict, sequences -> list.
 
     Inputs and the render context may share objects with engine state (step results);
-    user code mutating them in place must not change what the engine recorded.
+    user code mutating them in place must not change what the engine recorded. A step
+    that has not run (a template Undefined) is None: what the code sees is then the same
+    in a child process, which gets the copy as JSON (the Undefined cannot be written).
     """
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value  # the common leaves, without the slower ABC isinstance checks
-    if depth > _MAX_RESULT_DEPTH:
+    if depth > MAX_DEPTH:
         return value
     if kind is dict or isinstance(value, Mapping):
         return {k: _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v, depth + 1) for v in value]
+    jinja2 = sys.modules.get("jinja2")
+    if jinja2 is not None and isinstance(value, jinja2.Undefined):
+        return None
     return value
 
 
@@ -654,94 +657,8 @@ def _syntax_error(exc: SyntaxError | ValueError, filename: str) -> ToolError:
 # --------------------------------------------------------------------------------------
 
 
-class _Unserializable(Exception):
-    def __init__(self, value: Any) -> None:
-        super().__init__()
-        self.value = value
-        self.path: list[str] = []
-
-
-def _json_key(key: Any) -> str:
-    if isinstance(key, str):
-        return str.__str__(key)
-    # The same spelling json.dumps gives these keys.
-    if key is None:
-        return "null"
-    if isinstance(key, bool):
-        return "true" if key else "false"
-    if isinstance(key, int | float):
-        return json.dumps(key)
-    raise _Unserializable(key)
-
-
-def _to_json(value: Any, depth: int = 0) -> Any:
-    """Plain JSON value for a result; raises _Unserializable with the offending path."""
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return value
-    if depth > _MAX_RESULT_DEPTH:
-        raise _Unserializable(value)
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            try:
-                out[_json_key(key)] = _to_json(item, depth + 1)
-            except _Unserializable as exc:
-                exc.path.append(f"[{key!r}]")
-                raise
-        return out
-    if isinstance(value, list | tuple):
-        items = []
-        for index, item in enumerate(value):
-            try:
-                items.append(_to_json(item, depth + 1))
-            except _Unserializable as exc:
-                exc.path.append(f"[{index}]")
-                raise
-        return items
-    if isinstance(value, AbstractSet):
-        members = [_to_json(item, depth + 1) for item in value]
-        try:
-            return sorted(members)
-        except TypeError:  # mixed types: any stable order will do
-            return sorted(members, key=lambda m: json.dumps(m, sort_keys=True))
-    if isinstance(value, int):  # IntEnum, numpy-free int subclasses
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        raw = bytes(value)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return base64.b64encode(raw).decode("ascii")
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    raise _Unserializable(value)
-
-
 def _json_result(value: Any) -> Any:
-    try:
-        return _to_json(value)
-    except _Unserializable as exc:
-        kind = type(exc.value)
-        type_name = kind.__qualname__
-        if kind.__module__ not in ("builtins", None):
-            type_name = f"{kind.__module__}.{type_name}"
-        where = "result" + "".join(reversed(exc.path))
-        raise ToolError(
-            f"ResultNotSerializable: {where} has type {type_name}, which is not JSON-serialisable "
-            "(return dicts, lists, strings, numbers, booleans or None)",
-            kind="python_error",
-            code="ResultNotSerializable",
-            data={"path": where, "type": type_name},
-        ) from None
+    return to_json(value, root="result", kind="python_error")
 
 
 # --------------------------------------------------------------------------------------
@@ -1024,7 +941,7 @@ class PythonTool:
         request: dict[str, Any] = {
             "source": source,
             "filename": filename,
-            "input": config.get("input"),
+            "input": _plain(config.get("input")),
             "libs": config.get("libs"),
             "execution_id": ctx.execution_id,
             "limit": self.output_limit,

@@ -1,12 +1,17 @@
-"""`flowtide dev up|down|status`: the command-line face of `flowtide.dev.stack`."""
+"""`flowtide dev up|down|status|logs`: the command-line face of `flowtide.dev.stack`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, err, home_dir
+
+if TYPE_CHECKING:
+    from flowtide.dev.stack import Component, DevStack
 
 dev_app = typer.Typer(
     help=(
@@ -17,6 +22,7 @@ dev_app = typer.Typer(
     no_args_is_help=True,
 )
 
+# The stack lives under HOME/dev: this --home says so, unlike the one in `options`.
 HomeOpt = Annotated[
     Path | None,
     typer.Option(
@@ -26,24 +32,23 @@ HomeOpt = Annotated[
         show_default=False,
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
-def _stack(home: Path | None):  # type: ignore[no-untyped-def]
+def _stack(home: Path | None) -> DevStack:
     from flowtide.dev.stack import DevStack, DevStackError
 
     try:
-        return DevStack(home or Path(".flowtide"))
+        return DevStack(home_dir(home))
     except DevStackError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _progress(line: str) -> None:
-    typer.echo(f"  {line}", err=True)
+    err(f"  {line}")
 
 
-def _print_status(stack, components, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+def _print_status(stack: DevStack, components: list[Component], as_json: bool) -> None:
     if as_json:
         doc = {
             "dir": str(stack.dir),
@@ -119,7 +124,7 @@ def dev_up(
     from flowtide.dev.stack import DevStackError
 
     stack = _stack(home)
-    typer.echo(f"flowtide dev stack in {stack.dir}", err=True)
+    err(f"flowtide dev stack in {stack.dir}")
     try:
         components = stack.up(
             workers=workers,
@@ -134,9 +139,9 @@ def dev_up(
             progress=_progress,
         )
     except DevStackError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        typer.echo("the parts that started keep running; `flowtide dev down` stops them", err=True)
-        raise typer.Exit(1) from None
+        err(f"error: {exc}")
+        err("the parts that started keep running; `flowtide dev down` stops them")
+        raise typer.Exit(EXIT_FAILED) from None
     _print_status(stack, components, as_json)
     if not as_json:
         admin = stack.tokens().get("admin", "")
@@ -175,9 +180,9 @@ def dev_down(
     try:
         stack.down(purge=purge, progress=_progress)
     except DevStackError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo("flowtide dev stack stopped", err=True)
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    err("flowtide dev stack stopped")
 
 
 @dev_app.command("status")
@@ -190,7 +195,7 @@ def dev_status(as_json: JsonOpt = False, home: HomeOpt = None) -> None:
     components = stack.status()
     _print_status(stack, components, as_json)
     if any(c.state != "running" for c in components):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @dev_app.command("logs")
@@ -212,11 +217,11 @@ def dev_logs(
     known = {c.name: Path(c.log) for c in stack.status()}
     path = known.get(part)
     if path is None:
-        typer.echo(f"error: no part {part!r}; the parts are {', '.join(known)}", err=True)
-        raise typer.Exit(2)
+        err(f"error: no part {part!r}; the parts are {', '.join(known)}")
+        raise typer.Exit(EXIT_INVALID)
     if not path.exists():
-        typer.echo(f"error: {path} does not exist yet (has `flowtide dev up` run?)", err=True)
-        raise typer.Exit(1)
+        err(f"error: {path} does not exist yet (has `flowtide dev up` run?)")
+        raise typer.Exit(EXIT_FAILED)
     with open(path, errors="replace") as handle:
         tail = handle.readlines()[-lines:] if lines else []
         typer.echo("".join(tail), nl=False)

@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt
+
 __all__ = ["token_app"]
 
 token_app = typer.Typer(
@@ -23,6 +25,8 @@ token_app = typer.Typer(
     no_args_is_help=True,
 )
 
+# Tokens live in the cluster database and are managed by admins: these options say so,
+# unlike the ones of the same name in `options`.
 ServerOpt = Annotated[
     str | None,
     typer.Option(
@@ -50,10 +54,9 @@ ClusterDbOpt = Annotated[
         show_default=False,
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_INVALID) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
 
@@ -99,7 +102,9 @@ class _Target:
                 try:
                     return via_api(self.api)
                 except ServerError as exc:
-                    raise _fail(str(exc), 2 if 400 <= exc.status < 500 else 1) from None
+                    raise _fail(
+                        str(exc), EXIT_INVALID if 400 <= exc.status < 500 else EXIT_FAILED
+                    ) from None
             return via_db(self.tokens)
         except FlowtideError as exc:
             raise _fail(str(exc)) from None

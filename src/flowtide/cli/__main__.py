@@ -1,0 +1,5 @@
+"""`python -m flowtide.cli`."""
+
+from flowtide.cli.root import main
+
+main()

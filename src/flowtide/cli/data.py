@@ -1,0 +1,75 @@
+"""`flowtide data`: the rows a spark step wrote, read by `flowtide.spark.outputs`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flowtide.cli.backends import folded, open_store
+from flowtide.cli.options import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    DbOpt,
+    ExecutionIdArg,
+    HomeOpt,
+    JsonOpt,
+    err,
+    print_json,
+)
+
+
+def data(
+    execution_id: ExecutionIdArg,
+    step: Annotated[str, typer.Argument(help="A spark step of that execution.")],
+    limit: Annotated[int, typer.Option(help="Rows to print (0: all).")] = 20,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Print the rows a spark step wrote (its result reference), read with DuckDB: no JVM.
+
+    Works for parquet, csv and json results on this machine's disk (the default for steps
+    without a sink: .flowtide/data/<execution_id>/<step>/). A loop step prints iteration 0;
+    use `flowtide status` for the references of the others.
+    """
+    from flowtide.errors import DatasetError
+    from flowtide.spark.outputs import output_reference, read_output
+
+    store = open_store(home, db)
+    _, state = folded(store, execution_id)
+    store.close()
+    record = state.steps.get(step)
+    if record is None or record.runs == 0:
+        err(f"error: execution {execution_id} has no step '{step}' that ran")
+        raise typer.Exit(EXIT_INVALID)
+    ref = output_reference(record.result)
+    if ref is None:
+        err(f"error: step '{step}' did not produce a dataset reference (not a spark step?)")
+        raise typer.Exit(EXIT_INVALID)
+    try:
+        out = read_output(ref, limit=limit)
+    except DatasetError as exc:
+        if exc.reason == "not_local":
+            err(f"error: step '{step}' wrote {exc.format} to {exc.uri}: {exc.message}")
+            raise typer.Exit(EXIT_INVALID) from None
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    if as_json:
+        print_json(
+            {"uri": out.uri, "format": out.format, "row_count": out.row_count, "rows": out.rows}
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{step}: {out.uri} ({out.format}, {out.row_count} rows)", title_justify="left"
+    )
+    for column in out.columns:
+        table.add_column(column)
+    for row in out.rows:
+        table.add_row(*("" if v is None else str(v) for v in row.values()))
+    Console().print(table)
+    if limit and out.row_count > len(out.rows):
+        typer.echo(f"... {out.row_count - len(out.rows)} more rows (--limit 0 for all)")

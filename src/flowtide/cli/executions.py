@@ -1,0 +1,182 @@
+"""`flowtide status|events|list`: executions as their event logs tell them, from the local
+store or (with --server) a flowtide server."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from flowtide.cli.backends import (
+    execution_or_exit,
+    folded,
+    open_store,
+    remote_or_exit,
+    server_client,
+)
+from flowtide.cli.options import (
+    EXIT_INTERRUPTED,
+    DbOpt,
+    ExecutionIdArg,
+    HomeOpt,
+    JsonOpt,
+    ServerOpt,
+    print_json,
+)
+
+
+def status(
+    execution_id: ExecutionIdArg,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    server: ServerOpt = None,
+) -> None:
+    """Show an execution's status, steps and result (rebuilt from its event log)."""
+    if server:
+        with server_client(server) as api:
+            doc = remote_or_exit(lambda: api.execution(execution_id))
+        label = doc.pop("playbook", None)
+    else:
+        from flowtide.redaction import mask_value
+        from flowtide.runtime.report import execution_document
+
+        store = open_store(home, db)
+        row, state = folded(store, execution_id)
+        doc = mask_value(execution_document(state), state.secrets)
+        if not state.terminal:
+            doc["status"] = "running" if row.status == "running" else row.status
+        store.close()
+        label = row.playbook_path or row.playbook_file
+    if as_json:
+        print_json(doc)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {label}")
+    table = Table(box=None)
+    for col in ("step", "status", "runs", "error"):
+        table.add_column(col)
+    for name, step in doc["steps"].items():
+        error = (step["error"] or {}).get("message", "") if step["error"] else ""
+        table.add_row(name, step["status"], str(step["runs"]), str(error)[:80])
+    console.print(table)
+    if doc["error"]:
+        console.print(f"[red]error[/]: {doc['error']}")
+
+
+def events(
+    execution_id: ExecutionIdArg,
+    as_json: JsonOpt = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="With --server: keep printing new events until the run ends."
+        ),
+    ] = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    server: ServerOpt = None,
+) -> None:
+    """Print an execution's event log in order."""
+    from flowtide.engine.events import Event
+
+    if server:
+        with server_client(server) as api:
+            if follow and not as_json:
+                remote_or_exit(lambda: api.execution(execution_id))
+                try:
+                    for page in remote_or_exit(lambda: api.follow(execution_id)):
+                        for doc in page:
+                            _print_event(Event.from_dict(doc))
+                except KeyboardInterrupt:
+                    raise typer.Exit(EXIT_INTERRUPTED) from None
+                return
+            docs = remote_or_exit(lambda: list(api.all_events(execution_id)))
+        if as_json:
+            print_json(docs)
+            return
+        log = [Event.from_dict(doc) for doc in docs]
+    else:
+        from flowtide.engine.events import SECRETS_ADDED
+        from flowtide.engine.state import secret_values
+        from flowtide.redaction import mask_event_doc
+
+        store = open_store(home, db)
+        execution_or_exit(store, execution_id)
+        log = store.events(execution_id)
+        store.close()
+        secrets = frozenset().union(*(secret_values(e) for e in log if e.type == SECRETS_ADDED))
+        docs = [mask_event_doc(e.to_dict(), secrets) for e in log]
+        if as_json:
+            print_json(
+                [
+                    doc | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
+                    for doc, e in zip(docs, log, strict=True)
+                ]
+            )
+            return
+        log = [Event.from_dict(doc) for doc in docs]
+    for e in log:
+        _print_event(e)
+
+
+def _print_event(e: Any) -> None:
+    import datetime
+
+    ts = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S.%f")[:-3]
+    extra = ""
+    if e.error:
+        extra = f" error={e.error.get('kind')}: {str(e.error.get('message'))[:100]}"
+    elif e.payload and e.type in ("loop.item", "command.issued") and "loop_index" in e.payload:
+        extra = f" index={e.payload.get('loop_index')}"
+    elif e.type == "loop.item":
+        extra = f" index={(e.payload or {}).get('index')}"
+    elif e.worker_id:
+        extra = f" worker={e.worker_id}"
+    typer.echo(f"{ts} {e.type:<20} {e.step or '':<24} {e.status or '':<10}{extra}")
+
+
+def list_executions(
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+    status_filter: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    server: ServerOpt = None,
+) -> None:
+    """List recent executions."""
+    import datetime
+
+    if server:
+        with server_client(server) as api:
+            items = remote_or_exit(lambda: api.list_executions(status=status_filter, limit=limit))
+        if as_json:
+            print_json(items)
+            return
+        for item in items:
+            ts = datetime.datetime.fromtimestamp(item["created"]).strftime("%Y-%m-%d %H:%M:%S")
+            typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<10} {item['playbook']}")
+        return
+    store = open_store(home, db)
+    rows = store.list_executions(status=status_filter, limit=limit)
+    store.close()
+    if as_json:
+        print_json(
+            [
+                {
+                    "execution_id": str(r.execution_id),
+                    "status": r.status,
+                    "playbook": r.playbook_path,
+                    "created": r.created,
+                    "updated": r.updated,
+                }
+                for r in rows
+            ]
+        )
+        return
+    for r in rows:
+        ts = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
+        typer.echo(f"{r.execution_id}  {ts}  {r.status:<10} {r.playbook_path or r.playbook_file}")

@@ -1,0 +1,73 @@
+"""The root `flowtide` command: its help, the global --ca option, and where every
+command and group is registered (the order here is the order `flowtide --help` lists)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from flowtide.cli.catalog import catalog_app
+from flowtide.cli.credential import credential_app
+from flowtide.cli.data import data
+from flowtide.cli.db import db_app
+from flowtide.cli.dev import dev_app
+from flowtide.cli.executions import events, list_executions, status
+from flowtide.cli.kv import kv_app
+from flowtide.cli.run import cancel, execute, resume, run, validate
+from flowtide.cli.server import server_cmd, worker_cmd
+from flowtide.cli.token import token_app
+
+app = typer.Typer(
+    help=(
+        "flowtide runs NoETL-style YAML playbooks: HTTP, SQL, Python, DuckDB and Spark steps "
+        "wired by conditional arcs, loops and fan-in barriers.\n\n"
+        "Everything runs embedded by default: events in a SQLite file under .flowtide/, loop "
+        "state in an in-process key-value store, workers as threads, Spark in local mode "
+        "(started on the first spark step)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("run")(run)
+app.command("resume")(resume)
+app.command("validate")(validate)
+app.command("status")(status)
+app.command("events")(events)
+app.command("execute")(execute)
+app.command("cancel")(cancel)
+app.command("data")(data)
+app.command("list")(list_executions)
+app.command("server")(server_cmd)
+app.command("worker")(worker_cmd)
+
+app.add_typer(catalog_app, name="catalog")
+app.add_typer(credential_app, name="credential")
+app.add_typer(db_app, name="db")
+app.add_typer(dev_app, name="dev")
+app.add_typer(token_app, name="token")
+app.add_typer(kv_app, name="kv")
+
+
+@app.callback()
+def _options(
+    ca: Annotated[
+        str | None,
+        typer.Option(
+            "--ca",
+            help="CA file (PEM) that signed the https server's certificate, for every"
+            " command that talks to a server (same as FLOWTIDE_CA). For mutual TLS, set"
+            " FLOWTIDE_CLIENT_CERT and FLOWTIDE_CLIENT_KEY.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    if ca:
+        os.environ["FLOWTIDE_CA"] = ca
+
+
+def main() -> None:
+    app()

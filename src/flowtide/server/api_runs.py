@@ -1,0 +1,219 @@
+"""Starting, listing, reading and cancelling executions (runs of playbooks), and reading
+their logs. The live event stream, finalize and variables are in
+`flowtide.server.api_executions`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+
+from flowtide.auth.principal import Principal
+from flowtide.errors import AuthError, NotFoundError, PlaybookError, TemplateError
+from flowtide.playbook.loader import parse_playbook
+from flowtide.redaction import mask_value
+from flowtide.runtime.report import execution_document
+from flowtide.server.access import caller
+from flowtide.server.api_cluster import parse_catalog_id
+from flowtide.server.coordinator import TERMINAL, ExecutionFinished
+from flowtide.server.documents import event_document
+from flowtide.server.fields import IdPath, IdQuery, Text
+from flowtide.server.problems import error_response, problem_responses
+from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
+from flowtide.server.schemas import CancelRequest, ExecuteRequest
+from flowtide.store import pg
+from flowtide.wire import CANCELLATION_CHECK_PATH, CHILD_RESULT_PATH, EXECUTE_PATH
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+@router.post(
+    EXECUTE_PATH,
+    status_code=201,
+    responses=problem_responses(
+        (400, "Not exactly one of path, catalog_id and playbook; or an invalid playbook."),
+        (404, "No such catalog path or version, or no such parent execution."),
+        (409, "The parent execution is ending: no sub-playbook starts under it."),
+    ),
+)
+async def execute(
+    body: ExecuteRequest,
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
+) -> dict[str, Any]:
+    """Start an execution of a catalog playbook (path/version or catalog_id) or of an
+    inline playbook. A worker may start only sub-playbooks of the commands it holds,
+    on its own pool."""
+    if who.role == "worker" and not who.insecure:
+        if body.parent_execution_id is None:
+            raise AuthError("a worker starts sub-playbooks only (parent_execution_id)")
+        if who.pool is not None and body.pool != who.pool:
+            raise AuthError(f"{who.describe()} serves pool {who.pool!r}, not {body.pool!r}")
+        await workers.require_holder(who, body.parent_execution_id)
+    given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
+    if len(given) != 1:
+        return error_response(400, "give exactly one of path, catalog_id, playbook")  # type: ignore[return-value]
+    version = body.version
+    try:
+        if body.playbook:
+            playbook = parse_playbook(body.playbook, None)
+        else:
+            path = body.path or ""
+            if body.catalog_id:
+                try:
+                    path, parsed = parse_catalog_id(body.catalog_id)
+                except ValueError as exc:
+                    return error_response(422, f"catalog_id: {exc}", field="catalog_id")  # type: ignore[return-value]
+                version = parsed or version
+            row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
+            playbook = parse_playbook(row.text, row.source_file)
+            version = row.version
+        execution_id = await coord.execute(
+            playbook,
+            workload=body.payload,
+            catalog_version=version if not body.playbook else None,
+            parent_execution_id=body.parent_execution_id,
+            parent_command_id=body.parent_command_id,
+            pool=body.pool,
+        )
+    except (PlaybookError, TemplateError) as exc:
+        return error_response(400, str(exc), field="playbook")  # type: ignore[return-value]
+    except ExecutionFinished as exc:
+        # A sub-playbook of a parent that is ending: nothing may start under it.
+        return error_response(  # type: ignore[return-value]
+            409, f"parent {exc}: no sub-playbook starts under it", field="parent_execution_id"
+        )
+    return {"execution_id": str(execution_id), "status": "running"}
+
+
+@router.get("/api/executions")
+async def list_executions(
+    runtime: RuntimeDep,
+    status: Annotated[Text | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=0, le=1000)] = 50,
+    before: IdQuery = None,
+) -> dict[str, Any]:
+    """Executions newest first; pass the last id as `before` for the next page."""
+    rows = await asyncio.to_thread(
+        lambda: runtime.store.list_executions(status=status, limit=limit, before_id=before)
+    )
+    items = [
+        {
+            "execution_id": str(r.execution_id),
+            "playbook": r.playbook_path or r.playbook_file,
+            "version": r.playbook_version,
+            "status": r.status,
+            "created": r.created,
+            "updated": r.updated,
+            "parent_execution_id": str(r.parent_execution_id) if r.parent_execution_id else None,
+        }
+        for r in rows
+    ]
+    nxt = items[-1]["execution_id"] if len(items) == limit and items else None
+    return {"items": items, "next_before": nxt}
+
+
+@router.get("/api/executions/{execution_id}", responses=problem_responses(404))
+async def get_execution(
+    execution_id: IdPath,
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
+) -> dict[str, Any]:
+    """The execution's document (the same as `flowtide run --json`): values of the
+    execution's secret set are masked (`***`)."""
+    await workers.require_holder(who, execution_id, parent=True)
+    state = await coord.state(execution_id)
+    doc: dict[str, Any] = mask_value(execution_document(state), state.secrets)
+    row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+    doc["playbook"] = row.playbook_path or row.playbook_file
+    return doc
+
+
+@router.get(CHILD_RESULT_PATH, responses=problem_responses(404))
+async def execution_result(
+    execution_id: IdPath, who: Caller, coord: CoordinatorDep, workers: RegistryDep
+) -> dict[str, Any]:
+    """What a worker running a `playbook` step reads of the sub-playbook execution it
+    started: status, error, result and each step's result, intact (not masked: the
+    parent's step uses the data). For the worker holding the parent's command only,
+    never for display."""
+    await workers.require_holder(who, execution_id, parent=True)
+    state = await coord.state(execution_id)
+    doc = execution_document(state)
+    return {
+        "execution_id": doc["execution_id"],
+        "status": doc["status"],
+        "error": doc["error"],
+        "result": doc["result"],
+        "steps": {name: step["result"] for name, step in doc["steps"].items()},
+    }
+
+
+@router.get("/api/executions/{execution_id}/status", responses=problem_responses(404))
+async def execution_status(
+    execution_id: IdPath, who: Caller, runtime: RuntimeDep, workers: RegistryDep
+) -> dict[str, Any]:
+    await workers.require_holder(who, execution_id, parent=True)
+    row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+    return {
+        "execution_id": str(execution_id),
+        "status": row.status,
+        "updated": row.updated,
+        "terminal": row.status in TERMINAL,
+    }
+
+
+@router.post("/api/executions/{execution_id}/cancel", responses=problem_responses(404))
+async def cancel(
+    execution_id: IdPath, coord: CoordinatorDep, body: CancelRequest | None = None
+) -> dict[str, Any]:
+    """Stop issuing commands; running workers see it through cancellation-check."""
+    result = await coord.cancel(execution_id, body.reason if body else "cancelled by user")
+    return {"execution_id": str(execution_id), "status": result.status}
+
+
+@router.get(CANCELLATION_CHECK_PATH, responses=problem_responses(404))
+async def cancellation_check(
+    execution_id: IdPath, who: Caller, runtime: RuntimeDep, workers: RegistryDep
+) -> dict[str, Any]:
+    await workers.require_holder(who, execution_id)
+
+    def read() -> pg.executions.CancelState:
+        with runtime.store.transaction("cancellation-check") as conn:
+            row = pg.executions.read_cancel_state(conn, execution_id)
+        if row is None:
+            raise NotFoundError(f"execution {execution_id} not found")
+        return row
+
+    status, requested = await asyncio.to_thread(read)
+    return {
+        "execution_id": str(execution_id),
+        "cancelled": requested is not None or status == "cancelled",
+        "status": status,
+    }
+
+
+@router.get("/api/executions/{execution_id}/events")
+async def execution_events(
+    execution_id: IdPath,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    after: IdQuery = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[dict[str, Any]]:
+    events = await asyncio.to_thread(
+        lambda: runtime.store.events(execution_id, after_event_id=after, limit=limit)
+    )
+    if not events:
+        return []
+    secrets = (await coord.state(execution_id)).secrets
+    return [event_document(e, secrets) for e in events]

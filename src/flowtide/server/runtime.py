@@ -1,0 +1,195 @@
+"""What one server process holds while it runs (store, KV, NATS connection,
+coordinator, outbox relay, worker registry, authenticator), and the FastAPI dependencies
+through which the routes reach it.
+
+The app keeps its `Runtime` in `app.state.runtime`; a route asks for the part it needs
+(`CoordinatorDep`, `RegistryDep`, `RuntimeDep`), so the routers are plain modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from flowtide.auth.oidc import JwtVerifier
+from flowtide.errors import AuthError
+from flowtide.redaction import install_log_masking
+from flowtide.server import metrics
+from flowtide.server.access import Authenticator
+from flowtide.server.coordinator import Coordinator
+from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.settings import ServerSettings
+from flowtide.server.vault import ServerVault, server_home
+from flowtide.server.workers import WorkerRegistry
+
+__all__ = [
+    "CoordinatorDep",
+    "OutboxDep",
+    "RegistryDep",
+    "Runtime",
+    "RuntimeDep",
+    "coordinator",
+    "outbox",
+    "registry",
+    "runtime",
+]
+
+log = logging.getLogger("flowtide.server")
+
+#: Connections per pool of one server process (PostgreSQL's default max_connections is
+#: 100: mind --workers N times this, times the number of servers).
+_POOL_SIZE = 16
+
+
+class Runtime:
+    """What one server process holds: store, KV, NATS connection, coordinator, relay."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.store: Any = None
+        self.kv: Any = None
+        self.nc: Any = None
+        self.coordinator: Coordinator | None = None
+        self.relay: OutboxRelay | None = None
+        self.outbox: OutboxStore | None = None
+        self.auth: Authenticator | None = None
+        self.workers: WorkerRegistry | None = None
+        self._vault: ServerVault | None = None
+        self._vault_store: Any = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        from flowtide.kv import connect
+        from flowtide.loopstate import LoopState
+        from flowtide.store.postgres import PostgresStore
+
+        s = self.settings
+        # Secrets this process meets (executions' secret sets) are masked in its logs.
+        install_log_masking()
+        self.store = await asyncio.to_thread(
+            lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=_POOL_SIZE)
+        )
+        # Blocking database calls run in threads: more threads than the pool has
+        # connections, so a burst of requests waiting for a connection cannot take every
+        # thread from the steps that hold one (see Coordinator's step_slots).
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(_POOL_SIZE * 2, thread_name_prefix="flowtide-db")
+        )
+        self.outbox = OutboxStore(self.store)
+        self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
+        self.auth = await asyncio.to_thread(self._authenticator)
+        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)
+        self.coordinator = Coordinator(
+            self.store,
+            loopstate=LoopState(self.kv),
+            local_kv=s.kv.startswith("memory:"),
+            lease=s.lease,
+            step_slots=_POOL_SIZE - 4,
+        )
+        if s.nats:
+            from flowtide.natsauth import connect_nats
+
+            self.nc = await connect_nats(s.nats, s.nats_auth, name="flowtide-server")
+            self.relay = OutboxRelay(self.store, self.nc)
+            self.coordinator.on_outbox = self.relay.poke
+            self.coordinator.publish = self.relay.publish
+            await self.relay.start()
+        self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
+        metrics.process_started()
+
+    def vault(self) -> ServerVault:
+        """The credential vault over this runtime's store (the key is loaded once)."""
+        if self._vault is None or self._vault_store is not self.store:
+            self._vault = ServerVault(self.store, server_home())
+            self._vault_store = self.store
+        return self._vault
+
+    def _authenticator(self) -> Authenticator:
+        """Tokens of the cluster database, and JWTs when configured. Without either way
+        in (no active token, no JWKS), the server would answer nobody: it refuses."""
+        from flowtide.auth.tokens import TokenStore
+
+        s = self.settings
+        if s.insecure_no_auth:
+            log.warning(
+                "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server"
+                " can run code on its workers and change its credentials"
+            )
+            return Authenticator(None, insecure=True)
+        tokens = TokenStore(self.store)
+        if s.jwt is None and not tokens.any_active():
+            raise AuthError(
+                "no way to authenticate: the database has no active API token and no JWKS"
+                " URL is set. Create an admin token with `flowtide token create --role admin"
+                " --db URL`, or give --jwks-url, or (on a trusted machine only)"
+                " --insecure-no-auth",
+                status=401,
+            )
+        return Authenticator(tokens, JwtVerifier(s.jwt) if s.jwt else None)
+
+    async def _reaper(self) -> None:
+        assert self.coordinator is not None
+        while True:
+            await asyncio.sleep(self.settings.reap_interval)
+            try:
+                await self.coordinator.reap()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep reaping
+                log.warning("reaper: %s", exc)
+
+    async def stop(self) -> None:
+        metrics.process_stopped()
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.relay is not None:
+            await self.relay.stop()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        if self.kv is not None:
+            with contextlib.suppress(Exception):
+                await self.kv.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+
+# The dependencies are coroutines: FastAPI runs a plain function dependency in a worker
+# thread, a hop per request that the claim and report paths would pay for nothing.
+
+
+async def runtime(request: Request) -> Runtime:
+    """The runtime of the app serving the request."""
+    held: Runtime = request.app.state.runtime
+    return held
+
+
+async def coordinator(request: Request) -> Coordinator:
+    held = (await runtime(request)).coordinator
+    assert held is not None, "the app has not started"
+    return held
+
+
+async def registry(request: Request) -> WorkerRegistry:
+    held = (await runtime(request)).workers
+    assert held is not None, "the app has not started"
+    return held
+
+
+async def outbox(request: Request) -> OutboxStore:
+    held = (await runtime(request)).outbox
+    assert held is not None, "the app has not started"
+    return held
+
+
+RuntimeDep = Annotated[Runtime, Depends(runtime)]
+CoordinatorDep = Annotated[Coordinator, Depends(coordinator)]
+RegistryDep = Annotated[WorkerRegistry, Depends(registry)]
+OutboxDep = Annotated[OutboxStore, Depends(outbox)]

@@ -1,0 +1,155 @@
+"""The request and response bodies of the API's core routes (executions, worker events,
+claims, the worker pool, the outbox, readiness).
+
+Bodies are strict (`flowtide.server.fields.RequestBody`); the routes of the catalog, the
+keychain, tokens and execution variables keep theirs beside them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+from pydantic import BaseModel, Field
+
+from flowtide.engine.events import Event
+from flowtide.server.fields import INTEGRAL, Id, Int, PositiveId, RequestBody
+
+__all__ = [
+    "INT32_MAX",
+    "CancelRequest",
+    "ClaimMany",
+    "ClaimManyItem",
+    "ClaimRequest",
+    "CommandRelease",
+    "CredentialGrant",
+    "EventBatch",
+    "EventBody",
+    "ExecuteRequest",
+    "Heartbeat",
+    "OutboxClaim",
+    "OutboxMark",
+    "PoolRegister",
+    "Readiness",
+    "WorkerReport",
+    "WorkerReports",
+]
+
+#: PostgreSQL `integer` columns a request writes (worker.pid, worker.running).
+INT32_MAX: Final = 2**31 - 1
+
+
+class ExecuteRequest(RequestBody):
+    path: str | None = Field(None, description="Catalog path of the playbook.")
+    version: Annotated[int, Field(ge=1, le=INT32_MAX), INTEGRAL] | None = Field(
+        None, description="Catalog version (default: latest)."
+    )
+    catalog_id: str | None = Field(None, description="`path@version` or `path`.")
+    playbook: str | None = Field(None, max_length=4_000_000, description="Inline playbook YAML.")
+    payload: dict[str, Any] = Field(default_factory=dict, description="Workload overrides.")
+    pool: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    parent_execution_id: Id | None = None
+    parent_command_id: Id | None = None
+
+
+class EventBody(RequestBody):
+    event_id: Id
+    execution_id: Id
+    type: str = Field(min_length=1, max_length=64)
+    step: str | None = None
+    status: str | None = None
+    payload: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    parent_event_id: Id | None = None
+    command_id: Id | None = None
+    worker_id: str | None = None
+    time: float = 0.0
+
+    def to_event(self) -> Event:
+        return Event(**self.model_dump())
+
+
+class EventBatch(RequestBody):
+    execution_id: Id
+    worker_id: str | None = None
+    events: list[EventBody] = Field(max_length=10_000)
+
+
+class ClaimRequest(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    execution_id: Id
+    command_id: Id
+
+
+class ClaimManyItem(RequestBody):
+    event_id: Id
+    execution_id: Id
+    command_id: Id
+
+
+class ClaimMany(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    claims: list[ClaimManyItem] = Field(min_length=1, max_length=1000)
+
+
+class WorkerReport(RequestBody):
+    execution_id: Id
+    events: list[EventBody] = Field(max_length=10_000)
+
+
+class WorkerReports(RequestBody):
+    worker_id: str | None = None
+    reports: list[WorkerReport] = Field(min_length=1, max_length=1000)
+
+
+class CancelRequest(RequestBody):
+    reason: str = Field("cancelled by user", max_length=1000)
+
+
+class PoolRegister(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    pool: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    hostname: str | None = None
+    pid: Annotated[int, Field(ge=0, le=INT32_MAX), INTEGRAL] | None = None
+    concurrency: Int = Field(1, ge=1, le=10_000)
+
+
+class Heartbeat(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    running: Int = Field(0, ge=0, le=INT32_MAX)
+    commands: list[Id] | None = Field(
+        None,
+        max_length=100_000,
+        description="Commands the worker is working on; only their leases are extended "
+        "(all of the worker's when absent).",
+    )
+
+
+class CommandRelease(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    commands: list[Id] = Field(
+        max_length=10_000,
+        description="Commands the worker holds and will not finish (it is stopping): they "
+        "are issued again at once instead of when their lease runs out.",
+    )
+
+
+class CredentialGrant(RequestBody):
+    worker_id: str = Field(min_length=1, max_length=200)
+    execution_id: Id
+    command_id: Id
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
+
+
+class OutboxClaim(RequestBody):
+    limit: Int = Field(100, ge=1, le=10_000)
+    lease: float = Field(10.0, gt=0, le=3600)
+
+
+class OutboxMark(RequestBody):
+    ids: list[PositiveId] = Field(max_length=10_000, description="Outbox row ids.")
+    error: str | None = None
+
+
+class Readiness(BaseModel):
+    ready: bool
+    checks: dict[str, str] = Field(description="database, nats: `ok` or what is wrong.")

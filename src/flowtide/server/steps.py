@@ -1,0 +1,500 @@
+"""The step transaction: an execution advanced by one engine step inside PostgreSQL, and
+group commit of the worker reports that queue up behind it.
+
+A step holds the execution's lock in this process (`StateCache.lock`) and, in the
+database, its row lock. In one round trip it takes the row lock, reads what other
+processes appended since this one last stepped it, which reported events are already in
+the log, and the reported commands' rows. It drops stale reports
+(`flowtide.server.stale`), advances the engine, and writes the events, the command rows,
+the execution row and one outbox row per command issued, then commits: again one round
+trip. A step that fails leaves no trace in the database and evicts the cached state.
+
+What follows a commit (`After`: metrics, publishing the notifications, cleaning up the
+loop state of a finished execution) runs once the lock is let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from flowtide.engine.events import Command, Event
+from flowtide.engine.state import ExecutionState
+from flowtide.errors import NotFoundError
+from flowtide.ids import Snowflake
+from flowtide.loopstate import LoopState
+from flowtide.runtime.advance import Advance, Advancer
+from flowtide.server import metrics
+from flowtide.server.leases import reissue_events
+from flowtide.server.outbox import OUTBOX_HOLD
+from flowtide.server.stale import disjoint_events, drop_stale, reported_commands, settle
+from flowtide.server.statecache import CachedState, StateCache, apply_logged
+from flowtide.store import pg
+from flowtide.store.base import CommandUpdate
+from flowtide.store.codec import command_params, event_params
+from flowtide.store.pg.commands import Holder
+from flowtide.store.pg.outbox import OutboxRow
+from flowtide.store.postgres import PostgresStore
+from flowtide.wire import Notification, command_subject
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["After", "Prepare", "Stepper", "SubmitResult", "command_subject"]
+
+#: Runs first in a step's transaction, on its connection (a check or a write of the
+#: caller's); raising rolls the step back.
+Prepare = Callable[["psycopg.Connection"], None]
+
+
+@dataclass
+class SubmitResult:
+    accepted: int = 0
+    duplicates: int = 0
+    #: Reports rejected because the command is no longer held by the reporting worker
+    #: (its lease expired and it was issued again) or is already closed.
+    stale: int = 0
+    #: Commands issued again because their worker's lease expired (`nudge`).
+    reissued: int = 0
+    status: str = ""
+
+
+class After(NamedTuple):
+    """What `Stepper.after` needs of a committed step."""
+
+    execution_id: int
+    pool: str
+    #: One per part of the step.
+    results: list[SubmitResult]
+    out: Advance
+    #: The outbox rows to publish now (when the server publishes them itself).
+    notices: list[OutboxRow]
+
+
+@dataclass
+class _Report:
+    """One `submit_many` report waiting for the step that takes it."""
+
+    events: list[Event]
+    result: asyncio.Future[SubmitResult]
+
+
+@dataclass
+class _Loaded:
+    """What a step read under the execution's row lock."""
+
+    conn: psycopg.Connection
+    cached: CachedState
+    #: Event ids of the step's events the log already holds.
+    seen: set[int]
+    #: The reported commands' rows.
+    current: dict[int, Holder]
+
+
+class Stepper:
+    """Runs steps, one execution at a time per process (see the module's docstring)."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        cache: StateCache,
+        advancer: Advancer,
+        ids: Snowflake,
+        loopstate: LoopState | None,
+        *,
+        step_slots: int = 8,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.advancer = advancer
+        self.ids = ids
+        self.loopstate = loopstate
+        #: Steps hold a pooled connection across awaits. Fewer of them than the pool has
+        #: connections leaves some for the one-shot reads and claims that take theirs in a
+        #: worker thread: otherwise every thread can end up waiting in getconn() for a
+        #: connection held by a step that needs a thread to finish (a stall until the
+        #: pool's timeout).
+        self._slots = asyncio.Semaphore(step_slots)
+        #: Reports waiting for their execution's lock, taken together by the first of
+        #: them to get it (group commit).
+        self._queued: dict[int, list[_Report]] = {}
+        #: Called after a commit that added outbox rows (the relay's wake-up).
+        self.on_outbox: Callable[[], None] | None = None
+        #: When set, called after a commit with the outbox rows it added, to publish them
+        #: at once. They are written locked for `OUTBOX_HOLD` seconds, so the relay only
+        #: publishes the ones this process fails to mark published by then.
+        self.publish: Callable[[list[OutboxRow]], None] | None = None
+
+    async def step(
+        self,
+        execution_id: int,
+        incoming: list[Event],
+        *,
+        prepare: Prepare | None = None,
+        fresh: CachedState | None = None,
+        check_workers: bool = False,
+        reissue: bool = False,
+    ) -> SubmitResult:
+        """One step over `incoming` under the execution's lock.
+
+        Args:
+            prepare: runs first in the transaction (see `Prepare`).
+            fresh: the state of an execution this step creates (nothing to catch up).
+            check_workers: `incoming` are worker reports: drop duplicates and stale ones.
+            reissue: issue again the commands whose lease expired.
+        """
+        async with self.cache.lock(execution_id):
+            results, after = await self._step_locked(
+                execution_id,
+                [incoming],
+                prepare=prepare,
+                fresh=fresh,
+                check_workers=check_workers,
+                reissue=reissue,
+            )
+        await self.after(after)
+        return results[0]
+
+    # -- group commit --------------------------------------------------------------------
+
+    async def submit_many(
+        self, execution_id: int, reports: Sequence[Sequence[Event]]
+    ) -> list[SubmitResult | Exception]:
+        """Worker reports of one execution, each judged as if it came alone after the ones
+        before it; in the place of each, its result or the error it got.
+
+        Group commit: reports that queue up behind a step of their execution are taken by
+        whichever of them gets the lock first, in one transaction.
+        """
+        loop = asyncio.get_running_loop()
+        mine = [_Report(list(events), loop.create_future()) for events in reports]
+        self._queued.setdefault(execution_id, []).extend(mine)
+        afters: list[After] = []
+        async with self.cache.lock(execution_id):
+            if not all(r.result.done() for r in mine):
+                group = self._queued.pop(execution_id, [])
+                # Cannot happen: a leader settles all it takes.
+                group += [r for r in mine if not r.result.done() and r not in group]
+                afters = await self._take_reports(execution_id, group)
+        for after in afters:
+            await self.after(after)
+        out: list[SubmitResult | Exception] = []
+        for r in mine:
+            exc = r.result.exception()
+            out.append(exc if isinstance(exc, Exception) else r.result.result())
+        return out
+
+    async def _take_reports(self, execution_id: int, group: list[_Report]) -> list[After]:
+        """Advance `group` in one step and settle each report (the caller holds the lock
+        and runs `after` on what this returns once it let go).
+
+        When the step fails and there was more than one report, each is tried alone, so
+        one bad report does not fail the others."""
+        afters: list[After] = []
+        try:
+            try:
+                results, after = await self._step_locked(
+                    execution_id, [r.events for r in group], check_workers=True
+                )
+            except Exception as exc:
+                if len(group) == 1:
+                    group[0].result.set_exception(exc)
+                    return afters
+                for r in group:
+                    try:
+                        results, after = await self._step_locked(
+                            execution_id, [r.events], check_workers=True
+                        )
+                    except Exception as one:
+                        r.result.set_exception(one)
+                    else:
+                        r.result.set_result(results[0])
+                        afters.append(after)
+                return afters
+            for r, result in zip(group, results, strict=True):
+                r.result.set_result(result)
+            afters.append(after)
+            return afters
+        finally:
+            # Cancelled midway: what is not settled goes back for its own caller to take.
+            unsettled = [r for r in group if not r.result.done()]
+            if unsettled:
+                self._queued[execution_id] = unsettled + self._queued.get(execution_id, [])
+
+    # -- the transaction -----------------------------------------------------------------
+
+    async def _step_locked(
+        self,
+        execution_id: int,
+        parts: list[list[Event]],
+        *,
+        prepare: Prepare | None = None,
+        fresh: CachedState | None = None,
+        check_workers: bool = False,
+        reissue: bool = False,
+    ) -> tuple[list[SubmitResult], After]:
+        """One transaction over `parts` (one per caller, in order); the caller holds the
+        execution's lock and calls `after` with the second value once it let go."""
+        pool = self.store.pool("shard")
+        async with self._slots:
+            # The connection is taken in the step's first thread call and given back in
+            # its last, after the commit (each thread hop costs a GIL hand-over under load).
+            held: list[psycopg.Connection] = []
+            ok = False
+            try:
+                results, out, cached, notices = await self._run(
+                    pool, held, execution_id, parts, prepare, fresh, check_workers, reissue
+                )
+                ok = True
+            finally:
+                if not ok:
+                    self.cache.forget(execution_id)
+                    if held:
+                        await asyncio.to_thread(self._give_back, pool, held[0])
+        self.cache.remember(execution_id, cached)
+        return results, After(execution_id, cached.pool, results, out, notices)
+
+    @staticmethod
+    def _give_back(pool: Any, conn: psycopg.Connection) -> None:
+        """Return a connection whose transaction failed (rolled back first)."""
+        try:
+            conn.rollback()
+        finally:
+            pool.putconn(conn)
+
+    async def _run(
+        self,
+        pool: Any,
+        held: list[psycopg.Connection],
+        execution_id: int,
+        parts: list[list[Event]],
+        prepare: Prepare | None,
+        fresh: CachedState | None,
+        check_workers: bool,
+        reissue: bool,
+    ) -> tuple[list[SubmitResult], Advance, CachedState, list[OutboxRow]]:
+        results = [SubmitResult() for _ in parts]
+        ids = [e.event_id for part in parts for e in part]
+        named = reported_commands(parts) if check_workers else []
+
+        def load() -> _Loaded:
+            conn = pool.getconn()
+            held.append(conn)
+            if prepare is not None:
+                prepare(conn)
+            return self._lock_and_load(conn, execution_id, fresh, ids, named)
+
+        loaded = await asyncio.to_thread(load)
+        conn, cached, seen, current = loaded.conn, loaded.cached, loaded.seen, loaded.current
+        state = cached.state
+        reissued: list[Event] = []
+        if reissue:
+            reissued = await asyncio.to_thread(self._reissues, conn, state)
+        out = Advance()
+        recorded = await self._record_ahead(state, parts, seen, current) if check_workers else None
+        for i, (part, result) in enumerate(zip(parts, results, strict=True)):
+            # Each part is judged against the log and command rows as the parts before it
+            # left them, as if it had come in its own transaction.
+            result.duplicates = sum(1 for e in part if e.event_id in seen)
+            todo = [e for e in part if e.event_id not in seen]
+            if check_workers and todo:
+                todo, result.stale = drop_stale(current, todo)
+            seen.update(e.event_id for e in todo)
+            batch = reissued + todo if i == 0 else todo
+            if batch or i == 0:
+                done = await self.advancer.advance(
+                    {execution_id: state}, batch, time.time(), recorded=recorded
+                )
+                out.recorded += done.recorded
+                out.commands += done.commands
+                out.command_rows += done.command_rows
+                out.execution_rows += done.execution_rows
+                out.finished += done.finished
+                out.dropped += done.dropped
+                settle(current, done.command_rows, state.terminal)
+            result.accepted = len(todo)
+            result.status = state.status
+        commands = list(out.commands)
+        command_rows = list(out.command_rows)
+        for event in reissued:
+            record = state.commands.get(event.command_id or -1)
+            if record is not None:
+                command = record.to_command(execution_id)
+                commands.append(command)
+                command_rows.append(CommandUpdate.from_command(command, time=time.time()))
+        if state.terminal:
+            commands = []
+
+        notices: list[OutboxRow] = []
+        cached.last_seq = await asyncio.to_thread(
+            self._write_and_commit, pool, held, conn, cached, out, commands, command_rows, notices
+        )
+        out.commands = commands
+        results[0].reissued = len(reissued)
+        return results, out, cached, notices
+
+    def _lock_and_load(
+        self,
+        conn: psycopg.Connection,
+        execution_id: int,
+        fresh: CachedState | None,
+        ids: list[int],
+        named: list[int],
+    ) -> _Loaded:
+        """One round trip: the execution's row lock first, then (under it) what was
+        committed since this process last stepped it, the event ids of the reports
+        already in the log, and the reported commands' rows (those already in the log
+        too: a few more rows locked is cheaper than a second round trip)."""
+        cached = fresh or self.cache.get(execution_id)
+        with conn.pipeline():
+            lock = pg.executions.lock(conn, execution_id)
+            since = None
+            if cached is not None and fresh is None:
+                since = pg.events.since(conn, execution_id, cached.last_seq, self.store.sealer)
+            dup = pg.events.known_ids(conn, execution_id, ids) if ids else None
+            rows = pg.commands.lock_reported(conn, named) if named else None
+            if lock.result() is None:
+                raise NotFoundError(f"execution {execution_id} not found")
+            if cached is None:
+                cached = self.cache.catch_up(conn, execution_id)
+            elif since is not None:
+                apply_logged(cached, since.result())
+            seen = dup.result() if dup is not None else set()
+            current = rows.result() if rows is not None else {}
+        return _Loaded(conn, cached, seen, current)
+
+    def _reissues(self, conn: psycopg.Connection, state: ExecutionState) -> list[Event]:
+        """`command.issued` events re-issuing the claimed commands whose lease expired."""
+        now = time.time()
+        expired = pg.commands.lock_expired(conn, state.execution_id, now)
+        return reissue_events(expired, state, self.ids.next_id, now)
+
+    def _write_and_commit(
+        self,
+        pool: Any,
+        held: list[psycopg.Connection],
+        conn: psycopg.Connection,
+        cached: CachedState,
+        out: Advance,
+        commands: list[Command],
+        command_rows: list[CommandUpdate],
+        notices: list[OutboxRow],
+    ) -> int:
+        """Write the step, commit, give the connection back; the log's last seq. The
+        outbox rows to publish now go to `notices`."""
+        now = time.time()
+        state = cached.state
+        execution_id = state.execution_id
+        publish_now = self.publish is not None
+        # Written with the set as the step left it: a report's `secrets.added` came
+        # before the events holding the values, and seals them all.
+        secrets = state.secrets
+        rows = [
+            (u.execution_id, *self.store.execution_update(u, secrets)) for u in out.execution_rows
+        ]
+        subject = command_subject(cached.pool, execution_id)
+        payloads = [Notification.of(c).to_json() for c in commands]
+        issued: pg.Pending[pg.commands.Issued] | None = None
+        last_seq: pg.Pending[int] | None = None
+        # One round trip for all of it (the statements run in order on the server).
+        with conn.pipeline():
+            PostgresStore.write_batch(
+                conn,
+                event_params(
+                    out.recorded,
+                    self.store.sealer,
+                    {execution_id: secrets} if secrets else None,
+                ),
+                command_params(command_rows),
+                rows,
+            )
+            if commands:
+                issued = pg.commands.issue(
+                    conn,
+                    execution_id,
+                    pool=cached.pool,
+                    subject=subject,
+                    command_ids=[c.command_id for c in commands],
+                    payloads=payloads,
+                    created=now,
+                    locked_until=now + OUTBOX_HOLD if publish_now else None,
+                    attempts=int(publish_now),
+                )
+            else:
+                if state.terminal:
+                    # Nothing runs any more: open commands are closed with the execution.
+                    pg.commands.close_open(conn, execution_id, now)
+                last_seq = pg.events.last_seq(conn, execution_id)
+            # The COMMIT is queued behind the writes and goes with the pipeline's sync:
+            # one round trip for the whole step, the commit's wait included.
+            conn.commit()
+        held.clear()
+        pool.putconn(conn)
+        if issued is None:
+            assert last_seq is not None
+            return last_seq.result()
+        got = issued.result()
+        if publish_now:
+            notices.extend(
+                OutboxRow(got.outbox_ids[c.command_id], execution_id, c.command_id, subject, p, 1)
+                for c, p in zip(commands, payloads, strict=True)
+            )
+        return got.last_seq
+
+    async def _record_ahead(
+        self,
+        state: ExecutionState,
+        parts: list[list[Event]],
+        seen: set[int],
+        current: dict[int, Holder],
+    ) -> dict[int, bool] | None:
+        """Record the loop iterations of all parts in the KV at once (one round trip for
+        the step, not one per part), when the parts name disjoint commands: then what a
+        part does to the command rows cannot make a later part's report stale, except by
+        ending the execution, and an iteration recorded for a finished execution is
+        harmless. None (each part records its own) otherwise."""
+        if len(parts) < 2:
+            return None
+        candidates = disjoint_events(parts, seen)
+        if candidates is None:
+            return None
+        fresh, _ = drop_stale(current, candidates)
+        return await self.advancer.record_iterations({state.execution_id: state}, fresh)
+
+    # -- after the commit ----------------------------------------------------------------
+
+    async def after(self, after: After) -> None:
+        """What follows a committed step, outside the lock."""
+        _count(after.pool, after.results, after.out)
+        if after.notices and self.publish is not None:
+            self.publish(after.notices)
+            # Two turns of the loop: the publish task hands the notifications to the
+            # NATS client, its flusher writes them to the socket. Without them the
+            # notifications would wait behind the caller's HTTP reply (~1 ms).
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        elif after.out.commands and self.on_outbox is not None:
+            self.on_outbox()
+        if after.out.finished and self.loopstate is not None:
+            await self.loopstate.cleanup(after.execution_id)
+
+
+def _count(pool: str, results: list[SubmitResult], out: Advance) -> None:
+    """Count what a committed step wrote (counting before the commit would count steps
+    that roll back)."""
+    if out.commands:
+        metrics.COMMANDS_ISSUED.labels(pool).inc(len(out.commands))
+    reissued = sum(r.reissued for r in results)
+    if reissued:
+        metrics.COMMANDS_REISSUED.labels(pool).inc(reissued)
+    stale = sum(r.stale for r in results)
+    if stale:
+        metrics.REPORTS_STALE.labels(pool).inc(stale)
+    for row in out.command_rows:
+        if row.status == "completed":
+            metrics.COMMANDS_COMPLETED.labels(pool).inc()
+        elif row.status == "failed":
+            metrics.COMMANDS_FAILED.labels(pool).inc()

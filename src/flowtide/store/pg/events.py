@@ -1,0 +1,269 @@
+"""Statements on the `event` table of a shard: the log (see `flowtide.store.pg`).
+
+Two orders of the log matter. `seq` is the insertion order: a server process catches up
+on what others appended since it last stepped an execution by `seq`, under the
+execution's row lock (event ids of workers are not in arrival order). `(xact, seq)` is
+the commit order, for readers that follow the log without a lock (the live stream): rows
+of a transaction older than every transaction in progress can no longer appear before
+rows already read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from flowtide.engine import events as ev
+from flowtide.engine.events import Event
+from flowtide.sealing import SEALED_PREFIX
+from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
+from flowtide.store.pg.pending import Pending
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from flowtide.sealing import Sealer
+
+__all__ = [
+    "START",
+    "ClaimedEvent",
+    "CtxWrite",
+    "LogPosition",
+    "LoggedEvent",
+    "any_after",
+    "ctx_writes",
+    "insert_claimed",
+    "issue_times",
+    "known_ids",
+    "last_seq",
+    "position",
+    "read_snapshot",
+    "settled_after",
+    "since",
+]
+
+
+class LoggedEvent(NamedTuple):
+    event: Event
+    #: Its place in the insertion order of the execution's log.
+    seq: int
+
+
+class LogPosition(NamedTuple):
+    """A place in the commit order of an execution's log: (transaction id as text, seq)."""
+
+    xact: str
+    seq: int
+
+
+#: Before the first event of any log.
+START: Final = LogPosition("0", 0)
+
+
+class ClaimedEvent(NamedTuple):
+    """A `command.claimed` event written by the claim transaction."""
+
+    execution_id: int
+    event_id: int
+    step: str
+    #: The command's attempt (the event's payload).
+    attempt: int
+    #: The command's `command.issued` event.
+    parent_event_id: int
+    command_id: int
+    worker_id: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class CtxWrite:
+    """An event that may set or unset top-level `ctx` keys, payload decoded."""
+
+    event_id: int
+    type: str
+    step: str | None
+    payload: dict[str, Any]
+    time: float
+
+
+#: The seq of an execution's last event (also a subquery of `commands.issue`).
+LAST_SEQ: Final = "SELECT seq FROM event WHERE execution_id = %s ORDER BY seq DESC LIMIT 1"
+
+# Transaction ids older than every transaction still in progress belong to finished
+# transactions, and every transaction to come gets a larger one: below this horizon the
+# (xact, seq) order of the log is final. Transactions of other databases of the server
+# cannot write this log, so they do not hold the stream back.
+_HORIZON: Final = (
+    "SELECT COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
+    " WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_xid = xid(x)"
+    " AND a.datname <> current_database())), pg_snapshot_xmax(pg_current_snapshot()))"
+)
+
+
+def since(
+    conn: psycopg.Connection, execution_id: int, seq: int, sealer: Sealer | None
+) -> Pending[list[LoggedEvent]]:
+    """What the execution's log got after `seq`, in insertion order."""
+    cur = conn.execute(
+        f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s ORDER BY seq",
+        (execution_id, seq),
+    )
+
+    def read(cur: psycopg.Cursor[Any]) -> list[LoggedEvent]:
+        return [LoggedEvent(event_row(r, sealer), r[11]) for r in cur.fetchall()]
+
+    return Pending(cur, read)
+
+
+def _last_seq(cur: psycopg.Cursor[Any]) -> int:
+    row = cur.fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
+
+
+def last_seq(conn: psycopg.Connection, execution_id: int) -> Pending[int]:
+    """The seq of the execution's last event (0: none)."""
+    return Pending(conn.execute(LAST_SEQ, (execution_id,)), _last_seq)
+
+
+def _ids(cur: psycopg.Cursor[Any]) -> set[int]:
+    return {r[0] for r in cur.fetchall()}
+
+
+def known_ids(
+    conn: psycopg.Connection, execution_id: int, event_ids: list[int]
+) -> Pending[set[int]]:
+    """Which of `event_ids` the execution's log already holds."""
+    cur = conn.execute(
+        "SELECT event_id FROM event WHERE execution_id = %s AND event_id = ANY(%s)",
+        (execution_id, event_ids),
+    )
+    return Pending(cur, _ids)
+
+
+def insert_claimed(conn: psycopg.Connection, events: Sequence[ClaimedEvent]) -> None:
+    """Append `command.claimed` events (status `claimed`)."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO event (execution_id, event_id, type, step, status,"
+            " payload, parent_event_id, command_id, worker_id, time)"
+            " VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, %s, %s)",
+            [
+                (
+                    e.execution_id,
+                    e.event_id,
+                    ev.COMMAND_CLAIMED,
+                    e.step,
+                    json.dumps({"attempt": e.attempt}),
+                    e.parent_event_id,
+                    e.command_id,
+                    e.worker_id,
+                    e.time,
+                )
+                for e in events
+            ],
+        )
+
+
+def _times(cur: psycopg.Cursor[Any]) -> dict[int, float]:
+    return {int(r[0]): r[1] for r in cur.fetchall()}
+
+
+def issue_times(
+    conn: psycopg.Connection, execution_ids: list[int], event_ids: list[int]
+) -> Pending[dict[int, float]]:
+    """event id -> time of the events `event_ids` of the executions `execution_ids`."""
+    cur = conn.execute(
+        "SELECT event_id, time FROM event WHERE execution_id = ANY(%s) AND event_id = ANY(%s)",
+        (execution_ids, event_ids),
+    )
+    return Pending(cur, _times)
+
+
+# -- the live stream, in commit order -------------------------------------------------
+
+
+def position(conn: psycopg.Connection, execution_id: int, event_id: int) -> LogPosition | None:
+    """Where event `event_id` is in the commit order (None: not in this execution)."""
+    row = conn.execute(
+        "SELECT xact::text, seq FROM event WHERE execution_id = %s AND event_id = %s",
+        (execution_id, event_id),
+    ).fetchone()
+    return None if row is None else LogPosition(str(row[0]), int(row[1]))
+
+
+def read_snapshot(conn: psycopg.Connection) -> None:
+    """Make the transaction a read-only snapshot (every statement after this sees the
+    same database); its first statement."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
+def settled_after(
+    conn: psycopg.Connection,
+    execution_id: int,
+    after: LogPosition | tuple[str, int],
+    limit: int,
+    sealer: Sealer | None,
+) -> list[tuple[Event, LogPosition]]:
+    """Up to `limit` events after `after` in commit order whose place is final (below
+    the horizon of transactions in progress), each with its position."""
+    rows = conn.execute(
+        f"SELECT {EVENT_COLUMNS}, xact::text, seq FROM event WHERE execution_id = %s"
+        " AND (xact, seq) > (%s::text::xid8, %s)"
+        f" AND xact < ({_HORIZON}) ORDER BY xact, seq LIMIT %s",
+        (execution_id, *after, limit),
+    ).fetchall()
+    return [(event_row(r[:11], sealer), LogPosition(str(r[11]), int(r[12]))) for r in rows]
+
+
+def any_after(
+    conn: psycopg.Connection, execution_id: int, after: LogPosition | tuple[str, int]
+) -> bool:
+    """Whether the log holds any event after `after` in commit order (settled or not)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM event WHERE execution_id = %s"
+        " AND (xact, seq) > (%s::text::xid8, %s))",
+        (execution_id, *after),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+# -- variables' history ---------------------------------------------------------------
+
+
+def ctx_writes(
+    conn: psycopg.Connection, execution_id: int, sealer: Sealer | None
+) -> list[CtxWrite]:
+    """The events that can have changed the execution's `ctx`, in log order:
+    `ctx.updated` and `step.exit` with a `set` or `unset`, command reports with a `ctx`.
+    A sealed payload's text says nothing, so every sealed one of those types is read and
+    unsealed too."""
+    sealed = SEALED_PREFIX + "%"
+    rows = conn.execute(
+        "SELECT event_id, type, step, payload, time FROM event WHERE execution_id = %s"
+        " AND ((type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s OR payload LIKE %s))"
+        " OR (type IN (%s, %s) AND (payload LIKE %s OR payload LIKE %s))) ORDER BY seq",
+        (
+            execution_id,
+            ev.CTX_UPDATED,
+            ev.STEP_EXIT,
+            '%"set":{%',
+            '%"unset":[%',
+            sealed,
+            ev.COMMAND_COMPLETED,
+            ev.COMMAND_FAILED,
+            '%"ctx":{%',
+            sealed,
+        ),
+    ).fetchall()
+    return [
+        CtxWrite(
+            int(event_id),
+            type_,
+            step,
+            load_json(payload, sealer, f"event {event_id}: payload") if payload else {},
+            at,
+        )
+        for event_id, type_, step, payload, at in rows
+    ]

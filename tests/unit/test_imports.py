@@ -1,0 +1,223 @@
+"""The package's import graph, read from the source (nothing is imported): no cycle among
+flowtide's modules at module level, and imports point inward only (DESIGN.md, "Layers"):
+the engine and the playbook DSL import no runtime, server or worker module, and the
+store imports no server module.
+
+Module level means what runs when a module is imported: imports inside functions (the
+lazy imports of heavy dependencies) and under `if TYPE_CHECKING:` are not part of a
+cycle. The layer rules count every import, lazy or not.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import flowtide
+
+ROOT = Path(flowtide.__file__).resolve().parent
+PACKAGE = "flowtide"
+
+#: module prefix -> the prefixes it must never import.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "flowtide.engine": (
+        "flowtide.runtime",
+        "flowtide.server",
+        "flowtide.worker",
+        "flowtide.cli",
+        "flowtide.client",
+    ),
+    "flowtide.playbook": (
+        "flowtide.runtime",
+        "flowtide.server",
+        "flowtide.worker",
+        "flowtide.cli",
+        "flowtide.client",
+    ),
+    "flowtide.store": ("flowtide.server", "flowtide.worker", "flowtide.cli"),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str
+    line: int
+    #: Runs when the importing module is imported (not in a function, not type-only).
+    module_level: bool
+    #: Under `if TYPE_CHECKING:`: never runs.
+    type_only: bool = False
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: dict[str, Path] = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    # A package's own `from . import x` is relative to the package itself.
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(module: str) -> Iterator[Import]:
+    """Every import of a flowtide module by `module`, with where it runs."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+
+    def visit(node: ast.AST, module_level: bool, type_only: bool) -> Iterator[Import]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(alias.name, node.lineno, module_level, type_only)
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, is_package, node)
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                target = submodule if submodule in MODULES else source
+                yield Import(target, node.lineno, module_level, type_only)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield from visit(child, False, True)
+            for child in node.orelse:
+                yield from visit(child, module_level, type_only)
+            return
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            module_level = False
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, module_level, type_only)
+
+    for found in visit(tree, True, False):
+        if found.target == PACKAGE or found.target.startswith(PACKAGE + "."):
+            yield found
+
+
+def _graph(*, late: bool = False, within: tuple[str, ...] = (PACKAGE,)) -> dict[str, set[str]]:
+    """module -> the modules it imports at module level (`late`: in functions too), of
+    the modules under the prefixes `within`."""
+
+    def inside(name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in within)
+
+    graph: dict[str, set[str]] = {m: set() for m in MODULES if inside(m)}
+    for module in graph:
+        for found in imports_of(module):
+            if found.type_only or not (found.module_level or late):
+                continue
+            if found.target in graph and found.target != module:
+                graph[module].add(found.target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def _path(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One cycle through the component's first module, for the message."""
+    members = set(component)
+    start = component[0]
+    parents: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & members):
+            if w == start:
+                cycle = [v]
+                while cycle[-1] != start:
+                    cycle.append(parents[cycle[-1]])
+                return [start, *reversed(cycle[:-1]), start]
+            if w not in parents:
+                parents[w] = v
+                todo.append(w)
+    return component
+
+
+def test_the_walk_sees_the_package() -> None:
+    assert "flowtide.server.app" in MODULES
+    assert "flowtide.store.pg" in MODULES
+    graph = _graph()
+    assert "flowtide.server.coordinator" in graph["flowtide.server.runtime"]
+    # Lazy imports are not module level: the app's store adapter is loaded on start.
+    lazy = {i.target for i in imports_of("flowtide.server.runtime") if not i.module_level}
+    assert "flowtide.store.postgres" in lazy
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    graph = _graph()
+    cycles = [" -> ".join(_path(graph, c)) for c in _cycles(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_import_cycle_in_the_server_even_through_late_imports() -> None:
+    # A late import (inside a function) can hide a cycle from the interpreter, not from
+    # the reader: the runtimes' modules must form layers, late imports included.
+    graph = _graph(late=True, within=("flowtide.server", "flowtide.store"))
+    cycles = [" -> ".join(_path(graph, c)) for c in _cycles(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _path(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_imports_point_inward(layer: str) -> None:
+    banned = LAYERS[layer]
+    found = [
+        f"{MODULES[m].relative_to(ROOT.parent)}:{i.line} imports {i.target}"
+        for m in MODULES
+        if m == layer or m.startswith(layer + ".")
+        for i in imports_of(m)
+        if any(i.target == b or i.target.startswith(b + ".") for b in banned)
+    ]
+    assert not found, "upward imports:\n" + "\n".join(found)

@@ -329,12 +329,24 @@ def test_pagination_max_iterations(home: Path, paginated_api: str) -> None:
 
 
 def test_pagination_basic_overlaps(home: Path, paginated_api: str) -> None:
-    doc = run_json(
-        PLAYBOOKS / "pagination/basic/test_pagination_basic.yaml",
-        home,
-        "--set",
-        f"api_url={paginated_api}",
-    )
+    # The fixture measures overlap by timing: one 4 s probe and four instant ones must be
+    # in flight together. On a loaded machine the instant ones can all be claimed and done
+    # before the slow one starts (max_active 1), so a serialized result gets one more try;
+    # a runtime that really serializes fails both.
+    for attempt in range(2):
+        proc = flowtide(
+            "run",
+            str(PLAYBOOKS / "pagination/basic/test_pagination_basic.yaml"),
+            "--json",
+            "--set",
+            f"api_url={paginated_api}",
+            home=home,
+        )
+        serialized = "Detected serialized or blocking behavior" in proc.stdout
+        if proc.returncode == 0 or not serialized or attempt == 1:
+            break
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n{proc.stderr}"
+    doc = json.loads(proc.stdout)
     assert doc["status"] == "completed", doc["error"]
     result = doc["steps"]["validate_results"]["result"]
     assert result["max_active"] >= 2

@@ -906,7 +906,6 @@ class PythonTool:
         if self.isolation.mode == "process":
             return self._run_in_child(source, filename, config, timeout, ctx)
         unit = _compiled(source, filename)
-        error: ToolError | None = None
         raw_input = config.get("input")
         inputs = {} if raw_input is None else _plain(raw_input)
         libs = _load_libs(config.get("libs"))
@@ -916,14 +915,7 @@ class PythonTool:
         try:
             if timeout is None:
                 # Hot path: run right here on the worker thread.
-                try:
-                    value = _execute(unit, ns, inputs, capture)
-                except (Exception, SystemExit) as exc:
-                    # Raised outside the handler so the ToolError does not chain the
-                    # user exception, whose frames hold the whole namespace.
-                    error = _user_error(exc, unit)
-                if error is not None:
-                    raise error
+                value = _run_here(unit, ns, inputs, capture)
             else:
                 value = _run_with_timeout(unit, ns, inputs, capture, timeout, ctx.step)
         finally:
@@ -1005,6 +997,18 @@ def _namespace(
     return ns
 
 
+def _run_here(unit: _Unit, ns: dict[str, Any], inputs: Any, capture: _Capture) -> Any:
+    """`_execute` on this thread, a user exception turned into a ToolError. Raised outside
+    the handler so the ToolError does not chain the user exception, whose frames hold the
+    whole namespace."""
+    error: ToolError | None = None
+    try:
+        return _execute(unit, ns, inputs, capture)
+    except (Exception, SystemExit) as exc:
+        error = _user_error(exc, unit)
+    raise error
+
+
 def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
     """Run one request of a python child process (`flowtide.tools.python_child`) and
     return its JSON result; printed lines go to `stdout`. Time limits are the parent's.
@@ -1013,7 +1017,6 @@ def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
         ToolError: as `PythonTool.run` does for the code itself.
     """
     unit = _compiled(request["source"], request["filename"])
-    error: ToolError | None = None
     raw_input = request.get("input")
     inputs = {} if raw_input is None else raw_input
     libs = _load_libs(request.get("libs"))
@@ -1022,14 +1025,8 @@ def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
         unit, inputs, libs, request["execution_id"], request.get("context") or {}, capture
     )
     _ensure_routing()
-    value: Any = None
     try:
-        try:
-            value = _execute(unit, ns, inputs, capture)
-        except (Exception, SystemExit) as exc:
-            error = _user_error(exc, unit)
-        if error is not None:
-            raise error
+        value = _run_here(unit, ns, inputs, capture)
     finally:
         capture.drain_into(stdout)
     return _json_result(value)
@@ -1054,20 +1051,12 @@ def run_user_code(
             the user's line).
     """
     unit = _compiled(source, filename)
-    error: ToolError | None = None
     merged = {**(extra_globals or {}), **inputs}
     capture = _Capture(DEFAULT_OUTPUT_LIMIT)
     ns = _namespace(unit, dict(inputs), {}, ctx.execution_id, ctx.render_context, capture)
     ns.update({k: v for k, v in (extra_globals or {}).items() if k not in inputs})
     _ensure_routing()
-    value: Any = None
     try:
-        try:
-            value = _execute(unit, ns, merged, capture)
-        except (Exception, SystemExit) as exc:
-            error = _user_error(exc, unit)
-        if error is not None:
-            raise error
+        return _run_here(unit, ns, merged, capture)
     finally:
         capture.drain_into(ctx.stdout)
-    return value

@@ -62,11 +62,10 @@ def test_the_errors_that_were_outside_are_in_it() -> None:
     from flowtide.client import ServerError as ClientServerError
     from flowtide.dev.postgres import PostgresSetupError
     from flowtide.dev.stack import DevStackError
-    from flowtide.runtime.remote import ApiError
     from flowtide.server.claims import ClaimConflict as ServerClaimConflict
     from flowtide.server.coordinator import ExecutionFinished as ServerExecutionFinished
 
-    assert ClientServerError is ServerError and ApiError is ServerError
+    assert ClientServerError is ServerError
     assert ServerClaimConflict is ClaimConflict
     assert ServerExecutionFinished is ExecutionFinished
     for cls in (ServerError, ClaimConflict, ExecutionFinished, WrongPool):

@@ -1,7 +1,7 @@
 """The package's import graph, read from the source (nothing is imported): no cycle among
 flowtide's modules at module level, and imports point inward only (DESIGN.md, "Layers"):
-the engine and the playbook DSL import no runtime, server or worker module, and the
-store imports no server module.
+the engine and the playbook DSL import no runtime, server or worker module, the store no
+server module, the server and the worker meet only in `flowtide.wire` (ARCHITECTURE.md).
 
 Module level means what runs when a module is imported: imports inside functions (the
 lazy imports of heavy dependencies) and under `if TYPE_CHECKING:` are not part of a
@@ -39,6 +39,12 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowtide.client",
     ),
     "flowtide.store": ("flowtide.server", "flowtide.worker", "flowtide.cli"),
+    # The server and the worker meet only in the wire contract, which imports neither.
+    "flowtide.wire": ("flowtide.server", "flowtide.worker", "flowtide.runtime", "flowtide.cli"),
+    "flowtide.worker": ("flowtide.server", "flowtide.cli"),
+    "flowtide.server": ("flowtide.worker", "flowtide.cli", "flowtide.runtime.local"),
+    # What runs commands is shared by both sides and knows neither.
+    "flowtide.runtime": ("flowtide.server", "flowtide.worker", "flowtide.cli"),
 }
 
 

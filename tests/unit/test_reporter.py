@@ -7,7 +7,8 @@ import asyncio
 import json
 from typing import Any
 
-from flowtide.runtime.remote import _Reply, _Reporter
+from flowtide.worker._api import Reply as _Reply
+from flowtide.worker._reports import Reporter as _Reporter
 
 
 class _Server:

@@ -5,7 +5,7 @@ Secrets cross the API in plaintext one way only: into the server, which encrypts
 its vault (the master key in FLOWTIDE_MASTER_KEY or <FLOWTIDE_HOME>/master.key) before
 they reach the database. Nothing returns them decrypted: reads give metadata, and with
 `?ciphertext=true` the Fernet token, which a worker decrypts with the same master key
-(`flowtide.runtime.remote`). Error messages name aliases, never values.
+(`flowtide.worker`). Error messages name aliases, never values.
 
 A catalog id is `path@version`, or `path` for the latest version (as in POST
 /api/execute); the keychain stores entries under the exact version it resolves to, so a

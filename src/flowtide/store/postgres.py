@@ -20,24 +20,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.sealing import Sealer
 from flowtide.store import pgschema
-from flowtide.store.base import (
-    CommandUpdate,
-    ExecutionUpdate,
-)
-from flowtide.store.codec import (
-    command_params,
-    event_params,
-)
 from flowtide.store.sqlbase import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 from flowtide.urls import redact_url, scrub_url
 
@@ -358,26 +349,6 @@ class PostgresStore(SQLStore):
 
     # -- events ----------------------------------------------------------------------
 
-    def append(
-        self,
-        events: Sequence[Event],
-        *,
-        commands: Sequence[CommandUpdate] = (),
-        execution_updates: Sequence[ExecutionUpdate] = (),
-        secrets: Mapping[int, Collection[str]] | None = None,
-    ) -> None:
-        """See `flowtide.store.base.Store.append`."""
-        if not events and not commands and not execution_updates:
-            return
-        event_rows = event_params(events, self.sealer, secrets)
-        command_rows = command_params(commands)
-        updates = [
-            (u.execution_id, *self.execution_update(u, (secrets or {}).get(u.execution_id, ())))
-            for u in execution_updates
-        ]
-        with self.transaction("append (batch rolled back)") as conn:
-            self.write_batch(conn, event_rows, command_rows, updates)
-
     @classmethod
     def write_batch(
         cls,
@@ -386,8 +357,7 @@ class PostgresStore(SQLStore):
         command_rows: list[tuple[Any, ...]],
         updates: list[tuple[int, str, tuple[Any, ...]]],
     ) -> None:
-        """Write prepared rows inside the caller's transaction on `conn`; `updates` are
-        (execution_id, sql, params) from `execution_update`.
+        """See `SQLStore.write_batch`; the server's step transaction calls it too.
 
         Raises NotFoundError when an update finds no execution row, except inside a
         pipeline: there a statement's row count is known only once the pipeline syncs,

@@ -7,14 +7,15 @@ part)` (one read), and `PARAM`, its driver's placeholder. The SQL here is writte
 which database a statement belongs to: "shard" (per-execution tables) or "cluster"
 (catalog, credentials); a single-database adapter ignores it.
 
-What differs between the adapters stays in them: opening and migrating, `append` (the
-batch write), `create_execution` (duplicate detection) and `close`. An adapter sets
+What differs between the adapters stays in them: opening and migrating, `write_batch`
+(how a prepared batch reaches the database inside `append`'s transaction), duplicate
+detection (`_is_duplicate`) and `close`. An adapter sets
 `sealer`, the `flowtide.sealing.Sealer` its JSON columns are sealed and unsealed with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Final
 
@@ -27,6 +28,7 @@ from flowtide.store.base import (
     UNSET,
     CatalogRow,
     CommandRow,
+    CommandUpdate,
     ExecutionRow,
     ExecutionUpdate,
     Unset,
@@ -38,8 +40,10 @@ from flowtide.store.codec import (
     EXECUTION_COLUMNS,
     catalog_row,
     check_limit,
+    command_params,
     command_row,
     encode_value,
+    event_params,
     event_row,
     execution_row,
     execution_update_params,
@@ -117,6 +121,20 @@ class SQLStore:
     ) -> list[Any]:
         raise NotImplementedError
 
+    @classmethod
+    def write_batch(
+        cls,
+        conn: Any,
+        event_rows: list[tuple[Any, ...]],
+        command_rows: list[tuple[Any, ...]],
+        updates: list[tuple[int, str, tuple[Any, ...]]],
+    ) -> None:
+        """Write `append`'s prepared rows inside the caller's transaction on `conn`:
+        events (`event_params`), command upserts (`command_params`) and execution updates
+        as (execution_id, sql, params) from `execution_update`. NotFoundError when an
+        update finds no execution row."""
+        raise NotImplementedError
+
     def _lock_catalog_path(self, conn: Any, path: str) -> None:
         """Serialise registrations of `path` inside the transaction (a no-op where the
         database already serialises every writer)."""
@@ -131,6 +149,27 @@ class SQLStore:
     def _is_duplicate(self, error: BaseException | None) -> bool:
         """Whether the database error under a StoreError is a primary-key violation."""
         raise NotImplementedError
+
+    def append(
+        self,
+        events: Sequence[Event],
+        *,
+        commands: Sequence[CommandUpdate] = (),
+        execution_updates: Sequence[ExecutionUpdate] = (),
+        secrets: Mapping[int, Collection[str]] | None = None,
+    ) -> None:
+        """See `flowtide.store.base.Store.append`."""
+        if not events and not commands and not execution_updates:
+            return
+        # Rows are serialised before the transaction: the writer holds it only for the SQL.
+        event_rows = event_params(events, self.sealer, secrets)
+        command_rows = command_params(commands)
+        updates = [
+            (u.execution_id, *self.execution_update(u, (secrets or {}).get(u.execution_id, ())))
+            for u in execution_updates
+        ]
+        with self.transaction("append (batch rolled back)") as conn:
+            self.write_batch(conn, event_rows, command_rows, updates)
 
     def create_execution(
         self,

@@ -18,22 +18,15 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.sealing import Sealer
 from flowtide.store.base import (
     COMMAND_STATUSES,
-    CommandUpdate,
-    ExecutionUpdate,
-)
-from flowtide.store.codec import (
-    command_params,
-    event_params,
 )
 from flowtide.store.sqlbase import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 
@@ -271,32 +264,22 @@ class SQLiteStore(SQLStore):
 
     # -- events ----------------------------------------------------------------------
 
-    def append(
-        self,
-        events: Sequence[Event],
-        *,
-        commands: Sequence[CommandUpdate] = (),
-        execution_updates: Sequence[ExecutionUpdate] = (),
-        secrets: Mapping[int, Collection[str]] | None = None,
+    @classmethod
+    def write_batch(
+        cls,
+        conn: sqlite3.Connection,
+        event_rows: list[tuple[Any, ...]],
+        command_rows: list[tuple[Any, ...]],
+        updates: list[tuple[int, str, tuple[Any, ...]]],
     ) -> None:
-        """See `flowtide.store.base.Store.append`."""
-        if not events and not commands and not execution_updates:
-            return
-        # Serialise before taking the lock: the writer holds it only for the SQL itself.
-        event_rows = event_params(events, self.sealer, secrets)
-        command_rows = command_params(commands)
-        updates = [
-            (u.execution_id, *self.execution_update(u, (secrets or {}).get(u.execution_id, ())))
-            for u in execution_updates
-        ]
-        with self.transaction("append (batch rolled back)") as conn:
-            if event_rows:
-                conn.executemany(INSERT_EVENT, event_rows)
-            if command_rows:
-                conn.executemany(UPSERT_COMMAND, command_rows)
-            for execution_id, sql, params in updates:
-                if conn.execute(sql, params).rowcount == 0:
-                    raise NotFoundError(f"execution {execution_id} not found (batch rolled back)")
+        """See `SQLStore.write_batch`."""
+        if event_rows:
+            conn.executemany(INSERT_EVENT, event_rows)
+        if command_rows:
+            conn.executemany(UPSERT_COMMAND, command_rows)
+        for execution_id, sql, params in updates:
+            if conn.execute(sql, params).rowcount == 0:
+                raise NotFoundError(f"execution {execution_id} not found (batch rolled back)")
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -30,11 +30,7 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +46,7 @@ from flowtide.dev.nats import (
     write_nats_config,
 )
 from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
+from flowtide.dev.processes import DevStackError, Processes, need_port, tcp_ok
 from flowtide.dev.tls import LocalCA
 from flowtide.errors import FlowtideError
 from flowtide.natsauth import ENV_CA as ENV_NATS_CA
@@ -59,10 +56,6 @@ __all__ = ["Component", "DevStack", "DevStackError", "StackConfig"]
 DATABASE = "flowtide"
 #: The loop-state bucket the server uses (its --kv-bucket default).
 KV_BUCKET = "flowtide_state"
-
-
-class DevStackError(FlowtideError, RuntimeError):
-    """A part of the stack could not be started or stopped; the message says which and why."""
 
 
 @dataclass
@@ -119,8 +112,14 @@ class DevStack:
         self.dir = self.home / "dev"
         self.state_path = self.dir / "stack.json"
         self.config = self._load()
-        # Processes started by this object: their exit status is ours to read.
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs = Processes(
+            pids=self.config.pids,
+            logs=self.dir / "logs",
+            cwd=self.dir,
+            env={"FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"},
+            save=self._save,
+            probes={"postgres": lambda: self.postgres.is_running()},
+        )
 
     # -- addresses -----------------------------------------------------------------------
 
@@ -208,9 +207,6 @@ class DevStack:
             self._save()
         return {u.name: u for u in flowtide_users(passwords, pools, KV_BUCKET)}
 
-    def _log(self, name: str) -> Path:
-        return self.dir / "logs" / f"{name}.log"
-
     # -- state file ----------------------------------------------------------------------
 
     def _load(self) -> StackConfig:
@@ -225,11 +221,7 @@ class DevStack:
 
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(asdict(self.config), handle, indent=2)
-        os.replace(tmp, self.state_path)
+        _write_private(self.state_path, asdict(self.config))
 
     # -- up ------------------------------------------------------------------------------
 
@@ -264,7 +256,7 @@ class DevStack:
             )
         if tls is not None and tls != c.tls:
             # TLS is all or nothing: every part serves it with the stack's CA.
-            running = [part for part in ("postgres", "nats", "server") if self._alive(part)]
+            running = [part for part in ("postgres", "nats", "server") if self.procs.alive(part)]
             if running:
                 raise DevStackError(
                     f"{', '.join(running)} running with TLS {'on' if c.tls else 'off'}; "
@@ -277,7 +269,7 @@ class DevStack:
             ("postgres", "pg_port", pg_port),
         ):
             if value is not None and value != getattr(c, attr):
-                if self._alive(part):
+                if self.procs.alive(part):
                     raise DevStackError(
                         f"{part} is running on port {getattr(c, attr)}; "
                         "`flowtide dev down` first to move it"
@@ -304,7 +296,7 @@ class DevStack:
             if pg.is_running():
                 progress(f"postgres: already running (pid {pg.pid()})")
             else:
-                self._need_port(self.config.pg_port, "PostgreSQL", "--pg-port")
+                need_port(self.config.pg_port, "PostgreSQL", "--pg-port")
                 pg.start(timeout=timeout)
                 progress(f"postgres: started on 127.0.0.1:{self.config.pg_port}")
             pg.ensure_database(DATABASE)
@@ -330,7 +322,7 @@ class DevStack:
         """An admin token and a worker token for the stack's pool, kept in tokens.json
         (mode 0600); the ones of an earlier `up` are reused while the database takes them."""
         from flowtide.auth.tokens import TokenStore
-        from flowtide.errors import AuthError, FlowtideError
+        from flowtide.errors import AuthError
         from flowtide.store.postgres import PostgresStore
 
         pool = self.config.pool
@@ -356,11 +348,7 @@ class DevStack:
         except FlowtideError as exc:
             raise DevStackError(f"tokens: {exc}") from None
         doc = {"server_url": self.server_url, "admin": admin, "workers": workers}
-        tmp = self.tokens_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(doc, handle, indent=2)
-        os.replace(tmp, self.tokens_path)
+        _write_private(self.tokens_path, doc)
 
     @staticmethod
     def _new_token(tokens: Any, role: str, name: str, pool: str | None) -> str:
@@ -377,15 +365,15 @@ class DevStack:
         return {"authorization": f"Bearer {token}"} if token else {}
 
     def _up_nats(self, progress: Progress, timeout: float) -> None:
-        if self._alive("nats"):
+        if self.procs.alive("nats"):
             progress(f"nats: already running (pid {self.config.pids['nats']})")
             return
-        self._need_port(self.config.nats_port, "nats-server", "--nats-port")
+        need_port(self.config.nats_port, "nats-server", "--nats-port")
         try:
             binary = nats_server_binary()
         except FileNotFoundError as exc:
             raise DevStackError(f"nats: {exc}") from None
-        log = self._log("nats")
+        log = self.procs.log("nats")
         log.write_text("")
         write_nats_config(
             self.nats_config_path,
@@ -408,20 +396,19 @@ class DevStack:
             "--log",
             str(log),
         ]
-        self._spawn("nats", argv, log)
+        self.procs.spawn("nats", argv)
 
         def ready() -> bool:
             return "Server is ready" in log.read_text(errors="replace")
 
-        self._wait("nats", ready, timeout)
+        self.procs.wait("nats", ready, timeout)
         progress(f"nats: started on {self.nats_url}")
 
     def _up_server(self, progress: Progress, timeout: float) -> None:
-        if self._alive("server"):
+        if self.procs.alive("server"):
             progress(f"server: already running (pid {self.config.pids['server']})")
             return
-        self._need_port(self.config.server_port, "the flowtide server", "--port")
-        log = self._log("server")
+        need_port(self.config.server_port, "the flowtide server", "--port")
         argv = [
             *self._flowtide(),
             "server",
@@ -446,12 +433,12 @@ class DevStack:
             **self.nats_users()[SERVER_USER].auth().env(),
             **self._nats_tls(),
         }
-        self._spawn("server", argv, log, env=env)
+        self.procs.spawn("server", argv, env=env)
 
         def ready() -> bool:
             return self._http_ok("/readyz")
 
-        self._wait("server", ready, timeout)
+        self.procs.wait("server", ready, timeout)
         progress(f"server: started on {self.server_url}")
 
     def _up_workers(self, progress: Progress, timeout: float) -> None:
@@ -459,14 +446,16 @@ class DevStack:
         # Workers beyond the wanted count (a smaller --workers than last time) stop.
         for name in [n for n in self.config.pids if n.startswith("worker-")]:
             if name not in wanted:
-                self._stop_process(name)
+                self.procs.stop(name)
                 progress(f"{name}: stopped")
         started = []
         python_user = (
-            self._python_user(progress) if any(not self._alive(name) for name in wanted) else {}
+            self._python_user(progress)
+            if any(not self.procs.alive(name) for name in wanted)
+            else {}
         )
         for name in wanted:
-            if self._alive(name):
+            if self.procs.alive(name):
                 progress(f"{name}: already running (pid {self.config.pids[name]})")
                 continue
             argv = [
@@ -485,10 +474,9 @@ class DevStack:
             ]
             token = self.tokens()["workers"][self.config.pool]
             user = self.nats_users()[worker_user_name(self.config.pool)]
-            self._spawn(
+            self.procs.spawn(
                 name,
                 argv,
-                self._log(name),
                 env={
                     "FLOWTIDE_TOKEN": token,
                     **user.auth().env(),
@@ -504,7 +492,7 @@ class DevStack:
             def registered(name: str = name) -> bool:
                 return self._worker_state(name) == "ready"
 
-            self._wait(name, registered, timeout)
+            self.procs.wait(name, registered, timeout)
             progress(f"{name}: started (pool {self.config.pool})")
 
     # -- down ----------------------------------------------------------------------------
@@ -512,10 +500,10 @@ class DevStack:
     def down(self, *, purge: bool = False, progress: Progress = _quiet) -> None:
         """Stop workers, server, nats-server and PostgreSQL; `purge` also deletes the data."""
         for name in sorted(n for n in self.config.pids if n.startswith("worker-")):
-            if self._stop_process(name):
+            if self.procs.stop(name):
                 progress(f"{name}: stopped")
         for name in ("server", "nats"):
-            if self._stop_process(name):
+            if self.procs.stop(name):
                 progress(f"{name}: stopped")
         pg = self.postgres
         if pg.is_running():
@@ -548,30 +536,30 @@ class DevStack:
             )
         )
         nats_state = "stopped"
-        if self._alive("nats"):
-            nats_state = "running" if _tcp_ok(self.config.nats_port) else "unhealthy"
+        if self.procs.alive("nats"):
+            nats_state = "running" if tcp_ok(self.config.nats_port) else "unhealthy"
         out.append(
             Component(
                 "nats",
                 nats_state,
-                self._pid("nats"),
+                self.procs.pid("nats"),
                 self.nats_url,
-                str(self._log("nats")),
+                str(self.procs.log("nats")),
                 f"users {', '.join(sorted(self.config.nats_passwords))}"
                 if self.config.nats_passwords
                 else "",
             )
         )
         server_state = "stopped"
-        if self._alive("server"):
+        if self.procs.alive("server"):
             server_state = "running" if self._http_ok("/readyz") else "unhealthy"
         out.append(
             Component(
                 "server",
                 server_state,
-                self._pid("server"),
+                self.procs.pid("server"),
                 self.server_url,
-                str(self._log("server")),
+                str(self.procs.log("server")),
             )
         )
         names = sorted(
@@ -582,7 +570,7 @@ class DevStack:
         for name in names:
             state = "stopped"
             detail = ""
-            if self._alive(name):
+            if self.procs.alive(name):
                 registered = self._worker_state(name) if server_state == "running" else None
                 state = "running" if registered == "ready" else "unhealthy"
                 detail = (
@@ -591,7 +579,11 @@ class DevStack:
                 )
                 if registered and registered != "ready":
                     detail += f", server says {registered}"
-            out.append(Component(name, state, self._pid(name), None, str(self._log(name)), detail))
+            out.append(
+                Component(
+                    name, state, self.procs.pid(name), None, str(self.procs.log(name)), detail
+                )
+            )
         return out
 
     # -- processes -----------------------------------------------------------------------
@@ -599,102 +591,6 @@ class DevStack:
     @staticmethod
     def _flowtide() -> list[str]:
         return [sys.executable, "-m", "flowtide.cli"]
-
-    def _spawn(
-        self,
-        name: str,
-        argv: list[str],
-        log: Path,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-    ) -> None:
-        child_env = {**os.environ, "FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"}
-        # NATS credentials of this shell are not the part's: each gets its own below.
-        for variable in ("FLOWTIDE_NATS_USER", "FLOWTIDE_NATS_PASSWORD", "FLOWTIDE_NATS_CREDS"):
-            child_env.pop(variable, None)
-        child_env.update(env or {})
-        with open(log, "ab") as handle:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=child_env,
-                cwd=cwd or self.dir,
-                start_new_session=True,
-            )
-        self._children[name] = proc
-        self.config.pids[name] = proc.pid
-        self._save()
-
-    def _pid(self, name: str) -> int | None:
-        return self.config.pids.get(name) if self._alive(name) else None
-
-    def _alive(self, name: str) -> bool:
-        """Whether the process we started as `name` still runs (and is still ours: a pid
-        reused by another program does not count)."""
-        if name == "postgres":
-            return self.postgres.is_running()
-        child = self._children.get(name)
-        if child is not None and child.pid == self.config.pids.get(name):
-            return child.poll() is None
-        pid = self.config.pids.get(name)
-        if not pid:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return False
-        marker = "nats-server" if name == "nats" else "flowtide.cli"
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if marker.encode() not in cmdline:
-                return False
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is not running
-                return False
-        return True
-
-    def _stop_process(self, name: str, timeout: float = 15.0) -> bool:
-        """SIGTERM the process group, SIGKILL after `timeout`; True when it was running."""
-        if not self._alive(name):
-            self.config.pids.pop(name, None)
-            return False
-        pid = self.config.pids[name]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self._alive(name):
-            _reap(pid)
-            time.sleep(0.05)
-        if self._alive(name):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            _reap(pid)
-        self.config.pids.pop(name, None)
-        self._save()
-        return True
-
-    def _wait(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self._alive(name):
-                child = self._children.get(name)
-                code = f" with exit code {child.returncode}" if child is not None else ""
-                raise DevStackError(
-                    f"{name} exited{code} while starting; the end of {self._log(name)}:\n"
-                    + _tail(self._log(name))
-                )
-            with contextlib.suppress(OSError):
-                if ready():
-                    return
-            time.sleep(0.1)
-        raise DevStackError(
-            f"{name} not ready after {timeout:.0f} s; the end of {self._log(name)}:\n"
-            + _tail(self._log(name))
-        )
 
     def _python_user(self, progress: Progress) -> dict[str, str]:
         """Who the workers' python steps run as. As root they run as `nobody`; where
@@ -735,34 +631,6 @@ class DevStack:
                     return str(w["status"])
         return None
 
-    @staticmethod
-    def _need_port(port: int, what: str, flag: str) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # As servers do: a port whose last connections linger in TIME_WAIT is free.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                raise DevStackError(
-                    f"port {port} on 127.0.0.1 is taken, so {what} cannot listen there; "
-                    f"stop what uses it or choose another port with {flag}"
-                ) from None
-
-
-def _reap(pid: int | None) -> None:
-    """Collect `pid` if it is our own exited child (so it does not linger as a zombie)."""
-    if pid:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def _tcp_ok(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
 
 def _redacted(url: str) -> str:
     from flowtide.urls import redact_url
@@ -770,8 +638,10 @@ def _redacted(url: str) -> str:
     return redact_url(url)
 
 
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+def _write_private(path: Path, doc: dict[str, Any]) -> None:
+    """`doc` as JSON in `path`, readable by this user only, replaced in one step."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(doc, handle, indent=2)
+    os.replace(tmp, path)

@@ -7,8 +7,9 @@ marker (history is kept), a purge drops the key's history and leaves one `PURGE`
 A key "exists" while its newest message is a `PUT`.
 
 Adapters (`memory`, `nats`) implement `KeyValue` and pass the shared conformance
-suite in `tests/kv/conformance.py`. They raise only the errors defined here, never a
-driver's exception.
+suite in `tests/kv/conformance.py`. They raise only the port's errors (`kv.errors`),
+never a driver's exception. What a reader gets (`kv.entries`), the rules of keys and
+filters (`kv.keys`) and the errors are re-exported here with the port.
 
 Keys follow ADR-8: `[-/_=.a-zA-Z0-9]+`, no leading or trailing `.`, no empty token, and
 the `_kv` prefix is reserved. Filters are keys whose tokens may also be `*` (exactly one
@@ -23,364 +24,57 @@ still to come after this one (JetStream's consumer "pending"); live updates carr
 from __future__ import annotations
 
 import asyncio
-import enum
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, Self
+from typing import Any, Final, Protocol, Self
 
-from flowtide.errors import FlowtideError
+from flowtide.kv.entries import Entry, Operation, Status, StorageType
+from flowtide.kv.errors import (
+    BucketNotFoundError,
+    InvalidKeyError,
+    KeyExistsError,
+    KeyNotFoundError,
+    KVError,
+    ValueTooLargeError,
+    WrongRevisionError,
+)
+from flowtide.kv.keys import (
+    KeyFilter,
+    decode_key_token,
+    encode_key_token,
+    validate_bucket_name,
+    validate_filter,
+    validate_key,
+)
+
+__all__ = [
+    "MAX_HISTORY",
+    "BucketConfig",
+    "BucketNotFoundError",
+    "EndOfWatch",
+    "Entry",
+    "InvalidKeyError",
+    "KVError",
+    "KeyExistsError",
+    "KeyFilter",
+    "KeyNotFoundError",
+    "KeyValue",
+    "KeyWatcher",
+    "Operation",
+    "QueueWatcher",
+    "Status",
+    "StorageType",
+    "ValueTooLargeError",
+    "WrongRevisionError",
+    "as_bytes",
+    "decode_key_token",
+    "encode_key_token",
+    "validate_bucket_name",
+    "validate_filter",
+    "validate_key",
+]
 
 MAX_HISTORY = 64
-StorageType = Literal["file", "memory"]
-
-_KEY_RE = re.compile(r"[-/_=.a-zA-Z0-9]+")
-_TOKEN_RE = re.compile(r"[-/_=a-zA-Z0-9]+")
-_BUCKET_RE = re.compile(r"[a-zA-Z0-9_-]+")
-_HEX2_RE = re.compile(r"[0-9A-Fa-f]{2}")
-# Characters encode_key_token keeps as they are; `=` is the escape character so it is
-# escaped itself, which keeps the mapping reversible.
-_PLAIN_TOKEN_CHARS = frozenset("-_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
-
-
-class Operation(enum.Enum):
-    """What a message of the bucket does to its key."""
-
-    PUT = "PUT"
-    DEL = "DEL"
-    PURGE = "PURGE"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One message of a bucket as seen by a reader."""
-
-    bucket: str
-    key: str
-    value: bytes
-    revision: int
-    created: float
-    delta: int
-    operation: Operation
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """The state and configuration of a bucket.
-
-    `values` counts every stored message (history and delete/purge markers included);
-    `bytes` is what the adapter stores for them (memory: key + value lengths).
-    """
-
-    bucket: str
-    values: int
-    history: int
-    ttl: float | None
-    max_value_size: int | None
-    storage: StorageType
-    replicas: int
-    compression: bool
-    bytes: int
-    backing_store: str
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class KVError(FlowtideError):
-    """Root of the KV port's errors; also raised for a bad bucket configuration or URL."""
-
-    def __init__(self, message: str, *, bucket: str | None = None, key: str | None = None) -> None:
-        self.message = message
-        self.bucket = bucket
-        self.key = key
-        super().__init__(message)
-
-
-class BucketNotFoundError(KVError):
-    """The bucket does not exist (destroyed, or never created)."""
-
-    def __init__(self, bucket: str) -> None:
-        super().__init__(f"bucket {bucket!r} not found", bucket=bucket)
-
-
-class KeyNotFoundError(KVError):
-    """The key (or the requested revision of it) does not exist, was deleted or purged.
-
-    `operation` is the marker's operation when the newest message is a delete or purge.
-    """
-
-    def __init__(
-        self,
-        bucket: str,
-        key: str,
-        *,
-        revision: int | None = None,
-        operation: Operation | None = None,
-    ) -> None:
-        self.revision = revision
-        self.operation = operation
-        what = f"key {key!r}" if revision is None else f"key {key!r} revision {revision}"
-        message = f"{what} not found in bucket {bucket!r}"
-        if operation is Operation.DEL:
-            message += " (deleted)"
-        elif operation is Operation.PURGE:
-            message += " (purged)"
-        super().__init__(message, bucket=bucket, key=key)
-
-
-class KeyExistsError(KVError):
-    """`create` found the key alive; `revision` is its current revision."""
-
-    def __init__(self, bucket: str, key: str, *, revision: int) -> None:
-        self.revision = revision
-        super().__init__(
-            f"key {key!r} already exists in bucket {bucket!r} at revision {revision}",
-            bucket=bucket,
-            key=key,
-        )
-
-
-class WrongRevisionError(KVError):
-    """A compare-and-set write expected revision `expected`; the key is at `current`
-    (0 when the key has no stored message)."""
-
-    def __init__(self, bucket: str, key: str, *, expected: int, current: int) -> None:
-        self.expected = expected
-        self.current = current
-        self.revision = current
-        super().__init__(
-            f"key {key!r} in bucket {bucket!r} is at revision {current}, expected {expected}",
-            bucket=bucket,
-            key=key,
-        )
-
-
-class InvalidKeyError(KVError):
-    """A key, filter or bucket name breaks the ADR-8 rules.
-
-    `kind` is "key", "filter" or "bucket"; `key` holds the offending key or filter
-    (None for a bucket name, which is in `bucket`).
-    """
-
-    def __init__(
-        self,
-        value: str,
-        reason: str,
-        *,
-        kind: Literal["key", "filter", "bucket"] = "key",
-        bucket: str | None = None,
-    ) -> None:
-        self.kind = kind
-        self.reason = reason
-        if kind == "bucket":
-            super().__init__(f"invalid bucket name {value!r}: {reason}", bucket=value)
-        else:
-            super().__init__(f"invalid {kind} {value!r}: {reason}", bucket=bucket, key=value)
-
-
-class ValueTooLargeError(KVError):
-    """The value is larger than the bucket's `max_value_size`."""
-
-    def __init__(self, bucket: str, key: str, *, size: int, max_size: int) -> None:
-        self.size = size
-        self.max_size = max_size
-        super().__init__(
-            f"value for key {key!r} is {size} bytes, bucket {bucket!r} allows {max_size}",
-            bucket=bucket,
-            key=key,
-        )
-
-
-# ----------------------------------------------------------------------- validation
-
-
-def validate_bucket_name(name: str) -> str:
-    """Check a bucket name against ADR-8 (`[a-zA-Z0-9_-]+`).
-
-    Args:
-        name: the bucket name.
-    Returns:
-        `name` unchanged.
-    Raises:
-        InvalidKeyError: (kind "bucket") the name is not valid.
-    """
-    if not isinstance(name, str) or not _BUCKET_RE.fullmatch(name):
-        raise InvalidKeyError(str(name), "allowed characters are [a-zA-Z0-9_-]", kind="bucket")
-    return name
-
-
-def validate_key(key: str, *, bucket: str | None = None) -> str:
-    """Check a key against ADR-8 (wildcards are not allowed in keys).
-
-    Args:
-        key: the key.
-        bucket: named in the error, if given.
-    Returns:
-        `key` unchanged.
-    Raises:
-        InvalidKeyError: the key is not valid.
-    """
-    if not isinstance(key, str) or not key:
-        raise InvalidKeyError(str(key), "a key is a non-empty string", bucket=bucket)
-    if not _KEY_RE.fullmatch(key):
-        raise InvalidKeyError(key, "allowed characters are [-/_=.a-zA-Z0-9]", bucket=bucket)
-    if key[0] == "." or key[-1] == ".":
-        raise InvalidKeyError(key, "a key may not start or end with '.'", bucket=bucket)
-    if ".." in key:
-        raise InvalidKeyError(key, "empty token", bucket=bucket)
-    if key.startswith("_kv"):
-        raise InvalidKeyError(key, "keys starting with '_kv' are reserved", bucket=bucket)
-    return key
-
-
-def validate_filter(pattern: str, *, bucket: str | None = None) -> str:
-    """Check a key filter: a key whose tokens may be `*`, or `>` as the last token.
-
-    Args:
-        pattern: the filter; "" means the whole bucket (as ADR-8's empty watch key).
-        bucket: named in the error, if given.
-    Returns:
-        The filter, with "" normalised to ">".
-    Raises:
-        InvalidKeyError: (kind "filter") the filter is not valid.
-    """
-    if not isinstance(pattern, str):
-        raise InvalidKeyError(str(pattern), "a filter is a string", kind="filter", bucket=bucket)
-    if pattern == "":
-        return ">"
-    tokens = pattern.split(".")
-    for i, token in enumerate(tokens):
-        if token == "*":
-            continue
-        if token == ">":
-            if i != len(tokens) - 1:
-                raise InvalidKeyError(
-                    pattern, "'>' must be the last token", kind="filter", bucket=bucket
-                )
-            continue
-        if not token:
-            raise InvalidKeyError(pattern, "empty token", kind="filter", bucket=bucket)
-        if not _TOKEN_RE.fullmatch(token):
-            raise InvalidKeyError(
-                pattern,
-                "tokens are '*', a final '>', or [-/_=a-zA-Z0-9]+",
-                kind="filter",
-                bucket=bucket,
-            )
-    return pattern
-
-
-class KeyFilter:
-    """A compiled set of filters; a key matches when any filter matches it."""
-
-    __slots__ = ("filters", "literals", "_patterns", "match_all")
-
-    def __init__(self, filters: str | Sequence[str], *, bucket: str | None = None) -> None:
-        """Compile `filters`.
-
-        Args:
-            filters: one filter or a sequence of them (at least one).
-            bucket: named in errors, if given.
-        Raises:
-            InvalidKeyError: a filter is invalid or the sequence is empty.
-        """
-        items = [filters] if isinstance(filters, str) else list(filters)
-        if not items:
-            raise InvalidKeyError("", "no filter given", kind="filter", bucket=bucket)
-        self.filters: tuple[str, ...] = tuple(validate_filter(f, bucket=bucket) for f in items)
-        self.match_all = ">" in self.filters
-        # Literal filters are answered by a dictionary lookup instead of a scan.
-        self.literals: frozenset[str] = frozenset(
-            f for f in self.filters if "*" not in f.split(".") and not f.endswith(">")
-        )
-        self._patterns: tuple[tuple[str, ...], ...] = tuple(
-            tuple(f.split(".")) for f in self.filters if f not in self.literals
-        )
-
-    @property
-    def literal_only(self) -> bool:
-        """True when every filter is a plain key (no wildcard)."""
-        return not self._patterns
-
-    def matches(self, key: str) -> bool:
-        """Return whether `key` matches any of the filters."""
-        if self.match_all or key in self.literals:
-            return True
-        if not self._patterns:
-            return False
-        tokens = key.split(".")
-        return any(_tokens_match(p, tokens) for p in self._patterns)
-
-
-def _tokens_match(pattern: tuple[str, ...], tokens: list[str]) -> bool:
-    for i, want in enumerate(pattern):
-        if want == ">":
-            # '>' needs at least one token to match, as in NATS.
-            return len(tokens) > i
-        if i >= len(tokens):
-            return False
-        if want != "*" and want != tokens[i]:
-            return False
-    return len(tokens) == len(pattern)
-
-
-# ------------------------------------------------------------------- key encoding
-
-
-def encode_key_token(name: str) -> str:
-    """Map an arbitrary name (a step name, say) to one valid key token.
-
-    Letters, digits, `-` and `_` are kept; every other character, `.`, `/` and `=`
-    included, becomes `=XX` for each byte of its UTF-8 encoding (upper-case hex). The
-    result never contains `.`, so it is exactly one token, and `decode_key_token`
-    reverses it.
-
-    Args:
-        name: any non-empty string.
-    Returns:
-        The encoded token, e.g. "fetch.users/v2" -> "fetch=2Eusers=2Fv2".
-    Raises:
-        InvalidKeyError: `name` is empty (an empty token is not a valid key part).
-    """
-    if not name:
-        raise InvalidKeyError(name, "cannot encode an empty name as a key token")
-    out: list[str] = []
-    for ch in name:
-        if ch in _PLAIN_TOKEN_CHARS:
-            out.append(ch)
-        else:
-            out.extend(f"={b:02X}" for b in ch.encode("utf-8"))
-    return "".join(out)
-
-
-def decode_key_token(token: str) -> str:
-    """Reverse `encode_key_token`.
-
-    Args:
-        token: a token produced by `encode_key_token`.
-    Returns:
-        The original name.
-    Raises:
-        InvalidKeyError: the token holds a malformed escape.
-    """
-    raw = bytearray()
-    i = 0
-    while i < len(token):
-        ch = token[i]
-        if ch == "=":
-            digits = token[i + 1 : i + 3]
-            if not _HEX2_RE.fullmatch(digits):
-                raise InvalidKeyError(token, f"bad escape at offset {i}")
-            raw.append(int(digits, 16))
-            i += 3
-        else:
-            raw.extend(ch.encode("utf-8"))
-            i += 1
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidKeyError(token, "escapes do not form UTF-8") from None
 
 
 # ---------------------------------------------------------------------- the port

@@ -17,7 +17,7 @@
     ├── KVError              key-value port errors (see flowtide.kv)
     ├── PostgresSetupError   a local PostgreSQL cluster cannot be set up (flowtide.dev)
     ├── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
-    └── KVUnavailable        the command line cannot open the KV (flowtide.cli.backends)
+    └── KVUnavailable        a KV bucket cannot be opened as given (flowtide.kv.errors)
 
 Errors carry their data as attributes; the message is for people.
 Nothing above an adapter sees a psycopg, sqlite3, httpx or duckdb exception.
@@ -260,9 +260,27 @@ class ServerError(FlowtideError):
 
 def exit_code(exc: BaseException) -> int:
     """The exit status of a `flowtide` command that ends on `exc`: EXIT_INVALID when the
-    input was refused (a playbook, a template, a request the server answered 4xx),
-    EXIT_FAILED otherwise."""
-    if isinstance(exc, PlaybookError | TemplateError):
+    input was refused (a playbook, a template, a request the server answered 4xx, an id,
+    key or bucket that does not exist, a KV that cannot be opened as given), EXIT_FAILED
+    otherwise."""
+    # The KV package imports this module: its errors are looked up when needed.
+    from flowtide.kv.errors import (
+        BucketNotFoundError,
+        InvalidKeyError,
+        KeyNotFoundError,
+        KVUnavailable,
+    )
+
+    refused = (
+        PlaybookError,
+        TemplateError,
+        NotFoundError,
+        InvalidKeyError,
+        KeyNotFoundError,
+        BucketNotFoundError,
+        KVUnavailable,
+    )
+    if isinstance(exc, refused):
         return EXIT_INVALID
     if isinstance(exc, ServerError) and 400 <= exc.status < 500:
         return EXIT_INVALID

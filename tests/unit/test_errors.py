@@ -109,3 +109,22 @@ def test_the_exit_status_of_each_error() -> None:
     assert exit_code(ServerError("down", 503)) == EXIT_FAILED
     assert exit_code(ToolError("boom")) == EXIT_FAILED
     assert exit_code(RuntimeError("bug")) == EXIT_FAILED
+
+
+def test_the_exit_status_of_what_the_user_named_wrong() -> None:
+    from flowtide.kv.errors import (
+        BucketNotFoundError,
+        InvalidKeyError,
+        KeyNotFoundError,
+        KVError,
+        KVUnavailable,
+    )
+
+    assert exit_code(NotFoundError("execution 7 not found")) == EXIT_INVALID
+    assert exit_code(KeyNotFoundError("b", "k")) == EXIT_INVALID
+    assert exit_code(BucketNotFoundError("b")) == EXIT_INVALID
+    assert exit_code(InvalidKeyError("a..b", "empty token")) == EXIT_INVALID
+    assert exit_code(KVUnavailable("cannot open KV bucket 'b' at nats://127.0.0.1:1")) == 2
+    # A store or a KV that fails us is a failure, not bad input.
+    assert exit_code(StoreError("down")) == EXIT_FAILED
+    assert exit_code(KVError("stream lost")) == EXIT_FAILED

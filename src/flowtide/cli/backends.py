@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, err, home_dir
-from flowtide.errors import FlowtideError
+from flowtide.errors import exit_code
+from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def execution_or_exit(store: Store, execution_id: int) -> Any:
     except NotFoundError as exc:
         store.close()
         err(f"error: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
+        raise typer.Exit(exit_code(exc)) from None
 
 
 def folded(store: Store, execution_id: int) -> tuple[Any, Any]:
@@ -82,11 +83,7 @@ def remote_or_exit(call: Callable[[], Any]) -> Any:
         return call()
     except ServerError as exc:
         err(f"error: {exc}")
-        raise typer.Exit(EXIT_INVALID if 400 <= exc.status < 500 else EXIT_FAILED) from None
-
-
-class KVUnavailable(FlowtideError):
-    """The KV could not be opened; the message names the URL without its secret."""
+        raise typer.Exit(exit_code(exc)) from None
 
 
 async def open_kv(

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flowtide.cli.backends import KVUnavailable, close_kv, open_kv
+from flowtide.cli.backends import close_kv, open_kv
 from flowtide.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -23,6 +23,8 @@ from flowtide.cli.options import (
     err,
     print_json,
 )
+from flowtide.errors import exit_code
+from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url, scrub_url
 
 kv_app = typer.Typer(
@@ -74,7 +76,7 @@ def _kv_command(
     2 for bad input (URL, key, filter, no such key or bucket), 1 for a failure."""
     import asyncio
 
-    from flowtide.kv import BucketNotFoundError, InvalidKeyError, KeyNotFoundError, KVError
+    from flowtide.kv import KeyNotFoundError, KVError
 
     _require_shared_kv(url)
 
@@ -103,16 +105,13 @@ def _kv_command(
         raise typer.Exit(EXIT_OK) from None
     except KVUnavailable as exc:
         err(f"error: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
-    except (InvalidKeyError, KeyNotFoundError, BucketNotFoundError) as exc:
+        raise typer.Exit(exit_code(exc)) from None
+    except KVError as exc:
         hint = ""
         if isinstance(exc, KeyNotFoundError) and exc.operation is not None:
             hint = f"; `flowtide kv history {exc.key}` shows what it held"
         err(f"error: {scrub_url(exc.message, url)}{hint}")
-        raise typer.Exit(EXIT_INVALID) from None
-    except KVError as exc:
-        err(f"error: {scrub_url(exc.message, url)}")
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exit_code(exc)) from None
     except Exception as exc:  # never a traceback, and never the URL's password
         err(f"error: {scrub_url(f'{type(exc).__name__}: {exc}', url)}")
         raise typer.Exit(EXIT_FAILED) from None

@@ -15,6 +15,7 @@ from flowtide.cli.db import db_app
 from flowtide.cli.dev import dev_app
 from flowtide.cli.executions import events, list_executions, status
 from flowtide.cli.kv import kv_app
+from flowtide.cli.options import err
 from flowtide.cli.run import cancel, execute, resume, run, validate
 from flowtide.cli.server import server_cmd, worker_cmd
 from flowtide.cli.token import token_app
@@ -70,4 +71,13 @@ def _options(
 
 
 def main() -> None:
-    app()
+    """The `flowtide` command. A flowtide error that no command turned into a message of
+    its own still ends with one line on stderr and its exit status (`errors.exit_code`),
+    never a traceback."""
+    from flowtide.errors import FlowtideError, exit_code
+
+    try:
+        app()
+    except FlowtideError as exc:
+        err(f"error: {exc}")
+        raise SystemExit(exit_code(exc)) from None

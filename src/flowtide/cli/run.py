@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from flowtide.cli.backends import (
-    KVUnavailable,
     close_kv,
     open_kv,
     open_store,
@@ -43,6 +42,7 @@ from flowtide.cli.options import (
     home_dir,
     print_json,
 )
+from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url, scrub_url
 
 if TYPE_CHECKING:

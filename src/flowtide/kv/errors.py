@@ -10,6 +10,7 @@ from flowtide.kv.entries import Operation
 
 __all__ = [
     "BucketNotFoundError",
+    "KVUnavailable",
     "InvalidKeyError",
     "KVError",
     "KeyExistsError",
@@ -122,3 +123,8 @@ class ValueTooLargeError(KVError):
             bucket=bucket,
             key=key,
         )
+
+
+class KVUnavailable(FlowtideError):
+    """A bucket could not be opened (bad URL or bucket name, server unreachable or
+    refusing); the message names the URL without its secret."""

@@ -1,0 +1,210 @@
+"""Load and validate a NoETL v2 playbook into the typed model.
+
+Every variation listed in noetl-e2e/DSL-NOTES.md is accepted; everything else is an
+error naming file:line:column, the step, the field and what was expected. All errors
+of a file are collected in one pass (`PlaybookErrors`); nothing runs when there is one.
+
+The document is read here: metadata, workload, workbook, the workflow's steps and what
+can only be checked once all of them are known (arc targets, workbook actions, the entry
+step). The parts: `checker` (errors with positions), `steps`, `tasks`, `kinds` (the
+fields and checks of each tool kind), `loops`, `arcs` (`next`) and `policies`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowtide.errors import PlaybookError, PlaybookErrors
+from flowtide.playbook.loader.arcs import _reachability
+from flowtide.playbook.loader.checker import _Checker, _suggest
+from flowtide.playbook.loader.steps import _parse_step
+from flowtide.playbook.loader.tasks import _parse_task
+from flowtide.playbook.model import Playbook, Step, Task
+from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, load_yaml
+from flowtide.playbook.source import Path as NodePath
+
+
+def parse_playbook(text: str, file: str | None = None) -> Playbook:
+    """Parse and validate playbook `text` (from `file`, used in messages and for paths).
+
+    Raises:
+        PlaybookError: YAML syntax error, or `PlaybookErrors` listing every problem found.
+    """
+    data, positions = load_yaml(text, file)
+    c = _Checker(file, positions)
+    if not isinstance(data, dict):
+        raise PlaybookError(
+            "a playbook must be a YAML mapping",
+            file=file,
+            line=1,
+            column=1,
+            expected="apiVersion/kind/metadata/workflow",
+        )
+    meta = data.get("metadata") or {}
+    if not isinstance(meta, dict):
+        c.error(("metadata",), "'metadata' must be a mapping", field="metadata")
+        meta = {}
+    workload = data.get("workload")
+    if workload is None:
+        workload = {}
+    if not isinstance(workload, dict):
+        c.error(("workload",), "'workload' must be a mapping", field="workload")
+        workload = {}
+    workflow = data.get("workflow")
+    if not isinstance(workflow, list) or not workflow:
+        c.error(
+            ("workflow",) if "workflow" in data else (),
+            "playbook has no steps",
+            field="workflow",
+            expected="workflow: a list of steps",
+        )
+        raise PlaybookErrors(c.errors)
+
+    workbook: dict[str, Task] = {}
+    wb_raw = data.get("workbook") or []
+    if isinstance(wb_raw, list):
+        for i, item in enumerate(wb_raw):
+            wpath: NodePath = ("workbook", i)
+            if not isinstance(item, dict) or not item.get("name"):
+                c.error(wpath, "workbook action needs 'name'", field=f"workbook[{i}].name")
+                continue
+            name = str(item["name"])
+            tool_raw = item.get("tool")
+            if tool_raw is None:
+                tool_raw = {k: v for k, v in item.items() if k not in ("name", "assert", "desc")}
+                tpath = wpath
+            else:
+                tpath = (*wpath, "tool")
+            task = _parse_task(c, tool_raw, tpath, f"workbook:{name}", None, None, item)
+            if task:
+                workbook[name] = Task(
+                    name=name,
+                    kind=task.kind,
+                    config=task.config,
+                    input=task.input,
+                    set=task.set,
+                    policy=task.policy,
+                    line=task.line,
+                )
+    elif wb_raw:
+        c.error(("workbook",), "'workbook' must be a list of actions", field="workbook")
+
+    steps: dict[str, Step] = {}
+    for i, raw in enumerate(workflow):
+        step = _parse_step(c, raw, ("workflow", i), i)
+        if step is None:
+            continue
+        if step.name in steps:
+            c.error(
+                ("workflow", i, "step"),
+                f"duplicate step name '{step.name}'",
+                step=step.name,
+                field="step",
+                expected="unique step names",
+            )
+            continue
+        steps[step.name] = step
+
+    checked: set[str] = set()
+    for i, raw in enumerate(workflow):
+        if not isinstance(raw, dict) or str(raw.get("step")) not in steps:
+            continue
+        if str(raw["step"]) in checked:
+            continue  # a duplicate name: reported above, its arcs are not this step's
+        checked.add(str(raw["step"]))
+        step = steps[str(raw["step"])]
+        for j, arc in enumerate(step.next.arcs):
+            if arc.step not in steps:
+                line, column = None, None
+                for arc_at in (("workflow", i, "next", "arcs", j), ("workflow", i, "next", j)):
+                    if positions.has(arc_at):
+                        line, column = positions.get(arc_at)
+                        break
+                else:
+                    line, column = positions.get(("workflow", i, "next"))
+                c.errors.append(
+                    PlaybookError(
+                        f"arc to unknown step '{arc.step}'{_suggest(arc.step, steps)}",
+                        file=file,
+                        line=line,
+                        column=column,
+                        step=step.name,
+                        field=f"next.arcs[{j}].step",
+                        expected="the name of a step in this workflow",
+                    )
+                )
+        for k, task in enumerate(step.tasks):
+            if task.kind == "workbook":
+                action = str(task.config.get("name"))
+                if action not in workbook:
+                    where: NodePath = ("workflow", i, "tool") + ((k,) if step.pipeline else ())
+                    c.error(
+                        (*where, "name"),
+                        f"unknown workbook action '{action}'{_suggest(action, workbook)}",
+                        step=step.name,
+                        field="tool.name",
+                        expected="one of: "
+                        + (", ".join(workbook) or "(the playbook has no workbook)"),
+                    )
+
+    executor = data.get("executor") or {}
+    entry = None
+    if isinstance(executor, dict):
+        spec = executor.get("spec") or {}
+        if isinstance(spec, dict):
+            entry = spec.get("entry_step")
+    if entry is None:
+        entry = "start" if "start" in steps else next(iter(steps), None)
+    if entry is not None and entry not in steps:
+        c.error(
+            ("executor", "spec", "entry_step"),
+            f"entry step '{entry}' does not exist{_suggest(str(entry), steps)}",
+            field="executor.spec.entry_step",
+        )
+    c.templates(workload, ("workload",), None, "workload")
+
+    if c.errors:
+        raise PlaybookErrors(c.errors)
+
+    upstreams: dict[str, set[str]] = {name: set() for name in steps}
+    for name, step in steps.items():
+        for arc in step.next.arcs:
+            upstreams[arc.step].add(name)
+    return Playbook(
+        name=str(meta.get("name") or (Path(file).stem if file else "playbook")),
+        path=meta.get("path"),
+        version=str(meta["version"]) if meta.get("version") is not None else None,
+        workload=workload,
+        steps=steps,
+        entry=str(entry),
+        workbook=workbook,
+        text=text,
+        file=str(Path(file).resolve()) if file else None,
+        keychain=list(data.get("keychain") or []),
+        executor=executor if isinstance(executor, dict) else {},
+        upstreams={k: frozenset(v) for k, v in upstreams.items()},
+        reachable=_reachability(steps),
+    )
+
+
+def load_playbook(path: str | Path) -> Playbook:
+    """Read and validate the playbook file at `path`.
+
+    Raises:
+        PlaybookError: unreadable file, YAML syntax error or invalid playbook.
+    """
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_PLAYBOOK_BYTES:
+            # Refused before reading: the file could be any size.
+            raise PlaybookError(
+                f"the playbook is {p.stat().st_size:,} bytes, more than the limit of "
+                f"{MAX_PLAYBOOK_BYTES:,} bytes",
+                file=str(path),
+            )
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise PlaybookError("file not found", file=str(path)) from exc
+    except OSError as exc:
+        raise PlaybookError(f"cannot read file: {exc.strerror}", file=str(path)) from exc
+    return parse_playbook(text, str(path))

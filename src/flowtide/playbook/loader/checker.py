@@ -1,0 +1,98 @@
+"""Errors with positions: the `_Checker` that every part of the loader reports to.
+
+It owns the list of `PlaybookError`s of one file, turns a node path into the
+file:line:column of that node (or of a line inside a multi-line string), checks the Jinja
+syntax of every template inside a value, and `_suggest` offers the closest known name
+("did you mean ...?") for a misspelt one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from flowtide.errors import PlaybookError
+from flowtide.playbook.source import Path as NodePath
+from flowtide.playbook.source import Positions
+from flowtide.playbook.template import check_syntax, is_template
+
+
+class _Checker:
+    def __init__(self, file: str | None, positions: Positions) -> None:
+        self.file = file
+        self.positions = positions
+        self.errors: list[PlaybookError] = []
+
+    def error(
+        self,
+        path: NodePath,
+        message: str,
+        *,
+        step: str | None = None,
+        field: str | None = None,
+        expected: str | None = None,
+    ) -> None:
+        line, column = self.positions.get(path)
+        self.errors.append(
+            PlaybookError(
+                message,
+                file=self.file,
+                line=line,
+                column=column,
+                step=step,
+                field=field,
+                expected=expected,
+            )
+        )
+
+    def error_inside(
+        self,
+        path: NodePath,
+        line: int,
+        column: int | None,
+        message: str,
+        *,
+        step: str | None,
+        field: str,
+    ) -> None:
+        """An error at `line`/`column` of the string at `path` (a multi-line template or
+        code block): the file position of that line when it can be known."""
+        if line <= 1 and column is None:
+            self.error(path, message, step=step, field=field)
+            return
+        at_line, at_column = self.positions.inside(path, line, column)
+        self.errors.append(
+            PlaybookError(
+                message, file=self.file, line=at_line, column=at_column, step=step, field=field
+            )
+        )
+
+    def line(self, path: NodePath) -> int | None:
+        return self.positions.get(path)[0]
+
+    def templates(self, value: Any, path: NodePath, step: str | None, field: str) -> None:
+        """Report Jinja syntax errors anywhere inside `value`."""
+        if isinstance(value, str):
+            if is_template(value):
+                problem = check_syntax(value)
+                if problem:
+                    self.error_inside(
+                        path,
+                        problem.line,
+                        None,
+                        f"template syntax error: {problem}",
+                        step=step,
+                        field=field,
+                    )
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self.templates(v, (*path, k), step, f"{field}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.templates(v, (*path, i), step, f"{field}[{i}]")
+
+
+def _suggest(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""

@@ -1,0 +1,219 @@
+"""Policies: a task's `spec.policy.rules` (and the older tool-level `retry:` block,
+translated into rules) and a step's `spec.policy`, which takes only `admit`.
+
+Each rule becomes a `Rule` of the model; unknown actions, a `jump` without `to` and
+rules written where they would never run are errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowtide.playbook.loader.checker import _Checker, _suggest
+from flowtide.playbook.model import ACTIONS, Policy, Rule
+from flowtide.playbook.source import Path as NodePath
+
+
+def _as_float(value: Any, default: float) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _parse_then(then: dict[str, Any], when: Any, is_else: bool) -> Rule:
+    return Rule(
+        when=when,
+        is_else=is_else,
+        do=str(then.get("do", "continue")),
+        attempts=int(then.get("attempts", then.get("max_attempts", 3)) or 1),
+        backoff=str(then.get("backoff", "fixed")),
+        delay=_as_float(then.get("delay", then.get("backoff_seconds", 0.0)), 0.0),
+        max_delay=_as_float(then.get("max_delay", 60.0), 60.0),
+        to=then.get("to"),
+        set=dict(then.get("set") or {}),
+    )
+
+
+def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        c.error(
+            path,
+            "policy must be a mapping",
+            step=step,
+            field="spec.policy",
+            expected="{rules: [...]}",
+        )
+        return None
+    rules_raw = raw.get("rules") or []
+    if not isinstance(rules_raw, list):
+        c.error(
+            (*path, "rules"), "policy rules must be a list", step=step, field="spec.policy.rules"
+        )
+        return None
+    rules: list[Rule] = []
+    for i, item in enumerate(rules_raw):
+        rpath = (*path, "rules", i)
+        if not isinstance(item, dict):
+            c.error(
+                rpath,
+                "a policy rule must be a mapping",
+                step=step,
+                field=f"spec.policy.rules[{i}]",
+                expected="{when: ..., then: {do: ...}} or {else: {then: {...}}}",
+            )
+            continue
+        if "else" in item:
+            body = item["else"] or {}
+            # Both `else: {then: {...}}` and the then-less `else: {do: ..., set: ...}` occur in
+            # real playbooks; NoETL's engines ignore the latter, we honour it.
+            then = body.get("then", body) if isinstance(body, dict) else {}
+            rule = _parse_then(then or {}, None, True)
+            tpath: NodePath = (*rpath, "else")
+        else:
+            if "when" not in item:
+                c.error(
+                    rpath,
+                    "policy rule needs 'when' (or 'else')",
+                    step=step,
+                    field=f"spec.policy.rules[{i}]",
+                )
+                continue
+            then = item.get("then") or {}
+            if not isinstance(then, dict):
+                c.error(
+                    (*rpath, "then"),
+                    "'then' must be a mapping",
+                    step=step,
+                    field=f"spec.policy.rules[{i}].then",
+                    expected="{do: continue|retry|jump|break|fail}",
+                )
+                continue
+            rule = _parse_then(then, item["when"], False)
+            tpath = (*rpath, "then")
+            c.templates(item["when"], (*rpath, "when"), step, f"spec.policy.rules[{i}].when")
+        if rule.do not in ACTIONS:
+            c.error(
+                (*tpath, "do"),
+                f"unknown policy action '{rule.do}'{_suggest(rule.do, ACTIONS)}",
+                step=step,
+                field=f"spec.policy.rules[{i}].then.do",
+                expected=" | ".join(ACTIONS),
+            )
+        if rule.do == "jump" and not rule.to:
+            c.error(
+                tpath,
+                "'do: jump' needs 'to' (a task or step name)",
+                step=step,
+                field=f"spec.policy.rules[{i}].then.to",
+            )
+        rules.append(rule)
+    return Policy(tuple(rules))
+
+
+def _legacy_retry(raw: Any) -> Policy | None:
+    """Translate a tool-level `retry:` block (older playbooks) into policy rules."""
+    if raw in (None, False):
+        return None
+    if raw is True:
+        raw = {}
+    if isinstance(raw, int):
+        raw = {"max_attempts": raw}
+    if not isinstance(raw, dict):
+        return None
+    statuses = raw.get("retry_on_status")
+    kinds = raw.get("retry_on")
+    cond = "output.status == 'error'"
+    if statuses:
+        cond += f" and (output.error.http_status in {list(statuses)!r})"
+    elif kinds:
+        cond += f" and (output.error.kind in {list(kinds)!r})"
+    else:
+        cond += " and output.error.retryable"
+    retry = Rule(
+        when="{{ " + cond + " }}",
+        is_else=False,
+        do="retry",
+        attempts=int(raw.get("max_attempts", 3)),
+        backoff="exponential" if raw.get("backoff_multiplier") else "fixed",
+        delay=_as_float(raw.get("backoff_seconds", raw.get("initial_delay", 1.0)), 1.0),
+    )
+    return Policy((retry,))
+
+
+# NoETL's step policy (`StepPolicy` in noetl/core/dsl/engine/models/workflow.py) has
+# `admit`, `lifecycle`, `failure` and `emit`, and says it "MUST NOT include task control
+# actions (those are task-level only)"; its validator checks `admit` alone, so `rules`
+# written on the step are silently dropped there. flowtide runs `admit` and refuses the
+# rest, naming where rules belong, instead of ignoring them.
+_STEP_POLICY_KEYS = ("admit",)
+
+
+def _check_step_policy(c: _Checker, policy: Any, path: NodePath, step: str) -> None:
+    ppath: NodePath = (*path, "spec", "policy")
+    if not isinstance(policy, dict):
+        c.error(
+            ppath,
+            "a step's 'spec.policy' must be a mapping",
+            step=step,
+            field="spec.policy",
+            expected="{admit: {rules: [...]}}",
+        )
+        return
+    for key in policy:
+        if key in _STEP_POLICY_KEYS:
+            continue
+        if key == "rules":
+            c.error(
+                (*ppath, "rules"),
+                "policy rules written on the step would never run: task policy rules "
+                "belong under the tool (a step's spec.policy takes only 'admit')",
+                step=step,
+                field="spec.policy.rules",
+                expected="tool: {kind: ..., spec: {policy: {rules: [...]}}}",
+            )
+        else:
+            c.error(
+                (*ppath, key),
+                f"step policy '{key}' is not supported: a step's spec.policy takes only "
+                f"'admit'{_suggest(str(key), _STEP_POLICY_KEYS)}",
+                step=step,
+                field=f"spec.policy.{key}",
+                expected="admit",
+            )
+
+
+def _parse_admit(
+    c: _Checker, raw: dict[str, Any], path: NodePath, step: str
+) -> tuple[tuple[Any, bool], ...]:
+    spec = raw.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    if policy is not None:
+        _check_step_policy(c, policy, path, step)
+    admit = policy.get("admit") if isinstance(policy, dict) else None
+    if admit is None:
+        return ()
+    apath: NodePath = (*path, "spec", "policy", "admit")
+    rules = admit.get("rules") if isinstance(admit, dict) else None
+    if not isinstance(rules, list):
+        c.error(
+            apath,
+            "admit needs a list of 'rules'",
+            step=step,
+            field="spec.policy.admit.rules",
+            expected="[{when: ..., then: {allow: true|false}}, {else: {then: {allow: ...}}}]",
+        )
+        return ()
+    out: list[tuple[Any, bool]] = []
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            continue
+        body = rule.get("else") if "else" in rule else rule
+        then = (body or {}).get("then", body) if isinstance(body, dict) else {}
+        allow = then.get("allow", True) if isinstance(then, dict) else True
+        when = None if "else" in rule else rule.get("when", True)
+        c.templates(when, (*apath, "rules", i, "when"), step, f"spec.policy.admit.rules[{i}].when")
+        out.append((when, bool(allow)))
+    return tuple(out)

@@ -1,0 +1,83 @@
+"""Steps: one entry of `workflow:` into a `Step` of the model.
+
+It owns the step's name, its `input`, its tool (one task, or a pipeline of tasks with
+unique names), the fields written on the step that belong under `tool`, and its `set`;
+it calls on the loop, arcs and policy parts for `loop`, `next` and `spec.policy`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowtide.playbook.loader.arcs import _parse_next
+from flowtide.playbook.loader.checker import _Checker
+from flowtide.playbook.loader.loops import _parse_loop
+from flowtide.playbook.loader.policies import _parse_admit
+from flowtide.playbook.loader.tasks import _parse_task
+from flowtide.playbook.model import Step, Task
+from flowtide.playbook.source import Path as NodePath
+
+
+def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | None:
+    if not isinstance(raw, dict):
+        c.error(path, "a workflow entry must be a mapping with 'step'", field=f"workflow[{index}]")
+        return None
+    name = raw.get("step")
+    if name is None or name == "":
+        c.error(path, "workflow entry has no 'step' name", field=f"workflow[{index}].step")
+        return None
+    name = str(name)
+    step_input = raw.get("input")
+    if step_input is not None and not isinstance(step_input, dict):
+        c.error((*path, "input"), "'input' must be a mapping", step=name, field="input")
+        step_input = None
+    tasks: list[Task] = []
+    tool = raw.get("tool")
+    pipeline = isinstance(tool, list)
+    if isinstance(tool, list):
+        if not tool:
+            c.error((*path, "tool"), "'tool' list is empty", step=name, field="tool")
+        for i, item in enumerate(tool):
+            task = _parse_task(c, item, (*path, "tool", i), name, i, step_input, raw)
+            if task:
+                tasks.append(task)
+        seen: set[str] = set()
+        for task in tasks:
+            if task.name in seen:
+                c.error(
+                    (*path, "tool"), f"duplicate task name '{task.name}'", step=name, field="tool"
+                )
+            seen.add(task.name)
+    elif tool is not None:
+        task = _parse_task(c, tool, (*path, "tool"), name, None, step_input, raw)
+        if task:
+            tasks.append(task)
+    elif "command" in raw or "query" in raw or "code" in raw:
+        field = next(k for k in ("command", "query", "code") if k in raw)
+        c.error(
+            (*path, field),
+            f"'{field}' is written on the step but the step has no 'tool'",
+            step=name,
+            field=field,
+            expected="tool: {kind: ..., " + field + ": ...}",
+        )
+    loop = (
+        _parse_loop(c, raw["loop"], (*path, "loop"), name) if raw.get("loop") is not None else None
+    )
+    step_set = raw.get("set") or {}
+    if not isinstance(step_set, dict):
+        c.error((*path, "set"), "'set' must be a mapping", step=name, field="set")
+        step_set = {}
+    c.templates(step_set, (*path, "set"), name, "set")
+    nxt = _parse_next(c, raw.get("next"), (*path, "next"), name)
+    return Step(
+        name=name,
+        tasks=tuple(tasks),
+        pipeline=pipeline,
+        loop=loop,
+        set=dict(step_set),
+        next=nxt,
+        desc=raw.get("desc"),
+        line=c.line(path),
+        admit=_parse_admit(c, raw, path, name),
+    )

@@ -35,7 +35,7 @@ At = str | Sequence[str | int]
 
 
 @dataclass(frozen=True)
-class Field:
+class FieldSpec:
     """One field of a kind's configuration. A value that is a template (`{{ }}`) is
     checked when rendered, by the runner, not here."""
 
@@ -74,8 +74,9 @@ class TaskCheck(Protocol):
         expected: str | None = None,
     ) -> None:
         """Report `message` at the position of `at` (relative to the tool mapping; the
-        nearest written parent when `at` is not written). `field` names the field in
-        the report when it is not `at` (a missing `sink.table` reported at `sink`)."""
+        nearest written parent when `at` is not written). The report names the field
+        `at` without a leading `spec`, or `field` when given (a missing `sink.table`
+        reported at `sink`)."""
         ...
 
     def error_inside(
@@ -103,7 +104,7 @@ class ToolSpec:
     #: How the "requires" error names them, e.g. "'url'"; default: 'a' or 'b'.
     requires_text: str = ""
     #: Fields whose type or value the loader checks.
-    fields: Mapping[str, Field] = field(default_factory=dict)
+    fields: Mapping[str, FieldSpec] = field(default_factory=dict)
     #: Fields neither in `fields` nor in `COMMON_FIELDS` are refused (did you mean...?).
     strict: bool = False
     #: More checks of one task: report problems on the TaskCheck.

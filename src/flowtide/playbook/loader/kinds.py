@@ -58,8 +58,13 @@ class _TaskCheck:
             return ("spec", name)
         return (name,)
 
-    def _field(self, at: At) -> str:
-        return ".".join([self._label, *map(str, _keys(at))])
+    def _field(self, at: At, field: At | None) -> str:
+        """The field's name in a report: `field`, or `at` without `spec` (a field means
+        the same written flat or under `spec:`)."""
+        keys = _keys(at) if field is None else _keys(field)
+        if field is None and keys[:1] == ("spec",):
+            keys = keys[1:]
+        return ".".join([self._label, *map(str, keys)])
 
     def error(
         self,
@@ -73,7 +78,7 @@ class _TaskCheck:
             (*self._path, *_keys(at)),
             message,
             step=self.step,
-            field=self._field(at if field is None else field),
+            field=self._field(at, field),
             expected=expected,
         )
 
@@ -86,7 +91,7 @@ class _TaskCheck:
             column,
             message,
             step=self.step,
-            field=self._field(at if field is None else field),
+            field=self._field(at, field),
         )
 
 
@@ -136,7 +141,6 @@ def _check_fields(spec: ToolSpec, t: _TaskCheck) -> None:
                 t.error(
                     t.at(name),
                     f"{spec.kind} tool has no field '{name}'{did_you_mean(name, spec.fields)}",
-                    field=name,
                     expected=" | ".join(spec.fields),
                 )
             continue
@@ -147,7 +151,6 @@ def _check_fields(spec: ToolSpec, t: _TaskCheck) -> None:
             t.error(
                 t.at(name),
                 f"{spec.kind} '{name}' must be {wanted}, not {type(value).__name__}",
-                field=name,
                 expected=declared.doc or None,
             )
             continue
@@ -156,7 +159,6 @@ def _check_fields(spec: ToolSpec, t: _TaskCheck) -> None:
             t.error(
                 t.at(name),
                 f"unsupported {name} '{value}'{did_you_mean(str(value).lower(), choices)}",
-                field=name,
                 expected=" | ".join(choices),
             )
 

@@ -6,6 +6,14 @@ A built-in kind is a runner module in `flowtide/tools/` and one `ToolSpec` here,
 `_check_<kind>` beside it when its fields need more than `requires` and `fields`: the
 python kind's inline code must compile; a spark task's inputs, sink format and mode are
 checked and passwords refused.
+
+A kind written the older way (an entry in the loader's `_REQUIRED`, in
+`model.TOOL_KINDS` and in `registry._KINDS`) becomes `ToolSpec(kind, "<module>:<Class>"
+(its `_KINDS` pair), requires=<its _REQUIRED names>, requires_text=<their text>,
+check=_check_<kind>)`; a `_check_<kind>(c, config, path, step, label)` reports with
+`t.error(keys, message, expected=...)` where it called `c.error((*path, *keys), message,
+step=step, field=f"{label}.<keys>", expected=...)` (and `field=` when the field it names
+is not the one at the position).
 """
 
 from __future__ import annotations

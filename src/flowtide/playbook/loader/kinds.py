@@ -58,6 +58,10 @@ class _TaskCheck:
             return ("spec", name)
         return (name,)
 
+    def line_on_step(self, name: str) -> int | None:
+        """The line of field `name` of the step that holds this tool."""
+        return self._c.line((*self._path[:-1], name))
+
     def _field(self, at: At, field: At | None) -> str:
         """The field's name in a report: `field`, or `at` without `spec` (a field means
         the same written flat or under `spec:`)."""
@@ -96,31 +100,19 @@ class _TaskCheck:
 
 
 def _check_required(
-    c: _Checker,
-    spec: ToolSpec,
-    config: Mapping[str, Any],
-    path: NodePath,
-    step: str,
-    label: str,
-    on_step: bool,
-    step_raw: Mapping[str, Any],
+    t: _TaskCheck, spec: ToolSpec, on_step: bool, step_raw: Mapping[str, Any]
 ) -> None:
     """One of `spec.requires` must be set; a hint when it is written on the step instead
     of under `tool` (`on_step`: the step's only tool)."""
     names = spec.requires
-    if not names or any(config.get(n) not in (None, "") for n in names):
+    if not names or any(t.config.get(n) not in (None, "") for n in names):
         return
     misplaced = [n for n in names if n in step_raw]
     hint = ""
     if misplaced and on_step:
-        line = c.line((*path[:-1], misplaced[0]))
+        line = t.line_on_step(misplaced[0])
         hint = f"; '{misplaced[0]}' is written on the step (line {line}), it belongs under 'tool'"
-    c.error(
-        path,
-        f"{spec.kind} tool requires {spec.requirement()}{hint}",
-        step=step,
-        field=f"{label}.{names[0]}",
-    )
+    t.error((), f"{spec.kind} tool requires {spec.requirement()}{hint}", field=names[0])
 
 
 def _has_type(value: Any, types: tuple[type, ...]) -> bool:
@@ -141,7 +133,7 @@ def _check_fields(spec: ToolSpec, t: _TaskCheck) -> None:
                 t.error(
                     t.at(name),
                     f"{spec.kind} tool has no field '{name}'{did_you_mean(name, spec.fields)}",
-                    expected=" | ".join(spec.fields),
+                    expected=" | ".join(spec.fields) or None,
                 )
             continue
         if value is None or is_template(value):
@@ -163,20 +155,10 @@ def _check_fields(spec: ToolSpec, t: _TaskCheck) -> None:
             )
 
 
-def _check_kind(
-    c: _Checker,
-    spec: ToolSpec,
-    raw: Mapping[str, Any],
-    config: Mapping[str, Any],
-    path: NodePath,
-    step: str,
-    index: int | None,
-    step_raw: Mapping[str, Any],
-) -> None:
-    """Every check `spec` declares, on the task `raw` (fields `config`) at `path`."""
-    label = "tool" if index is None else f"tool[{index}]"
-    _check_required(c, spec, config, path, step, label, index is None, step_raw)
-    t = _TaskCheck(c, spec.kind, raw, config, path, step, label)
+def _check_kind(t: _TaskCheck, spec: ToolSpec, on_step: bool, step_raw: Mapping[str, Any]) -> None:
+    """Every check `spec` declares, on the task `t` (`on_step`: the step's only tool,
+    whose fields `step_raw` holds)."""
+    _check_required(t, spec, on_step, step_raw)
     if spec.fields or spec.strict:
         _check_fields(spec, t)
     if spec.check is None:
@@ -184,9 +166,8 @@ def _check_kind(
     try:
         spec.check(t)
     except Exception as exc:  # noqa: BLE001 - a plugin's bug is one error, not a crash
-        c.error(
-            path,
+        t.error(
+            (),
             f"the checks of kind '{spec.kind}' failed: {type(exc).__name__}: {exc}",
-            step=step,
-            field=f"{label}.kind",
+            field="kind",
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowtide.playbook.loader.checker import _Checker
-from flowtide.playbook.loader.kinds import _check_kind
+from flowtide.playbook.loader.kinds import _check_kind, _TaskCheck
 from flowtide.playbook.loader.policies import _legacy_retry, _parse_policy
 from flowtide.playbook.model import Task
 from flowtide.playbook.source import Path as NodePath
@@ -83,7 +83,7 @@ def _parse_task(
     if step_input is not None or tool_input is not None:
         merged_input = {**(step_input or {}), **(tool_input or {})}
 
-    _check_kind(c, tool, raw, config, path, step, index, step_raw)
+    _check_kind(_TaskCheck(c, kind, raw, config, path, step, label), tool, index is None, step_raw)
     if problem := params_problem(kind, config):
         c.error((*path, "params"), problem, step=step, field=f"{label}.params")
 

@@ -2,7 +2,7 @@
 #   make run    install into .venv (Java too, for Spark) and run examples/quickstart.yaml and
 #               examples/spark_etl.yaml embedded
 #   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver) and run
-#               them all
+#               them all (examples/plugin's own tests too: tests/plugins installs it)
 #   make dev    install, then start the distributed stack on loopback (`flowtide dev up`)
 PYTHON ?= python3
 VENV   := .venv
@@ -32,8 +32,8 @@ run: install
 test: install
 	@bash scripts/ensure-postgres.sh
 	@bash scripts/ensure-spark.sh
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples/plugin
+	$(BIN)/ruff format --check src tests bench examples/plugin
 	$(BIN)/mypy
 	$(BIN)/pytest
 
@@ -42,8 +42,8 @@ dev: install
 	$(BIN)/flowtide dev up
 
 lint: install
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples/plugin
+	$(BIN)/ruff format --check src tests bench examples/plugin
 
 typecheck: install
 	$(BIN)/mypy

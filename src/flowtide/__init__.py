@@ -30,6 +30,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "KeyValue": ("flowtide.kv.base", "KeyValue"),
     "Tool": ("flowtide.tools.base", "Tool"),
     "ToolContext": ("flowtide.tools.base", "ToolContext"),
+    "ToolSpec": ("flowtide.tools.spec", "ToolSpec"),
+    "FieldSpec": ("flowtide.tools.spec", "FieldSpec"),
+    "TaskCheck": ("flowtide.tools.spec", "TaskCheck"),
     "FlowtideError": ("flowtide.errors", "FlowtideError"),
     "PlaybookError": ("flowtide.errors", "PlaybookError"),
     "TemplateError": ("flowtide.errors", "TemplateError"),
@@ -44,6 +47,7 @@ __all__ = [
     "Command",
     "CredentialError",
     "Event",
+    "FieldSpec",
     "FlowtideError",
     "KVError",
     "KeyValue",
@@ -53,10 +57,12 @@ __all__ = [
     "PlaybookError",
     "Store",
     "StoreError",
+    "TaskCheck",
     "TemplateError",
     "Tool",
     "ToolContext",
     "ToolError",
+    "ToolSpec",
     "__version__",
     "load_playbook",
     "parse_playbook",
@@ -81,6 +87,7 @@ if TYPE_CHECKING:
     from flowtide.runtime.local import LocalRuntime
     from flowtide.store.base import Store
     from flowtide.tools.base import Tool, ToolContext
+    from flowtide.tools.spec import FieldSpec, TaskCheck, ToolSpec
 
 
 def __getattr__(name: str) -> Any:

@@ -227,3 +227,21 @@ def test_imports_point_inward(layer: str) -> None:
         if any(i.target == b or i.target.startswith(b + ".") for b in banned)
     ]
     assert not found, "upward imports:\n" + "\n".join(found)
+
+
+def test_the_playbook_knows_tool_kinds_not_their_runners() -> None:
+    # The loader asks which kinds exist and what their fields are; a runner's module (and
+    # duckdb, psycopg, pyspark behind it) is the runtime's to import.
+    allowed = {"flowtide.tools", "flowtide.tools.kinds", "flowtide.tools.spec"}
+    found = [
+        f"{MODULES[m].relative_to(ROOT.parent)}:{i.line} imports {i.target}"
+        for m in MODULES
+        if m.startswith("flowtide.playbook")
+        for i in imports_of(m)
+        if i.target.startswith("flowtide.tools") and i.target not in allowed
+    ]
+    assert not found, "the playbook imports a tool's runner:\n" + "\n".join(found)
+    # ...and what it may import imports no runner either.
+    for module in ("flowtide.tools.kinds", "flowtide.tools.spec", "flowtide.tools.builtin"):
+        tools = {i.target for i in imports_of(module) if i.target.startswith("flowtide.tools")}
+        assert tools <= {*allowed, "flowtide.tools.builtin"}, module

@@ -1,8 +1,9 @@
 """Typed playbook model: what the loader produces and the engine reads.
 
 Values are frozen dataclasses. Tool configuration stays an open mapping (each kind has
-its own fields, and real playbooks carry many optional ones); the loader checks the
-required fields per kind.
+its own fields, and real playbooks carry many optional ones); the loader checks them
+against the kind's `ToolSpec`. Which kinds exist (built in, or from plugins) is
+`flowtide.tools.kinds.known_kinds()`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TOOL_KINDS = ("python", "http", "postgres", "duckdb", "spark", "playbook", "workbook", "noop")
 ACTIONS = ("continue", "retry", "jump", "break", "fail")
 
 

@@ -1,4 +1,10 @@
-"""The tool kinds a task can use, one module each, found by name in `registry`.
+"""The tool kinds a task can use.
+
+What a kind is: a `ToolSpec` (`spec`): its fields, checks, runner and result. The
+built-in kinds' specs are in `builtin`; `kinds` knows every kind by name, built in or
+from a plugin (the `flowtide.tools` entry point group), and is what the loader asks;
+`registry` keeps one runner per kind, made on first use (`get_tool`, `warm_tools`,
+`cancel_running`). Each built-in runner is a module of its own.
 
 `base` is what every tool gets (`ToolContext`: the execution and step, credentials,
 the render context, a timeout, where secrets it touched are noted). A tool turns a rendered task config into a JSON-ready result

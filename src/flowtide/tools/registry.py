@@ -1,35 +1,28 @@
-"""Tool kinds by name, imported on first use (duckdb and psycopg are slow to import)."""
+"""The runners of the tool kinds (`flowtide.tools.kinds`), one shared instance per kind
+per process, made on first use (duckdb and psycopg are slow to import)."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import threading
 from typing import Any
 
 from flowtide.errors import ToolError
-
-_KINDS = {
-    "python": ("flowtide.tools.python", "PythonTool"),
-    "http": ("flowtide.tools.http", "HttpTool"),
-    "postgres": ("flowtide.tools.postgres", "PostgresTool"),
-    "duckdb": ("flowtide.tools.duckdb", "DuckDBTool"),
-    "noop": ("flowtide.tools.noop", "NoopTool"),
-    "spark": ("flowtide.tools.spark", "SparkTool"),
-}
+from flowtide.tools import kinds
 
 _instances: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def warm_tools(kinds: set[str], **hints: Any) -> None:
-    """Import (and let prepare) the tools of `kinds` ahead of the first command.
+def warm_tools(wanted: set[str], **hints: Any) -> None:
+    """Import (and let prepare) the tools of the kinds `wanted` ahead of the first command.
 
     `hints` (the playbook's `executor`, the runtime's `data_dir`) reach the `warm` methods
     that name them as parameters.
     """
-    for kind in kinds:
-        if kind not in _KINDS:
+    for kind in wanted:
+        spec = kinds.find(kind)
+        if spec is None or spec.runner is None:
             continue
         try:
             tool = get_tool(kind)
@@ -67,16 +60,21 @@ def get_tool(kind: str) -> Any:
     with _lock:
         tool = _instances.get(kind)
         if tool is None:
-            if kind not in _KINDS:
-                raise ToolError(f"no tool of kind '{kind}'", kind="config_error")
-            module_name, class_name = _KINDS[kind]
+            spec = kinds.find(kind)
+            if spec is None:
+                raise ToolError(kinds.why_unknown(kind), kind="config_error")
             try:
-                module = importlib.import_module(module_name)
+                tool = spec.make_runner()
             except ImportError as exc:
+                remedy = (
+                    "install flowtide with the matching extra"
+                    if kind in kinds.BUILTIN
+                    else "install what its plugin needs"
+                )
                 raise ToolError(
-                    f"tool '{kind}' is not available: {exc}; install flowtide with the matching extra",
-                    kind="config_error",
+                    f"tool '{kind}' is not available: {exc}; {remedy}", kind="config_error"
                 ) from exc
-            tool = getattr(module, class_name)()
+            except LookupError as exc:
+                raise ToolError(str(exc), kind="config_error") from exc
             _instances[kind] = tool
     return tool

@@ -2,20 +2,21 @@
 
 It owns the list of `PlaybookError`s of one file, turns a node path into the
 file:line:column of that node (or of a line inside a multi-line string), checks the Jinja
-syntax of every template inside a value, and `_suggest` offers the closest known name
-("did you mean ...?") for a misspelt one.
+syntax of every template inside a value, and `_suggest` (`flowtide.tools.spec.did_you_mean`)
+offers the closest known name ("did you mean ...?") for a misspelt one.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
 from typing import Any
 
 from flowtide.errors import PlaybookError
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.source import Positions
 from flowtide.playbook.template import check_syntax, is_template
+from flowtide.tools.spec import did_you_mean as _suggest
+
+__all__ = ["_Checker", "_suggest"]
 
 
 class _Checker:
@@ -91,8 +92,3 @@ class _Checker:
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 self.templates(v, (*path, i), step, f"{field}[{i}]")
-
-
-def _suggest(name: str, candidates: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""

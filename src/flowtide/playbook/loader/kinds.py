@@ -1,164 +1,173 @@
-"""What each tool kind requires and checks: the fields a task of a kind must have
-(`_REQUIRED`), and the static checks of the kinds that have more to check: python (its
-inline code must compile) and spark (inputs, sink format and mode, no passwords).
+"""A task's fields, checked against its kind's `ToolSpec` (`flowtide.tools.kinds`: the
+built-in kinds and the plugins'): the fields it requires, the types and values of those
+its schema names, the fields a strict schema does not know, then the kind's own `check`,
+which reports through a `_TaskCheck` (errors with file:line:column, step and field, as
+every error of the loader).
 
-A new tool kind adds its required fields here, and a `_check_<kind>` when it has more.
+Nothing here knows a kind by name: a kind's checks are declared with its ToolSpec.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from typing import Any
 
-from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.pycode import python_problem
+from flowtide.playbook.loader.checker import _Checker
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.template import is_template
+from flowtide.tools.spec import COMMON_FIELDS, At, ToolSpec, did_you_mean
 
-_REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
-    "python": (("code", "script"), "'code' (inline Python) or 'script' (a file)"),
-    "http": (("url", "endpoint"), "'url'"),
-    "postgres": (("command", "query"), "'command' (SQL to run)"),
-    "duckdb": (("query", "command", "commands"), "'query' (SQL to run)"),
-    "playbook": (("path",), "'path' (catalog path of the sub-playbook)"),
-    "workbook": (("name",), "'name' of a workbook action"),
-    "noop": ((), ""),
-    "spark": (
-        ("sql", "code"),
-        "'sql' (Spark SQL over its inputs) or 'code' (def main(spark, ...))",
-    ),
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    list: "a list",
+    dict: "a mapping",
 }
-_SPARK_SINK_FORMATS = ("parquet", "csv", "json", "orc", "text", "jdbc")
-_SPARK_SOURCE_FORMATS = _SPARK_SINK_FORMATS
-_SPARK_SINK_MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _check_python(
-    c: _Checker, raw: dict[str, Any], spec: dict[str, Any], path: NodePath, step: str, label: str
+def _keys(at: At) -> tuple[str | int, ...]:
+    return (at,) if isinstance(at, str) else tuple(at)
+
+
+class _TaskCheck:
+    """One task as a kind's `check` sees it (`flowtide.tools.spec.TaskCheck`)."""
+
+    def __init__(
+        self,
+        c: _Checker,
+        kind: str,
+        raw: Mapping[str, Any],
+        config: Mapping[str, Any],
+        path: NodePath,
+        step: str,
+        label: str,
+    ) -> None:
+        self._c = c
+        self._path = path
+        self._label = label
+        self.kind = kind
+        self.step = step
+        self.raw = raw
+        self.config = config
+
+    def at(self, name: str) -> tuple[str, ...]:
+        spec = self.raw.get("spec")
+        if name not in self.raw and isinstance(spec, dict) and name in spec:
+            return ("spec", name)
+        return (name,)
+
+    def line_on_step(self, name: str) -> int | None:
+        """The line of field `name` of the step that holds this tool."""
+        return self._c.line((*self._path[:-1], name))
+
+    def _field(self, at: At, field: At | None) -> str:
+        """The field's name in a report: `field`, or `at` without `spec` (a field means
+        the same written flat or under `spec:`)."""
+        keys = _keys(at) if field is None else _keys(field)
+        if field is None and keys[:1] == ("spec",):
+            keys = keys[1:]
+        return ".".join([self._label, *map(str, keys)])
+
+    def error(
+        self,
+        at: At,
+        message: str,
+        *,
+        field: At | None = None,
+        expected: str | None = None,
+    ) -> None:
+        self._c.error(
+            (*self._path, *_keys(at)),
+            message,
+            step=self.step,
+            field=self._field(at, field),
+            expected=expected,
+        )
+
+    def error_inside(
+        self, at: At, line: int, column: int | None, message: str, *, field: At | None = None
+    ) -> None:
+        self._c.error_inside(
+            (*self._path, *_keys(at)),
+            line,
+            column,
+            message,
+            step=self.step,
+            field=self._field(at, field),
+        )
+
+
+def _check_required(
+    t: _TaskCheck, spec: ToolSpec, on_step: bool, step_raw: Mapping[str, Any]
 ) -> None:
-    """A python task's inline code must compile (it is compiled, never run, here)."""
-    script = raw.get("script", spec.get("script"))
-    where: list[tuple[Any, NodePath, str]] = [
-        (raw.get("code"), (*path, "code"), f"{label}.code"),
-        (spec.get("code"), (*path, "spec", "code"), f"{label}.spec.code"),
-    ]
-    if isinstance(script, dict):
-        base = (*path, "script") if "script" in raw else (*path, "spec", "script")
-        where.append((script.get("code"), (*base, "code"), f"{label}.script.code"))
-    for code, at, field in where:
-        # Code with Jinja in it is rendered before it runs: `{{ }}` may stand for any text,
-        # so what is written here is not the code that will be compiled.
-        if not isinstance(code, str) or is_template(code):
-            continue
-        problem = python_problem(code)
-        if problem is None:
-            continue
-        message = f"python syntax error: {problem.message}"
-        if problem.text:
-            message += f": {problem.text[:120]!r}"
-        c.error_inside(at, problem.line, problem.column, message, step=step, field=field)
+    """One of `spec.requires` must be set; a hint when it is written on the step instead
+    of under `tool` (`on_step`: the step's only tool)."""
+    names = spec.requires
+    if not names or any(t.config.get(n) not in (None, "") for n in names):
         return
+    misplaced = [n for n in names if n in step_raw]
+    hint = ""
+    if misplaced and on_step:
+        line = t.line_on_step(misplaced[0])
+        hint = f"; '{misplaced[0]}' is written on the step (line {line}), it belongs under 'tool'"
+    t.error((), f"{spec.kind} tool requires {spec.requirement()}{hint}", field=names[0])
 
 
-def _check_spark(
-    c: _Checker, config: dict[str, Any], path: NodePath, step: str, label: str
-) -> None:
-    """Static checks of a spark task (values that are templates are checked at run time)."""
-    if config.get("sql") not in (None, "") and config.get("code") not in (None, ""):
-        c.error(
-            (*path, "code"),
-            "spark tool takes 'sql' or 'code', not both",
-            step=step,
-            field=f"{label}.code",
-        )
-    inputs = config.get("inputs")
-    if inputs is not None and not isinstance(inputs, dict):
-        c.error(
-            (*path, "inputs"),
-            "spark 'inputs' must be a mapping of name -> input",
-            step=step,
-            field=f"{label}.inputs",
-            expected="{name: records | {{ step }} | {format, path|url, table, options}}",
-        )
-    for name, spec in (inputs or {}).items() if isinstance(inputs, dict) else ():
-        where = (*path, "inputs", name)
-        if not _IDENTIFIER.match(str(name)):
-            c.error(
-                where,
-                f"spark input name '{name}' must be an identifier: it becomes a SQL view",
-                step=step,
-                field=f"{label}.inputs.{name}",
-                expected="letters, digits and _",
+def _has_type(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # a bool is an int to isinstance, not to a schema
+        return bool in types
+    if isinstance(value, int) and float in types:  # an integer is a number
+        return True
+    return isinstance(value, types)
+
+
+def _check_fields(spec: ToolSpec, t: _TaskCheck) -> None:
+    """The fields `spec.fields` names have the declared types and values; a strict spec
+    knows every field."""
+    for name, value in t.config.items():
+        declared = spec.fields.get(name)
+        if declared is None:
+            if spec.strict and name not in COMMON_FIELDS:
+                t.error(
+                    t.at(name),
+                    f"{spec.kind} tool has no field '{name}'{did_you_mean(name, spec.fields)}",
+                    expected=" | ".join(spec.fields) or None,
+                )
+            continue
+        if value is None or is_template(value):
+            continue
+        if declared.types and not _has_type(value, declared.types):
+            wanted = " or ".join(_TYPE_NAMES.get(tp, tp.__name__) for tp in declared.types)
+            t.error(
+                t.at(name),
+                f"{spec.kind} '{name}' must be {wanted}, not {type(value).__name__}",
+                expected=declared.doc or None,
             )
-        if isinstance(spec, dict) and isinstance(spec.get("format"), str):
-            fmt = spec["format"].lower()
-            if fmt not in _SPARK_SOURCE_FORMATS and not is_template(fmt):
-                c.error(
-                    (*where, "format"),
-                    f"unsupported source format '{spec['format']}'"
-                    f"{_suggest(fmt, _SPARK_SOURCE_FORMATS)}",
-                    step=step,
-                    field=f"{label}.inputs.{name}.format",
-                    expected=" | ".join(_SPARK_SOURCE_FORMATS),
-                )
-            if isinstance(spec.get("options"), dict) and "password" in spec["options"]:
-                c.error(
-                    (*where, "options", "password"),
-                    "a password in the playbook: use 'auth' with a credential alias",
-                    step=step,
-                    field=f"{label}.inputs.{name}.options.password",
-                    expected="auth: <alias from `flowtide credential set`>",
-                )
-    sink = config.get("sink")
-    if sink is None:
+            continue
+        choices = declared.choices
+        if choices and str(value).lower() not in choices:
+            t.error(
+                t.at(name),
+                f"unsupported {name} '{value}'{did_you_mean(str(value).lower(), choices)}",
+                expected=" | ".join(choices),
+            )
+
+
+def _check_kind(t: _TaskCheck, spec: ToolSpec, on_step: bool, step_raw: Mapping[str, Any]) -> None:
+    """Every check `spec` declares, on the task `t` (`on_step`: the step's only tool,
+    whose fields `step_raw` holds)."""
+    _check_required(t, spec, on_step, step_raw)
+    if spec.fields or spec.strict:
+        _check_fields(spec, t)
+    if spec.check is None:
         return
-    if not isinstance(sink, dict):
-        c.error(
-            (*path, "sink"),
-            "spark 'sink' must be a mapping",
-            step=step,
-            field=f"{label}.sink",
-            expected="{format, path | table, mode, partition_by, options}",
-        )
-        return
-    fmt = str(sink.get("format") or "parquet").lower()
-    if fmt not in _SPARK_SINK_FORMATS and not is_template(fmt):
-        c.error(
-            (*path, "sink", "format"),
-            f"unsupported sink format '{sink.get('format')}'{_suggest(fmt, _SPARK_SINK_FORMATS)}",
-            step=step,
-            field=f"{label}.sink.format",
-            expected=" | ".join(_SPARK_SINK_FORMATS),
-        )
-    mode = sink.get("mode")
-    if isinstance(mode, str) and mode.lower() not in _SPARK_SINK_MODES and not is_template(mode):
-        c.error(
-            (*path, "sink", "mode"),
-            f"unsupported sink mode '{mode}'{_suggest(mode.lower(), _SPARK_SINK_MODES)}",
-            step=step,
-            field=f"{label}.sink.mode",
-            expected=" | ".join(_SPARK_SINK_MODES),
-        )
-    if fmt == "jdbc" and not sink.get("table"):
-        c.error(
-            (*path, "sink"),
-            "a jdbc sink needs 'table'",
-            step=step,
-            field=f"{label}.sink.table",
-        )
-    elif fmt in _SPARK_SINK_FORMATS and fmt != "jdbc" and not (sink.get("path") or sink.get("uri")):
-        c.error(
-            (*path, "sink"),
-            f"a {fmt} sink needs 'path'",
-            step=step,
-            field=f"{label}.sink.path",
-        )
-    if isinstance(sink.get("options"), dict) and "password" in sink["options"]:
-        c.error(
-            (*path, "sink", "options", "password"),
-            "a password in the playbook: use 'auth' with a credential alias",
-            step=step,
-            field=f"{label}.sink.options.password",
-            expected="auth: <alias from `flowtide credential set`>",
+    try:
+        spec.check(t)
+    except Exception as exc:  # noqa: BLE001 - a plugin's bug is one error, not a crash
+        t.error(
+            (),
+            f"the checks of kind '{spec.kind}' failed: {type(exc).__name__}: {exc}",
+            field="kind",
         )

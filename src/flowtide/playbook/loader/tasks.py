@@ -3,19 +3,21 @@ into a `Task` of the model.
 
 It owns what is structure and what is tool configuration in a tool mapping, the merge of
 flat fields with those under `spec` and of the step's `input` with the tool's, the task's
-name, and its policy; the per-kind checks are in `flowtide.playbook.loader.kinds`.
+name, and its policy. Which kinds exist is `flowtide.tools.kinds`'s to say (built-in and
+plugin kinds alike); each kind's fields are checked by `flowtide.playbook.loader.kinds`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.kinds import _REQUIRED, _check_python, _check_spark
+from flowtide.playbook.loader.checker import _Checker
+from flowtide.playbook.loader.kinds import _check_kind, _TaskCheck
 from flowtide.playbook.loader.policies import _legacy_retry, _parse_policy
-from flowtide.playbook.model import TOOL_KINDS, Task
+from flowtide.playbook.model import Task
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.sqllint import params_problem
+from flowtide.tools import kinds
 
 # Fields of a tool mapping that are structure, not tool configuration.
 _TOOL_STRUCTURE = ("kind", "name", "spec", "input", "set", "desc", "assert", "retry")
@@ -37,7 +39,7 @@ def _parse_task(
             f"'{label}' must be a mapping with 'kind'",
             step=step,
             field=label,
-            expected="{kind: " + "|".join(TOOL_KINDS) + ", ...}",
+            expected="{kind: " + "|".join(kinds.known_kinds()) + ", ...}",
         )
         return None
     kind = raw.get("kind")
@@ -47,17 +49,18 @@ def _parse_task(
             "tool has no 'kind'",
             step=step,
             field=f"{label}.kind",
-            expected=" | ".join(TOOL_KINDS),
+            expected=" | ".join(kinds.known_kinds()),
         )
         return None
     kind = str(kind)
-    if kind not in TOOL_KINDS:
+    tool = kinds.find(kind)
+    if tool is None:
         c.error(
             (*path, "kind"),
-            f"unknown tool kind '{kind}'{_suggest(kind, TOOL_KINDS)}",
+            kinds.why_unknown(kind),
             step=step,
             field=f"{label}.kind",
-            expected=" | ".join(TOOL_KINDS),
+            expected=" | ".join(kinds.known_kinds()),
         )
         return None
     spec = raw.get("spec") or {}
@@ -80,26 +83,7 @@ def _parse_task(
     if step_input is not None or tool_input is not None:
         merged_input = {**(step_input or {}), **(tool_input or {})}
 
-    names, expected = _REQUIRED[kind]
-    if names and not any(config.get(n) not in (None, "") for n in names):
-        misplaced = [n for n in names if n in step_raw]
-        hint = ""
-        if misplaced and index is None:
-            line = c.line((*path[:-1], misplaced[0]))
-            hint = (
-                f"; '{misplaced[0]}' is written on the step (line {line}), it belongs under 'tool'"
-            )
-        c.error(
-            path,
-            f"{kind} tool requires {expected}{hint}",
-            step=step,
-            field=f"{label}.{names[0]}",
-        )
-
-    if kind == "spark":
-        _check_spark(c, config, path, step, label)
-    if kind == "python":
-        _check_python(c, raw, spec, path, step, label)
+    _check_kind(_TaskCheck(c, kind, raw, config, path, step, label), tool, index is None, step_raw)
     if problem := params_problem(kind, config):
         c.error((*path, "params"), problem, step=step, field=f"{label}.params")
 

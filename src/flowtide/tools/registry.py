@@ -16,6 +16,8 @@ _KINDS = {
     "duckdb": ("flowtide.tools.duckdb", "DuckDBTool"),
     "noop": ("flowtide.tools.noop", "NoopTool"),
     "spark": ("flowtide.tools.spark", "SparkTool"),
+    "shell": ("flowtide.tools.shell", "ShellTool"),
+    "script": ("flowtide.tools.script", "ScriptTool"),
 }
 
 _instances: dict[str, Any] = {}

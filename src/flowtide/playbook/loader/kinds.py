@@ -1,6 +1,8 @@
 """What each tool kind requires and checks: the fields a task of a kind must have
 (`_REQUIRED`), and the static checks of the kinds that have more to check: python (its
-inline code must compile) and spark (inputs, sink format and mode, no passwords).
+inline code must compile), spark (inputs, sink format and mode, no passwords), and in
+`_CHECKS`: shell (commands that need no shell unless `shell: true`) and script (a
+`script` mapping with a `uri`).
 
 A new tool kind adds its required fields here, and a `_check_<kind>` when it has more.
 """
@@ -12,6 +14,7 @@ from typing import Any
 
 from flowtide.playbook.loader.checker import _Checker, _suggest
 from flowtide.playbook.pycode import python_problem
+from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.template import is_template
 
@@ -27,6 +30,8 @@ _REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
         ("sql", "code"),
         "'sql' (Spark SQL over its inputs) or 'code' (def main(spark, ...))",
     ),
+    "shell": (("cmds", "cmd", "command"), "'cmds' (a list of commands)"),
+    "script": (("script",), "'script' ({uri, source: {type: file}})"),
 }
 _SPARK_SINK_FORMATS = ("parquet", "csv", "json", "orc", "text", "jdbc")
 _SPARK_SOURCE_FORMATS = _SPARK_SINK_FORMATS
@@ -162,3 +167,84 @@ def _check_spark(
             field=f"{label}.sink.options.password",
             expected="auth: <alias from `flowtide credential set`>",
         )
+
+
+def _at(raw: dict[str, Any], path: NodePath, key: str) -> NodePath:
+    """The node of field `key`: flat on the tool, or under its `spec`."""
+    return (*path, key) if key in raw or "spec" not in raw else (*path, "spec", key)
+
+
+_FALSE_WORDS = ("false", "0", "no", "off", "")
+_TEMPLATE_PARTS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.DOTALL)
+
+
+def _check_shell(
+    c: _Checker, raw: dict[str, Any], config: dict[str, Any], path: NodePath, step: str, label: str
+) -> None:
+    """Commands are strings; without `shell: true`, their own text (templates aside: the
+    tool checks their values once rendered) needs no shell."""
+    key = next((k for k in ("cmds", "cmd", "command") if config.get(k) not in (None, "")), "")
+    commands = config.get(key)
+    items = commands if isinstance(commands, list) else [commands]
+    shell = config.get("shell")
+    if isinstance(shell, str):
+        argv_mode = not is_template(shell) and shell.strip().lower() in _FALSE_WORDS
+    else:
+        argv_mode = not shell
+    env = config.get("env")
+    if env is not None and not isinstance(env, dict) and not is_template(env):
+        c.error(
+            _at(raw, path, "env"),
+            "shell 'env' must be a mapping of variable names to values",
+            step=step,
+            field=f"{label}.env",
+        )
+    if not key:
+        return  # no command at all: `_REQUIRED` says so
+    for i, command in enumerate(items):
+        where = (*_at(raw, path, key), i) if isinstance(commands, list) else _at(raw, path, key)
+        field = f"{label}.{key}[{i}]" if isinstance(commands, list) else f"{label}.{key}"
+        if not isinstance(command, str | int | float) or isinstance(command, bool):
+            c.error(where, "a shell command must be a string", step=step, field=field)
+            continue
+        if not argv_mode or not isinstance(command, str):
+            continue
+        problem = shell_syntax(normalize_command(_TEMPLATE_PARTS.sub("x", command)))
+        if problem is not None:
+            c.error(
+                where,
+                f"shell command uses shell syntax, {problem}, outside quotes; flowtide runs"
+                " commands without a shell unless the task says `shell: true`",
+                step=step,
+                field=field,
+                expected="shell: true, or plain words (quote values with | shlex_quote)",
+            )
+
+
+def _check_script(
+    c: _Checker, raw: dict[str, Any], config: dict[str, Any], path: NodePath, step: str, label: str
+) -> None:
+    """`script` is a path or a mapping with a `uri` (or `path`); `args` a mapping."""
+    script = config.get("script")
+    if script is None or isinstance(script, str):
+        return  # none at all: `_REQUIRED` says so; a string is the file's path
+    if not isinstance(script, dict) or not (script.get("uri") or script.get("path")):
+        c.error(
+            _at(raw, path, "script"),
+            "script tool's 'script' must be a mapping with 'uri' (the script file)",
+            step=step,
+            field=f"{label}.script",
+            expected="script: {uri: scripts/run.py, source: {type: file}}",
+        )
+    args = config.get("args")
+    if args is not None and not isinstance(args, dict) and not is_template(args):
+        c.error(
+            _at(raw, path, "args"),
+            "script 'args' must be a mapping (the script gets it as JSON in argv[1])",
+            step=step,
+            field=f"{label}.args",
+        )
+
+
+#: The checks of the kinds whose fields need more than `_REQUIRED`, by kind.
+_CHECKS = {"shell": _check_shell, "script": _check_script}

@@ -20,6 +20,7 @@ TOOL_KINDS = (
     "playbook",
     "workbook",
     "noop",
+    "nats",
     "shell",
     "script",
 )

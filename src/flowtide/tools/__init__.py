@@ -5,5 +5,7 @@ the render context, a timeout, where secrets it touched are noted). A tool turns
 (`flowtide.jsonvalues`) or raises `ToolError`. The large ones keep their parts beside
 them: `python_code`, `python_namespace`, `python_output`, `python_run` (and python steps
 in child processes: `python_pool`, `python_child`); `postgres_sql`, `postgres_params`,
-`postgres_conn`.
+`postgres_conn`; `nats_conn` (credentials, the loop NATS calls run on, pooled
+connections). `shell` and `script` run programs through `process` (process group,
+timeout, capped output, the python steps' user).
 """

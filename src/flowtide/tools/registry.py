@@ -16,6 +16,7 @@ _KINDS = {
     "duckdb": ("flowtide.tools.duckdb", "DuckDBTool"),
     "noop": ("flowtide.tools.noop", "NoopTool"),
     "spark": ("flowtide.tools.spark", "SparkTool"),
+    "nats": ("flowtide.tools.nats", "NatsTool"),
     "shell": ("flowtide.tools.shell", "ShellTool"),
     "script": ("flowtide.tools.script", "ScriptTool"),
 }

@@ -1,8 +1,8 @@
 """What each tool kind requires and checks: the fields a task of a kind must have
 (`_REQUIRED`), and the static checks of the kinds that have more to check: python (its
 inline code must compile), spark (inputs, sink format and mode, no passwords), and in
-`_CHECKS`: shell (commands that need no shell unless `shell: true`) and script (a
-`script` mapping with a `uri`).
+`_CHECKS`: nats (a known operation and its fields), shell (commands that need no shell
+unless `shell: true`) and script (a `script` mapping with a `uri`).
 
 A new tool kind adds its required fields here, and a `_check_<kind>` when it has more.
 """
@@ -30,9 +30,31 @@ _REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
         ("sql", "code"),
         "'sql' (Spark SQL over its inputs) or 'code' (def main(spark, ...))",
     ),
+    "nats": (("operation",), "'operation' (kv_get, kv_put, kv_delete, kv_keys, publish, ...)"),
     "shell": (("cmds", "cmd", "command"), "'cmds' (a list of commands)"),
     "script": (("script",), "'script' ({uri, source: {type: file}})"),
 }
+#: The operations of `kind: nats` and the fields each needs: NoETL's (its
+#: `noetl/tools/nats/executor.py` OPERATIONS) and core NATS `publish` and `request`.
+NATS_OPERATIONS: dict[str, tuple[str, ...]] = {
+    "kv_get": ("bucket", "key"),
+    "kv_put": ("bucket", "key", "value"),
+    "kv_delete": ("bucket", "key"),
+    "kv_keys": ("bucket",),
+    "kv_purge": ("bucket", "key"),
+    "object_get": ("bucket", "name"),
+    "object_put": ("bucket", "name", "data"),
+    "object_delete": ("bucket", "name"),
+    "object_list": ("bucket",),
+    "object_info": ("bucket", "name"),
+    "js_publish": ("subject", "data"),
+    "js_get_msg": ("stream",),
+    "js_stream_info": ("stream",),
+    "publish": ("subject",),
+    "request": ("subject",),
+}
+#: Where a nats task may say which server to use.
+NATS_SERVER_FIELDS = ("auth", "credential", "nats_url")
 _SPARK_SINK_FORMATS = ("parquet", "csv", "json", "orc", "text", "jdbc")
 _SPARK_SOURCE_FORMATS = _SPARK_SINK_FORMATS
 _SPARK_SINK_MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
@@ -174,6 +196,41 @@ def _at(raw: dict[str, Any], path: NodePath, key: str) -> NodePath:
     return (*path, key) if key in raw or "spec" not in raw else (*path, "spec", key)
 
 
+def _check_nats(
+    c: _Checker, raw: dict[str, Any], config: dict[str, Any], path: NodePath, step: str, label: str
+) -> None:
+    """A known operation (unless a template chooses it), the fields it needs, a server."""
+    operation = config.get("operation")
+    if isinstance(operation, str) and not is_template(operation):
+        fields = NATS_OPERATIONS.get(operation)
+        if fields is None:
+            c.error(
+                _at(raw, path, "operation"),
+                f"unknown nats operation '{operation}'{_suggest(operation, NATS_OPERATIONS)}",
+                step=step,
+                field=f"{label}.operation",
+                expected=" | ".join(NATS_OPERATIONS),
+            )
+            return
+        for name in fields:
+            if config.get(name) is None or (name != "value" and config.get(name) == ""):
+                c.error(
+                    path,
+                    f"nats operation '{operation}' needs '{name}'",
+                    step=step,
+                    field=f"{label}.{name}",
+                )
+    if not any(config.get(name) not in (None, "") for name in NATS_SERVER_FIELDS):
+        c.error(
+            path,
+            "nats tool needs 'auth': a credential alias holding the server's url (and user"
+            " and password, or token)",
+            step=step,
+            field=f"{label}.auth",
+            expected="auth: <alias from `flowtide credential set`>",
+        )
+
+
 _FALSE_WORDS = ("false", "0", "no", "off", "")
 _TEMPLATE_PARTS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.DOTALL)
 
@@ -247,4 +304,4 @@ def _check_script(
 
 
 #: The checks of the kinds whose fields need more than `_REQUIRED`, by kind.
-_CHECKS = {"shell": _check_shell, "script": _check_script}
+_CHECKS = {"nats": _check_nats, "shell": _check_shell, "script": _check_script}

@@ -57,7 +57,7 @@ from flowtide.kv import (
     ValueTooLargeError,
 )
 from flowtide.playbook.loader.kinds import NATS_OPERATIONS
-from flowtide.tools.base import ToolContext, redact
+from flowtide.tools.base import ToolContext, positive_field, redact
 from flowtide.tools.nats_conn import Link, NatsTarget, run_on_loop, target_of
 from flowtide.urls import scrub_url
 
@@ -121,19 +121,6 @@ def _headers(config: Mapping[str, Any]) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in headers.items()}
 
 
-def _number(config: Mapping[str, Any], name: str, default: float | None) -> float | None:
-    raw = config.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise _invalid(f"`{name}`: expected a number, got {raw!r}") from None
-    if value <= 0:
-        raise _invalid(f"`{name}` must be positive")
-    return value
-
-
 def _when(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat()
 
@@ -168,7 +155,7 @@ async def _kv_put(link: Link, c: Mapping[str, Any]) -> dict[str, Any]:
     bucket, key = str(c["bucket"]), str(c["key"])
     data = encode(c.get("value"))
     history = c.get("history")
-    config = {"ttl": _number(c, "ttl", None), "history": int(history) if history else 1}
+    config = {"ttl": positive_field(c, "ttl"), "history": int(history) if history else 1}
     try:
         revision = await (await link.bucket(bucket, create=True, **config)).put(key, data)
     except BucketNotFoundError:
@@ -348,7 +335,7 @@ async def _publish(link: Link, c: Mapping[str, Any]) -> dict[str, Any]:
 async def _request(link: Link, c: Mapping[str, Any]) -> dict[str, Any]:
     nc = await link.client()
     payload = b"" if c.get("data") is None else encode(c["data"])
-    wait = _number(c, "timeout", DEFAULT_REQUEST_TIMEOUT) or DEFAULT_REQUEST_TIMEOUT
+    wait = positive_field(c, "timeout", default=DEFAULT_REQUEST_TIMEOUT) or DEFAULT_REQUEST_TIMEOUT
     msg = await nc.request(str(c["subject"]), payload, timeout=wait, headers=_headers(c))
     data, encoding = decode(msg.data)
     result = {
@@ -460,7 +447,7 @@ class NatsTool:
         timeout = ctx.timeout or DEFAULT_TIMEOUT
         if name == "request":
             # The reply's own wait, and the connect before it.
-            timeout = max(timeout, (_number(config, "timeout", None) or 0) + 10.0)
+            timeout = max(timeout, (positive_field(config, "timeout") or 0) + 10.0)
         try:
             return run_on_loop(
                 lambda link: operation(link, config),

@@ -1,7 +1,7 @@
 """Running one program for a tool (`shell`, `script`): an argument list, never a shell
 unless the caller put `/bin/sh -c` in it.
 
-What `run_process` guarantees:
+What `Launch.run` guarantees:
 
 * the program runs in a session and process group of its own, with no stdin, in the
   environment and directory it is given, as the user python steps run as (a worker
@@ -32,7 +32,7 @@ from typing import Any
 
 from flowtide.errors import ToolError
 
-__all__ = ["Finished", "run_process", "runner_user", "start_error", "stopped_error"]
+__all__ = ["Finished", "Launch", "runner_user", "start_error", "stopped_error"]
 
 #: Seconds between two looks at the clock and at `cancelled()` while a program runs.
 POLL = 0.1
@@ -80,31 +80,31 @@ def runner_user() -> Any:
     return resolve_user(get_tool("python").isolation.user)
 
 
-def run_process(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str],
-    cwd: Path | None,
-    timeout: float,
-    limit: int,
-    cancelled: Callable[[], bool] | None = None,
-    user: Any = None,
-    merge_stderr: bool = False,
-) -> Finished:
-    """Run `argv` to its end (or the timeout, or cancellation); see the module docstring.
+@dataclass(frozen=True)
+class Launch:
+    """How a task's programs run: as whom (a `python_pool` user; None: this process's),
+    in what environment (the whole of it) and folder (None: this process's), how many
+    bytes of stdout and of stderr are kept, what cancels them (asked while one runs)."""
 
-    Args:
-        argv: the program and its arguments.
-        env: its whole environment.
-        cwd: its working directory (None: this process's).
-        timeout: seconds it may run.
-        limit: bytes of stdout (and of stderr) kept.
-        cancelled: asked while it runs; True stops it.
-        user: a `python_pool` user to run it as (None: this process's user).
-        merge_stderr: stderr goes to stdout (one stream, in the order written).
-    Raises:
-        OSError: the program cannot be started (not found, not executable).
-    """
+    user: Any
+    env: Mapping[str, str]
+    cwd: Path | None
+    limit: int
+    cancelled: Callable[[], bool] | None = None
+
+    def run(self, argv: Sequence[str], timeout: float, *, merge_stderr: bool = False) -> Finished:
+        """Run `argv` to its end (or `timeout` seconds, or cancellation); see the module
+        docstring. `merge_stderr`: stderr goes to stdout (one stream, in order written).
+
+        Raises:
+            OSError: the program cannot be started (not found, not executable).
+        """
+        return _run(argv, self, timeout, merge_stderr)
+
+
+def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool) -> Finished:
+    """`Launch.run`."""
+    user, limit = launch.user, launch.limit
     extra: dict[str, Any] = {}
     if user is not None:
         extra = {"user": user.uid, "group": user.gid, "extra_groups": []}
@@ -114,15 +114,15 @@ def run_process(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        env=dict(env),
-        cwd=cwd,
+        env=dict(launch.env),
+        cwd=launch.cwd,
         start_new_session=True,
         **extra,
     )
     out, err = _Stream(limit), _Stream(limit)
     stopped: str | None = None
     try:
-        stopped = _pump(proc, out, err, started + timeout, cancelled)
+        stopped = _pump(proc, out, err, started + timeout, launch.cancelled)
     finally:
         # Whatever happened (a timeout, a cancel, this thread interrupted, the program
         # done with children left behind): nothing of the group outlives the call. The

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
-from flowtide.tools.base import ToolContext
-from flowtide.tools.process import run_process, runner_user, start_error, stopped_error
+from flowtide.tools.base import ToolContext, seconds
+from flowtide.tools.process import start_error, stopped_error
 from flowtide.tools.python import _resolve_script_path
-from flowtide.tools.shell import environment, last_line, output_limit, seconds, working_dir
+from flowtide.tools.shell import last_line, launch_of
 
 __all__ = ["DEFAULT_TIMEOUT", "ScriptTool"]
 
@@ -115,25 +115,15 @@ class ScriptTool:
         path = _script_path(config, ctx)
         args = _args(config)
         timeout = seconds({**config, **job}, ctx, "timeout", default=DEFAULT_TIMEOUT)
-        user = runner_user()
-        env = environment(job.get("env") or config.get("env"), user, "job.env")
-        cwd = working_dir(config, ctx)
+        assert timeout is not None
+        launch = launch_of(config, ctx, job.get("env") or config.get("env"), "job.env")
         name = str(config.get("name") or ctx.task or ctx.step or "script_job")
         job_name = f"script-{name.replace('_', '-')}-{ctx.execution_id}"[:63]
         argv = [sys.executable, str(path), args]
         try:
-            run = run_process(
-                argv,
-                env=env,
-                cwd=cwd,
-                timeout=timeout,
-                limit=output_limit(config),
-                cancelled=ctx.cancelled,
-                user=user,
-                merge_stderr=True,
-            )
+            run = launch.run(argv, timeout, merge_stderr=True)
         except OSError as exc:
-            raise start_error(exc, argv[0], f"script {path.name}", user) from None
+            raise start_error(exc, argv[0], f"script {path.name}", launch.user) from None
         ok = run.returncode == 0 and run.stopped is None
         result = {
             "status": "completed" if ok else "failed",

@@ -47,19 +47,16 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
-from flowtide.tools.base import ToolContext
-from flowtide.tools.process import Finished, run_process, runner_user, start_error, stopped_error
+from flowtide.tools.base import ToolContext, positive_field, seconds
+from flowtide.tools.process import Finished, Launch, runner_user, start_error, stopped_error
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",
     "DEFAULT_TIMEOUT",
     "ShellTool",
     "command_argv",
-    "environment",
     "last_line",
-    "output_limit",
-    "seconds",
-    "working_dir",
+    "launch_of",
 ]
 
 DEFAULT_TIMEOUT = 600.0
@@ -124,29 +121,10 @@ def command_argv(text: str, index: int, use_shell: bool) -> list[str]:
     return argv
 
 
-def seconds(config: Mapping[str, Any], ctx: ToolContext, *names: str, default: float) -> float:
-    """The smallest positive number of seconds among the fields `names` and the task's
-    `timeout`; `default` when none is set."""
-    values = []
-    for name in names:
-        raw = config.get(name)
-        if raw in (None, ""):
-            continue
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            raise _invalid(f"`{name}`: expected seconds, got {raw!r}") from None
-        if value > 0:
-            values.append(value)
-    if ctx.timeout:
-        values.append(ctx.timeout)
-    return min(values) if values else default
-
-
-def environment(extra: Any, user: Any, key: str = "env") -> dict[str, str]:
-    """A child's environment: what python steps get (`user`'s HOME), then the task's
-    `env` mapping `extra` (a None value is left out, a list or mapping is passed as its
-    JSON text, a bool as true/false)."""
+def _environment(extra: Any, user: Any, key: str) -> dict[str, str]:
+    """What python steps get (`user`'s HOME), then the task's `env` mapping `extra` (a
+    None value is left out, a list or mapping is passed as its JSON text, a bool as
+    true/false)."""
     from flowtide.tools.python_pool import child_environment
     from flowtide.tools.registry import get_tool
 
@@ -168,7 +146,7 @@ def environment(extra: Any, user: Any, key: str = "env") -> dict[str, str]:
     return env
 
 
-def working_dir(config: Mapping[str, Any], ctx: ToolContext) -> Path | None:
+def _working_dir(config: Mapping[str, Any], ctx: ToolContext) -> Path | None:
     """`cwd`, relative to the playbook's folder; None when unset."""
     raw = config.get("cwd")
     if raw in (None, ""):
@@ -181,17 +159,22 @@ def working_dir(config: Mapping[str, Any], ctx: ToolContext) -> Path | None:
     return path
 
 
-def output_limit(config: Mapping[str, Any]) -> int:
-    raw = config.get("max_output")
-    if raw in (None, ""):
-        return DEFAULT_OUTPUT_LIMIT
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise _invalid(f"`max_output`: expected a number of bytes, got {raw!r}") from None
-    if value <= 0:
-        raise _invalid("`max_output` must be positive")
-    return value
+def launch_of(config: Mapping[str, Any], ctx: ToolContext, env: Any, env_key: str) -> Launch:
+    """How the task's programs run: its `cwd`, `max_output` and the `env` mapping (named
+    `env_key` in messages), as the python steps' user.
+
+    Raises:
+        ToolError: config_error, a field that is not understood.
+    """
+    user = runner_user()
+    limit = positive_field(config, "max_output", what="a number of bytes")
+    return Launch(
+        user=user,
+        env=_environment(env, user, env_key),
+        cwd=_working_dir(config, ctx),
+        limit=int(limit or DEFAULT_OUTPUT_LIMIT),
+        cancelled=ctx.cancelled,
+    )
 
 
 def _preview(text: str) -> str:
@@ -238,25 +221,15 @@ class ShellTool:
         # Every command is checked before the first one runs.
         argvs = [command_argv(text, i, use_shell) for i, text in enumerate(texts)]
         timeout = seconds(config, ctx, "timeout_seconds", default=DEFAULT_TIMEOUT)
-        user = runner_user()
-        env = environment(config.get("env"), user)
-        cwd = working_dir(config, ctx)
-        limit = output_limit(config)
+        assert timeout is not None
+        launch = launch_of(config, ctx, config.get("env"), "env")
         started = time.monotonic()
         records: list[dict[str, Any]] = []
         for index, (text, argv) in enumerate(zip(texts, argvs, strict=True)):
             try:
-                run = run_process(
-                    argv,
-                    env=env,
-                    cwd=cwd,
-                    timeout=timeout,
-                    limit=limit,
-                    cancelled=ctx.cancelled,
-                    user=user,
-                )
+                run = launch.run(argv, timeout)
             except OSError as exc:
-                error = start_error(exc, argv[0], f"cmds[{index}]", user)
+                error = start_error(exc, argv[0], f"cmds[{index}]", launch.user)
                 records.append(
                     {**_record(text, _unstarted(int(error.code or 126))), "stderr": error.message}
                 )

@@ -196,6 +196,22 @@ def _at(raw: dict[str, Any], path: NodePath, key: str) -> NodePath:
     return (*path, key) if key in raw or "spec" not in raw else (*path, "spec", key)
 
 
+def _mapping_field(
+    c: _Checker,
+    raw: dict[str, Any],
+    config: dict[str, Any],
+    path: NodePath,
+    step: str,
+    label: str,
+    key: str,
+    message: str,
+) -> None:
+    """Field `key`, when given and not a template, must be a mapping."""
+    value = config.get(key)
+    if value is not None and not isinstance(value, dict) and not is_template(value):
+        c.error(_at(raw, path, key), message, step=step, field=f"{label}.{key}")
+
+
 def _check_nats(
     c: _Checker, raw: dict[str, Any], config: dict[str, Any], path: NodePath, step: str, label: str
 ) -> None:
@@ -248,14 +264,9 @@ def _check_shell(
         argv_mode = not is_template(shell) and shell.strip().lower() in _FALSE_WORDS
     else:
         argv_mode = not shell
-    env = config.get("env")
-    if env is not None and not isinstance(env, dict) and not is_template(env):
-        c.error(
-            _at(raw, path, "env"),
-            "shell 'env' must be a mapping of variable names to values",
-            step=step,
-            field=f"{label}.env",
-        )
+    _mapping_field(
+        c, raw, config, path, step, label, "env", "shell 'env' must be a mapping of names to values"
+    )
     if not key:
         return  # no command at all: `_REQUIRED` says so
     for i, command in enumerate(items):
@@ -293,14 +304,8 @@ def _check_script(
             field=f"{label}.script",
             expected="script: {uri: scripts/run.py, source: {type: file}}",
         )
-    args = config.get("args")
-    if args is not None and not isinstance(args, dict) and not is_template(args):
-        c.error(
-            _at(raw, path, "args"),
-            "script 'args' must be a mapping (the script gets it as JSON in argv[1])",
-            step=step,
-            field=f"{label}.args",
-        )
+    message = "script 'args' must be a mapping (the script gets it as JSON in argv[1])"
+    _mapping_field(c, raw, config, path, step, label, "args", message)
 
 
 #: The checks of the kinds whose fields need more than `_REQUIRED`, by kind.

@@ -12,6 +12,7 @@ import logging
 import secrets
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from kv.natsserver import NatsServer
 pytestmark = pytest.mark.nats
 
 PASSWORD = "alice-" + secrets.token_hex(8)
-TOKEN = "tok-" + secrets.token_hex(8)
+TOKEN = "tok@/:%-" + secrets.token_hex(8)  # characters a URL could not carry
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +84,10 @@ def bucket_name() -> str:
 
 class Peer:
     """A nats-py client on a thread of its own: records what it receives on `subject`,
-    and answers requests with `{"echo": <data>, "subject": ...}`."""
+    and (`answer`) answers requests with `{"echo": <data>, "subject": ...}`."""
 
-    def __init__(self, url: str, subject: str) -> None:
-        self.url, self.subject = url, subject
+    def __init__(self, url: str, subject: str, *, answer: bool = True) -> None:
+        self.url, self.subject, self.answer = url, subject, answer
         self.received: list[tuple[str, Any, dict[str, str] | None]] = []
         self.got = threading.Event()
         self._ready = threading.Event()
@@ -102,7 +103,7 @@ class Peer:
             data = json.loads(msg.data) if msg.data else None
             self.received.append((msg.subject, data, msg.headers))
             self.got.set()
-            if msg.reply:
+            if msg.reply and self.answer:
                 await msg.respond(json.dumps({"echo": data, "subject": msg.subject}).encode())
 
         await nc.subscribe(self.subject, cb=on_msg)
@@ -226,6 +227,26 @@ def test_request_gets_the_responders_reply(nats_ctx: Any, server: NatsServer) ->
 def test_a_request_nobody_answers(nats_ctx: Any) -> None:
     error = refused(nats_ctx(), operation="request", subject="svc.nobody", timeout=1)
     assert error.kind == "not_found" and error.code == "no_responders" and error.retryable
+
+
+def test_a_request_without_a_reply_times_out(nats_ctx: Any, server: NatsServer) -> None:
+    with Peer(server.url, "svc.silent", answer=False):
+        started = time.monotonic()
+        error = refused(nats_ctx(), operation="request", subject="svc.silent", timeout=0.5)
+    assert error.kind == "timeout" and error.retryable
+    assert time.monotonic() - started < 5
+
+
+def test_a_cancelled_execution_stops_a_waiting_request(nats_ctx: Any, server: NatsServer) -> None:
+    flag = threading.Event()
+    threading.Timer(0.3, flag.set).start()
+    with Peer(server.url, "svc.silent", answer=False):
+        started = time.monotonic()
+        error = refused(
+            nats_ctx(cancelled=flag.is_set), operation="request", subject="svc.silent", timeout=30
+        )
+    assert error.kind == "cancelled"
+    assert time.monotonic() - started < 5
 
 
 def test_object_store_round_trip(nats_ctx: Any) -> None:

@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote
 
 from flowtide.errors import ToolError
 from flowtide.natsauth import NatsAuth, connect_nats, url_has_credentials
@@ -66,8 +65,8 @@ _TASK_FIELDS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class NatsTarget:
-    """A server and the credentials to use on it. `url` may carry a token
-    (`nats://TOKEN@host`); `shown` is the URL without secrets."""
+    """A server and the credentials to use on it (a URL may carry its own); `shown` is
+    the URL without secrets."""
 
     url: str
     auth: NatsAuth
@@ -112,7 +111,7 @@ def target_of(config: Mapping[str, Any], ctx: ToolContext) -> NatsTarget:
 
     Raises:
         ToolError: kind `credential` (unknown alias) or `config_error` (no URL, client
-            certificates, half a user/password pair).
+            certificates).
     """
     body = _credential_body(config, ctx)
     fields = {name: _first(body, names) for name, names in _CREDENTIAL_FIELDS.items()}
@@ -120,7 +119,8 @@ def target_of(config: Mapping[str, Any], ctx: ToolContext) -> NatsTarget:
         if config.get(task_field) not in (None, ""):
             fields[name] = config[task_field]
     for name in ("password", "token"):
-        ctx.add_secret(fields[name])
+        if fields[name] is not None:
+            ctx.add_secret(str(fields[name]))
     if _first(body, ("tls_cert", "tls_key")) is not None:
         raise _invalid(
             "nats: client certificates (tls_cert, tls_key) are not supported; use a user and"
@@ -135,22 +135,25 @@ def target_of(config: Mapping[str, Any], ctx: ToolContext) -> NatsTarget:
             " or `nats_url` on the task"
         )
     servers = [part.strip() for part in url.split(",") if part.strip()]
-    servers = [part if "://" in part else f"nats://{part}" for part in servers]
-    url = ",".join(servers)
-    token = fields["token"]
-    if token is not None and not url_has_credentials(url):
-        secret = quote(str(token), safe="")
-        url = ",".join(part.replace("://", f"://{secret}@", 1) for part in servers)
+    url = ",".join(part if "://" in part else f"nats://{part}" for part in servers)
     if url_has_credentials(url):
         ctx.add_secret(url)
+        for part in url.split(","):
+            userinfo = part.partition("://")[2].rpartition("@")[0]
+            ctx.add_secret(userinfo.rpartition(":")[2])
     user, password = fields["user"], fields["password"]
-    if (user is None) != (password is None):
-        raise _invalid("nats: the credential has a user without a password, or the reverse")
+    if user is None or password is None:
+        user = password = None  # a user and a password, or neither (NoETL's rule)
+
+    def text(value: Any) -> str | None:
+        return None if value is None else str(value)
+
     auth = NatsAuth(
-        user=None if user is None else str(user),
-        password=None if password is None else str(password),
-        creds=None if fields["creds"] is None else str(fields["creds"]),
-        ca=None if fields["ca"] is None else str(fields["ca"]),
+        user=text(user),
+        password=text(password),
+        creds=text(fields["creds"]),
+        ca=text(fields["ca"]),
+        token=None if user is not None else text(fields["token"]),
     )
     return NatsTarget(url, auth, redact_url(url))
 

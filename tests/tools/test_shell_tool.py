@@ -175,6 +175,31 @@ def test_cancellation_kills_the_running_command() -> None:
     assert time.monotonic() - started < 5
 
 
+def test_cancel_running_kills_only_that_executions_commands() -> None:
+    from flowtide.tools.registry import cancel_running, get_tool
+
+    get_tool("shell")  # instantiated, as the runtime has it once a step used it
+    results: dict[str, Any] = {}
+
+    def run_for(execution_id: int) -> None:
+        try:
+            results[str(execution_id)] = ShellTool().run(
+                {"cmds": ["sleep 1.5"]}, ToolContext(execution_id=execution_id, step="s")
+            )
+        except ToolError as exc:
+            results[str(execution_id)] = exc
+
+    threads = [threading.Thread(target=run_for, args=(n,)) for n in (7, 8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.4)
+    cancel_running(7)
+    for thread in threads:
+        thread.join(10)
+    assert isinstance(results["7"], ToolError) and results["7"].kind == "cancelled"
+    assert results["8"]["status"] == "ok"
+
+
 # ---------------------------------------------------------------------------------------
 # Environment, working directory, output caps, user
 # ---------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ What `Launch.run` guarantees:
   `flowtide.tools.python_pool`);
 * its stdout and stderr are read as they come, at most `limit` bytes of each kept (the
   rest counted), so a chatty program neither fills memory nor blocks on a full pipe;
-* on the timeout, on cancellation (`cancelled()` asked every `POLL` seconds) or when the
-  caller's thread is interrupted, the whole process group is killed (SIGKILL), what it
-  started included;
+* on the timeout, on cancellation (`cancelled()` asked every `POLL` seconds, or
+  `kill_running(execution_id)`, which the tools' `cancel` call), when the caller's
+  thread is interrupted or this process exits, the whole process group is killed
+  (SIGKILL), what it started included;
 * once the program has exited (and its pipes closed, or `EXIT_GRACE` passed: a
   background job it left may hold them open), whatever it left running in its group is
   killed too, before the program is reaped, so the group id cannot have been reused by
@@ -20,10 +21,12 @@ What `Launch.run` guarantees:
 
 from __future__ import annotations
 
+import atexit
 import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,13 +35,53 @@ from typing import Any
 
 from flowtide.errors import ToolError
 
-__all__ = ["Finished", "Launch", "runner_user", "start_error", "stopped_error"]
+__all__ = [
+    "Finished",
+    "Launch",
+    "RunsPrograms",
+    "kill_running",
+    "runner_user",
+    "start_error",
+    "stopped_error",
+]
 
 #: Seconds between two looks at the clock and at `cancelled()` while a program runs.
 POLL = 0.1
 #: How long the pipes may stay open after the program exited (its leftovers write).
 EXIT_GRACE = 0.5
 _CHUNK = 65536
+
+
+# The programs running now: pid (also its process group) -> the execution it runs for.
+# A pid is taken out under the lock before the program is reaped, and killed only under
+# it, so a pid reused by another process is never killed.
+_running: dict[int, int | None] = {}
+_killed: set[int] = set()
+_running_lock = threading.Lock()
+
+
+def kill_running(execution_id: int | None = None) -> int:
+    """Kill the programs (process groups) running for `execution_id`, every one when
+    None (at exit too); their calls end with kind `cancelled`. How many."""
+    with _running_lock:
+        pids = [pid for pid, owner in _running.items() if execution_id in (None, owner)]
+        for pid in pids:
+            _killed.add(pid)
+            _kill_group(pid)
+    return len(pids)
+
+
+atexit.register(kill_running)
+
+
+class RunsPrograms:
+    """What the tools that run programs (`shell`, `script`) share: `cancel`, which
+    `flowtide.tools.registry.cancel_running` calls when an execution is cancelled."""
+
+    def cancel(self, execution_id: int | None = None) -> int:
+        """Kill the programs running for `execution_id` (every one when None) now; how
+        many."""
+        return kill_running(execution_id)
 
 
 @dataclass
@@ -84,13 +127,16 @@ def runner_user() -> Any:
 class Launch:
     """How a task's programs run: as whom (a `python_pool` user; None: this process's),
     in what environment (the whole of it) and folder (None: this process's), how many
-    bytes of stdout and of stderr are kept, what cancels them (asked while one runs)."""
+    bytes of stdout and of stderr are kept, what cancels them (asked while one runs),
+    for which execution."""
 
     user: Any
     env: Mapping[str, str]
     cwd: Path | None
     limit: int
     cancelled: Callable[[], bool] | None = None
+    #: The execution the programs run for (`kill_running`).
+    owner: int | None = None
 
     def run(self, argv: Sequence[str], timeout: float, *, merge_stderr: bool = False) -> Finished:
         """Run `argv` to its end (or `timeout` seconds, or cancellation); see the module
@@ -119,6 +165,8 @@ def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool
         start_new_session=True,
         **extra,
     )
+    with _running_lock:
+        _running[proc.pid] = launch.owner
     out, err = _Stream(limit), _Stream(limit)
     stopped: str | None = None
     try:
@@ -127,6 +175,11 @@ def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool
         # Whatever happened (a timeout, a cancel, this thread interrupted, the program
         # done with children left behind): nothing of the group outlives the call. The
         # program is not reaped yet, so its group id is still its own.
+        with _running_lock:
+            del _running[proc.pid]
+            if proc.pid in _killed:
+                _killed.discard(proc.pid)
+                stopped = "cancelled"
         _kill_group(proc.pid)
         returncode = proc.wait()
         for pipe in (proc.stdout, proc.stderr):

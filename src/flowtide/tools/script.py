@@ -40,7 +40,7 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, seconds
-from flowtide.tools.process import start_error, stopped_error
+from flowtide.tools.process import RunsPrograms, start_error, stopped_error
 from flowtide.tools.python import _resolve_script_path
 from flowtide.tools.shell import last_line, launch_of
 
@@ -103,7 +103,7 @@ def _args(config: Mapping[str, Any]) -> str:
         raise _invalid(f"script `args` are not JSON: {exc}") from None
 
 
-class ScriptTool:
+class ScriptTool(RunsPrograms):
     """Run a script file as a local process (tool kind `script`); see the module
     docstring."""
 

@@ -48,7 +48,14 @@ from typing import Any
 from flowtide.errors import ToolError
 from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
 from flowtide.tools.base import ToolContext, positive_field, seconds
-from flowtide.tools.process import Finished, Launch, runner_user, start_error, stopped_error
+from flowtide.tools.process import (
+    Finished,
+    Launch,
+    RunsPrograms,
+    runner_user,
+    start_error,
+    stopped_error,
+)
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",
@@ -174,6 +181,7 @@ def launch_of(config: Mapping[str, Any], ctx: ToolContext, env: Any, env_key: st
         cwd=_working_dir(config, ctx),
         limit=int(limit or DEFAULT_OUTPUT_LIMIT),
         cancelled=ctx.cancelled,
+        owner=ctx.execution_id,
     )
 
 
@@ -209,7 +217,7 @@ def _result(status: str, records: list[dict[str, Any]], started: float) -> dict[
     }
 
 
-class ShellTool:
+class ShellTool(RunsPrograms):
     """Run commands without a shell unless asked (tool kind `shell`); see the module
     docstring."""
 

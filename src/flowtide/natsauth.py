@@ -169,6 +169,9 @@ class NatsAuth:
     creds: str | None = None
     #: Path of the PEM file of the CA(s) that sign the NATS servers' certificates.
     ca: str | None = None
+    #: A token (`authorization { token }` of nats-server), instead of a user; only
+    #: given by a `kind: nats` step's credential, never read from the environment.
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(
@@ -185,7 +188,7 @@ class NatsAuth:
         )
 
     def __bool__(self) -> bool:
-        return bool(self.user or self.password or self.creds)
+        return bool(self.user or self.password or self.creds or self.token)
 
     def env(self) -> dict[str, str]:
         """The variables that hand these credentials to a child process."""
@@ -202,7 +205,7 @@ class NatsAuth:
 
     def secrets(self) -> list[str]:
         """Values no message may show."""
-        return [self.password] if self.password else []
+        return [secret for secret in (self.password, self.token) if secret]
 
     def scrub(self, text: str, url: str) -> str:
         """`text` without the secrets of `url` and of these credentials."""
@@ -257,6 +260,8 @@ class NatsAuth:
             out["user_credentials"] = self.creds
         elif self.user and self.password:
             out.update(user=self.user, password=self.password)
+        elif self.token:
+            out["token"] = self.token
         return out
 
 

@@ -442,3 +442,63 @@ def test_pft_flow_with_the_default_demo_password(demo_home: Path, paginated_api:
     assert doc["result"]["rows"] == [{"status": "completed", "check_status": "passed"}]
     batches = doc["steps"]["process_pft_action_batches"]["result"]
     assert batches["stats"]["failed"] == 0
+
+
+@pytest.fixture(scope="module")
+def nats_for_tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A nats-server (JetStream) the playbooks' `kind: nats` steps talk to, apart from
+    the one the runtime may use for its own loop state."""
+    from kv.natsserver import NatsServer
+
+    with NatsServer.start(tmp_path_factory.mktemp("nats-tools")) as server:
+        yield server.url
+
+
+@pytest.mark.nats
+def test_nats_kv(home: Path, nats_for_tools: str) -> None:
+    body = json.dumps({"url": nats_for_tools})
+    proc = flowtide(
+        "credential", "set", "nats_credential", "--json", body, "--kind", "nats", home=home
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = run_json(PLAYBOOKS / "test_nats_kv.yaml", home)
+    assert doc["status"] == "completed", doc["error"]
+    steps = doc["steps"]
+    put = steps["kv_put"]["result"]
+    assert put["status"] == "success" and put["revision"] >= 1
+    assert (put["bucket"], put["key"]) == ("sessions", "test_session_123")
+    got = steps["kv_get"]["result"]
+    assert got["status"] == "success" and got["revision"] == put["revision"]
+    assert got["value"] == {
+        "session_token": "test_session_123",
+        "user_id": 1,
+        "email": "test@example.com",
+        "display_name": "Test User",
+        "expires_at": "2026-01-31T23:59:59Z",
+        "is_active": True,
+    }
+    assert steps["kv_delete"]["result"] == {
+        "status": "success",
+        "bucket": "sessions",
+        "key": "test_session_123",
+    }
+    assert steps["end"]["result"]["status"] == "complete"
+
+    # The key is really gone from the server's bucket.
+    async def read_back() -> bytes | None:
+        import nats
+        from nats.js.errors import KeyNotFoundError
+
+        nc = await nats.connect(nats_for_tools)
+        try:
+            kv = await nc.jetstream().key_value("sessions")
+            try:
+                return (await kv.get("test_session_123")).value
+            except KeyNotFoundError:
+                return None
+        finally:
+            await nc.close()
+
+    import asyncio
+
+    assert asyncio.run(read_back()) is None

@@ -25,7 +25,19 @@ from flowtide.tools import kinds, registry
 from flowtide.tools.base import ToolContext
 from flowtide.tools.builtin import SPECS
 
-BUILTIN = ("python", "http", "postgres", "duckdb", "spark", "playbook", "workbook", "noop")
+BUILTIN = (
+    "python",
+    "http",
+    "postgres",
+    "duckdb",
+    "spark",
+    "playbook",
+    "workbook",
+    "noop",
+    "nats",
+    "shell",
+    "script",
+)
 
 ECHO = """
 from flowtide.tools.spec import FieldSpec, ToolSpec
@@ -314,6 +326,9 @@ workflow:
       - {kind: playbook, path: other}
       - {kind: workbook, name: act}
       - {kind: noop}
+      - {kind: nats, operation: kv_get, bucket: b, key: k, auth: nats}
+      - {kind: shell, cmds: ["echo hi"]}
+      - {kind: script, script: {uri: run.py, source: {type: file}}}
 """
 
 
@@ -324,7 +339,8 @@ def test_the_cli_imports_no_runner(tmp_path: Path, args: list[str]) -> None:
         "import atexit, sys\n"
         "heavy = ('duckdb', 'psycopg', 'pyspark', 'httpx', 'flowtide.tools.python', "
         "'flowtide.tools.http', 'flowtide.tools.postgres', 'flowtide.tools.duckdb', "
-        "'flowtide.tools.spark', 'flowtide.tools.noop', 'flowtide.tools.registry')\n"
+        "'flowtide.tools.spark', 'flowtide.tools.noop', 'flowtide.tools.registry', "
+        "'nats', 'flowtide.tools.nats', 'flowtide.tools.shell', 'flowtide.tools.script')\n"
         "atexit.register(lambda: print('loaded:', *[m for m in heavy if m in sys.modules]))\n"
         f"sys.argv = ['flowtide', *{args!r}]\n"
         "from flowtide.cli import main\n"

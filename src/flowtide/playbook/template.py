@@ -19,6 +19,7 @@ import datetime
 import fnmatch
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,11 +58,28 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat()
 
 
+def shlex_quote(value: Any) -> str:
+    """`shlex_quote`: `value` as exactly one word of a command line (a `kind: shell`
+    command, or any text a shell reads): `'...'` quoting as Python's `shlex.quote`. A
+    string is quoted as it is, a list or mapping as its JSON text, None as the empty
+    word `''`, anything else as its text."""
+    if value is None:
+        text = ""
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, dict | list | tuple):
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    else:
+        text = str(value)
+    return shlex.quote(text)
+
+
 def _make_env() -> SizedSandbox:
     env = SizedSandbox(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
     env.add_filter("tojson", tojson, guarded=False)
     env.add_filter("to_json", tojson, guarded=False)
     env.add_filter("from_json", json.loads)
+    env.add_filter("shlex_quote", shlex_quote)
     env.globals["now"] = _now
     return env
 

@@ -8,7 +8,7 @@ async (`async def run`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,3 +105,59 @@ def redact(text: str, secrets: set[str]) -> str:
     as a whole word (`flowtide.redaction`): `demo` never turns `demographics` into
     `***graphics` in a message a policy reads. Results are never masked."""
     return mask_text(text, secrets) if secrets else text
+
+
+def _config_error(message: str) -> ToolError:
+    return ToolError(message, kind="config_error")
+
+
+def number_field(
+    config: Mapping[str, Any],
+    name: str,
+    *,
+    what: str = "a number",
+    invalid: Callable[[str], ToolError] = _config_error,
+) -> float | None:
+    """Field `name` of a task as a number; None when it is unset or empty.
+
+    Raises:
+        ToolError: `invalid(message)` (a config_error by default): not a number.
+    """
+    raw = config.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise invalid(f"`{name}`: expected {what}, got {raw!r}") from None
+
+
+def positive_field(
+    config: Mapping[str, Any], name: str, *, what: str = "a number", default: float | None = None
+) -> float | None:
+    """Field `name` as a positive number; `default` when it is unset.
+
+    Raises:
+        ToolError: config_error, not a number or not positive.
+    """
+    value = number_field(config, name, what=what)
+    if value is None:
+        return default
+    if value <= 0:
+        raise _config_error(f"`{name}` must be positive, got {config.get(name)!r}")
+    return value
+
+
+def seconds(
+    config: Mapping[str, Any],
+    ctx: ToolContext,
+    *names: str,
+    default: float | None,
+    invalid: Callable[[str], ToolError] = _config_error,
+) -> float | None:
+    """The smallest positive number of seconds among the fields `names` and the task's
+    `timeout` (`ctx.timeout`); `default` when none is set (zero or less: not set)."""
+    values = [number_field(config, name, what="seconds", invalid=invalid) for name in names]
+    values.append(ctx.timeout)
+    positive = [value for value in values if value is not None and value > 0]
+    return min(positive) if positive else default

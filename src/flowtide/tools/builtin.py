@@ -14,6 +14,10 @@ check=_check_<kind>)`; a `_check_<kind>(c, config, path, step, label)` reports w
 `t.error(keys, message, expected=...)` where it called `c.error((*path, *keys), message,
 step=step, field=f"{label}.<keys>", expected=...)` (and `field=` when the field it names
 is not the one at the position).
+
+A table that both a check and the kind's runner read (the nats operations and the fields
+each needs) is declared here, beside the check, and imported by the runner: this module
+imports nothing heavy, and the loader cannot import a runner.
 """
 
 from __future__ import annotations
@@ -29,6 +33,31 @@ _SPARK_SINK_MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NO_PASSWORD = "a password in the playbook: use 'auth' with a credential alias"
 _AUTH = "auth: <alias from `flowtide credential set`>"
+
+#: The operations of `kind: nats` and the fields each needs: NoETL's (its
+#: `noetl/tools/nats/executor.py` OPERATIONS) and core NATS `publish` and `request`.
+#: `flowtide.tools.nats` runs them.
+NATS_OPERATIONS: dict[str, tuple[str, ...]] = {
+    "kv_get": ("bucket", "key"),
+    "kv_put": ("bucket", "key", "value"),
+    "kv_delete": ("bucket", "key"),
+    "kv_keys": ("bucket",),
+    "kv_purge": ("bucket", "key"),
+    "object_get": ("bucket", "name"),
+    "object_put": ("bucket", "name", "data"),
+    "object_delete": ("bucket", "name"),
+    "object_list": ("bucket",),
+    "object_info": ("bucket", "name"),
+    "js_publish": ("subject", "data"),
+    "js_get_msg": ("stream",),
+    "js_stream_info": ("stream",),
+    "publish": ("subject",),
+    "request": ("subject",),
+}
+#: Where a nats task may say which server to use.
+NATS_SERVER_FIELDS = ("auth", "credential", "nats_url")
+_FALSE_WORDS = ("false", "0", "no", "off", "")
+_TEMPLATE_PARTS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.DOTALL)
 
 
 def _is_template(value: Any) -> bool:
@@ -131,6 +160,88 @@ def _check_spark(t: TaskCheck) -> None:
         t.error(("sink", "options", "password"), _NO_PASSWORD, expected=_AUTH)
 
 
+def _mapping_field(t: TaskCheck, key: str, message: str) -> None:
+    """Field `key`, when given and not a template, must be a mapping."""
+    value = t.config.get(key)
+    if value is not None and not isinstance(value, dict) and not _is_template(value):
+        t.error(t.at(key), message)
+
+
+def _check_nats(t: TaskCheck) -> None:
+    """A known operation (unless a template chooses it), the fields it needs, a server."""
+    config = t.config
+    operation = config.get("operation")
+    if isinstance(operation, str) and not _is_template(operation):
+        fields = NATS_OPERATIONS.get(operation)
+        if fields is None:
+            t.error(
+                t.at("operation"),
+                f"unknown nats operation '{operation}'{did_you_mean(operation, NATS_OPERATIONS)}",
+                expected=" | ".join(NATS_OPERATIONS),
+            )
+            return
+        for name in fields:
+            if config.get(name) is None or (name != "value" and config.get(name) == ""):
+                t.error((), f"nats operation '{operation}' needs '{name}'", field=name)
+    if not any(config.get(name) not in (None, "") for name in NATS_SERVER_FIELDS):
+        t.error(
+            (),
+            "nats tool needs 'auth': a credential alias holding the server's url (and user"
+            " and password, or token)",
+            field="auth",
+            expected=_AUTH,
+        )
+
+
+def _check_shell(t: TaskCheck) -> None:
+    """Commands are strings; without `shell: true`, their own text (templates aside: the
+    tool checks their values once rendered) needs no shell."""
+    from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
+
+    config = t.config
+    key = next((k for k in ("cmds", "cmd", "command") if config.get(k) not in (None, "")), "")
+    commands = config.get(key)
+    items = commands if isinstance(commands, list) else [commands]
+    shell = config.get("shell")
+    if isinstance(shell, str):
+        argv_mode = not _is_template(shell) and shell.strip().lower() in _FALSE_WORDS
+    else:
+        argv_mode = not shell
+    _mapping_field(t, "env", "shell 'env' must be a mapping of names to values")
+    if not key:
+        return  # no command at all: `requires` says so
+    for i, command in enumerate(items):
+        where: tuple[str | int, ...] = (*t.at(key), i) if isinstance(commands, list) else t.at(key)
+        if not isinstance(command, str | int | float) or isinstance(command, bool):
+            t.error(where, "a shell command must be a string")
+            continue
+        if not argv_mode or not isinstance(command, str):
+            continue
+        problem = shell_syntax(normalize_command(_TEMPLATE_PARTS.sub("x", command)))
+        if problem is not None:
+            t.error(
+                where,
+                f"shell command uses shell syntax, {problem}, outside quotes; flowtide runs"
+                " commands without a shell unless the task says `shell: true`",
+                expected="shell: true, or plain words (quote values with | shlex_quote)",
+            )
+
+
+def _check_script(t: TaskCheck) -> None:
+    """`script` is a path or a mapping with a `uri` (or `path`); `args` a mapping."""
+    script = t.config.get("script")
+    if script is None or isinstance(script, str):
+        return  # none at all: `requires` says so; a string is the file's path
+    if not isinstance(script, dict) or not (script.get("uri") or script.get("path")):
+        t.error(
+            t.at("script"),
+            "script tool's 'script' must be a mapping with 'uri' (the script file)",
+            expected="script: {uri: scripts/run.py, source: {type: file}}",
+        )
+    message = "script 'args' must be a mapping (the script gets it as JSON in argv[1])"
+    _mapping_field(t, "args", message)
+
+
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "python",
@@ -195,5 +306,32 @@ SPECS: tuple[ToolSpec, ...] = (
         "flowtide.tools.noop:NoopTool",
         result="its `result:` field (or null)",
         doc="does nothing",
+    ),
+    ToolSpec(
+        "nats",
+        "flowtide.tools.nats:NatsTool",
+        requires=("operation",),
+        requires_text="'operation' (kv_get, kv_put, kv_delete, kv_keys, publish, ...)",
+        check=_check_nats,
+        result="{status, ...} the operation's fields (kv_get: bucket, key, value, revision)",
+        doc="NATS KV, object store, JetStream and core publish/request",
+    ),
+    ToolSpec(
+        "shell",
+        "flowtide.tools.shell:ShellTool",
+        requires=("cmds", "cmd", "command"),
+        requires_text="'cmds' (a list of commands)",
+        check=_check_shell,
+        result="{status, data: {returncode, stdout, stderr, duration_ms, commands}, text}",
+        doc="commands run one after the other, without a shell unless `shell: true`",
+    ),
+    ToolSpec(
+        "script",
+        "flowtide.tools.script:ScriptTool",
+        requires=("script",),
+        requires_text="'script' ({uri, source: {type: file}})",
+        check=_check_script,
+        result="{status, exit_code, output, execution_time, ...} (NoETL's script job)",
+        doc="a Python script file run as a local process, its `args` as JSON in argv[1]",
     ),
 )

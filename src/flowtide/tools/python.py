@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
-from flowtide.tools.base import ToolContext
+from flowtide.tools.base import ToolContext, seconds
 from flowtide.tools.python_code import (
     _CODE_FILENAME,
     _compiled,
@@ -163,17 +163,7 @@ def _load_source(config: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]
 
 
 def _effective_timeout(config: Mapping[str, Any], ctx: ToolContext) -> float | None:
-    values: list[float] = []
-    for raw, label in ((config.get("timeout"), "timeout"), (ctx.timeout, "ctx.timeout")):
-        if raw is None or raw == "":
-            continue
-        try:
-            seconds = float(raw)
-        except (TypeError, ValueError):
-            raise _invalid(f"{label}: expected seconds, got {raw!r}") from None
-        if seconds > 0:
-            values.append(seconds)
-    return min(values) if values else None
+    return seconds(config, ctx, "timeout", default=None, invalid=_invalid)
 
 
 class PythonTool:

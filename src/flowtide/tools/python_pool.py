@@ -51,7 +51,7 @@ from typing import Any
 from flowtide.errors import ToolError
 from flowtide.tools.python_child import frame_body, read_frame, write_frame
 
-__all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation"]
+__all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation", "child_environment", "resolve_user"]
 
 log = logging.getLogger("flowtide.python")
 
@@ -223,7 +223,7 @@ class ChildPool:
         self._busy: set[_Child] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._user = _resolve_user(settings.user)
+        self._user = resolve_user(settings.user)
         _pools.add(self)
 
     # -- who the children are -------------------------------------------------------------
@@ -503,12 +503,20 @@ class ChildPool:
         )
 
     def _environment(self, user: _User | None) -> dict[str, str]:
-        from flowtide.playbook.template import visible_env
+        return child_environment(user, embedded=self.settings.embedded)
 
-        env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT or k.startswith("LC_")}
-        env.update(visible_env(os.environ, embedded=self.settings.embedded))
-        env["HOME"] = user.home if user is not None else os.environ.get("HOME", "/")
-        return env
+
+def child_environment(user: _User | None, *, embedded: bool) -> dict[str, str]:
+    """The environment of a process that runs a step's code (a python child, a shell
+    command): PATH, LANG, LC_*, TZ, TMPDIR, HOME (of `user` when given) and the variables
+    templates may see (`FLOWTIDE_TEMPLATE_ENV`; never `FLOWTIDE_*`), not this process's
+    whole environment."""
+    from flowtide.playbook.template import visible_env
+
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT or k.startswith("LC_")}
+    env.update(visible_env(os.environ, embedded=embedded))
+    env["HOME"] = user.home if user is not None else os.environ.get("HOME", "/")
+    return env
 
 
 def _cancelled_error() -> ToolError:
@@ -517,7 +525,7 @@ def _cancelled_error() -> ToolError:
     )
 
 
-def _resolve_user(name: str | None) -> _User | None:
+def resolve_user(name: str | None) -> _User | None:
     """Whom children run as: None (this process's user) unless this process is root."""
     if os.geteuid() != 0:
         return None

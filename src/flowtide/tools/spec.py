@@ -76,7 +76,8 @@ class TaskCheck(Protocol):
         """Report `message` at the position of `at` (relative to the tool mapping; the
         nearest written parent when `at` is not written). The report names the field
         `at` without a leading `spec`, or `field` when given (a missing `sink.table`
-        reported at `sink`)."""
+        reported at `sink`); an integer in it is a list position (`("cmds", 1)`:
+        `cmds[1]`)."""
         ...
 
     def error_inside(

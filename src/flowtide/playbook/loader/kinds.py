@@ -64,11 +64,12 @@ class _TaskCheck:
 
     def _field(self, at: At, field: At | None) -> str:
         """The field's name in a report: `field`, or `at` without `spec` (a field means
-        the same written flat or under `spec:`)."""
+        the same written flat or under `spec:`); a list position is `[i]`
+        (`tool.cmds[1]`), as the rest of the loader writes it."""
         keys = _keys(at) if field is None else _keys(field)
         if field is None and keys[:1] == ("spec",):
             keys = keys[1:]
-        return ".".join([self._label, *map(str, keys)])
+        return self._label + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys)
 
     def error(
         self,

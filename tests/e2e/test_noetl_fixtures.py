@@ -316,6 +316,27 @@ def test_http_to_postgres_iterator(pg_home: Path, pg_server: Any, posts_api: str
     }
 
 
+@pytest.mark.postgres
+def test_http_to_postgres_transfer(pg_home: Path, pg_server: Any, posts_api: str) -> None:
+    doc = run_json(
+        PLAYBOOKS / "data_transfer/http_to_postgres_transfer/http_to_postgres_transfer.yaml",
+        pg_home,
+        "--set",
+        f"api_url={posts_api}/posts",
+    )
+    assert doc["status"] == "completed", doc["error"]
+    transfer = doc["steps"]["transfer_http_to_pg"]["result"]
+    assert transfer["direction"] == "http_to_postgres"
+    assert transfer["rows_transferred"] == 100 and transfer["chunks_processed"] == 1
+    assert doc["steps"]["show_count"]["result"]["rows"] == [{"records": 100}]
+    rows = pg_rows(
+        pg_server,
+        "SELECT count(DISTINCT user_id), min(post_id), max(post_id) "
+        "FROM public.http_to_postgres_transfer",
+    )
+    assert rows == [(10, 1, 100)]
+
+
 def test_pagination_max_iterations(home: Path, paginated_api: str) -> None:
     doc = run_json(
         PLAYBOOKS / "pagination/max_iterations/test_pagination_max_iterations.yaml",

@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TOOL_KINDS = ("python", "http", "postgres", "duckdb", "spark", "playbook", "workbook", "noop")
+TOOL_KINDS = (
+    "python",
+    "http",
+    "postgres",
+    "duckdb",
+    "spark",
+    "playbook",
+    "workbook",
+    "noop",
+    "transfer",
+)
 ACTIONS = ("continue", "retry", "jump", "break", "fail")
 
 

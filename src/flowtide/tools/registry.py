@@ -16,6 +16,7 @@ _KINDS = {
     "duckdb": ("flowtide.tools.duckdb", "DuckDBTool"),
     "noop": ("flowtide.tools.noop", "NoopTool"),
     "spark": ("flowtide.tools.spark", "SparkTool"),
+    "transfer": ("flowtide.tools.transfer", "TransferTool"),
 }
 
 _instances: dict[str, Any] = {}

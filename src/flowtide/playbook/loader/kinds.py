@@ -27,6 +27,7 @@ _REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
         ("sql", "code"),
         "'sql' (Spark SQL over its inputs) or 'code' (def main(spark, ...))",
     ),
+    "transfer": (("source",), "'source' and 'target' (each a mapping with a 'type')"),
 }
 _SPARK_SINK_FORMATS = ("parquet", "csv", "json", "orc", "text", "jdbc")
 _SPARK_SOURCE_FORMATS = _SPARK_SINK_FORMATS
@@ -162,3 +163,93 @@ def _check_spark(
             field=f"{label}.sink.options.password",
             expected="auth: <alias from `flowtide credential set`>",
         )
+
+
+# `transfer` (flowtide.tools.transfer): the types each side may have, its modes, engines.
+_TRANSFER_SIDES = {
+    "source": ("http", "postgres", "duckdb", "parquet", "csv", "json", "file"),
+    "target": ("postgres", "duckdb", "parquet", "csv", "json", "file"),
+}
+_TRANSFER_MODES = ("append", "insert", "replace", "upsert")
+_TRANSFER_ENGINES = ("python", "spark")
+
+
+def _check_choice(
+    c: _Checker,
+    value: Any,
+    choices: tuple[str, ...],
+    at: NodePath,
+    what: str,
+    step: str,
+    field: str,
+) -> None:
+    """`value`, when written literally, must be one of `choices`."""
+    if not isinstance(value, str) or is_template(value):
+        return
+    if value.strip().lower() not in choices:
+        c.error(
+            at,
+            f"unsupported {what} '{value}'{_suggest(value.lower(), choices)}",
+            step=step,
+            field=field,
+            expected=" | ".join(choices),
+        )
+
+
+def _check_transfer(
+    c: _Checker, config: dict[str, Any], path: NodePath, step: str, label: str
+) -> None:
+    """A transfer's `source` and `target` are mappings with a known `type`; its `mode`
+    and `engine` are known ones (templated values are checked when the step runs)."""
+    for side, types in _TRANSFER_SIDES.items():
+        spec = config.get(side)
+        if not isinstance(spec, dict):
+            if not is_template(spec):
+                c.error(
+                    (*path, side) if side in config else path,
+                    f"transfer tool requires '{side}': a mapping with a 'type'",
+                    step=step,
+                    field=f"{label}.{side}",
+                    expected="{type: " + " | ".join(types) + ", ...}",
+                )
+            continue
+        key = next((k for k in ("type", "tool", "kind") if k in spec), None)
+        if key is None:
+            c.error(
+                (*path, side),
+                f"transfer {side} has no 'type'",
+                step=step,
+                field=f"{label}.{side}.type",
+                expected=" | ".join(types),
+            )
+            continue
+        _check_choice(
+            c, spec[key], types, (*path, side, key), f"{side} type", step, f"{label}.{side}.{key}"
+        )
+    raw_target = config.get("target")
+    target: dict[str, Any] = raw_target if isinstance(raw_target, dict) else {}
+    for owner, at in ((config, path), (target, (*path, "target"))):
+        if "mode" in owner:
+            _check_choice(
+                c,
+                owner["mode"],
+                _TRANSFER_MODES,
+                (*at, "mode"),
+                "transfer mode",
+                step,
+                f"{label}.mode" if owner is config else f"{label}.target.mode",
+            )
+    if "engine" in config:
+        _check_choice(
+            c,
+            config["engine"],
+            _TRANSFER_ENGINES,
+            (*path, "engine"),
+            "transfer engine",
+            step,
+            f"{label}.engine",
+        )
+
+
+#: Static checks by kind, beyond the required fields (python and spark are called apart).
+_CHECKS = {"transfer": _check_transfer}

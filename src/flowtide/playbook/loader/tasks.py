@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.kinds import _REQUIRED, _check_python, _check_spark
+from flowtide.playbook.loader.kinds import _CHECKS, _REQUIRED, _check_python, _check_spark
 from flowtide.playbook.loader.policies import _legacy_retry, _parse_policy
 from flowtide.playbook.model import TOOL_KINDS, Task
 from flowtide.playbook.source import Path as NodePath
@@ -100,6 +100,8 @@ def _parse_task(
         _check_spark(c, config, path, step, label)
     if kind == "python":
         _check_python(c, raw, spec, path, step, label)
+    if (check := _CHECKS.get(kind)) is not None:
+        check(c, config, path, step, label)
     if problem := params_problem(kind, config):
         c.error((*path, "params"), problem, step=step, field=f"{label}.params")
 

@@ -17,6 +17,7 @@ _KINDS = {
     "noop": ("flowtide.tools.noop", "NoopTool"),
     "spark": ("flowtide.tools.spark", "SparkTool"),
     "transfer": ("flowtide.tools.transfer", "TransferTool"),
+    "artifact": ("flowtide.tools.artifact", "ArtifactTool"),
 }
 
 _instances: dict[str, Any] = {}

@@ -28,6 +28,7 @@ _REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
         "'sql' (Spark SQL over its inputs) or 'code' (def main(spark, ...))",
     ),
     "transfer": (("source",), "'source' and 'target' (each a mapping with a 'type')"),
+    "artifact": ((), ""),
 }
 _SPARK_SINK_FORMATS = ("parquet", "csv", "json", "orc", "text", "jdbc")
 _SPARK_SOURCE_FORMATS = _SPARK_SINK_FORMATS
@@ -172,6 +173,7 @@ _TRANSFER_SIDES = {
 }
 _TRANSFER_MODES = ("append", "insert", "replace", "upsert")
 _TRANSFER_ENGINES = ("python", "spark")
+_ARTIFACT_ACTIONS = ("get", "put")
 
 
 def _check_choice(
@@ -251,5 +253,20 @@ def _check_transfer(
         )
 
 
+def _check_artifact(
+    c: _Checker, config: dict[str, Any], path: NodePath, step: str, label: str
+) -> None:
+    """An artifact task's `action` is get or put."""
+    _check_choice(
+        c,
+        config.get("action", "get"),
+        _ARTIFACT_ACTIONS,
+        (*path, "action"),
+        "artifact action",
+        step,
+        f"{label}.action",
+    )
+
+
 #: Static checks by kind, beyond the required fields (python and spark are called apart).
-_CHECKS = {"transfer": _check_transfer}
+_CHECKS = {"transfer": _check_transfer, "artifact": _check_artifact}

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 
-__all__ = ["MODES", "SOURCE_TYPES", "TARGET_TYPES", "TransferTool"]
+__all__ = ["MODES", "SOURCE_TYPES", "TARGET_TYPES", "Plan", "TransferTool"]
 
 SOURCE_TYPES = ("http", "postgres", "duckdb", "parquet", "csv", "json")
 TARGET_TYPES = ("postgres", "duckdb", "parquet", "csv", "json")
@@ -68,6 +69,20 @@ def endpoint_type(spec: Any, side: str) -> str:
             kind="config_error",
         )
     return kind
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked transfer: both ends and their types, the mode, the mapping (None: the
+    source's columns as they are) and the chunk size."""
+
+    source: Mapping[str, Any]
+    source_type: str
+    target: Mapping[str, Any]
+    target_type: str
+    mode: str
+    mapping: dict[str, str] | None
+    chunk_size: int
 
 
 def _chunk_size(config: Mapping[str, Any], target: Mapping[str, Any]) -> int:
@@ -188,16 +203,13 @@ class TransferTool:
         t0 = time.monotonic()
         meta: dict[str, Any] = {"rows": 0, "chunks": 0}
         ctx.call_meta["transfer"] = meta
+        plan = Plan(source, source_type, target, target_type, mode, mapping, chunk_size)
         if engine == "spark":
             from flowtide.tools.transfer_spark import transfer_on_spark
 
-            counts = transfer_on_spark(
-                source, source_type, target, target_type, mode, mapping, chunk_size, ctx
-            )
+            counts = transfer_on_spark(plan, ctx)
         else:
-            counts = self._pipe(
-                source, source_type, target, target_type, mode, mapping, chunk_size, ctx, meta
-            )
+            counts = self._pipe(plan, ctx, meta)
         result.update(counts)
         result["rows_transferred"] = result["rows_written"]
         result["seconds"] = round(time.monotonic() - t0, 3)
@@ -205,18 +217,16 @@ class TransferTool:
         return result
 
     @staticmethod
-    def _pipe(
-        source: Mapping[str, Any],
-        source_type: str,
-        target: Mapping[str, Any],
-        target_type: str,
-        mode: str,
-        mapping: dict[str, str] | None,
-        chunk_size: int,
-        ctx: ToolContext,
-        meta: dict[str, Any],
-    ) -> dict[str, Any]:
+    def _pipe(plan: Plan, ctx: ToolContext, meta: dict[str, Any]) -> dict[str, Any]:
         from flowtide.tools import transfer_io as io
+
+        source, source_type, target, target_type = (
+            plan.source,
+            plan.source_type,
+            plan.target,
+            plan.target_type,
+        )
+        mapping, chunk_size = plan.mapping, plan.chunk_size
 
         writer_class: type[io.Writer]
         if target_type == "postgres":
@@ -225,7 +235,7 @@ class TransferTool:
             writer_class = io.DuckDBWriter
         else:
             writer_class = io.FileWriter
-        writer = writer_class(target, ctx, mode)
+        writer = writer_class(target, ctx, plan.mode)
         if isinstance(writer, io.FileWriter):
             writer.fmt = target_type
         if source_type == "http":

@@ -180,29 +180,16 @@ def read_http(spec: Mapping[str, Any], ctx: ToolContext, chunk_size: int) -> Ite
 def _pg_connection(spec: Mapping[str, Any], ctx: ToolContext) -> tuple[Any, Any]:
     """(pool, connection) for one end, through the postgres tool's conninfo, credential
     resolution and pools."""
-    import psycopg
-    from psycopg_pool import PoolTimeout
-
     from flowtide.tools.postgres_conn import (
         _build_conninfo,
-        _connect_error,
+        _checkout,
         _connection_source,
         _pool_for,
     )
 
     conninfo = _build_conninfo(_connection_source(spec, ctx), ctx)
     pool = _pool_for(conninfo, {}, ctx)
-    try:
-        return pool, pool.getconn()
-    except PoolTimeout as exc:
-        raise ToolError(
-            f"postgres: no pooled connection became available ({redact(str(exc), ctx.secrets)})",
-            kind="connection",
-            retryable=True,
-            code="POOL_TIMEOUT",
-        ) from None
-    except psycopg.Error as exc:
-        raise _connect_error(exc, ctx.secrets) from None
+    return pool, _checkout(pool, ctx)
 
 
 def _statement_timeout(cursor: Any, ctx: ToolContext) -> None:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
+
+if TYPE_CHECKING:
+    from flowtide.tools.transfer import Plan
 
 __all__ = ["transfer_on_spark"]
 
@@ -106,16 +109,7 @@ def _sink(
     }
 
 
-def transfer_on_spark(
-    source: Mapping[str, Any],
-    source_type: str,
-    target: Mapping[str, Any],
-    target_type: str,
-    mode: str,
-    mapping: dict[str, str] | None,
-    chunk_size: int,
-    ctx: ToolContext,
-) -> dict[str, Any]:
+def transfer_on_spark(plan: Plan, ctx: ToolContext) -> dict[str, Any]:
     """Run the transfer as a spark task; the counts for the transfer's result.
 
     Raises:
@@ -123,6 +117,14 @@ def transfer_on_spark(
             docstring), and the spark tool's kinds.
     """
     from flowtide.tools.spark import SparkTool
+
+    source, source_type, target, target_type = (
+        plan.source,
+        plan.source_type,
+        plan.target,
+        plan.target_type,
+    )
+    mode, mapping, chunk_size = plan.mode, plan.mapping, plan.chunk_size
 
     if "duckdb" in (source_type, target_type):
         raise ToolError("duckdb ends of a transfer run on engine: python", kind="config_error")

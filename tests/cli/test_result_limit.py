@@ -1,5 +1,6 @@
-"""A task's result has a size limit: a bigger one is an error the step's policy sees (kind
-result_too_large), never an event too big to store or a report the server refuses."""
+"""A result has a size limit in events (FLOWTIDE_MAX_RESULT_BYTES): a bigger one is stored
+by reference (flowtide.artifacts), never an event too big to store or a report the server
+refuses; a task's policy still sees the whole result."""
 
 from __future__ import annotations
 
@@ -22,15 +23,15 @@ workflow:
         spec:
           policy:
             rules:
-              - when: "{{ output.status == 'error' and output.error.kind == 'result_too_large' }}"
-                then: {do: continue, set: {ctx.too_big: true}}
+              - when: "{{ output.status == 'ok' and output.data.blob | length == 5000 }}"
+                then: {do: continue, set: {ctx.whole: true}}
       - name: small
         kind: python
         code: "result = {'ok': True}"
 """
 
 
-def test_a_result_over_the_limit_is_an_error_the_policy_sees(ft: Flowtide, tmp_path: Path) -> None:
+def test_a_result_over_the_limit_is_stored_by_reference(ft: Flowtide, tmp_path: Path) -> None:
     playbook = tmp_path / "big.yaml"
     playbook.write_text(PLAYBOOK)
     proc = subprocess.run(
@@ -46,7 +47,11 @@ def test_a_result_over_the_limit_is_an_error_the_policy_sees(ft: Flowtide, tmp_p
     assert doc["status"] == "completed"
     assert doc["steps"]["start"]["result"] == {"ok": True}
     events = json.loads(ft.ok("events", doc["execution_id"], "--json").stdout)
-    errors = [e["error"] for e in events if e["type"] == "call.error"]
-    assert errors and errors[0]["kind"] == "result_too_large"
-    assert "1000-byte limit" in errors[0]["message"]
+    assert not [e for e in events if e["type"] == "call.error"]
+    completed = next(e for e in events if e["type"] == "command.completed")
+    made = completed["payload"]["tasks"]["make"]
+    assert made["_store"] == "kv" and made["_size_bytes"] == len(
+        json.dumps({"blob": "x" * 5000}, separators=(",", ":"))
+    )
+    assert completed["payload"]["ctx"] == {"whole": True}
     assert "x" * 1000 not in proc.stdout + json.dumps(events)

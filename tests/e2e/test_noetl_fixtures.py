@@ -38,9 +38,14 @@ def flowtide(
 
 
 def run_json(
-    path: Path, home: Path, *extra: str, cwd: Path | None = None, expect: int = 0
+    path: Path,
+    home: Path,
+    *extra: str,
+    cwd: Path | None = None,
+    expect: int = 0,
+    timeout: float = 120,
 ) -> dict[str, Any]:
-    proc = flowtide("run", str(path), "--json", *extra, home=home, cwd=cwd)
+    proc = flowtide("run", str(path), "--json", *extra, home=home, cwd=cwd, timeout=timeout)
     assert proc.returncode == expect, (
         f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     )
@@ -314,6 +319,66 @@ def test_http_to_postgres_iterator(pg_home: Path, pg_server: Any, posts_api: str
         "success": 100,
         "failed": 0,
     }
+
+
+@pytest.mark.postgres
+def test_http_to_postgres_transfer(pg_home: Path, pg_server: Any, posts_api: str) -> None:
+    doc = run_json(
+        PLAYBOOKS / "data_transfer/http_to_postgres_transfer/http_to_postgres_transfer.yaml",
+        pg_home,
+        "--set",
+        f"api_url={posts_api}/posts",
+    )
+    assert doc["status"] == "completed", doc["error"]
+    transfer = doc["steps"]["transfer_http_to_pg"]["result"]
+    assert transfer["direction"] == "http_to_postgres"
+    assert transfer["rows_transferred"] == 100 and transfer["chunks_processed"] == 1
+    assert doc["steps"]["show_count"]["result"]["rows"] == [{"records": 100}]
+    rows = pg_rows(
+        pg_server,
+        "SELECT count(DISTINCT user_id), min(post_id), max(post_id) "
+        "FROM public.http_to_postgres_transfer",
+    )
+    assert rows == [(10, 1, 100)]
+
+
+def test_storage_tiers(home: Path) -> None:
+    doc = run_json(PLAYBOOKS / "test_storage_tiers.yaml", home, timeout=300)
+    assert doc["status"] == "completed", doc["error"]
+    steps = doc["steps"]
+    assert "_ref" not in steps["start"]["result"]
+    for name, tier in (
+        ("test_nats_kv", "kv"),
+        ("test_disk", "disk"),
+        ("test_large_storage", "disk"),
+    ):
+        result = steps[name]["result"]
+        assert result["_store"] == tier and result["_ref"]["kind"] == "result_ref", name
+        assert "items" not in result  # only the output_select fields stay in the event
+    summary = steps["final_summary"]["result"]
+    assert summary["test_result"] == "PASSED", summary
+    assert summary["load_details"] == {
+        "kv_loaded": True,
+        "kv_count": 500,
+        "disk_loaded": True,
+        "disk_count": 2000,
+        "large_loaded": True,
+        "large_count": 5000,
+    }
+
+
+def test_output_select(home: Path) -> None:
+    doc = run_json(PLAYBOOKS / "test_output_select.yaml", home)
+    assert doc["status"] == "completed", doc["error"]
+    start = doc["steps"]["start"]["result"]
+    assert {k: start[k] for k in ("status", "count", "total_size")} == {
+        "status": "success",
+        "count": 1000,
+        "total_size": 200000,
+    }
+    assert "items" not in start and start["_ref"]["store"] == "kv"
+    assert doc["steps"]["process_full_data"]["result"]["total_items"] == 1000
+    assert doc["steps"]["summary"]["result"]["test_result"] == "PASSED"
 
 
 def test_pagination_max_iterations(home: Path, paginated_api: str) -> None:

@@ -86,7 +86,7 @@ def test_validate_reports_plugin_fields_and_missing_plugins(site: Path, tmp_path
         f"{bad}:6:12: step 'load', field 'tool.kind': kind 'snowflake' needs a plugin (pip "
         "install a package that provides the flowtide.tools entry point 'snowflake') "
         "(expected python | http | postgres | duckdb | spark | playbook | workbook | noop | "
-        "nats | shell | script | upper)",
+        "nats | shell | script | transfer | artifact | upper)",
     ]
 
 

@@ -198,6 +198,15 @@ def _build_stub_app() -> FastAPI:
                 probe["active"] -= 1
         return {"ok": True}
 
+    @app.get("/records")
+    async def records(n: int = 10) -> dict[str, Any]:
+        # Nested records under data.items, as paginated APIs return them (transfer tests).
+        items = [
+            {"id": i, "user": {"id": i % 3, "name": f"u{i}"}, "title": f"it's {i}", "tags": ["a"]}
+            for i in range(1, n + 1)
+        ]
+        return {"data": {"items": items}, "count": n}
+
     @app.get("/probe/stats")
     async def probe_stats() -> dict[str, Any]:
         return {"active": probe["active"], "max_active": probe["max_active"]}

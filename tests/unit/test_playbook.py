@@ -540,7 +540,7 @@ def test_errors_are_playbook_errors_with_data() -> None:
         "field": "tool.kind",
         "message": "unknown tool kind 'ftp'",
         "expected": "python | http | postgres | duckdb | spark | playbook | workbook | noop"
-        " | nats | shell | script",
+        " | nats | shell | script | transfer | artifact",
     }
     assert str(err).startswith(
         "pb.yaml:3:12: step 'start', field 'tool.kind': unknown tool kind 'ftp'"

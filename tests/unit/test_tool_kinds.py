@@ -37,6 +37,8 @@ BUILTIN = (
     "nats",
     "shell",
     "script",
+    "transfer",
+    "artifact",
 )
 
 ECHO = """
@@ -329,6 +331,8 @@ workflow:
       - {kind: nats, operation: kv_get, bucket: b, key: k, auth: nats}
       - {kind: shell, cmds: ["echo hi"]}
       - {kind: script, script: {uri: run.py, source: {type: file}}}
+      - {kind: transfer, source: {type: csv, path: in.csv}, target: {type: json, path: o}}
+      - {kind: artifact, action: get, result_ref: "{{ start._ref }}"}
 """
 
 
@@ -340,7 +344,8 @@ def test_the_cli_imports_no_runner(tmp_path: Path, args: list[str]) -> None:
         "heavy = ('duckdb', 'psycopg', 'pyspark', 'httpx', 'flowtide.tools.python', "
         "'flowtide.tools.http', 'flowtide.tools.postgres', 'flowtide.tools.duckdb', "
         "'flowtide.tools.spark', 'flowtide.tools.noop', 'flowtide.tools.registry', "
-        "'nats', 'flowtide.tools.nats', 'flowtide.tools.shell', 'flowtide.tools.script')\n"
+        "'nats', 'flowtide.tools.nats', 'flowtide.tools.shell', 'flowtide.tools.script', "
+        "'fsspec', 'flowtide.tools.transfer', 'flowtide.tools.artifact', 'flowtide.artifacts')\n"
         "atexit.register(lambda: print('loaded:', *[m for m in heavy if m in sys.modules]))\n"
         f"sys.argv = ['flowtide', *{args!r}]\n"
         "from flowtide.cli import main\n"

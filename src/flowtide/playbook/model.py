@@ -89,6 +89,10 @@ class Step:
     # `spec.policy.admit` rules: (when, allow) pairs, `when` None for `else`. A step
     # whose first matching rule says allow: false is skipped (its branch ends).
     admit: tuple[tuple[Any, bool], ...] = ()
+    # `output:` (NoETL): `output_select`, `store: {kind}`, `inline_max_bytes`: which
+    # results are stored by reference and what stays beside the reference
+    # (flowtide.artifacts).
+    output: dict[str, Any] | list[Any] | None = None
 
 
 @dataclass(frozen=True)

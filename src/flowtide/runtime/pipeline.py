@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowtide import artifacts
 from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
 from flowtide.engine.decide import render_set
 from flowtide.engine.policy import retry_delay, select_rule
@@ -26,39 +27,68 @@ from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
-#: Largest result a task may return, as JSON (FLOWTIDE_MAX_RESULT_BYTES): results travel
-#: in events (to the server in a worker's report, into the event log); a bigger one is a
-#: `result_too_large` error the step's policy sees, never a report the server refuses.
+#: Largest result recorded in events, as JSON (FLOWTIDE_MAX_RESULT_BYTES): results travel
+#: in events (to the server in a worker's report, into the event log). A bigger one is
+#: stored by reference (`flowtide.artifacts`); one that cannot be is a
+#: `result_too_large` error, never a report the server refuses.
 MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
 
 
 def _json_result(result: Any) -> Any:
-    """`result` as plain JSON by the one rule set (`flowtide.jsonvalues`), checked against
-    MAX_RESULT_BYTES.
+    """`result` as plain JSON by the one rule set (`flowtide.jsonvalues`).
 
     The tools that make non-JSON values convert them themselves, so almost every result
     passes the strict encoding as is; this catches the rest (a tool added later, a
     sub-playbook's result), so that no step's result depends on the tool that made it.
 
     Raises:
-        ToolError: kind result_too_large; code ResultNotSerializable (`to_json`).
+        ToolError: code ResultNotSerializable (`to_json`).
     """
     if result is None or type(result) is bool:
         return result
     try:
-        text = dumps(result)
+        dumps(result)
     except (TypeError, ValueError):  # a NaN, a Decimal, a cycle, a non-text key...
         result = to_json(result)
-        text = dumps(result)
+    return result
+
+
+def _recorded(
+    value: Any,
+    text: str,
+    spec: artifacts.OutputSpec,
+    secrets: set[str],
+    store: Any,
+) -> Any:
+    """What a step records for its result `value` (`text`: its JSON): the value itself, or,
+    over the inline
+    limit, the reference `store(value, text)` returns. The limit is the step's own
+    `output.inline_max_bytes`, else NoETL's 64 KB for a step that declares an `output`,
+    else MAX_RESULT_BYTES (what events can carry): a step that says nothing keeps every
+    result events can hold inline, as before.
+
+    Raises:
+        ToolError: kind result_too_large (over MAX_RESULT_BYTES and holding a credential
+            value the tools touched, which is never written to the artifact store: the
+            event log seals such values, the store cannot), or the store's errors.
+    """
     size = len(text.encode("utf-8", "replace"))
-    if size > MAX_RESULT_BYTES:
+    if spec.inline_max_bytes is not None:
+        limit = spec.inline_max_bytes
+    else:
+        limit = artifacts.INLINE_MAX_BYTES if spec.declared else MAX_RESULT_BYTES
+    if size <= min(limit, MAX_RESULT_BYTES):
+        return value
+    if any(secret in text for secret in secrets):
+        if size <= MAX_RESULT_BYTES:
+            return value
         raise ToolError(
             f"the result is {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit"
-            " (FLOWTIDE_MAX_RESULT_BYTES): write large data to a table or a file and return"
-            " a reference to it (spark steps do so on their own)",
+            " (FLOWTIDE_MAX_RESULT_BYTES), and holds a credential value, so it is not"
+            " stored by reference: write large data to a table or a file",
             kind="result_too_large",
         )
-    return result
+    return store(value, text)
 
 
 @dataclass
@@ -417,17 +447,21 @@ class StepRunner:
             pipe[task.name] = result_view(result)
             last_result, last_status, last_error = result, status, error
             if rule_do == "fail":
-                return Outcome(
-                    "error",
-                    result,
-                    action="fail",
-                    error=error
-                    or {"kind": "policy", "message": f"policy failed task '{task.name}'"},
-                    ctx=ctx_updates,
-                    tasks=results if step.pipeline else None,
-                    calls=calls,
-                    started=started,
-                    secrets=touched,
+                return self._by_reference(
+                    step,
+                    execution_id,
+                    Outcome(
+                        "error",
+                        plain(result),
+                        action="fail",
+                        error=error
+                        or {"kind": "policy", "message": f"policy failed task '{task.name}'"},
+                        ctx=ctx_updates,
+                        tasks=results if step.pipeline else None,
+                        calls=calls,
+                        started=started,
+                        secrets=touched,
+                    ),
                 )
             if rule_do == "break":
                 action = "break"
@@ -443,20 +477,65 @@ class StepRunner:
             i += 1
         if last_status == "error" and last_result is None:
             last_result = {"status": "error", "error": last_error}
-        return Outcome(
-            last_status,
-            plain(last_result),
-            action=action,
-            error=last_error,
-            jump_to=jump_to,
-            ctx=ctx_updates,
-            tasks={k: plain(v) for k, v in results.items()}
-            if step.pipeline and len(step.tasks) > 1
-            else None,
-            calls=calls,
-            started=started,
-            secrets=touched,
+        return self._by_reference(
+            step,
+            execution_id,
+            Outcome(
+                last_status,
+                plain(last_result),
+                action=action,
+                error=last_error,
+                jump_to=jump_to,
+                ctx=ctx_updates,
+                tasks={k: plain(v) for k, v in results.items()}
+                if step.pipeline and len(step.tasks) > 1
+                else None,
+                calls=calls,
+                started=started,
+                secrets=touched,
+            ),
         )
+
+    def _by_reference(self, step: Step, execution_id: int, outcome: Outcome) -> Outcome:
+        """`outcome` with its results over the inline limit stored by reference
+        (`_recorded`); a result that cannot be recorded fails the step."""
+        last = step.tasks[-1].config if step.tasks else {}
+        try:
+            spec = artifacts.output_spec(step.output, last.get("output"), last.get("output_select"))
+
+            def store(value: Any, text: str) -> dict[str, Any]:
+                return artifacts.externalize(
+                    value,
+                    text,
+                    spec,
+                    execution_id=execution_id,
+                    step=step.name,
+                    data_dir=self.data_dir,
+                )
+
+            stored: dict[str, Any] = {}
+
+            def record(value: Any) -> Any:
+                if value is None or isinstance(value, bool | int | float):
+                    return value
+                text = dumps(value)
+                if text not in stored:  # the last task's result is the step's too
+                    stored[text] = _recorded(value, text, spec, outcome.secrets, store)
+                return stored[text]
+
+            result = record(outcome.result)
+            tasks = (
+                {name: record(value) for name, value in outcome.tasks.items()}
+                if outcome.tasks
+                else outcome.tasks
+            )
+        except ToolError as exc:
+            outcome.status, outcome.action, outcome.error = "error", "fail", _error_dict(exc)
+            outcome.result = None
+            outcome.tasks = None
+            return outcome
+        outcome.result, outcome.tasks = result, tasks
+        return outcome
 
     def claim(
         self,

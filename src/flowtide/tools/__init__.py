@@ -13,6 +13,8 @@ the render context, a timeout, where secrets it touched are noted). A tool turns
 them: `python_code`, `python_namespace`, `python_output`, `python_run` (and python steps
 in child processes: `python_pool`, `python_child`); `postgres_sql`, `postgres_params`,
 `postgres_conn`; `nats_conn` (credentials, the loop NATS calls run on, pooled
-connections). `shell` and `script` run programs through `process` (process group,
-timeout, capped output, the python steps' user).
+connections); `transfer_io` (a transfer's readers and writers), `transfer_spark` (a
+transfer on Spark). `shell` and `script` run programs through `process` (process group,
+timeout, capped output, the python steps' user). `artifact` reads and writes what
+`flowtide.artifacts` stores.
 """

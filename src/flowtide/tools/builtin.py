@@ -23,6 +23,7 @@ imports nothing heavy, and the loader cannot import a runner.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from flowtide.tools.spec import TaskCheck, ToolSpec, did_you_mean
@@ -56,6 +57,14 @@ NATS_OPERATIONS: dict[str, tuple[str, ...]] = {
 }
 #: Where a nats task may say which server to use.
 NATS_SERVER_FIELDS = ("auth", "credential", "nats_url")
+# `transfer` (flowtide.tools.transfer): the types each side may have, its modes, engines.
+_TRANSFER_SIDES = {
+    "source": ("http", "postgres", "duckdb", "parquet", "csv", "json", "file"),
+    "target": ("postgres", "duckdb", "parquet", "csv", "json", "file"),
+}
+_TRANSFER_MODES = ("append", "insert", "replace", "upsert")
+_TRANSFER_ENGINES = ("python", "spark")
+_ARTIFACT_ACTIONS = ("get", "put")
 _FALSE_WORDS = ("false", "0", "no", "off", "")
 _TEMPLATE_PARTS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.DOTALL)
 
@@ -242,6 +251,59 @@ def _check_script(t: TaskCheck) -> None:
     _mapping_field(t, "args", message)
 
 
+def _check_choice(
+    t: TaskCheck, value: Any, choices: tuple[str, ...], at: tuple[str, ...], what: str
+) -> None:
+    """`value`, when written literally, must be one of `choices`."""
+    if not isinstance(value, str) or _is_template(value):
+        return
+    if value.strip().lower() not in choices:
+        t.error(
+            at,
+            f"unsupported {what} '{value}'{did_you_mean(value.lower(), choices)}",
+            expected=" | ".join(choices),
+        )
+
+
+def _check_transfer(t: TaskCheck) -> None:
+    """A transfer's `source` and `target` are mappings with a known `type`; its `mode`
+    and `engine` are known ones (templated values are checked when the step runs)."""
+    config = t.config
+    for side, types in _TRANSFER_SIDES.items():
+        spec = config.get(side)
+        if not isinstance(spec, dict):
+            if not _is_template(spec):
+                t.error(
+                    t.at(side),
+                    f"transfer tool requires '{side}': a mapping with a 'type'",
+                    expected="{type: " + " | ".join(types) + ", ...}",
+                )
+            continue
+        key = next((k for k in ("type", "tool", "kind") if k in spec), None)
+        if key is None:
+            t.error(
+                t.at(side),
+                f"transfer {side} has no 'type'",
+                field=(side, "type"),
+                expected=" | ".join(types),
+            )
+            continue
+        _check_choice(t, spec[key], types, (*t.at(side), key), f"{side} type")
+    raw_target = config.get("target")
+    target: Mapping[str, Any] = raw_target if isinstance(raw_target, dict) else {}
+    for owner, at in ((config, t.at("mode")), (target, (*t.at("target"), "mode"))):
+        if "mode" in owner:
+            _check_choice(t, owner["mode"], _TRANSFER_MODES, at, "transfer mode")
+    if "engine" in config:
+        _check_choice(t, config["engine"], _TRANSFER_ENGINES, t.at("engine"), "transfer engine")
+
+
+def _check_artifact(t: TaskCheck) -> None:
+    """An artifact task's `action` is get or put."""
+    action = t.config.get("action", "get")
+    _check_choice(t, action, _ARTIFACT_ACTIONS, t.at("action"), "artifact action")
+
+
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "python",
@@ -333,5 +395,23 @@ SPECS: tuple[ToolSpec, ...] = (
         check=_check_script,
         result="{status, exit_code, output, execution_time, ...} (NoETL's script job)",
         doc="a Python script file run as a local process, its `args` as JSON in argv[1]",
+    ),
+    ToolSpec(
+        "transfer",
+        "flowtide.tools.transfer:TransferTool",
+        requires=("source",),
+        requires_text="'source' and 'target' (each a mapping with a 'type')",
+        check=_check_transfer,
+        result="{status, direction, source_type, target_type, mode, engine, rows_read,"
+        " rows_written, rows_transferred, chunks_processed, seconds, ...}",
+        doc="rows from a source to a target in chunks, with column mapping",
+    ),
+    ToolSpec(
+        "artifact",
+        "flowtide.tools.artifact:ArtifactTool",
+        check=_check_artifact,
+        result="get: what was stored; put: {status, uri, size_bytes, sha256, compressed,"
+        " result_ref}",
+        doc="reads back a result stored by reference (get), or stores a value (put)",
     ),
 )

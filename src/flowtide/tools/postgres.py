@@ -35,7 +35,7 @@ from flowtide.tools.base import ToolContext, redact
 from flowtide.tools.postgres_conn import DEFAULT_POOL_MAX_SIZE as DEFAULT_POOL_MAX_SIZE
 from flowtide.tools.postgres_conn import (
     _build_conninfo,
-    _connect_error,
+    _checkout,
     _connection_source,
     _pool_for,
     close_pools,
@@ -161,7 +161,6 @@ class PostgresTool:
         params = read_params(config, "postgres", ctx.step)
         try:
             import psycopg
-            from psycopg_pool import PoolTimeout
         except ImportError:
             raise ToolError(
                 "the postgres tool needs psycopg: pip install 'flowtide[postgres]'",
@@ -173,17 +172,7 @@ class PostgresTool:
         pool_config = config.get("pool") if isinstance(config.get("pool"), Mapping) else {}
         pool = _pool_for(conninfo, cast(Mapping[str, Any], pool_config), ctx)
 
-        try:
-            conn = pool.getconn()
-        except PoolTimeout as exc:
-            raise ToolError(
-                f"postgres: no pooled connection became available ({redact(str(exc), ctx.secrets)})",
-                kind="connection",
-                retryable=True,
-                code="POOL_TIMEOUT",
-            ) from None
-        except psycopg.Error as exc:
-            raise _connect_error(exc, ctx.secrets) from None
+        conn = _checkout(pool, ctx)
 
         notice_handler = _notice_collector(ctx)
         conn.add_notice_handler(notice_handler)

@@ -183,6 +183,25 @@ def _connect_error(exc: Exception, secrets: set[str]) -> ToolError:
     )
 
 
+def _checkout(pool: ConnectionPool, ctx: ToolContext) -> Any:
+    """A connection of `pool`, a failure to get one as a ToolError (kind connection,
+    retryable, for a pool that stays busy; auth or connection for a refused connect)."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    try:
+        return pool.getconn()
+    except PoolTimeout as exc:
+        raise ToolError(
+            f"postgres: no pooled connection became available ({redact(str(exc), ctx.secrets)})",
+            kind="connection",
+            retryable=True,
+            code="POOL_TIMEOUT",
+        ) from None
+    except psycopg.Error as exc:
+        raise _connect_error(exc, ctx.secrets) from None
+
+
 def _pool_for(conninfo: str, pool_config: Mapping[str, Any], ctx: ToolContext) -> ConnectionPool:
     """Return the shared pool for `conninfo`, creating it after a probe connection."""
     global _atexit_registered

@@ -70,6 +70,17 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         step_set = {}
     c.templates(step_set, (*path, "set"), name, "set")
     nxt = _parse_next(c, raw.get("next"), (*path, "next"), name)
+    output = raw.get("output")
+    if output is not None and not isinstance(output, dict | list):
+        c.error(
+            (*path, "output"),
+            "'output' must be a mapping",
+            step=name,
+            field="output",
+            expected="{output_select: [fields], store: {kind: auto|kv|disk|s3|gcs}, "
+            "inline_max_bytes: n}",
+        )
+        output = None
     return Step(
         name=name,
         tasks=tuple(tasks),
@@ -80,4 +91,5 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         desc=raw.get("desc"),
         line=c.line(path),
         admit=_parse_admit(c, raw, path, name),
+        output=output,
     )

@@ -488,3 +488,65 @@ def test_pagination_pipeline_execution_id_is_a_digit_string(
     # pft_flow_test/test_mds_batch_worker.yaml); it ran, and counted from that shape.
     assert doc["steps"]["final_report"]["status"] == "completed"
     assert doc["steps"]["validate_results"]["result"]["rows"][0]["total_records"] == 35
+
+
+def test_pipeline_heavy_payload_policy_set_reads_the_steps_own_result(
+    home: Path, paginated_api: str
+) -> None:
+    doc = run_json(
+        PLAYBOOKS / "pagination/pipeline/test_pipeline_heavy_payload.yaml",
+        home,
+        "--set",
+        f"api_url={paginated_api}",
+    )
+    assert doc["status"] == "completed", doc["error"]
+    summary = doc["steps"]["final_report"]["result"]["summary"]
+    # update_progress's rule sets ctx.total_bytes_processed from update_progress's own
+    # result on each of the 3 pages (5 items of 50 KB each).
+    assert summary["pages_processed"] == 3
+    assert summary["total_data_processed_kb"] == 3 * 5 * 50
+    assert doc["steps"]["fetch_heavy_page"]["runs"] == 3
+
+
+@pytest.mark.postgres
+def test_frame_heartbeat_regression_task_sees_the_previous_output(
+    pg_home: Path, pg_server: Any, paginated_api: str
+) -> None:
+    # Short delays: the HTTP call takes 2 s (not 150) and the fixture's own check wants
+    # the delay above its frame lease, so the lease is 1 s; flowtide's command lease
+    # (the worker's) is far longer, so nothing is abandoned.
+    proc = flowtide(
+        "run",
+        str(
+            PLAYBOOKS / "batch_execution/frame_heartbeat_regression/frame_heartbeat_regression.yaml"
+        ),
+        "--json",
+        *("--set", f"api_url={paginated_api}", "--set", "response_delay_seconds=2"),
+        *("--set", "frame_lease_seconds=1", "--set", "frame_heartbeat_seconds=1"),
+        home=pg_home,
+    )
+    doc = json.loads(proc.stdout)
+    steps = doc["steps"]
+    assert steps["run_slow_frame_cursor"]["status"] == "completed", doc["error"]
+    assert steps["run_slow_frame_cursor"]["result"]["stats"] == {
+        "total": 1,
+        "success": 1,
+        "failed": 0,
+    }
+    # mark_done wrote `{{ output.data | tojson }}`: the slow HTTP task's result before it.
+    [(status, response)] = pg_rows(
+        pg_server,
+        "SELECT status, response FROM public.frame_heartbeat_regression_work "
+        "WHERE execution_id = %s",
+        doc["execution_id"],
+    )
+    assert status == "done"
+    assert response["status_code"] == 200
+    assert response["data"]["label"] == "frame-heartbeat-regression"
+    assert response["data"]["delay_seconds"] == 2.0
+    # The fixture then reads NoETL's own runtime tables (noetl.frame, noetl.stage,
+    # noetl.event) to count frame heartbeats: flowtide has no such tables, so the run
+    # stops there, and only there.
+    assert proc.returncode == 1 and doc["status"] == "failed"
+    assert doc["error"]["step"] == "verify_frame_committed"
+    assert 'relation "noetl.frame" does not exist' in doc["error"]["message"]

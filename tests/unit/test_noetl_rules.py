@@ -1,14 +1,18 @@
 """NoETL's template rules, checked against its source (cited where each rule is made):
-`execution_id` as a digit string (`flowtide.engine.context.execution_ids`)."""
+`execution_id` as a digit string (`flowtide.engine.context.execution_ids`), what a task
+of a pipeline sees of the calls before it, and what a task's policy sees of its own
+result (`flowtide.runtime.pipeline.pipeline_locals`, `own_result`)."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from flowtide.engine.context import base_context
 from flowtide.engine.start import start_execution
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.template import render
+from flowtide.runtime.pipeline import StepRunner
 
 
 def _ids(start: int = 384010860617043968):
@@ -43,3 +47,111 @@ workflow: [{step: start, tool: {kind: noop}}]
     )
     start = start_execution(playbook, {}, next_id=_ids(), now=0.0)
     assert start.workload == {"batch": "3840", "parent": "384010860617043968"}
+
+
+PIPELINE = """
+workflow:
+  - step: start
+    tool:
+      - name: first
+        kind: python
+        input: {seen: "{{ output is defined }}"}
+        code: "result = {'n': 2, 'first_saw_output': seen}"
+      - name: second
+        kind: python
+        input:
+          previous: "{{ output.data }}"
+          status: "{{ output.status }}"
+          prev: "{{ _prev }}"
+        code: "result = {'previous': previous, 'status': status, 'prev': prev}"
+      - name: third
+        kind: python
+        input: {n: "{{ output.data.previous.n }}", first: "{{ first.n }}"}
+        code: "result = {'n': n, 'first': first}"
+"""
+
+
+def _run(text: str, step: str = "start", **kwargs: Any) -> Any:
+    playbook = parse_playbook(text, "p.yaml")
+    base = base_context(7, {}, list(playbook.steps), {}, {})
+    return StepRunner(playbook, sleep=lambda s: None).run(
+        playbook.steps[step], base, {}, execution_id=7, **kwargs
+    )
+
+
+def test_a_later_task_sees_the_previous_calls_output_envelope() -> None:
+    outcome = _run(PIPELINE)
+    assert outcome.status == "ok", outcome.error
+    tasks = outcome.tasks or {}
+    # nothing before the first call: `output` is not defined there
+    assert tasks["first"] == {"n": 2, "first_saw_output": False}
+    assert tasks["second"] == {
+        "previous": {"n": 2, "first_saw_output": False},
+        "status": "ok",
+        "prev": {"n": 2, "first_saw_output": False},
+    }
+    assert tasks["third"] == {"n": 2, "first": 2}
+
+
+def test_a_retry_sees_its_own_failed_attempt_as_output() -> None:
+    text = """
+workflow:
+  - step: start
+    tool:
+      - name: flaky
+        kind: python
+        input: {before: "{{ output.status if output is defined else 'none' }}"}
+        code: |
+          if before == 'none':
+              raise RuntimeError('first attempt fails')
+          result = {'before': before}
+        spec:
+          policy:
+            rules:
+              - when: "{{ output.status == 'error' }}"
+                then: {do: retry, attempts: 2}
+"""
+    outcome = _run(text)
+    assert outcome.status == "ok", outcome.error
+    assert outcome.result == {"before": "error"}
+
+
+def test_a_policy_set_reads_the_steps_own_result_by_the_steps_name() -> None:
+    text = """
+workflow:
+  - step: update_progress
+    tool:
+      kind: python
+      code: "result = {'total_bytes_processed': 2048, 'should_continue': False}"
+      spec:
+        policy:
+          rules:
+            - else:
+                then:
+                  do: continue
+                  set:
+                    ctx.total_bytes_processed: "{{ update_progress.total_bytes_processed }}"
+                    ctx.again: "{{ update_progress.should_continue }}"
+"""
+    outcome = _run(text, step="update_progress")
+    assert outcome.status == "ok", outcome.error
+    assert outcome.ctx == {"total_bytes_processed": 2048, "again": False}
+
+
+def test_a_failed_call_does_not_bind_the_tasks_name() -> None:
+    text = """
+workflow:
+  - step: check
+    tool:
+      kind: python
+      code: "raise ValueError('no')"
+      spec:
+        policy:
+          rules:
+            - else:
+                then:
+                  do: continue
+                  set: {ctx.ran: "{{ check | default('not run') }}"}
+"""
+    outcome = _run(text, step="check")
+    assert outcome.ctx == {"ran": "not run"}

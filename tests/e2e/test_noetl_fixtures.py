@@ -550,3 +550,35 @@ def test_frame_heartbeat_regression_task_sees_the_previous_output(
     assert proc.returncode == 1 and doc["status"] == "failed"
     assert doc["error"]["step"] == "verify_frame_committed"
     assert 'relation "noetl.frame" does not exist' in doc["error"]["message"]
+
+
+@pytest.mark.postgres
+def test_postgres_file_script(pg_home: Path, tmp_path: Path) -> None:
+    # `script: {uri, source: {type: file}}` instead of `command:`; the uri is relative to
+    # the e2e repository root, as python_file_example's is (`test_python_file_script`).
+    root = tmp_path / "e2e-root"
+    root.mkdir()
+    (root / "fixtures").symlink_to(NOETL_E2E)
+    doc = run_json(
+        root / "fixtures/playbooks/script_execution/postgres_file_example.yaml", pg_home, cwd=root
+    )
+    assert doc["status"] == "completed", doc["error"]
+    rows = doc["steps"]["verify_records"]["result"]["rows"]
+    assert [r["source"] for r in rows] == ["file", "file", "file"]
+    assert doc["steps"]["run_postgres_from_file"]["result"]["rows"] == [
+        {"total_records": 3, "script_source": "file"}
+    ]
+
+
+@pytest.mark.postgres
+def test_postgres_missing_script_file_names_file_step_and_field(pg_home: Path) -> None:
+    doc = run_json(
+        PLAYBOOKS / "script_execution/postgres_file_example.yaml",
+        pg_home,
+        "--set",
+        "script_path=scripts/no_such.sql",
+        expect=1,
+    )
+    error = doc["error"]
+    assert error["step"] == "run_postgres_from_file"
+    assert "field 'script.uri'" in error["message"] and "scripts/no_such.sql" in error["message"]

@@ -18,7 +18,7 @@ from flowtide.playbook.template import is_template
 _REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
     "python": (("code", "script"), "'code' (inline Python) or 'script' (a file)"),
     "http": (("url", "endpoint"), "'url'"),
-    "postgres": (("command", "query"), "'command' (SQL to run)"),
+    "postgres": (("command", "query", "script"), "'command' (SQL to run) or 'script' (a file)"),
     "duckdb": (("query", "command", "commands"), "'query' (SQL to run)"),
     "playbook": (("path",), "'path' (catalog path of the sub-playbook)"),
     "workbook": (("name",), "'name' of a workbook action"),

@@ -582,3 +582,26 @@ def test_postgres_missing_script_file_names_file_step_and_field(pg_home: Path) -
     error = doc["error"]
     assert error["step"] == "run_postgres_from_file"
     assert "field 'script.uri'" in error["message"] and "scripts/no_such.sql" in error["message"]
+
+
+OWN_PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
+
+
+def test_vars_block_policy_set_reads_output_response(home: Path) -> None:
+    # NoETL's regression config expects vars_test/test_vars_block to complete; the
+    # fixture is not in ../shared, this is our own playbook for its rule.
+    doc = run_json(OWN_PLAYBOOKS / "vars_block.yaml", home)
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["check"]["result"] == {
+        "first_email": "ada@example.com",
+        "all_checks_passed": True,
+    }
+
+
+def test_an_unused_workbook_playbook_without_path_is_not_an_error(home: Path) -> None:
+    path = OWN_PLAYBOOKS / "unused_workbook_playbook.yaml"
+    val = flowtide("validate", str(path), home=home)
+    assert val.returncode == 0, val.stderr
+    doc = run_json(path, home)
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["start"]["result"] == {"doubled": 42}

@@ -8,8 +8,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from flowtide.engine.context import base_context
 from flowtide.engine.start import start_execution
+from flowtide.errors import PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.template import render
 from flowtide.runtime.pipeline import StepRunner
@@ -155,3 +158,47 @@ workflow:
 """
     outcome = _run(text, step="check")
     assert outcome.ctx == {"ran": "not run"}
+
+
+def test_an_unused_workbook_action_without_path_is_ignored() -> None:
+    playbook = parse_playbook(
+        """
+workbook:
+  - {name: run_child, tool: {kind: playbook}}
+  - {name: double, tool: {kind: python, code: "result = 2"}}
+workflow:
+  - {step: start, tool: {kind: workbook, name: double}}
+""",
+        "w.yaml",
+    )
+    assert list(playbook.workbook) == ["double"]
+
+
+def test_a_used_workbook_action_without_path_is_an_error_at_its_line() -> None:
+    text = """workbook:
+  - name: run_child
+    tool:
+      kind: playbook
+workflow:
+  - {step: start, tool: {kind: workbook, name: run_child}}
+"""
+    with pytest.raises(PlaybookErrors) as caught:
+        parse_playbook(text, "w.yaml")
+    [error] = caught.value.errors
+    assert (error.file, error.line, error.field) == ("w.yaml", 3, "tool.path")
+    assert "playbook tool requires 'path'" in str(error)
+
+
+def test_policy_rules_see_the_result_as_output_response() -> None:
+    text = """
+workflow:
+  - step: start
+    tool:
+      kind: python
+      code: "result = {'users': [{'id': 5}]}"
+      spec:
+        policy:
+          rules:
+            - else: {then: {do: continue, set: {ctx.first: "{{ output.response.users[0].id }}"}}}
+"""
+    assert _run(text).ctx == {"first": 5}

@@ -90,6 +90,11 @@ def envelope(
             "status": None,
         },
         "meta": {"attempt": attempt, "duration_ms": duration_ms},
+        # The tool's result under NoETL's other name for it: its case/policy context binds
+        # the tool response as `response` (and `result`, `this`):
+        # `noetl/worker/case_evaluator.py` `build_eval_context`; vars_test/test_vars_block
+        # reads `output.response.users[0]`.
+        "response": data,
         "http": {"status": (data or {}).get("status_code") if isinstance(data, dict) else None},
     }
 

@@ -567,3 +567,166 @@ def test_nats_kv(home: Path, nats_for_tools: str) -> None:
     import asyncio
 
     assert asyncio.run(read_back()) is None
+
+
+def test_pipeline_simple(home: Path, paginated_api: str) -> None:
+    doc = run_json(
+        PLAYBOOKS / "pagination/pipeline/test_pipeline_simple.yaml",
+        home,
+        "--set",
+        f"api_url={paginated_api}",
+    )
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["report_result"]["result"]["status"] == "passed"
+
+
+@pytest.mark.postgres
+def test_pagination_pipeline_execution_id_is_a_digit_string(
+    pg_home: Path, pg_server: Any, paginated_api: str
+) -> None:
+    # The fixture's python tasks connect with psycopg2 themselves (`db_*` workload keys)
+    # and its postgres steps use the alias `test_postgres`.
+    body = json.dumps(pg_server.credential())
+    proc = flowtide(
+        "credential", "set", "test_postgres", "--json", body, "--kind", "postgres", home=pg_home
+    )
+    assert proc.returncode == 0, proc.stderr
+    cred = pg_server.credential()
+    doc = run_json(
+        PLAYBOOKS / "pagination/pipeline/test_pagination_pipeline.yaml",
+        pg_home,
+        *("--set", f"api_url={paginated_api}", "--set", f"db_host={cred['host']}"),
+        *("--set", f"db_port={cred['port']}", "--set", f"db_name={cred['database']}"),
+        *("--set", f"db_user={cred['user']}", "--set", f"db_password={cred['password']}"),
+    )
+    assert doc["status"] == "completed", doc["error"]
+    # `'batch_id': execution_id[:8]` in the transform task: the digit string's first 8.
+    rows = pg_rows(
+        pg_server,
+        "SELECT count(*), count(DISTINCT page_number), min(batch_id), max(batch_id) "
+        "FROM pagination_test_results",
+    )
+    assert rows == [(35, 4, doc["execution_id"][:8], doc["execution_id"][:8])]
+    assert doc["steps"]["check_pagination"]["runs"] == 4
+    # final_report's own check reads `validate_results` as a bare list of rows, the shape
+    # NoETL's postgres `query:` no longer returns ({rows, row_count}: the comment in
+    # pft_flow_test/test_mds_batch_worker.yaml); it ran, and counted from that shape.
+    assert doc["steps"]["final_report"]["status"] == "completed"
+    assert doc["steps"]["validate_results"]["result"]["rows"][0]["total_records"] == 35
+
+
+def test_pipeline_heavy_payload_policy_set_reads_the_steps_own_result(
+    home: Path, paginated_api: str
+) -> None:
+    doc = run_json(
+        PLAYBOOKS / "pagination/pipeline/test_pipeline_heavy_payload.yaml",
+        home,
+        "--set",
+        f"api_url={paginated_api}",
+    )
+    assert doc["status"] == "completed", doc["error"]
+    summary = doc["steps"]["final_report"]["result"]["summary"]
+    # update_progress's rule sets ctx.total_bytes_processed from update_progress's own
+    # result on each of the 3 pages (5 items of 50 KB each).
+    assert summary["pages_processed"] == 3
+    assert summary["total_data_processed_kb"] == 3 * 5 * 50
+    assert doc["steps"]["fetch_heavy_page"]["runs"] == 3
+
+
+@pytest.mark.postgres
+def test_frame_heartbeat_regression_task_sees_the_previous_output(
+    pg_home: Path, pg_server: Any, paginated_api: str
+) -> None:
+    # Short delays: the HTTP call takes 2 s (not 150) and the fixture's own check wants
+    # the delay above its frame lease, so the lease is 1 s; flowtide's command lease
+    # (the worker's) is far longer, so nothing is abandoned.
+    proc = flowtide(
+        "run",
+        str(
+            PLAYBOOKS / "batch_execution/frame_heartbeat_regression/frame_heartbeat_regression.yaml"
+        ),
+        "--json",
+        *("--set", f"api_url={paginated_api}", "--set", "response_delay_seconds=2"),
+        *("--set", "frame_lease_seconds=1", "--set", "frame_heartbeat_seconds=1"),
+        home=pg_home,
+    )
+    doc = json.loads(proc.stdout)
+    steps = doc["steps"]
+    assert steps["run_slow_frame_cursor"]["status"] == "completed", doc["error"]
+    assert steps["run_slow_frame_cursor"]["result"]["stats"] == {
+        "total": 1,
+        "success": 1,
+        "failed": 0,
+    }
+    # mark_done wrote `{{ output.data | tojson }}`: the slow HTTP task's result before it.
+    [(status, response)] = pg_rows(
+        pg_server,
+        "SELECT status, response FROM public.frame_heartbeat_regression_work "
+        "WHERE execution_id = %s",
+        doc["execution_id"],
+    )
+    assert status == "done"
+    assert response["status_code"] == 200
+    assert response["data"]["label"] == "frame-heartbeat-regression"
+    assert response["data"]["delay_seconds"] == 2.0
+    # The fixture then reads NoETL's own runtime tables (noetl.frame, noetl.stage,
+    # noetl.event) to count frame heartbeats: flowtide has no such tables, so the run
+    # stops there, and only there.
+    assert proc.returncode == 1 and doc["status"] == "failed"
+    assert doc["error"]["step"] == "verify_frame_committed"
+    assert 'relation "noetl.frame" does not exist' in doc["error"]["message"]
+
+
+@pytest.mark.postgres
+def test_postgres_file_script(pg_home: Path, tmp_path: Path) -> None:
+    # `script: {uri, source: {type: file}}` instead of `command:`; the uri is relative to
+    # the e2e repository root, as python_file_example's is (`test_python_file_script`).
+    root = tmp_path / "e2e-root"
+    root.mkdir()
+    (root / "fixtures").symlink_to(NOETL_E2E)
+    doc = run_json(
+        root / "fixtures/playbooks/script_execution/postgres_file_example.yaml", pg_home, cwd=root
+    )
+    assert doc["status"] == "completed", doc["error"]
+    rows = doc["steps"]["verify_records"]["result"]["rows"]
+    assert [r["source"] for r in rows] == ["file", "file", "file"]
+    assert doc["steps"]["run_postgres_from_file"]["result"]["rows"] == [
+        {"total_records": 3, "script_source": "file"}
+    ]
+
+
+@pytest.mark.postgres
+def test_postgres_missing_script_file_names_file_step_and_field(pg_home: Path) -> None:
+    doc = run_json(
+        PLAYBOOKS / "script_execution/postgres_file_example.yaml",
+        pg_home,
+        "--set",
+        "script_path=scripts/no_such.sql",
+        expect=1,
+    )
+    error = doc["error"]
+    assert error["step"] == "run_postgres_from_file"
+    assert "field 'script.uri'" in error["message"] and "scripts/no_such.sql" in error["message"]
+
+
+OWN_PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
+
+
+def test_vars_block_policy_set_reads_output_response(home: Path) -> None:
+    # NoETL's regression config expects vars_test/test_vars_block to complete; the
+    # fixture is not in ../shared, this is our own playbook for its rule.
+    doc = run_json(OWN_PLAYBOOKS / "vars_block.yaml", home)
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["check"]["result"] == {
+        "first_email": "ada@example.com",
+        "all_checks_passed": True,
+    }
+
+
+def test_an_unused_workbook_playbook_without_path_is_not_an_error(home: Path) -> None:
+    path = OWN_PLAYBOOKS / "unused_workbook_playbook.yaml"
+    val = flowtide("validate", str(path), home=home)
+    assert val.returncode == 0, val.stderr
+    doc = run_json(path, home)
+    assert doc["status"] == "completed", doc["error"]
+    assert doc["steps"]["start"]["result"] == {"doubled": 42}

@@ -324,7 +324,7 @@ context["workload"]["action"] = "mutated"
         "vars": {"a": 1},
         "has": True,
         "type": "dict",
-        "eid": 4242,
+        "eid": "4242",
         "dumped": '{"k": 1}',
     }
     assert render["workload"]["action"] == "list_users"
@@ -408,7 +408,7 @@ def test_main_positional_only_and_namespace_specials() -> None:
     code = (
         "def main(a, /, input_data, execution_id=None):\n    return [a, input_data, execution_id]"
     )
-    assert run({"input": {"a": 1}, "code": code}) == [1, {"a": 1}, 4242]
+    assert run({"input": {"a": 1}, "code": code}) == [1, {"a": 1}, "4242"]
 
 
 def test_main_missing_required_parameter_is_a_type_error() -> None:

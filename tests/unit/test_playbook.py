@@ -661,7 +661,7 @@ def test_postgres_step_without_command() -> None:
         """
     )
     assert where(err) == (FILE, 3, 5, "start", "tool.command")
-    assert err.message == "postgres tool requires 'command' (SQL to run)"
+    assert err.message == "postgres tool requires 'command' (SQL to run) or 'script' (a file)"
 
 
 def test_postgres_command_misplaced_on_the_step() -> None:

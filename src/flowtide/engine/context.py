@@ -90,8 +90,25 @@ def envelope(
             "status": None,
         },
         "meta": {"attempt": attempt, "duration_ms": duration_ms},
+        # The tool's result under NoETL's other name for it: its case/policy context binds
+        # the tool response as `response` (and `result`, `this`):
+        # `noetl/worker/case_evaluator.py` `build_eval_context`; vars_test/test_vars_block
+        # reads `output.response.users[0]`.
+        "response": data,
         "http": {"status": (data or {}).get("status_code") if isinstance(data, dict) else None},
     }
+
+
+def execution_ids(execution_id: int) -> dict[str, Any]:
+    """`execution_id` and `job` as templates see them: digit strings, as in NoETL, whose
+    render context sets `execution_id`, `job.uuid`, `job.execution_id` and `job.id` to
+    `str(self.execution_id)` ("convert IDs to strings to prevent JavaScript precision loss
+    with Snowflake IDs": noetl/noetl `noetl/core/dsl/engine/executor/state.py`,
+    `ExecutionState.get_render_context`). So `execution_id[:8]` works, and so do the
+    numeric uses: pasted into SQL as `{{ execution_id }}` it is the same digits, and
+    `{{ execution_id | int }}` is the number."""
+    text = str(execution_id)
+    return {"execution_id": text, "job": {"uuid": text, "execution_id": text, "id": text}}
 
 
 def base_context(
@@ -107,8 +124,7 @@ def base_context(
     out: dict[str, Any] = {}
     for name in step_names:
         out[name] = NotRun(name=name, hint=f"step '{name}' has not run")
-    out["execution_id"] = execution_id
-    out["job"] = {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id}
+    out.update(execution_ids(execution_id))
     out["env"] = env
     out.update(workload)
     out["workload"] = workload

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.context import NO_ENV
+from flowtide.engine.context import NO_ENV, execution_ids
 from flowtide.engine.events import Event
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
@@ -57,8 +57,7 @@ def render_workload(
         "workload": raw,
         "payload": dict(overrides),
         "input": dict(overrides),
-        "execution_id": execution_id,
-        "job": {"uuid": str(execution_id), "execution_id": str(execution_id), "id": execution_id},
+        **execution_ids(execution_id),
         "env": env,
     }
     out: dict[str, Any] = {}

@@ -197,6 +197,43 @@ def child_result(
     return final
 
 
+def pipeline_locals(
+    last_output: Mapping[str, Any] | None, prev_result: Any
+) -> list[dict[str, Any]]:
+    """What a task's own fields see of the calls made before it in the same command:
+    `output`, the envelope of the most recent call (the previous task's, or this task's
+    previous attempt on a retry), and `_prev`, the last successful result. Nothing before
+    the first call, so a first task's `output` is whatever the context has.
+
+    NoETL: `noetl/worker/task_sequence_executor.py` keeps the last call's outcome and
+    result in its `TaskSequenceContext` (`update_success`/`update_error`) and renders each
+    task's config with them (`render_ctx = {**base_context, **ctx.results,
+    **task_seq_dict}`); the cursor loop runs its tasks through the same executor
+    (`noetl/worker/cursor_worker.py`). `batch_execution/frame_heartbeat_regression`'s
+    `mark_done` writes `{{ output.data | tojson }}`, the HTTP task's result before it.
+    """
+    if last_output is None:
+        return []
+    return [{"output": last_output, "_prev": prev_result}]
+
+
+def own_result(name: str, status: str, view: Any, output: Any) -> dict[str, Any]:
+    """The names a task's policy rules and `set` see after its call: `output` (the
+    envelope for rules, the raw result for a task `set`), `result`, and the task's own
+    name bound to the result it just made, when it made one: for a single-tool step that
+    name is the step's, so `then.set: {ctx.total: "{{ update_progress.total }}"}` in step
+    `update_progress` reads the result the rule is judging.
+
+    NoETL: `TaskSequenceContext.update_success` records `results[task_name]` before the
+    rules are evaluated, and the rules render with the task results at the root of their
+    context (`noetl/worker/task_sequence_executor.py`); the server likewise marks a step
+    completed before its `set` renders, "set templates like {{ fetch_with_limit... }} need
+    the step result" (`noetl/core/dsl/engine/executor/events.py`).
+    """
+    names = {name: view} if status == "ok" else {}
+    return {**names, "output": output, "result": view}
+
+
 def _render_code(code: Any, scope: Mapping[str, Any]) -> Any:
     """Jinja inside python `code` is rendered when it can be; code that merely contains
     `{{` (f-string escapes, dict literals) runs as written."""
@@ -311,6 +348,10 @@ class StepRunner:
         results: dict[str, Any] = {}
         calls: list[Call] = []
         last_result: Any = None
+        # The pipeline's most recent call: its `output` envelope and, of the calls that
+        # succeeded, the last result (`_prev`); see `pipeline_locals`.
+        last_output: dict[str, Any] | None = None
+        prev_result: Any = None
         last_status = "ok"
         last_error: dict[str, Any] | None = None
         action = "continue"
@@ -337,11 +378,11 @@ class StepRunner:
                 layers.append(iteration_scope(iterator, element, index, iter_extra))
             layers.append({"ctx": ctx_local, "vars": ctx_local})
             layers.append(base)
-            scope = layered(*layers)
             secrets: set[str] = set()
             attempt = 0
             while True:
                 attempt += 1
+                scope = layered(*(pipeline_locals(last_output, prev_result)), *layers)
                 t0 = time.perf_counter()
                 tctx = self._tool_context(
                     execution_id,
@@ -401,7 +442,11 @@ class StepRunner:
                 output = envelope(
                     status, result if status == "ok" else result, error, attempt, duration_ms
                 )
-                policy_scope = layered({"output": output, "result": result_view(result)}, scope)
+                last_output = output
+                view = result_view(result)
+                if status == "ok":
+                    prev_result = view
+                policy_scope = layered(own_result(task.name, status, view, output), scope)
                 try:
                     rule = select_rule(task.policy, output, policy_scope, step=step.name)
                 except TemplateError as exc:
@@ -427,7 +472,7 @@ class StepRunner:
                     )
                     ctx_local = {**ctx_local, **ctx_updates}
                 if task.set:
-                    set_scope = layered({"output": result}, scope)
+                    set_scope = layered(own_result(task.name, status, view, result), scope)
                     self._apply_set(
                         task.set, set_scope, ctx_local, ctx_updates, iter_extra, pipe, step
                     )

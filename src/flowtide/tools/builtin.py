@@ -325,8 +325,8 @@ SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "postgres",
         "flowtide.tools.postgres:PostgresTool",
-        requires=("command", "query"),
-        requires_text="'command' (SQL to run)",
+        requires=("command", "query", "script"),
+        requires_text="'command' (SQL to run) or 'script' (a file)",
         result="{command_<i>: {columns, rows, row_count}, columns, rows, row_count}",
         doc="SQL on PostgreSQL",
     ),

@@ -43,6 +43,7 @@ from flowtide.tools.postgres_conn import (
 from flowtide.tools.postgres_conn import pool_count as pool_count
 from flowtide.tools.postgres_params import _bind, read_params
 from flowtide.tools.postgres_sql import mask_sql, split_sql
+from flowtide.tools.scripts import load_script
 
 if TYPE_CHECKING:
     import psycopg
@@ -98,15 +99,20 @@ def _statement_error(
 # ---------------------------------------------------------------------------------------
 
 
-def _statements_from(config: Mapping[str, Any]) -> list[str]:
+def _statements_from(config: Mapping[str, Any], ctx: ToolContext) -> list[str]:
     source = None
+    if config.get("script") not in (None, ""):
+        # `script:` before `command:`, as NoETL reads them (`flowtide.tools.scripts`).
+        source, _ = load_script(
+            config["script"], ctx.base_dir, tool="postgres", step=ctx.step, kind="config_error"
+        )
     for key in ("command", "query", "commands", "sql"):
-        if config.get(key) not in (None, ""):
+        if source is None and config.get(key) not in (None, ""):
             source = config[key]
             break
     if source is None:
         raise ToolError(
-            "postgres task has no SQL: set `command` (or `query`) on the tool",
+            "postgres task has no SQL: set `command` (or `query`, or `script`) on the tool",
             kind="config_error",
         )
     scripts = source if isinstance(source, list) else [source]
@@ -150,14 +156,15 @@ class PostgresTool:
     def run(self, config: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Execute every statement of `command`/`query` and return the per-statement results.
 
-        Config: `command` | `query` (str or list of str), `auth` | `credential` (alias,
+        Config: `command` | `query` (str or list of str) or `script` (a file: `{uri,
+        source: {type: file}}`, found as python's are), `auth` | `credential` (alias,
         mapping or DSN), optional `params` (a mapping for `%(name)s`, a list for `%s` in
         a single statement or `$1..$n` in any), optional
         `pool: {max_size, min_size, timeout, max_waiting}`.
         Raises ToolError kind `sql_error` (code = SQLSTATE), `auth`, `connection`,
         `timeout`, `credential` or `config_error` (also for `params` that do not fit).
         """
-        statements = _statements_from(config)
+        statements = _statements_from(config, ctx)
         params = read_params(config, "postgres", ctx.step)
         try:
             import psycopg

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
@@ -76,6 +75,7 @@ from flowtide.tools.python_namespace import _invalid, _json_result, _load_libs, 
 from flowtide.tools.python_output import _Capture, _ensure_routing
 from flowtide.tools.python_pool import ChildPool, Isolation
 from flowtide.tools.python_run import _run_here, _run_with_timeout
+from flowtide.tools.scripts import load_script
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",
@@ -90,27 +90,6 @@ DEFAULT_OUTPUT_LIMIT = 64 * 1024
 """Characters of captured output kept per call; the rest is counted and dropped."""
 
 
-def _resolve_script_path(raw: str, base_dir: Path) -> Path:
-    text = raw.strip()
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    path = Path(text).expanduser()
-    if path.is_absolute():
-        candidates = [path]
-    else:
-        candidates = [Path(base_dir) / path, Path.cwd() / path]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise ToolError(
-        f"python script file not found: {raw!r} (tried {tried})",
-        kind="python_error",
-        code="ScriptNotFound",
-        data={"path": raw, "tried": [str(c) for c in candidates]},
-    )
-
-
 def _load_source(config: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]:
     """The code to run and the filename it is compiled under."""
     code = config.get("code")
@@ -121,45 +100,10 @@ def _load_source(config: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]
     script = config.get("script")
     if script is None:
         raise _invalid("python tool needs `code` or `script`")
-    if isinstance(script, str):
-        script = {"type": "file", "path": script}
-    if not isinstance(script, Mapping):
-        raise _invalid(f"script: expected a mapping or a path, got {type(script).__name__}")
-    source = script.get("source")
-    source_map: Mapping[str, Any] = source if isinstance(source, Mapping) else {}
-    kind = (
-        script.get("type")
-        or source_map.get("type")
-        or (source if isinstance(source, str) else None)
+    text, path = load_script(
+        script, ctx.base_dir, tool="python", step=ctx.step, kind="python_error"
     )
-    inline = script.get("code", source_map.get("code"))
-    location = (
-        script.get("path") or script.get("uri") or source_map.get("path") or source_map.get("uri")
-    )
-    if kind is None:
-        kind = "inline" if inline is not None else "file"
-    if kind == "inline":
-        if not isinstance(inline, str):
-            raise _invalid("script: type inline needs a `code` string")
-        return inline, _CODE_FILENAME
-    if kind == "file":
-        if not isinstance(location, str) or not location.strip():
-            raise _invalid("script: type file needs a `path` or `uri`")
-        path = _resolve_script_path(location, ctx.base_dir)
-        try:
-            return path.read_text(encoding="utf-8"), str(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ToolError(
-                f"cannot read python script {str(path)!r}: {exc}",
-                kind="python_error",
-                code="ScriptNotReadable",
-                data={"path": str(path)},
-            ) from None
-    raise ToolError(
-        f"script source type {kind!r} is not supported (supported: file, inline)",
-        kind="python_error",
-        code="UnsupportedScriptSource",
-    )
+    return text, path or _CODE_FILENAME
 
 
 def _effective_timeout(config: Mapping[str, Any], ctx: ToolContext) -> float | None:

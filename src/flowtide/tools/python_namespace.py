@@ -38,7 +38,8 @@ def _namespace(
         "__name__": _MODULE_NAME,
         "__builtins__": builtins,
         "json": json,
-        "execution_id": execution_id,
+        # A digit string, as templates see it (`flowtide.engine.context.execution_ids`).
+        "execution_id": str(execution_id),
     }
     if unit.filename != _CODE_FILENAME:
         ns["__file__"] = unit.filename

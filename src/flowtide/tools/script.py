@@ -41,7 +41,7 @@ from typing import Any
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, seconds
 from flowtide.tools.process import RunsPrograms, start_error, stopped_error
-from flowtide.tools.python import _resolve_script_path
+from flowtide.tools.scripts import script_path
 from flowtide.tools.shell import last_line, launch_of
 
 __all__ = ["DEFAULT_TIMEOUT", "ScriptTool"]
@@ -88,7 +88,7 @@ def _script_path(config: Mapping[str, Any], ctx: ToolContext) -> Path:
         )
     if kind != "file":
         raise _invalid(f"script source type {kind!r} is not supported (supported: file)")
-    return _resolve_script_path(location, ctx.base_dir)
+    return script_path(location, ctx.base_dir, tool="script", step=ctx.step, kind="script_error")
 
 
 def _args(config: Mapping[str, Any]) -> str:

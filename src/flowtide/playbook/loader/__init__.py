@@ -61,6 +61,10 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         raise PlaybookErrors(c.errors)
 
     workbook: dict[str, Task] = {}
+    # An action's errors count only if a step calls it: NoETL looks a workbook action up
+    # by name when a step runs it (`noetl/worker/plugin/workbook.py`,
+    # `execute_workbook_task`), so one that no step uses is never read.
+    action_errors: dict[str, list[PlaybookError]] = {}
     wb_raw = data.get("workbook") or []
     if isinstance(wb_raw, list):
         for i, item in enumerate(wb_raw):
@@ -75,7 +79,10 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                 tpath = wpath
             else:
                 tpath = (*wpath, "tool")
+            before = len(c.errors)
             task = _parse_task(c, tool_raw, tpath, f"workbook:{name}", None, None, item)
+            action_errors[name] = c.errors[before:]
+            del c.errors[before:]
             if task:
                 workbook[name] = Task(
                     name=name,
@@ -146,6 +153,18 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                         expected="one of: "
                         + (", ".join(workbook) or "(the playbook has no workbook)"),
                     )
+
+    used = {
+        str(task.config.get("name"))
+        for step in steps.values()
+        for task in step.tasks
+        if task.kind == "workbook"
+    }
+    for name, errors in action_errors.items():
+        if name in used:
+            c.errors.extend(errors)
+        elif errors:
+            workbook.pop(name, None)
 
     executor = data.get("executor") or {}
     entry = None

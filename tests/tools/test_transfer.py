@@ -14,7 +14,7 @@ import pytest
 from flowtide.errors import PlaybookErrors, ToolError
 from flowtide.playbook import parse_playbook
 from flowtide.tools import transfer_io
-from flowtide.tools.transfer import TransferTool
+from flowtide.tools.transfer import TransferTool, endpoint_type
 
 pytestmark = pytest.mark.postgres
 
@@ -351,3 +351,27 @@ workflow:
         (7, "start", "tool.mode"),
     ]
     assert "pb.yaml:5" in str(info.value)
+
+
+def test_the_loader_takes_every_spelling_the_tool_runs() -> None:
+    # What `endpoint_type` accepts when the step runs, `validate` accepts too: NoETL's
+    # other names of a type, and `type: file` with its `format`.
+    text = """\
+workflow:
+  - step: start
+    tool:
+      kind: transfer
+      source: {type: pg, auth: a, query: "SELECT 1"}
+      target: {type: file, format: ndjson, path: out.json}
+  - step: again
+    tool:
+      kind: transfer
+      source: {type: postgresql, auth: a, query: "SELECT 1"}
+      target: {type: file, format: xlsx, path: out.xlsx}
+"""
+    assert endpoint_type({"type": "pg"}, "source") == "postgres"
+    assert endpoint_type({"type": "file", "format": "ndjson"}, "target") == "json"
+    with pytest.raises(PlaybookErrors) as info:
+        parse_playbook(text, "pb.yaml")
+    found = [(e.line, e.step, e.field) for e in info.value.errors]
+    assert found == [(11, "again", "tool.target.format")]

@@ -57,13 +57,19 @@ NATS_OPERATIONS: dict[str, tuple[str, ...]] = {
 }
 #: Where a nats task may say which server to use.
 NATS_SERVER_FIELDS = ("auth", "credential", "nats_url")
-# `transfer` (flowtide.tools.transfer): the types each side may have, its modes, engines.
-_TRANSFER_SIDES = {
-    "source": ("http", "postgres", "duckdb", "parquet", "csv", "json", "file"),
-    "target": ("postgres", "duckdb", "parquet", "csv", "json", "file"),
+# `transfer` (flowtide.tools.transfer reads these too): the types each side may have
+# (`type: file` takes its `format`), the other spellings NoETL accepts, modes, engines.
+TRANSFER_SOURCE_TYPES = ("http", "postgres", "duckdb", "parquet", "csv", "json")
+TRANSFER_TARGET_TYPES = ("postgres", "duckdb", "parquet", "csv", "json")
+TRANSFER_TYPE_ALIASES = {
+    "postgresql": "postgres",
+    "pg": "postgres",
+    "jsonl": "json",
+    "ndjson": "json",
 }
-_TRANSFER_MODES = ("append", "insert", "replace", "upsert")
-_TRANSFER_ENGINES = ("python", "spark")
+TRANSFER_MODES = ("append", "insert", "replace", "upsert")
+TRANSFER_ENGINES = ("python", "spark")
+_TRANSFER_SIDES = {"source": TRANSFER_SOURCE_TYPES, "target": TRANSFER_TARGET_TYPES}
 _ARTIFACT_ACTIONS = ("get", "put")
 _FALSE_WORDS = ("false", "0", "no", "off", "")
 _TEMPLATE_PARTS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.DOTALL)
@@ -288,14 +294,19 @@ def _check_transfer(t: TaskCheck) -> None:
                 expected=" | ".join(types),
             )
             continue
-        _check_choice(t, spec[key], types, (*t.at(side), key), f"{side} type")
+        written, at = spec[key], (*t.at(side), key)
+        if isinstance(written, str) and written.strip().lower() == "file" and "format" in spec:
+            written, at = spec["format"], (*t.at(side), "format")
+        if isinstance(written, str):
+            written = TRANSFER_TYPE_ALIASES.get(written.strip().lower(), written)
+        _check_choice(t, written, types, at, f"{side} type")
     raw_target = config.get("target")
     target: Mapping[str, Any] = raw_target if isinstance(raw_target, dict) else {}
     for owner, at in ((config, t.at("mode")), (target, (*t.at("target"), "mode"))):
         if "mode" in owner:
-            _check_choice(t, owner["mode"], _TRANSFER_MODES, at, "transfer mode")
+            _check_choice(t, owner["mode"], TRANSFER_MODES, at, "transfer mode")
     if "engine" in config:
-        _check_choice(t, config["engine"], _TRANSFER_ENGINES, t.at("engine"), "transfer engine")
+        _check_choice(t, config["engine"], TRANSFER_ENGINES, t.at("engine"), "transfer engine")
 
 
 def _check_artifact(t: TaskCheck) -> None:
@@ -399,8 +410,8 @@ SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "transfer",
         "flowtide.tools.transfer:TransferTool",
-        requires=("source",),
-        requires_text="'source' and 'target' (each a mapping with a 'type')",
+        # Both sides are required: the check says which is missing (`requires` means any
+        # one of its fields).
         check=_check_transfer,
         result="{status, direction, source_type, target_type, mode, engine, rows_read,"
         " rows_written, rows_transferred, chunks_processed, seconds, ...}",

@@ -42,15 +42,22 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
+from flowtide.tools.builtin import (
+    TRANSFER_ENGINES,
+    TRANSFER_MODES,
+    TRANSFER_SOURCE_TYPES,
+    TRANSFER_TARGET_TYPES,
+    TRANSFER_TYPE_ALIASES,
+)
 
 __all__ = ["MODES", "SOURCE_TYPES", "TARGET_TYPES", "Plan", "TransferTool"]
 
-SOURCE_TYPES = ("http", "postgres", "duckdb", "parquet", "csv", "json")
-TARGET_TYPES = ("postgres", "duckdb", "parquet", "csv", "json")
-MODES = ("append", "insert", "replace", "upsert")
-ENGINES = ("python", "spark")
+SOURCE_TYPES = TRANSFER_SOURCE_TYPES
+TARGET_TYPES = TRANSFER_TARGET_TYPES
+MODES = TRANSFER_MODES
+ENGINES = TRANSFER_ENGINES
 DEFAULT_CHUNK_SIZE = 1000
-_TYPE_ALIASES = {"postgresql": "postgres", "pg": "postgres", "jsonl": "json", "ndjson": "json"}
+_TYPE_ALIASES = TRANSFER_TYPE_ALIASES
 
 
 def endpoint_type(spec: Any, side: str) -> str:

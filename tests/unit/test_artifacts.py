@@ -206,6 +206,13 @@ workflow:
     with pytest.raises(ToolError) as info:
         pipeline._recorded(BIG, text, spec, {"xxxxxxxx"}, lambda v, t: {})
     assert info.value.kind == "result_too_large"
+    # The store has a limit too: past it, nothing is written and the step fails.
+    monkeypatch.setattr(pipeline, "MAX_STORED_RESULT_BYTES", 60_000)
+    stored: list[str] = []
+    with pytest.raises(ToolError) as info:
+        pipeline._recorded(BIG, text, spec, set(), lambda v, t: stored.append(t) or {})
+    assert info.value.kind == "result_too_large" and "FLOWTIDE_MAX_STORED" in info.value.message
+    assert stored == []
 
 
 def test_the_loader_checks_output_and_artifact() -> None:

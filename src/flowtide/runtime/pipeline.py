@@ -32,6 +32,11 @@ STDOUT_LIMIT = 16 * 1024
 #: stored by reference (`flowtide.artifacts`); one that cannot be is a
 #: `result_too_large` error, never a report the server refuses.
 MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
+#: Largest result stored by reference (FLOWTIDE_MAX_STORED_RESULT_BYTES, JSON bytes): the
+#: artifact store has a limit too; past it the step fails with `result_too_large`.
+MAX_STORED_RESULT_BYTES = int(
+    os.environ.get("FLOWTIDE_MAX_STORED_RESULT_BYTES") or 512 * 1024 * 1024
+)
 
 
 def _json_result(result: Any) -> Any:
@@ -70,7 +75,8 @@ def _recorded(
     Raises:
         ToolError: kind result_too_large (over MAX_RESULT_BYTES and holding a credential
             value the tools touched, which is never written to the artifact store: the
-            event log seals such values, the store cannot), or the store's errors.
+            event log seals such values, the store cannot; or over
+            MAX_STORED_RESULT_BYTES), or the store's errors.
     """
     size = len(text.encode("utf-8", "replace"))
     if spec.inline_max_bytes is not None:
@@ -86,6 +92,13 @@ def _recorded(
             f"the result is {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit"
             " (FLOWTIDE_MAX_RESULT_BYTES), and holds a credential value, so it is not"
             " stored by reference: write large data to a table or a file",
+            kind="result_too_large",
+        )
+    if size > MAX_STORED_RESULT_BYTES:
+        raise ToolError(
+            f"the result is {size} bytes of JSON, over the {MAX_STORED_RESULT_BYTES}-byte"
+            " limit of results stored by reference (FLOWTIDE_MAX_STORED_RESULT_BYTES):"
+            " write large data to a table or a file",
             kind="result_too_large",
         )
     return store(value, text)

@@ -256,9 +256,9 @@ def test_a_root_process_runs_commands_as_the_python_user() -> None:
     ],
 )
 def test_shell_syntax_is_refused_without_shell(command: str, what: str) -> None:
-    error = fail({"cmds": ["echo first", command]})
+    error = fail({"cmds": ["echo first", command], "shell": False})
     assert error.kind == "config_error"
-    assert what in error.message and "shell: true" in error.message
+    assert what in error.message and "shell: false" in error.message
     assert error.data is None  # nothing ran, not even the first command
 
 
@@ -294,18 +294,33 @@ def test_a_value_with_rm_rf_stays_one_argument(open_dir: Path) -> None:
     canary.mkdir()
     canary.chmod(0o777)
     (canary / "keep").write_text("x")
-    value = f"x; rm -rf {canary}"
-    template = "printf '[%s]' {{ v | shlex_quote }}"
-    command = render(template, {"v": value})
-    result = run({"cmds": [command]})
-    assert result["data"]["stdout"] == f"[{value}]"  # one argument, printed whole
-    # with a shell too
-    result = run({"cmds": [command], "shell": True})
-    assert result["data"]["stdout"] == f"[{value}]"
-    # unquoted, the value's `;` is refused: nothing runs
-    unquoted = render("printf '[%s]' {{ v }}", {"v": value})
-    assert fail({"cmds": [unquoted]}).kind == "config_error"
+    for value in (f"x; rm -rf {canary}", f'x"; rm -rf {canary}; "', f"$(rm -rf {canary})"):
+        scope = {"v": value}
+        # With the shell (the default), the value reaches it as a variable, wherever the
+        # template stands: unquoted, in double quotes, in single quotes.
+        for written in ("printf '[%s]' {{ v }}", 'printf "[%s]" "{{ v }}"', "echo '[{{ v }}]'"):
+            result = run({"cmds": [written]}, render_context=scope)
+            assert result["data"]["stdout"].strip() == f"[{value}]", written
+            # The script that ran (and its preview) holds the variable, not the value.
+            assert "FLOWTIDE_ARG_1" in result["data"]["commands"][0]["cmd_preview"]
+        # Without a shell, quoted with shlex_quote: one argument; unquoted, a value whose
+        # `;` or `$(` would be shell syntax is refused and nothing runs.
+        quoted = {"cmds": ["printf '[%s]' {{ v | shlex_quote }}"], "shell": False}
+        assert run(quoted, render_context=scope)["data"]["stdout"] == f"[{value}]"
+        if ";" in value.split('"')[0] or "$(" in value:
+            unquoted = {"cmds": ["printf '[%s]' {{ v }}"], "shell": False}
+            assert fail(unquoted, render_context=scope).kind == "config_error"
     assert (canary / "keep").exists()
+
+
+def test_a_template_where_no_value_can_go_is_refused() -> None:
+    block = fail({"cmds": ["{% if x %}rm -rf /tmp/x{% endif %}"]}, render_context={"x": 1})
+    assert block.kind == "config_error" and "`{%` block" in block.message
+    heredoc = fail({"cmds": ["python - <<'EOF'\nprint({{ x }})\nEOF"]}, render_context={"x": 1})
+    assert heredoc.kind == "config_error" and "quoted here-document" in heredoc.message
+    # An unquoted here-document expands the variable.
+    result = run({"cmds": ["cat <<EOF\nvalue: {{ x }}\nEOF"]}, render_context={"x": "$(id)"})
+    assert result["data"]["stdout"] == "value: $(id)\n"
 
 
 def test_the_rm_rf_value_through_a_playbook(open_dir: Path) -> None:
@@ -324,13 +339,23 @@ def test_the_rm_rf_value_through_a_playbook(open_dir: Path) -> None:
             - step: start
               tool:
                 kind: shell
+                cmds:
+                  - echo "<{{ name }}>"
+                  - printf '<%s>' {{ name }}
+              next: [{step: argv}]
+            - step: argv
+              tool:
+                kind: shell
+                shell: false
                 cmds: ["printf '<%s>' {{ name | shlex_quote }}"]
             """
         )
     )
     doc = flowtide.run(book, workload={"name": f"x; rm -rf {canary}"}, home=open_dir / "home")
     assert doc["status"] == "completed", doc
-    assert doc["steps"]["start"]["result"]["data"]["stdout"] == f"<x; rm -rf {canary}>"
+    ran = doc["steps"]["start"]["result"]["data"]["commands"]
+    assert [c["stdout"] for c in ran] == [f"<x; rm -rf {canary}>\n", f"<x; rm -rf {canary}>"]
+    assert doc["steps"]["argv"]["result"]["data"]["stdout"] == f"<x; rm -rf {canary}>"
     assert (canary / "keep").exists()
 
 
@@ -351,20 +376,24 @@ def test_validation_names_file_line_step_and_field(tmp_path: Path) -> None:
             - step: start
               tool:
                 kind: shell
+                shell: false
                 cmds:
                   - echo fine
                   - "cat {{ file }} | wc -l"
             - step: other
               tool: {kind: shell}
             - step: with_shell
-              tool: {kind: shell, shell: true, cmds: ["cat x | wc -l"]}
+              tool: {kind: shell, cmds: ["cat {{ file }} | wc -l"]}
+            - step: with_a_block
+              tool: {kind: shell, cmds: ["{% if x %}ls{% endif %}"]}
             """
         )
     )
     with pytest.raises(PlaybookError) as info:
         load_playbook(book)
     text = str(info.value)
-    assert "bad.yaml:10:" in text and "step 'start'" in text
+    assert "step 'with_a_block'" in text and "`{%` block" in text
+    assert "bad.yaml:13:" in text and "step 'start'" in text
     assert "tool.cmds[1]" in text and "a pipe `|`" in text
     assert "step 'other'" in text and "'cmds' (a list of commands)" in text
     assert "with_shell" not in text

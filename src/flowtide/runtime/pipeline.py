@@ -23,6 +23,7 @@ from flowtide.jsonvalues import dumps, to_json
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
 from flowtide.redaction import remember
+from flowtide.tools import kinds
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
@@ -247,6 +248,23 @@ def own_result(name: str, status: str, view: Any, output: Any) -> dict[str, Any]
     return {**names, "output": output, "result": view}
 
 
+def _rendered_config(task: Task, scope: Mapping[str, Any], step: Step) -> dict[str, Any]:
+    """`task`'s config rendered against `scope`, but the fields its kind renders itself
+    (`ToolSpec.unrendered`), which stay as written."""
+    spec = kinds.find(task.kind)
+    unrendered = spec.unrendered if spec is not None else ()
+    return {
+        k: (
+            v
+            if k in unrendered
+            else _render_code(v, scope)
+            if k == "code"
+            else render(v, scope, step=step.name, field=k)
+        )
+        for k, v in task.config.items()
+    }
+
+
 def _render_code(code: Any, scope: Mapping[str, Any]) -> Any:
     """Jinja inside python `code` is rendered when it can be; code that merely contains
     `{{` (f-string escapes, dict literals) runs as written."""
@@ -321,22 +339,8 @@ class StepRunner:
             defaults = action.input or {}
             merged = {**defaults, **(rendered_input or {})}
             inner_scope = layered(merged, scope)
-            config = {
-                k: (
-                    _render_code(v, inner_scope)
-                    if k == "code"
-                    else render(v, inner_scope, step=step.name, field=k)
-                )
-                for k, v in action.config.items()
-            }
-            return action, config, merged
-        config = {
-            k: (
-                _render_code(v, scope) if k == "code" else render(v, scope, step=step.name, field=k)
-            )
-            for k, v in task.config.items()
-        }
-        return task, config, rendered_input
+            return action, _rendered_config(action, inner_scope, step), merged
+        return task, _rendered_config(task, scope, step), rendered_input
 
     def run(
         self,
@@ -412,6 +416,9 @@ class StepRunner:
                 result: Any = None
                 try:
                     effective, config, tool_input = self._resolve(task, scope, step)
+                    if effective is not task:
+                        # A workbook action's templates see its inputs over the scope.
+                        tctx.render_context = layered(tool_input or {}, scope)
                     if effective.kind == "python" and iterator is not None:
                         # Python code inside a loop sees the element by its iterator name
                         # and `loop_index`, as templates do; explicit inputs win.

@@ -209,15 +209,17 @@ def _check_nats(t: TaskCheck) -> None:
 
 
 def _check_shell(t: TaskCheck) -> None:
-    """Commands are strings; without `shell: true`, their own text (templates aside: the
-    tool checks their values once rendered) needs no shell."""
+    """Commands are strings. With a shell (the default), their templates must stand where
+    a value can (`flowtide.playbook.shellvalues`); with `shell: false`, their own text
+    (templates aside: the tool checks their values once rendered) needs no shell."""
     from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
+    from flowtide.playbook.shellvalues import ShellTemplateError, shell_script
 
     config = t.config
     key = next((k for k in ("cmds", "cmd", "command") if config.get(k) not in (None, "")), "")
     commands = config.get(key)
     items = commands if isinstance(commands, list) else [commands]
-    shell = config.get("shell")
+    shell = config.get("shell", True)
     if isinstance(shell, str):
         argv_mode = not _is_template(shell) and shell.strip().lower() in _FALSE_WORDS
     else:
@@ -230,15 +232,21 @@ def _check_shell(t: TaskCheck) -> None:
         if not isinstance(command, str | int | float) or isinstance(command, bool):
             t.error(where, "a shell command must be a string")
             continue
-        if not argv_mode or not isinstance(command, str):
+        if not isinstance(command, str):
+            continue
+        if not argv_mode:
+            try:
+                shell_script(command)
+            except ShellTemplateError as exc:
+                t.error(where, str(exc))
             continue
         problem = shell_syntax(normalize_command(_TEMPLATE_PARTS.sub("x", command)))
         if problem is not None:
             t.error(
                 where,
-                f"shell command uses shell syntax, {problem}, outside quotes; flowtide runs"
-                " commands without a shell unless the task says `shell: true`",
-                expected="shell: true, or plain words (quote values with | shlex_quote)",
+                f"shell command uses shell syntax, {problem}, outside quotes, and the task"
+                " says `shell: false` (no shell)",
+                expected="no `shell: false`, or plain words (quote values with | shlex_quote)",
             )
 
 
@@ -395,8 +403,9 @@ SPECS: tuple[ToolSpec, ...] = (
         requires=("cmds", "cmd", "command"),
         requires_text="'cmds' (a list of commands)",
         check=_check_shell,
+        unrendered=("cmds", "cmd", "command"),
         result="{status, data: {returncode, stdout, stderr, duration_ms, commands}, text}",
-        doc="commands run one after the other, without a shell unless `shell: true`",
+        doc="commands run one after the other with /bin/sh, template values as variables",
     ),
     ToolSpec(
         "script",

@@ -13,14 +13,15 @@ default 600; flowtide's `timeout` too, the smaller wins), and the result is its 
 
 Where flowtide differs, for safety:
 
-* **No shell by default.** NoETL runs each command with `/bin/sh -c`. Here a command is
-  split into words by POSIX quoting rules (`shlex.split`) and run as that argument
-  list, so a value pasted into it by a template can never become a second command. A
-  command that uses what only a shell understands (`|`, `;`, `&`, `>`, `<`, `$VAR`,
-  `$(...)`, backquotes, a second line, a `#` comment) outside quotes is refused, when
-  the playbook is loaded and again after rendering, never run differently: write
-  `shell: true` on the task to run each command with `/bin/sh -c`, and quote values
-  with `{{ value | shlex_quote }}` there. Without a shell nothing expands `~` or globs.
+* **Values never become code.** As in NoETL, each command runs with `/bin/sh -c`, but its
+  templates are not pasted into the script: each `{{ expression }}` becomes a variable
+  reference (`"${FLOWTIDE_ARG_1}"`, quoted for where it stands) and the variable holds
+  the rendered value (`flowtide.playbook.shellvalues`), so a value holding `"; rm -rf`
+  or `$(...)` is text to the script. An unquoted value stays one word (NoETL's shell
+  would split it). `{% %}` blocks and templates in a quoted here-document are refused.
+  `shell: false` runs each rendered command as an argument list (`shlex.split`) with no
+  shell at all; there, what only a shell understands (`|`, `;`, `>`, `$VAR`, a second
+  line...) outside quotes is refused, never run differently.
 * The environment is not the worker's: PATH, LANG, LC_*, TZ, TMPDIR, HOME and the
   variables templates may see, then the task's `env` (as python steps get).
 * A relative `cwd` is taken from the playbook's folder.
@@ -42,11 +43,14 @@ import json
 import shlex
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
+from flowtide.playbook.shellvalues import ShellTemplateError, shell_script, variable
+from flowtide.playbook.template import render, render_string
 from flowtide.tools.base import ToolContext, positive_field, seconds
 from flowtide.tools.process import (
     Finished,
@@ -102,8 +106,47 @@ def flag(value: Any, name: str) -> bool:
     raise _invalid(f"`{name}` must be true or false, not {type(value).__name__}")
 
 
+def _text(value: Any) -> str:
+    """A rendered value as the text a template pasted into a command would have been
+    (JSON for a list or a mapping, as `env` values are)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return "" if value is None else str(value)
+
+
+def shell_command(raw: str, index: int, ctx: ToolContext) -> tuple[str, list[str], dict[str, str]]:
+    """Command `index` as written (`raw`, templates and all) ready to run: the script's
+    text (`${FLOWTIDE_ARG_<n>}` where its templates were), its argv, and the variables
+    holding the templates' values.
+
+    Raises:
+        ToolError: config_error (a template where no value can go, an empty command);
+            TemplateError from rendering a value.
+    """
+    try:
+        script = shell_script(raw)
+    except ShellTemplateError as exc:
+        raise _invalid(f"cmds[{index}]: {exc}") from None
+    if not script.text.strip():
+        raise _invalid(f"cmds[{index}] is empty")
+    values = {
+        variable(n): _text(
+            render_string(
+                "{{ " + expression + " }}",
+                ctx.render_context,
+                step=ctx.step,
+                field=f"cmds[{index}]",
+            )
+        )
+        for n, expression in enumerate(script.expressions, 1)
+    }
+    return script.text, [SHELL, "-c", script.text], values
+
+
 def command_argv(text: str, index: int, use_shell: bool) -> list[str]:
-    """The argument list of command `index`: `/bin/sh -c text` with `shell: true`,
+    """The argument list of command `index` (rendered): `/bin/sh -c text` with a shell,
     else its words.
 
     Raises:
@@ -117,10 +160,9 @@ def command_argv(text: str, index: int, use_shell: bool) -> list[str]:
     problem = shell_syntax(line)
     if problem is not None:
         raise _invalid(
-            f"cmds[{index}] uses shell syntax, {problem}, outside quotes, and flowtide runs"
-            " commands without a shell: set `shell: true` on the task to run them with"
-            " /bin/sh, or quote a value that holds such characters with"
-            " `{{ value | shlex_quote }}`"
+            f"cmds[{index}] uses shell syntax, {problem}, outside quotes, and the task says"
+            " `shell: false` (no shell): drop `shell: false` to run it with /bin/sh, or"
+            " quote a value that holds such characters with `{{ value | shlex_quote }}`"
         )
     argv = shlex.split(line)
     if not argv:
@@ -224,18 +266,26 @@ class ShellTool(RunsPrograms):
     kind = "shell"
 
     def run(self, config: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        texts = _commands(config)
-        use_shell = flag(config.get("shell"), "shell")
-        # Every command is checked before the first one runs.
-        argvs = [command_argv(text, i, use_shell) for i, text in enumerate(texts)]
+        # The commands arrive as written (ToolSpec.unrendered): with a shell, their
+        # templates' values travel as variables; without one, they are rendered here.
+        raws = _commands(config)
+        use_shell = flag(config.get("shell", True), "shell")
+        # Every command is checked (and its values rendered) before the first one runs.
+        planned: list[tuple[str, list[str], dict[str, str]]] = []
+        for i, raw in enumerate(raws):
+            if use_shell:
+                planned.append(shell_command(raw, i, ctx))
+            else:
+                text = str(render(raw, ctx.render_context, step=ctx.step, field=f"cmds[{i}]"))
+                planned.append((text, command_argv(text, i, False), {}))
         timeout = seconds(config, ctx, "timeout_seconds", default=DEFAULT_TIMEOUT)
         assert timeout is not None
         launch = launch_of(config, ctx, config.get("env"), "env")
         started = time.monotonic()
         records: list[dict[str, Any]] = []
-        for index, (text, argv) in enumerate(zip(texts, argvs, strict=True)):
+        for index, (text, argv, values) in enumerate(planned):
             try:
-                run = launch.run(argv, timeout)
+                run = replace(launch, env={**launch.env, **values}).run(argv, timeout)
             except OSError as exc:
                 error = start_error(exc, argv[0], f"cmds[{index}]", launch.user)
                 records.append(

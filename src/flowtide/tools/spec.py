@@ -110,6 +110,10 @@ class ToolSpec:
     strict: bool = False
     #: More checks of one task: report problems on the TaskCheck.
     check: Callable[[TaskCheck], None] | None = None
+    #: Fields the runtime hands to the runner as written, templates and all: the runner
+    #: renders them itself against `ToolContext.render_context` (the shell tool passes
+    #: the values of its commands' templates as environment variables, never as code).
+    unrendered: tuple[str, ...] = ()
     #: What `run` returns (the result a later step reads), for the docs.
     result: str = ""
     #: One line: what the kind does.

@@ -318,6 +318,8 @@ def test_a_template_where_no_value_can_go_is_refused() -> None:
     assert block.kind == "config_error" and "`{%` block" in block.message
     heredoc = fail({"cmds": ["python - <<'EOF'\nprint({{ x }})\nEOF"]}, render_context={"x": 1})
     assert heredoc.kind == "config_error" and "quoted here-document" in heredoc.message
+    trimmed = run({"cmds": ["echo {{- x -}}"]}, render_context={"x": "a b"})
+    assert trimmed["data"]["stdout"] == "a b\n"
     # An unquoted here-document expands the variable.
     result = run({"cmds": ["cat <<EOF\nvalue: {{ x }}\nEOF"]}, render_context={"x": "$(id)"})
     assert result["data"]["stdout"] == "value: $(id)\n"

@@ -82,7 +82,8 @@ def shell_script(text: str) -> ShellScript:
     while i < n:
         match = _EXPRESSION.match(text, i)
         if match is not None:
-            expressions.append(match.group(1).strip())
+            # Jinja's whitespace control (`{{- x -}}`) has no meaning for a variable.
+            expressions.append(match.group(1).strip().removeprefix("-").removesuffix("-").strip())
             name = variable(len(expressions))
             if in_heredoc is not None:
                 if in_heredoc[1]:

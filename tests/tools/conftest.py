@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    StreamingResponse,
+)
 
 from flowtide.credentials import CredentialVault
 from flowtide.errors import NotFoundError
@@ -139,6 +144,15 @@ def _build_stub_app() -> FastAPI:
     @app.get("/text")
     async def text_ok() -> Response:
         return PlainTextResponse("plain text body")
+
+    @app.get("/endless")
+    async def endless() -> Response:
+        # A body with no Content-Length that goes on (up to 64 MiB): a reader has to stop.
+        async def chunks() -> Any:
+            for _ in range(1024):
+                yield b"x" * 65536
+
+        return StreamingResponse(chunks(), media_type="text/plain")
 
     @app.get("/empty-json")
     async def empty_json() -> Response:

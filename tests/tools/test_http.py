@@ -266,3 +266,21 @@ def test_parallel_requests_overlap_on_one_client(http_stub: Any, make_ctx: Any) 
     stats = run({"url": f"{http_stub.url}/probe/stats"}, make_ctx())["data"]
     assert stats["max_active"] >= 32
     assert len(httpmod._clients) == 1
+
+
+def test_a_response_past_the_limit_is_not_read(http_stub: Any, make_ctx: Any) -> None:
+    # No Content-Length: the body is read until it passes the limit, then dropped.
+    with pytest.raises(ToolError) as info:
+        run({"url": f"{http_stub.url}/endless", "max_response_bytes": 1_000_000}, make_ctx())
+    assert info.value.kind == "response_too_large" and "1000000-byte limit" in info.value.message
+    # A declared Content-Length over the limit is refused before the body is read.
+    with pytest.raises(ToolError) as info:
+        run({"url": f"{http_stub.url}/text", "max_response_bytes": 5}, make_ctx())
+    assert "Content-Length is 15 bytes" in info.value.message
+    # Under the limit nothing changes; a bad limit is a config error.
+    assert run({"url": f"{http_stub.url}/text", "max_response_bytes": 15}, make_ctx())["data"] == (
+        "plain text body"
+    )
+    with pytest.raises(ToolError) as info:
+        run({"url": f"{http_stub.url}/text", "max_response_bytes": "lots"}, make_ctx())
+    assert info.value.kind == "config_error"

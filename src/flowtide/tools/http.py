@@ -8,7 +8,9 @@ Result (NoETL's shape, so `{{ step.data }}`, `response.get('body')` and
 
 A response with status >= 400 raises ToolError whose `data` is that same dict, with the kind
 NoETL policies test: rate_limit (429), server_error (5xx), auth (401/403), not_found (404),
-client_error (other 4xx); transport failures are timeout or connection.
+client_error (other 4xx); transport failures are timeout or connection. A response body
+over `max_response_bytes` (default FLOWTIDE_HTTP_MAX_RESPONSE_BYTES, 256 MiB) is not read
+further: the task fails with kind `response_too_large`, before it can fill the memory.
 
 httpx is imported lazily: start-up time matters and most playbooks never make a request.
 """
@@ -19,6 +21,7 @@ import atexit
 import base64
 import email.utils
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["HttpTool", "close_clients"]
 
 DEFAULT_TIMEOUT = 30.0
+#: Largest response body read (bytes, as received); `max_response_bytes` on a task.
+MAX_RESPONSE_BYTES = int(os.environ.get("FLOWTIDE_HTTP_MAX_RESPONSE_BYTES") or 256 * 1024 * 1024)
 # Sized for a parallel loop of ~64 in-flight requests; beyond that, requests wait for a free
 # connection (bounded by the request's own timeout) instead of opening sockets without limit.
 MAX_CONNECTIONS = 100
@@ -264,9 +269,37 @@ def _response_headers(response: httpx.Response) -> dict[str, str]:
     return headers
 
 
-def _response_data(response: httpx.Response) -> Any:
+def _read_body(response: httpx.Response, limit: int, what: str) -> str:
+    """The body of a streamed `response` as text, read no further than `limit` bytes.
+
+    Raises:
+        ToolError: kind response_too_large.
+    """
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(what, f"its Content-Length is {int(declared)} bytes", limit)
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(what, "its body goes on", limit)
+        chunks.append(chunk)
+    encoding = response.encoding or "utf-8"
+    return b"".join(chunks).decode(encoding, errors="replace")
+
+
+def _too_large(what: str, why: str, limit: int) -> ToolError:
+    return ToolError(
+        f"{what}: the response is too large: {why} past the {limit}-byte limit"
+        " (`max_response_bytes`, FLOWTIDE_HTTP_MAX_RESPONSE_BYTES); nothing more was read",
+        kind="response_too_large",
+        code="RESPONSE_TOO_LARGE",
+    )
+
+
+def _response_data(response: httpx.Response, text: str) -> Any:
     content_type = response.headers.get("content-type", "").lower()
-    text = response.text
     if "json" in content_type:
         if not text.strip():
             return None
@@ -276,6 +309,22 @@ def _response_data(response: httpx.Response) -> Any:
         except ValueError:
             return text  # the server lied about the content type; keep what it sent
     return text
+
+
+def _max_response_bytes(config: Mapping[str, Any]) -> int:
+    raw = config.get("max_response_bytes")
+    if raw in (None, ""):
+        return MAX_RESPONSE_BYTES
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        limit = 0
+    if limit <= 0:
+        raise ToolError(
+            f"`max_response_bytes` must be a positive number of bytes, not {raw!r}",
+            kind="config_error",
+        )
+    return limit
 
 
 def _retry_after(value: str | None) -> float | int | None:
@@ -352,16 +401,20 @@ class HttpTool:
         timeout = _timeout(config, ctx)
         client = _shared_client(_verify_setting(config.get("verify_ssl", config.get("verify"))))
 
+        limit = _max_response_bytes(config)
         try:
-            response = client.request(
-                method,
-                url,
-                params=params or None,
-                headers=headers,
-                timeout=timeout,
-                follow_redirects=_as_bool(config.get("follow_redirects"), True),
-                **body,
+            request = client.build_request(
+                method, url, params=params or None, headers=headers, timeout=timeout, **body
             )
+            response = client.send(
+                request,
+                stream=True,
+                follow_redirects=_as_bool(config.get("follow_redirects"), True),
+            )
+            try:
+                text = _read_body(response, limit, f"{method} {url}")
+            finally:
+                response.close()
         except httpx.TimeoutException as exc:
             raise ToolError(
                 f"{method} {url} timed out after {timeout:g} s ({type(exc).__name__})",
@@ -402,7 +455,7 @@ class HttpTool:
                 f"{method} {url}: cannot build request: {exc}", kind="config_error"
             ) from None
 
-        data = _response_data(response)
+        data = _response_data(response, text)
         result: dict[str, Any] = {
             "status_code": response.status_code,
             "headers": _response_headers(response),

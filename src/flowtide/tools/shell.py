@@ -145,17 +145,12 @@ def shell_command(raw: str, index: int, ctx: ToolContext) -> tuple[str, list[str
     return script.text, [SHELL, "-c", script.text], values
 
 
-def command_argv(text: str, index: int, use_shell: bool) -> list[str]:
-    """The argument list of command `index` (rendered): `/bin/sh -c text` with a shell,
-    else its words.
+def command_argv(text: str, index: int) -> list[str]:
+    """The words of command `index` (rendered), for `shell: false`.
 
     Raises:
         ToolError: config_error, the command is empty or needs a shell.
     """
-    if use_shell:
-        if not text.strip():
-            raise _invalid(f"cmds[{index}] is empty")
-        return [SHELL, "-c", text]
     line = normalize_command(text)
     problem = shell_syntax(line)
     if problem is not None:
@@ -277,7 +272,7 @@ class ShellTool(RunsPrograms):
                 planned.append(shell_command(raw, i, ctx))
             else:
                 text = str(render(raw, ctx.render_context, step=ctx.step, field=f"cmds[{i}]"))
-                planned.append((text, command_argv(text, i, False), {}))
+                planned.append((text, command_argv(text, i), {}))
         timeout = seconds(config, ctx, "timeout_seconds", default=DEFAULT_TIMEOUT)
         assert timeout is not None
         launch = launch_of(config, ctx, config.get("env"), "env")

@@ -485,7 +485,9 @@ def demo_home(home: Path, pg_server: Any) -> Path:
 
 
 @pytest.mark.postgres
-def test_pft_flow_with_the_default_demo_password(demo_home: Path, paginated_api: str) -> None:
+def test_pft_flow_with_the_default_demo_password(
+    demo_home: Path, paginated_api: str, pg_server: Any
+) -> None:
     # The README's smoke size of the fixture (1 facility, 100 patients, batches of 25).
     payload = {
         "api_url": paginated_api,
@@ -507,6 +509,108 @@ def test_pft_flow_with_the_default_demo_password(demo_home: Path, paginated_api:
     assert doc["result"]["rows"] == [{"status": "completed", "check_status": "passed"}]
     batches = doc["steps"]["process_pft_action_batches"]["result"]
     assert batches["stats"]["failed"] == 0
+
+    # The legacy MDS worker playbook of the same folder, on one slice of the work table
+    # the flow above filled: its parallel loop fetches each assessment again and upserts
+    # it (the slice's detail rows are deleted first, so the rows found are its own).
+    import psycopg
+
+    with psycopg.connect(pg_server.url("demo_noetl"), autocommit=True) as conn:
+        ids = [
+            i
+            for (i,) in conn.execute(
+                "SELECT assessment_id FROM public.pft_test_mds_assessment_ids_work "
+                "WHERE facility_mapping_id = 1 ORDER BY assessment_id LIMIT 7"
+            )
+        ]
+        assert len(ids) == 7
+        conn.execute(
+            "DELETE FROM public.pft_test_mds_assessment_details WHERE assessment_id = ANY(%s)",
+            (ids,),
+        )
+    worker = run_json(
+        PLAYBOOKS / "pft_flow_test/test_mds_batch_worker.yaml",
+        demo_home,
+        *("--set", f"api_url={paginated_api}", "--set", "facility_mapping_id=1"),
+        *("--set", "batch_number=2", "--set", "offset=0", "--set", "batch_size=7"),
+    )
+    assert worker["status"] == "completed", worker["error"]
+    assert worker["steps"]["normalize_batch"]["result"]["batch_count"] == 7
+    assert worker["steps"]["fetch_mds_details"]["result"]["stats"] == {
+        "total": 7,
+        "success": 7,
+        "failed": 0,
+    }
+    assert worker["result"] == {"status": "completed", "batch_number": 2, "offset": 0}
+    with psycopg.connect(pg_server.url("demo_noetl")) as conn:
+        saved = conn.execute(
+            "SELECT count(*) FROM public.pft_test_mds_assessment_details "
+            "WHERE assessment_id = ANY(%s) AND payload ? 'assessmentId'",
+            (ids,),
+        ).fetchall()
+    assert saved == [(7,)]
+
+
+@pytest.mark.postgres
+def test_pft_page_continuation(pg_home: Path, paginated_api: str) -> None:
+    # Its own size (10 patients x 4 data types): a cursor loop with `process: row` whose
+    # tasks queue page n+1 while `paging.hasMore`; the fixture's last step checks that
+    # every patient/data type reached its terminal page and no work is left open.
+    doc = run_json(
+        PLAYBOOKS / "pft_flow_test/test_pft_page_continuation.yaml",
+        pg_home,
+        "--set",
+        f"api_url={paginated_api}",
+    )
+    assert doc["status"] == "completed", doc["error"]
+    [verdict] = doc["steps"]["verify_pages"]["result"]["rows"]
+    assert verdict["status"] == "passed" and verdict["complete_pairs"] == 40
+    stats = doc["steps"]["fetch_pages"]["result"]["stats"]
+    # One iteration per page fetched: more than the 40 first pages, none failed.
+    assert stats["total"] == verdict["records_fetched"] > 40 and stats["failed"] == 0
+
+
+@pytest.mark.postgres
+def test_pft_flow_v2_then_queue_maintenance(
+    pg_home: Path, paginated_api: str, pg_server: Any
+) -> None:
+    # v2's per-patient cursor frames at a small size (2 facilities x 5 patients; the
+    # fixture's 10 x 1,000 is a load test), then the folder's operator playbook, which
+    # connects with psycopg from python (`libs: {psycopg: psycopg}`) and tunes the queue
+    # table v2 created.
+    doc = run_json(
+        PLAYBOOKS / "pft_flow_test/test_pft_flow_v2.yaml",
+        pg_home,
+        *("--set", f"api_url={paginated_api}"),
+        *("--set", "num_facilities=2", "--set", "patients_per_facility=5"),
+    )
+    assert doc["status"] == "completed", doc["error"]
+    [check] = doc["steps"]["check_results"]["result"]["rows"]
+    assert check == {
+        "status": "passed",
+        "facilities_checked": 2,
+        "patients_per_facility": 5,
+        "all_data_types_complete": True,
+        "mds_complete": True,
+    }
+    assert doc["steps"]["load_next_facility"]["runs"] == 3  # two facilities, then none
+    cred = pg_server.credential()
+    maintenance = run_json(
+        PLAYBOOKS / "pft_flow_test/pft_queue_db_maintenance.yaml",
+        pg_home,
+        *("--set", f"pg_host={cred['host']}", "--set", f"pg_port={cred['port']}"),
+        *("--set", f"pg_user={cred['user']}", "--set", f"pg_password={cred['password']}"),
+        *("--set", f"pg_database={cred['database']}"),
+    )
+    assert maintenance["status"] == "completed", maintenance["error"]
+    done = maintenance["result"]["maintenance"]
+    assert done["index_present"] is True
+    assert "fillfactor=80" in done["reloptions"]
+    assert [op["name"] for op in done["operations"]] == [
+        "create_reclaim_index",
+        "set_table_storage",
+        "vacuum_queue_table",
+    ]
 
 
 @pytest.fixture(scope="module")

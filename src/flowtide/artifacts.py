@@ -153,6 +153,11 @@ def _is_url(location: str) -> bool:
     return "://" in location and not location.startswith("file://")
 
 
+def local_path(location: str) -> Path | None:
+    """The file a location names on this machine; None for an fsspec URL."""
+    return None if _is_url(location) else _local(location)
+
+
 def tier_root(tier: str, data_dir: Path | None) -> str:
     """Where tier `tier` keeps its objects (a folder path or a URL)."""
     specific = os.environ.get(f"{ENV_STORE}_{tier.upper()}")
@@ -422,7 +427,13 @@ def is_reference(value: Any) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get("_ref"), Mapping)
 
 
-def _location_of(ref: Any, data_dir: Path | None, base_dir: Path | None) -> str:
+def location_of(ref: Any, data_dir: Path | None, base_dir: Path | None) -> str:
+    """Where `ref` (a `_ref`, a result holding one, a logical ref, a path or a URL) is
+    stored.
+
+    Raises:
+        ToolError: kinds "config_error", "not_found" (a logical ref stored nowhere).
+    """
     if isinstance(ref, Mapping):
         if isinstance(ref.get("_ref"), Mapping):
             ref = ref["_ref"]
@@ -472,7 +483,7 @@ def load(
     Raises:
         ToolError: kinds "config_error", "not_found".
     """
-    location = _location_of(ref, data_dir, base_dir)
+    location = location_of(ref, data_dir, base_dir)
     data = read_bytes(location)
     size = len(data)
     if data[:2] == b"\x1f\x8b":

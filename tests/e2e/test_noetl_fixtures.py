@@ -98,10 +98,13 @@ def _server_mode(
     # it): a relative script path in a playbook resolves where the workers run, as in
     # NoETL, where the workers' image holds the scripts.
     (root / "fixtures").symlink_to(NOETL_E2E)
+    # The link's target is outside `root`: the workers' file roots name it, or the script
+    # files under it would be refused (flowtide.tools.files).
+    roots = {"FLOWTIDE_FILE_ROOTS": os.pathsep.join([str(root), str(NOETL_E2E.resolve())])}
     try:
         stack.start_server()
-        stack.start_worker()
-        stack.start_worker()
+        stack.start_worker(env=roots)
+        stack.start_worker(env=roots)
         # Credentials and catalog entries go to the stack's database, sealed with the
         # server's key; runs, status and events go to its server (as its operator).
         yield {

@@ -372,6 +372,17 @@ def worker_cmd(
             help="CPU seconds one python step may use (0: no limit).",
         ),
     ] = 0.0,
+    file_root: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--file-root",
+            help="A folder whose files duckdb, transfer and artifact steps and script files"
+            " may use (repeat for more; FLOWTIDE_FILE_ROOTS, ':'-separated). Default: the"
+            " working directory. The flowtide home is never reachable but for its data"
+            " folder. '*': any file the worker's user can reach.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Claim and run commands of one pool until interrupted (SIGINT/SIGTERM: running
     commands get --grace seconds, then are handed back)."""
@@ -404,6 +415,7 @@ def worker_cmd(
             ca=ca,
             python=python,
             grace=grace,
+            file_roots=file_root or None,
         )
     except FlowtideError as exc:
         err(f"error: {exc}")
@@ -416,6 +428,7 @@ def worker_cmd(
         await worker.run()
 
     err(f"flowtide worker {worker.worker_id} (pool {pool}) -> {redact_url(server)}")
+    err(f"steps' files: {worker.files.describe()}")
     try:
         try:
             import uvloop

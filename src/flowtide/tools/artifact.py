@@ -20,6 +20,7 @@ from typing import Any
 
 from flowtide import artifacts
 from flowtide.errors import ToolError
+from flowtide.tools import files
 from flowtide.tools.base import ToolContext
 
 __all__ = ["ArtifactTool"]
@@ -31,6 +32,20 @@ def _fields(config: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(given) if isinstance(given, Mapping) else {}
     merged.update({k: v for k, v in config.items() if k not in ("input", "kind", "name")})
     return merged
+
+
+def _check(location: str, what: str) -> None:
+    """A location this process may use (`flowtide.tools.files`: on a worker, a file under
+    its file roots or a remote store).
+
+    Raises:
+        ToolError: kind "permission".
+    """
+    path = artifacts.local_path(location)
+    if path is None:
+        files.current().check_url(location, what=what)
+    else:
+        files.check(path, what=what)
 
 
 class ArtifactTool:
@@ -54,7 +69,9 @@ class ArtifactTool:
     def _get(fields: Mapping[str, Any], ctx: ToolContext) -> Any:
         ref = fields.get("result_ref") or fields.get("ref") or fields.get("uri")
         ref = ref or fields.get("path")
-        value, uri, size = artifacts.load(ref, data_dir=ctx.data_dir, base_dir=ctx.base_dir)
+        location = artifacts.location_of(ref, ctx.data_dir, ctx.base_dir)
+        _check(location, "artifact get")
+        value, uri, size = artifacts.load(location)
         ctx.call_meta["artifact"] = {"action": "get", "uri": uri, "size_bytes": size}
         if isinstance(value, Mapping) and "data" not in value:
             return dict(value)
@@ -70,6 +87,7 @@ class ArtifactTool:
             location = artifacts.resolve_location(target.strip(), ctx.base_dir)
             if fields.get("compress", True) is not False and not location.endswith(".gz"):
                 location += ".gz"
+            _check(location, "artifact put")
         tier = str(fields.get("store") or "disk")
         ref = artifacts.put(
             fields["data"],

@@ -18,6 +18,7 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.jsonvalues import records
+from flowtide.tools import files
 from flowtide.tools.base import ToolContext, redact
 from flowtide.tools.postgres import mask_sql, read_params
 
@@ -58,8 +59,21 @@ def _database_path(config: Mapping[str, Any], ctx: ToolContext) -> str:
     path = Path(text).expanduser()
     if not path.is_absolute():
         path = Path(ctx.base_dir) / path
+    files.check(path, what=f"step '{ctx.step}', duckdb `database`")
     path.parent.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def _confine(connection: Any, access: files.FileAccess) -> None:
+    """Let `connection` reach only `access`'s folders (DuckDB checks every file a query
+    opens: read_csv, COPY, ATTACH, extension installs), locked so that no statement can
+    undo it."""
+    directories, paths = access.duckdb_allowed()
+    connection.execute("SET allowed_directories = $1", [directories])
+    if paths:
+        connection.execute("SET allowed_paths = $1", [paths])
+    connection.execute("SET enable_external_access = false")
+    connection.execute("SET lock_configuration = true")
 
 
 def _returns_rows(statement_type: str, description: list[Any] | None) -> bool:
@@ -148,6 +162,9 @@ class DuckDBTool:
 
         try:
             connection = duckdb.connect(database)
+            access = files.current()
+            if not access.unconfined:
+                _confine(connection, access)
         except Exception as exc:  # duckdb raises several unrelated classes on open
             raise ToolError(
                 f"duckdb: cannot open database {database!r}: {redact(str(exc), ctx.secrets)}",

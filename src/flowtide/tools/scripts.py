@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
+from flowtide.tools import files
 
 __all__ = ["load_script", "script_path"]
 
@@ -33,7 +34,7 @@ def script_path(raw: str, base_dir: Path, *, tool: str, step: str, kind: str) ->
     candidates = [path] if path.is_absolute() else [Path(base_dir) / path, Path.cwd() / path]
     for candidate in candidates:
         if candidate.is_file():
-            return candidate.resolve()
+            return files.check(candidate.resolve(), what=f"step '{step}', {tool} script file")
     tried = ", ".join(str(c) for c in candidates)
     raise ToolError(
         f"step '{step}', field 'script.uri': {tool} script file not found: {raw!r} (tried {tried})",

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowtide.errors import ToolError
 from flowtide.jsonvalues import dumps, to_json
+from flowtide.tools import files
 from flowtide.tools.base import ToolContext, redact
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ def resolve_file(path: Any, ctx: ToolContext) -> Path:
         raise ToolError("a file end of a transfer needs `path`", kind="config_error")
     text = path.removeprefix("file://")
     p = Path(text).expanduser()
-    return p if p.is_absolute() else Path(ctx.base_dir) / p
+    p = p if p.is_absolute() else Path(ctx.base_dir) / p
+    return files.check(p, what=f"step '{ctx.step}', transfer file")
 
 
 def split_table(name: Any) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from flowtide.errors import ServerError
 from flowtide.ids import Snowflake
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
+from flowtide.tools.files import FileAccess, roots_from_env
+from flowtide.tools.files import configure as configure_files
 from flowtide.tools.python_pool import Isolation
 from flowtide.tools.registry import cancel_running
 from flowtide.wire import (
@@ -60,16 +63,20 @@ class Worker:
         ca: str | None = None,
         python: Isolation | None = None,
         grace: float = 10.0,
+        file_roots: Sequence[str] | None = None,
     ) -> None:
         """`token` and `ca`: see flowtide.auth.login and flowtide.tls (FLOWTIDE_TOKEN,
         FLOWTIDE_CA and FLOWTIDE_CLIENT_CERT/KEY by default). `python`: how python steps
         run (default: in child processes, `Isolation.from_env(mode="process")`). `grace`:
         seconds that running commands get to finish once `stop()` is called; what is still
         running then is stopped and handed back to the server for another worker.
+        `file_roots`: the folders duckdb, transfer, artifact and script files may use
+        (`flowtide.tools.files`; default FLOWTIDE_FILE_ROOTS, else the working directory;
+        `["*"]`: any), the home never but its data folder.
 
         Raises:
-            FlowtideError: the token file or a TLS file cannot be read, or a python
-                setting is not understood.
+            FlowtideError: the token file or a TLS file cannot be read, or a python or
+                file-root setting is not understood.
         """
         from flowtide.auth.login import resolve_token
         from flowtide.tls import client_tls
@@ -111,6 +118,11 @@ class Worker:
             ids=self.ids,
         )
         self.python = python or Isolation.from_env(mode="process", embedded=False)
+        self.files = FileAccess.for_worker(
+            roots_from_env() if file_roots is None else file_roots,
+            home=self.home.absolute(),
+            data_dir=(self.home / "data").absolute(),
+        )
         self.grace = grace
         #: Set once the grace period is over: what finishes now is handed back, not reported.
         self._handing_back = False
@@ -130,6 +142,8 @@ class Worker:
 
         # Values the steps' tools touch are masked in this process's logs.
         install_log_masking()
+        # The files in-process tools may use, for this process (see flowtide.tools.files).
+        configure_files(self.files)
         # Before it registers: a worker whose python steps cannot start takes no command.
         await start_python(self.python, self.worker_id)
         async with Api(self.server, 30.0, self._headers, self._tls) as client:

@@ -18,6 +18,7 @@ from flowtide.cli.kv import kv_app
 from flowtide.cli.options import err
 from flowtide.cli.run import cancel, execute, resume, run, validate
 from flowtide.cli.server import server_cmd, worker_cmd
+from flowtide.cli.shards import shards_app
 from flowtide.cli.token import token_app
 
 app = typer.Typer(
@@ -51,6 +52,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(dev_app, name="dev")
 app.add_typer(token_app, name="token")
 app.add_typer(kv_app, name="kv")
+app.add_typer(shards_app, name="shards")
 
 
 @app.callback()

@@ -161,6 +161,7 @@ def two_process_server(stack: Stack, tmp_path: Path) -> Iterator[_Server]:
     its metrics directory goes) in `tmp_path`."""
     port = _free_port()
     env = flowtide_env(tmp_path / "home") | {"TMPDIR": str(tmp_path)} | stack.nats_env("server")
+    env["WORKER_ID"] = "one-server"  # both processes: a hash of it would be one machine id
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log_path = tmp_path / "server.log"
     with open(log_path, "ab") as log:
@@ -221,6 +222,16 @@ def _per_process_issued(metrics_dir: Path, scratch: Path) -> dict[str, float]:
     return out
 
 
+def _server_machine_ids(stack: Stack) -> set[int]:
+    import psycopg
+
+    from flowtide.store import pg
+
+    with psycopg.connect(stack.db) as conn:
+        holders = pg.machines.holders(conn)
+    return {m for m, holder in holders.items() if holder.startswith("server:")}
+
+
 def test_counters_add_up_over_server_processes(
     stack: Stack, two_process_server: _Server, tmp_path: Path
 ) -> None:
@@ -265,6 +276,14 @@ def test_counters_add_up_over_server_processes(
     )
     with stack.client(timeout=30) as client:
         assert all(_wait(client, eid) == "completed" for eid in executions)
+    # Each process issued its ids under a machine id of its own, leased in the database
+    # (both have one WORKER_ID: a hash of it would be one machine id).
+    machines = {(int(eid) >> 12) & 0x3FF for eid in executions}
+    assert len(machines) == 2, machines
+    held = _server_machine_ids(stack)
+    assert machines <= held
     two_process_server.stop()
     assert two_process_server.proc.returncode == 0
+    # Stopped processes give their machine ids back.
+    assert not machines & _server_machine_ids(stack)
     assert not list(tmp_path.glob("flowtide-metrics-*")), "the server removes its directory"

@@ -63,7 +63,8 @@ async def register_worker(
                 f"cannot create the NATS consumer of pool {body.pool!r}: "
                 f"{str(exc) or type(exc).__name__}",
             )
-    return {"worker_id": body.worker_id, "lease": runtime.settings.lease}
+    machine = await workers.lease_machine(body.worker_id)
+    return {"worker_id": body.worker_id, "lease": runtime.settings.lease, "machine": machine}
 
 
 @router.post(
@@ -77,7 +78,13 @@ async def heartbeat(
     if not await workers.heartbeat(body.worker_id, body.running):
         raise NotFoundError(f"worker {body.worker_id!r} is not registered")
     extended = await coord.extend_leases(body.worker_id, body.commands)
-    return {"worker_id": body.worker_id, "leases_extended": extended}
+    reply: dict[str, Any] = {"worker_id": body.worker_id, "leases_extended": extended}
+    if body.machine is not None:
+        m = body.machine
+        reply["machine"] = await workers.renew_machine(
+            body.worker_id, m.machine_id, m.holder, m.issued_until_ms
+        )
+    return reply
 
 
 @router.post(
@@ -101,6 +108,9 @@ async def release_commands(
 )
 async def deregister(body: Heartbeat, who: Caller, workers: RegistryDep) -> dict[str, Any]:
     await workers.require(who, body.worker_id)
+    if body.machine is not None:
+        m = body.machine
+        await workers.release_machine(body.worker_id, m.machine_id, m.holder, m.issued_until_ms)
     if not await workers.deregister(body.worker_id):
         raise NotFoundError(f"worker {body.worker_id!r} is not registered")
     return {"worker_id": body.worker_id, "status": "stopped"}

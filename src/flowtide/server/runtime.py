@@ -18,6 +18,8 @@ from fastapi import Depends, Request
 
 from flowtide.auth.oidc import JwtVerifier
 from flowtide.errors import AuthError
+from flowtide.ids import default_generator
+from flowtide.machines import MachineLease, holder_name
 from flowtide.redaction import install_log_masking
 from flowtide.server import metrics
 from flowtide.server.access import Authenticator
@@ -62,6 +64,7 @@ class Runtime:
         self._vault: ServerVault | None = None
         self._vault_store: Any = None
         self.tasks: list[asyncio.Task[None]] = []
+        self.machine: MachineLease | None = None
 
     async def start(self) -> None:
         from flowtide.kv import connect
@@ -80,12 +83,18 @@ class Runtime:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(_POOL_SIZE * 2, thread_name_prefix="flowtide-db")
         )
+        # A machine id of its own for this process's ids (flowtide.machines): event,
+        # command and execution ids are primary keys that every process writes.
+        self.machine = MachineLease(self.store, holder_name("server"), default_generator())
+        await asyncio.to_thread(self.machine.acquire)
+        self.tasks.append(asyncio.create_task(self.machine.keep(), name="flowtide-machine-id"))
         self.outbox = OutboxStore(self.store)
         self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
         self.auth = await asyncio.to_thread(self._authenticator)
         self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)
         self.coordinator = Coordinator(
             self.store,
+            ids=default_generator(),
             loopstate=LoopState(self.kv),
             local_kv=s.kv.startswith("memory:"),
             lease=s.lease,
@@ -157,6 +166,8 @@ class Runtime:
         if self.kv is not None:
             with contextlib.suppress(Exception):
                 await self.kv.close()
+        if self.machine is not None:
+            await asyncio.to_thread(self.machine.release)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 

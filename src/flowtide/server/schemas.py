@@ -108,9 +108,17 @@ class CancelRequest(RequestBody):
 class PoolRegister(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     pool: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    hostname: str | None = None
+    hostname: str | None = Field(None, max_length=255)
     pid: Annotated[int, Field(ge=0, le=INT32_MAX), INTEGRAL] | None = None
     concurrency: Int = Field(1, ge=1, le=10_000)
+
+
+class MachineHeld(RequestBody):
+    """A worker's snowflake machine-id lease, as the register reply gave it."""
+
+    machine_id: Int = Field(ge=0, le=1023)
+    holder: str = Field(min_length=1, max_length=300)
+    issued_until_ms: Int = Field(0, ge=0, le=2**62)
 
 
 class Heartbeat(RequestBody):
@@ -121,6 +129,9 @@ class Heartbeat(RequestBody):
         max_length=100_000,
         description="Commands the worker is working on; only their leases are extended "
         "(all of the worker's when absent).",
+    )
+    machine: MachineHeld | None = Field(
+        None, description="The snowflake machine id the worker holds, to renew (or release)."
     )
 
 

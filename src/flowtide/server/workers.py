@@ -9,16 +9,22 @@ credential; a stopped or lost one can (a worker restarted with a new token).
 
 The worker's pool is the one it registered for, which must be its credential's pool when
 the credential is bound to one; it claims commands of that pool only.
+
+A registering worker is also given a snowflake machine id of its own (leased in the
+cluster database as flowtide.machines does for server processes; its heartbeats renew it,
+deregistering gives it back): the event ids in its reports never repeat another
+process's, which the server would drop as already stored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from flowtide.errors import AuthError, NotFoundError
+from flowtide.errors import AuthError, NotFoundError, StoreError
 from flowtide.store import pg
 from flowtide.store.pg.workers import WorkerRow
 
@@ -32,6 +38,8 @@ __all__ = ["WorkerRegistry", "WorkerRow"]
 
 #: Seconds a process trusts what it read of a worker's binding.
 _TTL: Final = 5.0
+#: A worker's snowflake machine-id lease (renewed by its heartbeats).
+MACHINE_LEASE_SECONDS: Final = 60.0
 
 T = TypeVar("T")
 
@@ -162,6 +170,57 @@ class WorkerRegistry:
             raise AuthError(
                 f"{principal.describe()} holds no {what} of execution {execution_id}",
                 status=403,
+            )
+
+    async def lease_machine(self, worker_id: str) -> dict[str, Any]:
+        """A snowflake machine id for a registering worker (flowtide.machines): what the
+        register reply carries, `holder` being the secret the worker renews it with.
+
+        Raises:
+            StoreError: all 1,024 are held.
+        """
+        holder = f"worker:{worker_id}:{secrets.token_hex(8)}"
+        lease = await self._run(
+            "machine id lease",
+            lambda conn: pg.machines.acquire(conn, holder, MACHINE_LEASE_SECONDS),
+        )
+        if lease is None:
+            raise StoreError("no free snowflake machine id: 1,024 live processes hold one")
+        return {
+            "machine_id": lease.machine_id,
+            "holder": holder,
+            "floor_ms": lease.floor_ms,
+            "seconds": MACHINE_LEASE_SECONDS,
+        }
+
+    async def renew_machine(
+        self, worker_id: str, machine_id: int, holder: str, issued_until_ms: int
+    ) -> dict[str, Any]:
+        """The worker's lease renewed, or a new machine id when it was lost (or the
+        holder is not this worker's)."""
+        if holder.startswith(f"worker:{worker_id}:"):
+            kept = await self._run(
+                "machine id renewal",
+                lambda conn: pg.machines.renew(
+                    conn, machine_id, holder, MACHINE_LEASE_SECONDS, issued_until_ms
+                ),
+            )
+            if kept:
+                return {
+                    "machine_id": machine_id,
+                    "holder": holder,
+                    "floor_ms": 0,
+                    "seconds": MACHINE_LEASE_SECONDS,
+                }
+        return await self.lease_machine(worker_id)
+
+    async def release_machine(
+        self, worker_id: str, machine_id: int, holder: str, issued_until_ms: int
+    ) -> None:
+        if holder.startswith(f"worker:{worker_id}:"):
+            await self._run(
+                "machine id release",
+                lambda conn: pg.machines.release(conn, machine_id, holder, issued_until_ms),
             )
 
     async def heartbeat(self, worker_id: str, running: int) -> bool:

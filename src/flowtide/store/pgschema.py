@@ -280,6 +280,20 @@ CLUSTER: Final = Component(
             "CREATE INDEX api_token_name ON api_token (name) WHERE revoked IS NULL",
             "ALTER TABLE worker ADD COLUMN token_id text",
         ),
+        # Snowflake machine ids (flowtide.machines): each of the 1,024 leased by at most
+        # one live process, so no two server processes or workers issue the same id.
+        5: (
+            """
+            CREATE TABLE machine_lease (
+                machine_id      integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 1023),
+                holder          text,
+                expires         double precision NOT NULL DEFAULT 0,
+                issued_until_ms bigint NOT NULL DEFAULT 0
+            )
+            """,
+            "INSERT INTO machine_lease (machine_id) SELECT g FROM generate_series(0, 1023) g",
+            "CREATE INDEX machine_lease_expires ON machine_lease (expires)",
+        ),
     },
 )
 

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 
 from flowtide.errors import ServerError
-from flowtide.ids import Snowflake
+from flowtide.ids import default_generator
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
 from flowtide.tools.files import FileAccess, roots_from_env
@@ -91,7 +92,11 @@ class Worker:
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.home = home or Path(".flowtide")
-        self.ids = Snowflake()
+        # The process-wide generator (run_command's events draw from it too), under the
+        # machine id the server leases to this worker at register (flowtide.machines).
+        self.ids = default_generator()
+        self.ids.wait_for_lease = 300.0
+        self._machine: dict[str, Any] | None = None
         self.running = 0
         self.completed = 0
         # Commands claimed and not yet reported: the heartbeat extends only their leases.
@@ -200,8 +205,10 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await client.post(
                         DEREGISTER_PATH,
-                        {"worker_id": self.worker_id, "running": 0},
+                        {"worker_id": self.worker_id, "running": 0, **self._machine_held()},
                     )
+                if self._machine is not None:
+                    self.ids.end_lease()
                 with contextlib.suppress(Exception):
                     await nc.close()
                 self._threads.shutdown(wait=False, cancel_futures=True)
@@ -252,7 +259,34 @@ class Worker:
         self._taken -= n
         self._slot_freed.set()
 
+    def _machine_held(self) -> dict[str, Any]:
+        """The machine-id lease as heartbeats and the deregistration send it."""
+        if self._machine is None:
+            return {}
+        return {
+            "machine": {
+                "machine_id": self._machine["machine_id"],
+                "holder": self._machine["holder"],
+                "issued_until_ms": self.ids.issued_until_ms(),
+            }
+        }
+
+    def _take_machine(self, reply: Any, sent: float) -> None:
+        """Issue ids under the machine id of a register or heartbeat reply, until a
+        margin short of its lease (measured from `sent`, before the request went)."""
+        machine = reply.get("machine") if isinstance(reply, dict) else None
+        if not isinstance(machine, dict):
+            return  # a server that leases none: the hashed machine id stays
+        seconds = float(machine["seconds"])
+        self.ids.lease(
+            int(machine["machine_id"]),
+            valid_for=sent + seconds - max(0.5, seconds * 0.1) - time.monotonic(),
+            floor_ms=int(machine.get("floor_ms") or 0),
+        )
+        self._machine = machine
+
     async def _register(self) -> None:
+        sent = time.monotonic()
         r = await self.client.post(
             REGISTER_PATH,
             {
@@ -281,19 +315,26 @@ class Worker:
                 status=r.status_code,
             )
         r.raise_for_status()
-        self.lease = float(r.json().get("lease", 30.0))
+        reply = r.json()
+        self.lease = float(reply.get("lease", 30.0))
         self._reports.patience = max(60.0, 4 * self.lease)
+        self._take_machine(reply, sent)
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(max(0.5, self.lease / 6))
+            every = self.lease / 6
+            if self._machine is not None:
+                every = min(every, float(self._machine["seconds"]) / 4)
+            await asyncio.sleep(max(0.5, every))
             try:
+                sent = time.monotonic()
                 r = await self.client.post(
                     HEARTBEAT_PATH,
                     {
                         "worker_id": self.worker_id,
                         "running": self.running,
                         "commands": [str(c) for c in self.held],
+                        **self._machine_held(),
                     },
                 )
                 if r.status_code == 404:
@@ -303,6 +344,7 @@ class Worker:
                     await self._register()
                     continue
                 r.raise_for_status()
+                self._take_machine(r.json(), sent)
             except ServerError as exc:
                 log.warning("heartbeat failed: %s", exc)
 

@@ -12,10 +12,20 @@ statement is sent (or queued) at once and its rows are read by `Pending.result()
 the statements after it are queued too. Reading it before that costs a round trip.
 
 Modules by table: `executions`, `events` (the log: catch-up, the live stream, variables'
-history), `commands` (the step's rows, claims, leases), `outbox`, `workers`.
+history), `commands` (the step's rows, claims, leases), `outbox`, `workers`,
+`machines` (snowflake machine-id leases).
 """
 
-from flowtide.store.pg import commands, events, executions, outbox, workers
+from flowtide.store.pg import commands, events, executions, machines, outbox, workers
 from flowtide.store.pg.pending import Pending, ping
 
-__all__ = ["Pending", "commands", "events", "executions", "outbox", "ping", "workers"]
+__all__ = [
+    "Pending",
+    "commands",
+    "events",
+    "executions",
+    "machines",
+    "outbox",
+    "ping",
+    "workers",
+]

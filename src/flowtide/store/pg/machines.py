@@ -1,0 +1,79 @@
+"""Statements on the `machine_lease` table of the cluster database: the 1,024 snowflake
+machine ids, each leased by at most one live process (`flowtide.machines`).
+
+Expiry is judged by the database's clock alone (`clock_timestamp()`), so the processes'
+clocks never have to agree with each other. A row's `issued_until_ms` is the last Unix
+millisecond its holder could have put in an id: whoever takes the id next starts after it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["Lease", "acquire", "holders", "release", "renew"]
+
+_NOW = "extract(epoch FROM clock_timestamp())"
+
+
+class Lease(NamedTuple):
+    machine_id: int
+    #: The previous holder's last possible millisecond (0: never used).
+    floor_ms: int
+
+
+def acquire(conn: psycopg.Connection, holder: str, seconds: float) -> Lease | None:
+    """Take a machine id for `seconds`: one never used or expired longest ago (None: all
+    1,024 are held). Concurrent callers get different ids (SKIP LOCKED)."""
+    row = conn.execute(
+        f"""
+        UPDATE machine_lease SET holder = %(holder)s, expires = {_NOW} + %(seconds)s
+        WHERE machine_id = (
+            SELECT machine_id FROM machine_lease WHERE expires < {_NOW}
+            ORDER BY expires, machine_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+        RETURNING machine_id, issued_until_ms
+        """,
+        {"holder": holder, "seconds": seconds},
+    ).fetchone()
+    return None if row is None else Lease(int(row[0]), int(row[1]))
+
+
+def renew(
+    conn: psycopg.Connection, machine_id: int, holder: str, seconds: float, issued_until_ms: int
+) -> bool:
+    """Extend `holder`'s lease of `machine_id` by `seconds` from now; False when it is no
+    longer theirs (it expired and someone else took it, or it expired at all: a lapsed
+    lease is not revived, as ids were not issued meanwhile only if the holder stopped)."""
+    row = conn.execute(
+        f"""
+        UPDATE machine_lease SET expires = {_NOW} + %(seconds)s,
+            issued_until_ms = GREATEST(issued_until_ms, %(issued)s)
+        WHERE machine_id = %(machine)s AND holder = %(holder)s AND expires >= {_NOW}
+        RETURNING 1
+        """,
+        {"seconds": seconds, "issued": issued_until_ms, "machine": machine_id, "holder": holder},
+    ).fetchone()
+    return row is not None
+
+
+def release(conn: psycopg.Connection, machine_id: int, holder: str, issued_until_ms: int) -> None:
+    """Give `machine_id` back at once (a process that stops), recording the last
+    millisecond it may have used."""
+    conn.execute(
+        """
+        UPDATE machine_lease SET expires = 0, holder = NULL,
+            issued_until_ms = GREATEST(issued_until_ms, %(issued)s)
+        WHERE machine_id = %(machine)s AND holder = %(holder)s
+        """,
+        {"issued": issued_until_ms, "machine": machine_id, "holder": holder},
+    )
+
+
+def holders(conn: psycopg.Connection) -> dict[int, str]:
+    """Live leases: machine id -> holder."""
+    rows = conn.execute(
+        f"SELECT machine_id, holder FROM machine_lease WHERE expires >= {_NOW} ORDER BY 1"
+    ).fetchall()
+    return {int(m): str(h) for m, h in rows}

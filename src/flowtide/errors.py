@@ -178,6 +178,11 @@ class StoreError(FlowtideError):
     """The event/command/catalog store failed."""
 
 
+class MachineLeaseExpired(StoreError):
+    """A process's snowflake machine-id lease ran out before the cluster database renewed
+    it: issuing ids now could repeat another process's (flowtide.machines)."""
+
+
 class NotFoundError(StoreError):
     """No such execution, playbook version or credential."""
 

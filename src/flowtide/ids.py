@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import xxhash
 
-from flowtide.errors import FlowtideError
+from flowtide.errors import MachineLeaseExpired
 
 EPOCH_MS = 1704067200000
 _MACHINE_BITS = 10
@@ -51,11 +51,6 @@ def _in_event_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-class MachineLeaseExpired(FlowtideError):
-    """The process's machine-id lease ran out before it was renewed: issuing ids now
-    could repeat another process's."""
 
 
 class Snowflake:

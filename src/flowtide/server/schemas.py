@@ -118,7 +118,7 @@ class MachineHeld(RequestBody):
 
     machine_id: Int = Field(ge=0, le=1023)
     holder: str = Field(min_length=1, max_length=300)
-    issued_until_ms: Int = Field(0, ge=0, le=2**62)
+    issued_until_ms: Int = Field(0, ge=0, le=2**53 - 1)
 
 
 class Heartbeat(RequestBody):

@@ -15,6 +15,7 @@ from flowtide.cli.options import (
     DbOpt,
     HomeOpt,
     JsonOpt,
+    ShardListOpt,
     err,
     home_dir,
     print_json,
@@ -28,17 +29,24 @@ db_app = typer.Typer(
 
 
 def _schema_report(
-    home: Path | None, db: str | None, cluster_db: str | None, *, apply: bool
+    home: Path | None,
+    db: str | None,
+    cluster_db: str | None,
+    shards: str | None,
+    *,
+    apply: bool,
 ) -> list[dict[str, Any]]:
-    """[{database, component, version, latest}] for --db (and --cluster-db); with `apply`,
+    """[{database, shard, component, version, latest}] for the cluster database and every
+    shard (the topology of --db/--cluster-db/--shards or the shard map); with `apply`,
     migrations are applied first and `from` holds the version found."""
     from flowtide.errors import StoreError
-    from flowtide.store.postgres import display_dsn, is_postgres_url
+    from flowtide.store.postgres import is_postgres_url
 
-    if not (db and is_postgres_url(db)):
-        if cluster_db:
-            err("error: --cluster-db needs a PostgreSQL --db")
-            raise typer.Exit(EXIT_INVALID)
+    on_postgres = bool(shards or cluster_db or (db and is_postgres_url(db)))
+    if cluster_db and db and not is_postgres_url(db):
+        err("error: --cluster-db needs a PostgreSQL --db")
+        raise typer.Exit(EXIT_INVALID)
+    if not on_postgres:
         from flowtide.store.sqlite import SCHEMA_VERSION
 
         path = Path(db) if db else home_dir(home) / "flowtide.db"
@@ -46,48 +54,71 @@ def _schema_report(
         return [
             {
                 "database": str(path),
+                "shard": None,
                 "component": "sqlite",
                 "from": SCHEMA_VERSION,
                 "version": SCHEMA_VERSION,
                 "latest": SCHEMA_VERSION,
             }
         ]
-    import psycopg
-
+    from flowtide import topology
     from flowtide.store import pgschema
 
-    targets = [
-        (db, [pgschema.SHARD] + ([] if cluster_db and cluster_db != db else [pgschema.CLUSTER]))
-    ]
-    if cluster_db and cluster_db != db:
-        targets.append((cluster_db, [pgschema.CLUSTER]))
+    # The cluster part first: the shard map lives there.
+    cluster = cluster_db or (None if shards else db)
     rows: list[dict[str, Any]] = []
-    for dsn, components in targets:
-        where = display_dsn(dsn)
-        before: dict[str, int] = {}
-        try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-                if apply:
-                    report = pgschema.upgrade(conn, components, where=where)
-                    before = {name: old for name, old, _ in report}
-                found = pgschema.current_versions(conn)
-        except psycopg.Error as exc:
-            err(f"error: {where}: {scrub_url(str(exc), dsn)}")
-            raise typer.Exit(EXIT_FAILED) from None
-        except StoreError as exc:
-            err(f"error: {exc}")
-            raise typer.Exit(EXIT_FAILED) from None
-        for c in components:
-            rows.append(
-                {
-                    "database": where,
-                    "component": c.name,
-                    "from": before.get(c.name, found[c.name]),
-                    "version": found[c.name],
-                    "latest": c.latest,
-                }
-            )
+    if cluster:
+        rows += _migrate(cluster, [pgschema.CLUSTER], None, apply=apply)
+    try:
+        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db, home=home)
+    except (topology.TopologyError, StoreError) as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID if isinstance(exc, topology.TopologyError) else 1) from None
+    for shard in topo.shards:
+        index = shard.index if topo.source != "single" else None
+        rows += _migrate(shard.dsn, [pgschema.SHARD], index, apply=apply)
     return rows
+
+
+def _migrate(
+    dsn: str, components: list[Any], shard: int | None, *, apply: bool
+) -> list[dict[str, Any]]:
+    import psycopg
+
+    from flowtide.errors import StoreError
+    from flowtide.store import pgschema
+    from flowtide.store.postgres import display_dsn
+
+    where = display_dsn(dsn)
+    before: dict[str, int] = {}
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            if apply:
+                report = pgschema.upgrade(conn, components, where=where)
+                before = {name: old for name, old, _ in report}
+            found = pgschema.current_versions(conn)
+    except psycopg.Error as exc:
+        err(f"error: {where}: {scrub_url(str(exc), dsn)}")
+        raise typer.Exit(EXIT_FAILED) from None
+    except StoreError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    return [
+        {
+            "database": where,
+            "shard": shard,
+            "component": c.name,
+            "from": before.get(c.name, found[c.name]),
+            "version": found[c.name],
+            "latest": c.latest,
+        }
+        for c in components
+    ]
+
+
+def _where(row: dict[str, Any]) -> str:
+    shard = row.get("shard")
+    return row["database"] if shard is None else f"shard {shard} {row['database']}"
 
 
 @db_app.command("upgrade")
@@ -96,9 +127,11 @@ def db_upgrade(
     home: HomeOpt = None,
     db: DbOpt = None,
     cluster_db: ClusterDbOpt = None,
+    shards: ShardListOpt = None,
 ) -> None:
-    """Apply pending schema migrations (safe to run from several machines at once)."""
-    rows = _schema_report(home, db, cluster_db, apply=True)
+    """Apply pending schema migrations to the cluster database and every shard (safe to
+    run from several machines at once)."""
+    rows = _schema_report(home, db, cluster_db, shards, apply=True)
     if as_json:
         print_json(rows)
         return
@@ -106,7 +139,7 @@ def db_upgrade(
         change = (
             "up to date" if r["from"] == r["version"] else f"upgraded {r['from']} -> {r['version']}"
         )
-        typer.echo(f"{r['database']}  {r['component']}: version {r['version']} ({change})")
+        typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({change})")
 
 
 @db_app.command("status")
@@ -115,10 +148,11 @@ def db_status(
     home: HomeOpt = None,
     db: DbOpt = None,
     cluster_db: ClusterDbOpt = None,
+    shards: ShardListOpt = None,
 ) -> None:
-    """Show each schema part's version and whether `flowtide db upgrade` has work to do.
-    Exits 1 when a migration is pending."""
-    rows = _schema_report(home, db, cluster_db, apply=False)
+    """Show each schema part's version, in the cluster database and every shard, and
+    whether `flowtide db upgrade` has work to do. Exits 1 when a migration is pending."""
+    rows = _schema_report(home, db, cluster_db, shards, apply=False)
     pending = any(r["version"] < r["latest"] for r in rows)
     if as_json:
         print_json(rows)
@@ -133,6 +167,6 @@ def db_status(
                     else f"newer than this flowtide ({r['latest']})"
                 )
             )
-            typer.echo(f"{r['database']}  {r['component']}: version {r['version']} ({state})")
+            typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({state})")
     if pending:
         raise typer.Exit(EXIT_FAILED)

@@ -54,6 +54,17 @@ ClusterDbOpt = Annotated[
         show_default=False,
     ),
 ]
+ShardListOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shards",
+        envvar="FLOWTIDE_SHARDS",
+        help="The shard databases, 'dsn0;dsn1;...' (shard i is the i-th), with --cluster-db"
+        " for the cluster tables. Without it, the cluster database's shard map"
+        " (`flowtide shards add`), else --db alone.",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 ServerOpt = Annotated[
     str | None,

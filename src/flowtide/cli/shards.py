@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from flowtide.cli.options import EXIT_INVALID, JsonOpt, print_json
+from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, print_json
 
 __all__ = ["shards_app"]
 
@@ -15,7 +15,9 @@ shards_app = typer.Typer(
     help=(
         "Shards: N PostgreSQL databases that each hold a slice of the executions, chosen "
         "by shard_for(execution_id, N) = xxHash64 (seed 0) of the id's 8 little-endian "
-        "bytes, modulo N (NoETL's function)."
+        "bytes, modulo N (NoETL's function). The map of where they are is either "
+        "FLOWTIDE_SHARDS ('dsn0;dsn1;...') or the cluster database's shard map, which "
+        "add, set and list manage."
     ),
     no_args_is_help=True,
 )
@@ -60,3 +62,189 @@ def shard_for_cmd(
         print_json({"execution_id": str(value), "shards": n, "shard": shard})
     else:
         typer.echo(str(shard))
+
+
+_ClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster-db",
+        envvar="FLOWTIDE_CLUSTER_DB",
+        help="PostgreSQL URL of the cluster database, which holds the shard map [default: --db].",
+        show_default=False,
+    ),
+]
+_DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        envvar="FLOWTIDE_DB",
+        help="PostgreSQL URL of the database holding the cluster tables, when no"
+        " --cluster-db is given.",
+        show_default=False,
+    ),
+]
+
+
+def _cluster(cluster_db: str | None, db: str | None) -> str:
+    from flowtide.store.postgres import is_postgres_url
+
+    dsn = cluster_db or db
+    if not dsn or not is_postgres_url(dsn):
+        typer.echo(
+            "error: the shard map lives in the cluster database: give --cluster-db URL"
+            " (FLOWTIDE_CLUSTER_DB), a postgresql:// URL",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INVALID)
+    return dsn
+
+
+def _connect(dsn: str) -> Any:
+    """A connection to the cluster database, its cluster schema brought up to date (the
+    shard map arrived in cluster version 6)."""
+    import psycopg
+
+    from flowtide.errors import StoreError
+    from flowtide.store import pgschema
+    from flowtide.store.postgres import display_dsn
+    from flowtide.urls import scrub_url
+
+    where = display_dsn(dsn)
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        typer.echo(f"error: {where}: {scrub_url(str(exc), dsn)}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    try:
+        pgschema.upgrade(conn, [pgschema.CLUSTER], where=where)
+    except StoreError as exc:
+        conn.close()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    return conn
+
+
+def _check_credential(conn: Any, alias: str) -> None:
+    from flowtide.store import pg
+
+    if not pg.credentials.Credentials(conn).exists(alias):
+        typer.echo(
+            f"error: no credential {alias!r} in the cluster database: store the shard's login"
+            f" first (`flowtide credential set {alias} --kind postgres --json"
+            ' \'{"user": ..., "password": ...}\' --db CLUSTER_URL`)',
+            err=True,
+        )
+        raise typer.Exit(EXIT_INVALID)
+
+
+@shards_app.command("add")
+def add_cmd(
+    index: Annotated[int, typer.Argument(min=0, help="The shard's index (0..N-1).")],
+    host: Annotated[str, typer.Option("--host", help="Host of the shard's PostgreSQL.")],
+    database: Annotated[str, typer.Option("--database", help="The shard's database name.")],
+    credential: Annotated[
+        str,
+        typer.Option(
+            "--credential",
+            help="Alias of the credential (`user`, `password`) the servers log in with:"
+            " the password stays in the encrypted credential store.",
+        ),
+    ],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 5432,
+    cluster_db: _ClusterOpt = None,
+    db: _DbOpt = None,
+) -> None:
+    """Add shard INDEX to the cluster database's shard map (phase G: servers read it
+    when FLOWTIDE_SHARDS is not set)."""
+    from flowtide.store import pg
+
+    with _connect(_cluster(cluster_db, db)) as conn:
+        _check_credential(conn, credential)
+        if not pg.shards.add(conn, index, host, port, database, credential):
+            typer.echo(
+                f"error: shard {index} is in the map already: change it with"
+                f" `flowtide shards set {index} ...`",
+                err=True,
+            )
+            raise typer.Exit(EXIT_INVALID)
+        indexes = [e.shard_index for e in pg.shards.endpoints(conn)]
+    typer.echo(f"shard {index}: {host}:{port}/{database} (login {credential!r})")
+    if indexes != list(range(len(indexes))):
+        typer.echo(
+            f"note: the active shards are {indexes}; servers start once they are 0..N-1",
+            err=True,
+        )
+
+
+@shards_app.command("set")
+def set_cmd(
+    index: Annotated[int, typer.Argument(min=0, help="The shard's index.")],
+    host: Annotated[str | None, typer.Option("--host", show_default=False)] = None,
+    port: Annotated[int | None, typer.Option("--port", min=1, max=65535)] = None,
+    database: Annotated[str | None, typer.Option("--database", show_default=False)] = None,
+    credential: Annotated[str | None, typer.Option("--credential", show_default=False)] = None,
+    active: Annotated[
+        bool | None,
+        typer.Option(
+            "--active/--inactive",
+            help="Whether servers use this row (a shard moved to a new endpoint: add"
+            " nothing, set its host/port).",
+            show_default=False,
+        ),
+    ] = None,
+    cluster_db: _ClusterOpt = None,
+    db: _DbOpt = None,
+) -> None:
+    """Change shard INDEX's endpoint, login or state in the shard map."""
+    from flowtide.store import pg
+
+    changes = {
+        k: v
+        for k, v in {
+            "host": host,
+            "port": port,
+            "database": database,
+            "credential": credential,
+            "active": active,
+        }.items()
+        if v is not None
+    }
+    if not changes:
+        typer.echo(
+            "error: nothing to change: give --host, --port, --database,"
+            " --credential or --active/--inactive",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INVALID)
+    with _connect(_cluster(cluster_db, db)) as conn:
+        if credential is not None:
+            _check_credential(conn, credential)
+        if not pg.shards.update(conn, index, changes):
+            typer.echo(f"error: no shard {index} in the map (`flowtide shards list`)", err=True)
+            raise typer.Exit(EXIT_INVALID)
+    typer.echo(f"shard {index}: " + ", ".join(f"{k} {v}" for k, v in changes.items()))
+
+
+@shards_app.command("list")
+def list_cmd(
+    cluster_db: _ClusterOpt = None,
+    db: _DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the cluster database's shard map (credential aliases, never passwords)."""
+    from flowtide.store import pg
+
+    with _connect(_cluster(cluster_db, db)) as conn:
+        rows = pg.shards.endpoints(conn, active_only=False)
+    if as_json:
+        print_json([r.as_dict() for r in rows])
+        return
+    if not rows:
+        typer.echo("no shard map: one database (or FLOWTIDE_SHARDS) holds the executions")
+        return
+    for r in rows:
+        state = "active" if r.active else "inactive"
+        typer.echo(
+            f"shard {r.shard_index}  {r.host}:{r.port}/{r.database}"
+            f"  login {r.credential!r}  {state}"
+        )

@@ -294,6 +294,21 @@ CLUSTER: Final = Component(
             "INSERT INTO machine_lease (machine_id) SELECT g FROM generate_series(0, 1023) g",
             "CREATE INDEX machine_lease_expires ON machine_lease (expires)",
         ),
+        # The shard map of phase G (flowtide.topology): where each shard's database is,
+        # its login a credential alias of the credential table, never a password here.
+        6: (
+            """
+            CREATE TABLE shard_endpoint (
+                shard_index integer PRIMARY KEY CHECK (shard_index >= 0),
+                host        text NOT NULL,
+                port        integer NOT NULL CHECK (port BETWEEN 1 AND 65535),
+                database    text NOT NULL,
+                credential  text NOT NULL,
+                active      boolean NOT NULL DEFAULT true,
+                updated     double precision NOT NULL
+            )
+            """,
+        ),
     },
 )
 

@@ -13,19 +13,31 @@ the statements after it are queued too. Reading it before that costs a round tri
 
 Modules by table: `executions`, `events` (the log: catch-up, the live stream, variables'
 history), `commands` (the step's rows, claims, leases), `outbox`, `workers`,
-`machines` (snowflake machine-id leases).
+`machines` (snowflake machine-id leases), `shards` (the shard map), `credentials`
+(the shard map's logins, read before any store is open).
 """
 
-from flowtide.store.pg import commands, events, executions, machines, outbox, workers
+from flowtide.store.pg import (
+    commands,
+    credentials,
+    events,
+    executions,
+    machines,
+    outbox,
+    shards,
+    workers,
+)
 from flowtide.store.pg.pending import Pending, ping
 
 __all__ = [
     "Pending",
     "commands",
+    "credentials",
     "events",
     "executions",
     "machines",
     "outbox",
     "ping",
+    "shards",
     "workers",
 ]

@@ -27,14 +27,14 @@ def test_db_status_and_upgrade(ft: Flowtide, pg_db: str) -> None:
 
     up = ft.ok("db", "upgrade", "--db", pg_db)
     assert "shard: version 5 (upgraded 0 -> 5)" in up.stdout
-    assert "cluster: version 6 (upgraded 0 -> 6)" in up.stdout
+    assert "cluster: version 7 (upgraded 0 -> 7)" in up.stdout
     # The password never shows.
     assert pg_db.split(":")[2].split("@")[0] not in up.stdout
 
     again = json.loads(ft.ok("db", "upgrade", "--db", pg_db, "--json").stdout)
     assert {(r["component"], r["from"], r["version"]) for r in again} == {
         ("shard", 5, 5),
-        ("cluster", 6, 6),
+        ("cluster", 7, 7),
     }
     ft.ok("db", "status", "--db", pg_db)
 

@@ -138,3 +138,21 @@ def test_shard_map_drives_db_upgrade(ft: Flowtide, dbs: dict[str, str], pg_serve
     assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
     missing = ft("shards", "set", "7", "--host", "h", "--cluster-db", cluster)
     assert missing.returncode == 2 and "no shard 7" in missing.stderr
+
+
+def test_server_takes_one_shard_until_routing_exists(ft: Flowtide) -> None:
+    a, b, c = (
+        "postgresql://u:p@127.0.0.1:1/a",
+        "postgresql://u:p@127.0.0.1:1/b",
+        "postgresql://u:p@127.0.0.1:1/c",
+    )
+    base = ("server", "--nats", "nats://127.0.0.1:1", "--insecure-no-auth")
+    proc = ft(*base, "--shards", f"{a};{b}", "--cluster-db", c, "--shard-index", "1")
+    assert proc.returncode == 2, describe(proc)
+    assert "would serve shard 1 of 2" in proc.stderr and "run one shard" in proc.stderr
+    proc = ft(*base, "--shards", a, "--cluster-db", c, "--shard-index", "3")
+    assert proc.returncode == 2 and "shard index 3 does not exist" in proc.stderr
+    proc = ft(*base, "--shards", f"{a};{b}")
+    assert proc.returncode == 2 and "needs the cluster database too" in proc.stderr
+    proc = ft(*base)
+    assert proc.returncode == 2 and "no database" in proc.stderr

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flowtide.cli.backends import open_store
 from flowtide.cli.options import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -21,6 +20,7 @@ from flowtide.cli.options import (
     KvOpt,
     NatsCredsOpt,
     ServerUrlOpt,
+    ShardListOpt,
     err,
     home_dir,
 )
@@ -65,14 +65,40 @@ def _nats_auth(creds: Path | None) -> NatsAuth:
 
 
 def server_cmd(
-    db: Annotated[
-        str,
-        typer.Option("--db", envvar="FLOWTIDE_DB", help="PostgreSQL URL of the event store."),
-    ],
     nats_url: Annotated[
         str,
         typer.Option("--nats", envvar="FLOWTIDE_NATS", help="NATS URL for command notifications."),
     ],
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            envvar="FLOWTIDE_DB",
+            help="PostgreSQL URL of the event store (one database; or --shards with"
+            " --cluster-db, or a shard map in --cluster-db).",
+            show_default=False,
+        ),
+    ] = None,
+    shards: ShardListOpt = None,
+    shard_index: Annotated[
+        int,
+        typer.Option(
+            "--shard-index",
+            envvar="FLOWTIDE_SHARD_INDEX",
+            min=0,
+            help="The shard this server serves (0..N-1).",
+        ),
+    ] = 0,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise-url",
+            envvar="FLOWTIDE_ADVERTISE_URL",
+            help="The URL other servers and workers reach this server at"
+            " [default: SCHEME://HOST:PORT].",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8082,
     workers: Annotated[
@@ -214,12 +240,33 @@ def server_cmd(
     if (tls_cert is None) != (tls_key is None) or (client_ca is not None and tls_cert is None):
         err("error: --tls-cert and --tls-key go together, and --client-ca needs both")
         raise typer.Exit(EXIT_INVALID)
+    # Where this server's databases are (flowtide.topology), decided once here so that a
+    # contradiction is one line, not a traceback from every process.
+    from flowtide import topology
+
+    try:
+        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db)
+        shard = topo.shard(shard_index)
+        if topo.count > 1:
+            raise topology.TopologyError(
+                f"this server would serve shard {shard.index} of {topo.count}: a cluster of"
+                " several shards needs requests routed between their servers, which this"
+                " version does not do yet; run one shard (one database)"
+            )
+    except FlowtideError as exc:
+        err(f"error: {exc}")
+        invalid = isinstance(exc, topology.TopologyError)
+        raise typer.Exit(EXIT_INVALID if invalid else EXIT_FAILED) from None
     nats_auth = _nats_auth(nats_creds)
     # Refused NATS credentials stop the server here with one line, rather than as a
     # traceback from each of its processes' start-up.
     _check_nats(nats_url, nats_auth)
+    scheme = "https" if tls_cert else "http"
     env = {
-        "FLOWTIDE_DB": db,
+        "FLOWTIDE_DB": db or "",
+        "FLOWTIDE_SHARDS": shards or "",
+        "FLOWTIDE_SHARD_INDEX": str(shard_index),
+        "FLOWTIDE_ADVERTISE_URL": advertise_url or f"{scheme}://{host}:{port}",
         "FLOWTIDE_NATS": nats_url,
         "FLOWTIDE_KV": kv,
         "FLOWTIDE_KV_BUCKET": kv_bucket,
@@ -245,16 +292,16 @@ def server_cmd(
     env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ.update(env)
     # Upgrade once here, not racing in N processes (it would be safe, only slower).
-    store = open_store(None, db)
+    store = _open_shard(shard.dsn, topo.cluster)
     try:
         if not insecure_no_auth and not jwks_url:
             from flowtide.auth.tokens import TokenStore
 
-            if not TokenStore(store).any_active():  # type: ignore[arg-type]
+            if not TokenStore(store).any_active():
                 err(
                     "error: no way to authenticate anybody: the database has no active API"
                     " token and no --jwks-url is given. Create the first admin token with\n"
-                    f"  flowtide token create --role admin --db {redact_url(db)}\n"
+                    f"  flowtide token create --role admin --db {_display(topo.cluster)}\n"
                     "or give --jwks-url, or (on a machine nobody else can reach)"
                     " --insecure-no-auth."
                 )
@@ -266,10 +313,9 @@ def server_cmd(
         if insecure_no_auth
         else "tokens" + (f" + JWTs of {redact_url(jwks_url)}" if jwks_url else "")
     )
-    scheme = "https" if tls_cert else "http"
     tls = "mutual TLS" if client_ca else "TLS" if tls_cert else "no TLS"
     err(
-        f"flowtide server on {scheme}://{host}:{port} (db {redact_url(db)}, nats"
+        f"flowtide server on {scheme}://{host}:{port} (db {shard.display}, nats"
         f" {redact_url(nats_url)}, authentication: {auth}, {tls})"
     )
     ssl_options: dict[str, Any] = {}
@@ -291,6 +337,28 @@ def server_cmd(
         )
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _display(dsn: str) -> str:
+    from flowtide.store.postgres import display_dsn
+
+    return display_dsn(dsn)
+
+
+def _open_shard(dsn: str, cluster: str) -> Any:
+    """The store of this server's shard (and the cluster database), schema upgraded; a
+    store that cannot open ends the command."""
+    from flowtide.errors import StoreError
+    from flowtide.sealing import Sealer
+    from flowtide.store.postgres import PostgresStore
+
+    try:
+        return PostgresStore(
+            dsn, cluster_dsn=None if cluster == dsn else cluster, sealer=Sealer(home_dir(None))
+        )
+    except StoreError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def worker_cmd(

@@ -124,6 +124,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/api/worker/credentials"): WORKER,
     ("GET", "/api/worker/pools"): ADMIN,
     # outbox, for external relays and autoscalers
+    ("GET", "/api/internal/shards/topology"): READER_OR_WORKER,
     ("GET", "/api/internal/outbox/pending-count"): ADMIN,
     ("POST", "/api/internal/outbox/claim"): ADMIN,
     ("POST", "/api/internal/outbox/mark-published"): ADMIN,

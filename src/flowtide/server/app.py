@@ -24,6 +24,7 @@ from flowtide.server import (
     api_health,
     api_outbox,
     api_runs,
+    api_shards,
     api_tokens,
     api_workers,
 )
@@ -46,6 +47,7 @@ _ROUTERS = (
     api_workers.router,
     api_outbox.router,
     api_health.router,
+    api_shards.router,
     api_executions.router,
 )
 
@@ -85,7 +87,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     app.state.runtime = runtime
     app.state.describe = lambda: {
-        "db": redact_url(runtime.settings.db),
+        "db": runtime.store.dsn_display if runtime.store is not None else None,
         "nats": redact_url(runtime.settings.nats) if runtime.settings.nats else None,
     }
     return app

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from flowtide import topology
 from flowtide.auth.oidc import JwtVerifier
 from flowtide.errors import AuthError
 from flowtide.ids import default_generator
@@ -25,6 +26,7 @@ from flowtide.server import metrics
 from flowtide.server.access import Authenticator
 from flowtide.server.coordinator import Coordinator
 from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
 from flowtide.server.vault import ServerVault, server_home
 from flowtide.server.workers import WorkerRegistry
@@ -65,6 +67,8 @@ class Runtime:
         self._vault_store: Any = None
         self.tasks: list[asyncio.Task[None]] = []
         self.machine: MachineLease | None = None
+        self.servers: ServerRegistry | None = None
+        self.topology: topology.Topology | None = None
 
     async def start(self) -> None:
         from flowtide.kv import connect
@@ -74,9 +78,26 @@ class Runtime:
         s = self.settings
         # Secrets this process meets (executions' secret sets) are masked in its logs.
         install_log_masking()
-        self.store = await asyncio.to_thread(
-            lambda: PostgresStore(s.db, cluster_dsn=s.cluster_db, max_size=_POOL_SIZE)
+        # Which database is this process's: its shard's, and the cluster database
+        # (flowtide.topology: a shard list, the cluster database's shard map, or --db).
+        self.topology = await asyncio.to_thread(
+            lambda: topology.load(
+                db=s.db, shards=s.shards, cluster_db=s.cluster_db, home=server_home()
+            )
         )
+        shard = self.topology.shard(s.shard_index)
+        if self.topology.count > 1:
+            raise topology.TopologyError(
+                f"this server would serve shard {shard.index} of {self.topology.count}: a"
+                " cluster of several shards needs requests routed between their servers,"
+                " which this version does not do yet; run one shard (one database)"
+            )
+        cluster = None if self.topology.cluster == shard.dsn else self.topology.cluster
+        self.store = await asyncio.to_thread(
+            lambda: PostgresStore(shard.dsn, cluster_dsn=cluster, max_size=_POOL_SIZE)
+        )
+        self.servers = ServerRegistry(self.store, shard.index, s.advertise_url)
+        await self.servers.start()
         # Blocking database calls run in threads: more threads than the pool has
         # connections, so a burst of requests waiting for a connection cannot take every
         # thread from the steps that hold one (see Coordinator's step_slots).
@@ -166,6 +187,8 @@ class Runtime:
         if self.kv is not None:
             with contextlib.suppress(Exception):
                 await self.kv.close()
+        if self.servers is not None:
+            await self.servers.stop()
         if self.machine is not None:
             await asyncio.to_thread(self.machine.release)
         if self.store is not None:

@@ -19,7 +19,9 @@ __all__ = ["ServerSettings"]
 
 @dataclass
 class ServerSettings:
-    db: str
+    #: The database of a one-shard cluster (with `cluster_db` if the cluster tables live
+    #: apart); None with `shards` or a shard map in `cluster_db` (flowtide.topology).
+    db: str | None
     nats: str | None = None
     kv: str = "memory://"
     kv_bucket: str = "flowtide_state"
@@ -38,12 +40,27 @@ class ServerSettings:
     #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
     #: carry none.
     nats_auth: NatsAuth = field(default_factory=NatsAuth)
+    #: The shard databases, "dsn0;dsn1;..." (FLOWTIDE_SHARDS), with `cluster_db`.
+    shards: str | None = None
+    #: The shard this process serves (FLOWTIDE_SHARD_INDEX).
+    shard_index: int = 0
+    #: The URL other servers and workers reach this process at (FLOWTIDE_ADVERTISE_URL).
+    advertise_url: str | None = None
 
     @classmethod
     def from_env(cls) -> ServerSettings:
-        db = os.environ.get("FLOWTIDE_DB")
-        if not db:
-            raise FlowtideError("FLOWTIDE_DB must name the PostgreSQL database")
+        db = os.environ.get("FLOWTIDE_DB") or None
+        shards = os.environ.get("FLOWTIDE_SHARDS") or None
+        cluster_db = os.environ.get("FLOWTIDE_CLUSTER_DB") or None
+        if not (db or shards or cluster_db):
+            raise FlowtideError(
+                "FLOWTIDE_DB must name the PostgreSQL database (or FLOWTIDE_SHARDS and"
+                " FLOWTIDE_CLUSTER_DB the shards and the cluster database)"
+            )
+        try:
+            shard_index = int(os.environ.get("FLOWTIDE_SHARD_INDEX") or 0)
+        except ValueError:
+            raise FlowtideError("FLOWTIDE_SHARD_INDEX must be a shard index (0, 1, ...)") from None
         jwks = os.environ.get("FLOWTIDE_JWKS_URL") or None
         jwt = None
         if jwks:
@@ -60,11 +77,14 @@ class ServerSettings:
             nats=os.environ.get("FLOWTIDE_NATS") or None,
             kv=os.environ.get("FLOWTIDE_KV", "memory://"),
             kv_bucket=os.environ.get("FLOWTIDE_KV_BUCKET", "flowtide_state"),
-            cluster_db=os.environ.get("FLOWTIDE_CLUSTER_DB") or None,
+            cluster_db=cluster_db,
             lease=float(os.environ.get("FLOWTIDE_LEASE", "30")),
             insecure_no_auth=os.environ.get("FLOWTIDE_INSECURE_NO_AUTH") == "1",
             jwt=jwt,
             max_body=int(os.environ.get("FLOWTIDE_MAX_BODY") or DEFAULT_MAX_BODY),
             public_metrics=os.environ.get("FLOWTIDE_PUBLIC_METRICS") == "1",
             nats_auth=NatsAuth.from_env(),
+            shards=shards,
+            shard_index=shard_index,
+            advertise_url=os.environ.get("FLOWTIDE_ADVERTISE_URL") or None,
         )

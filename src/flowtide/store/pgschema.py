@@ -309,6 +309,20 @@ CLUSTER: Final = Component(
             )
             """,
         ),
+        # Live server processes and the shard each serves (flowtide.server.servers): the
+        # topology endpoint's view, and where requests for a shard can be sent.
+        7: (
+            """
+            CREATE TABLE server_endpoint (
+                server_id   text PRIMARY KEY,
+                shard_index integer NOT NULL,
+                url         text,
+                started     double precision NOT NULL,
+                heartbeat   double precision NOT NULL
+            )
+            """,
+            "CREATE INDEX server_endpoint_shard ON server_endpoint (shard_index, heartbeat)",
+        ),
     },
 )
 

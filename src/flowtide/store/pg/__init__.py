@@ -13,7 +13,8 @@ the statements after it are queued too. Reading it before that costs a round tri
 
 Modules by table: `executions`, `events` (the log: catch-up, the live stream, variables'
 history), `commands` (the step's rows, claims, leases), `outbox`, `workers`,
-`machines` (snowflake machine-id leases), `shards` (the shard map), `credentials`
+`machines` (snowflake machine-id leases), `shards` (the shard map), `servers` (live
+server processes), `credentials`
 (the shard map's logins, read before any store is open).
 """
 
@@ -24,6 +25,7 @@ from flowtide.store.pg import (
     executions,
     machines,
     outbox,
+    servers,
     shards,
     workers,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "machines",
     "outbox",
     "ping",
+    "servers",
     "shards",
     "workers",
 ]

@@ -148,3 +148,12 @@ def count_by_status(conn: psycopg.Connection) -> dict[str, int]:
     (measured: about 0.25 s per million executions)."""
     rows = conn.execute("SELECT status, count(*) FROM execution GROUP BY status").fetchall()
     return {str(status): int(n) for status, n in rows}
+
+
+def count_estimate(conn: psycopg.Connection) -> int | None:
+    """PostgreSQL's estimate of the execution rows (its statistics; None before the
+    table was ever analysed): cheap at any size, unlike count(*)."""
+    row = conn.execute(
+        "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass('execution')"
+    ).fetchone()
+    return None if row is None or row[0] is None or int(row[0]) < 0 else int(row[0])

@@ -51,3 +51,44 @@ def test_workers_report_under_machine_ids_of_their_own(stack: Stack) -> None:
     assert holders[server_machine].startswith("server:")
     # The holder (the secret a worker renews its lease with) is in no event.
     assert not any(h in json.dumps(events) for h in holders.values())
+
+
+def test_registering_again_cannot_hoard_machine_ids(stack: Stack) -> None:
+    # A worker token that registers one worker id over and over holds one machine id,
+    # not one per registration (1,024 registrations would otherwise starve every
+    # process that needs one).
+    replies = []
+    with stack.client("worker") as client:
+        for _ in range(5):
+            r = client.post(
+                "/api/worker/pool/register",
+                json={"worker_id": "hoarder", "pool": "default", "concurrency": 1},
+            )
+            assert r.status_code == 200, r.text
+            replies.append(r.json()["machine"])
+        # A heartbeat with the holder of an earlier registration renews nothing: it is
+        # given a fresh lease instead of sharing one.
+        stale = replies[0]
+        r = client.post(
+            "/api/worker/pool/heartbeat",
+            json={
+                "worker_id": "hoarder",
+                "machine": {"machine_id": stale["machine_id"], "holder": stale["holder"]},
+            },
+        )
+        assert r.status_code == 200, r.text
+        fresh = r.json()["machine"]
+        assert fresh["holder"] != stale["holder"]
+        # Another worker's holder is not this worker's to renew.
+        r = client.post(
+            "/api/worker/pool/heartbeat",
+            json={
+                "worker_id": "hoarder",
+                "machine": {"machine_id": 1, "holder": "worker:someone-else:00"},
+            },
+        )
+        assert r.json()["machine"]["holder"].startswith("worker:hoarder:")
+    assert len({m["holder"] for m in replies}) == 5
+    with psycopg.connect(stack.db) as conn:
+        held = [h for h in pg.machines.holders(conn).values() if h.startswith("worker:hoarder:")]
+    assert len(held) == 1

@@ -180,10 +180,14 @@ class WorkerRegistry:
             StoreError: all 1,024 are held.
         """
         holder = f"worker:{worker_id}:{secrets.token_hex(8)}"
-        lease = await self._run(
-            "machine id lease",
-            lambda conn: pg.machines.acquire(conn, holder, MACHINE_LEASE_SECONDS),
-        )
+
+        def lease_one(conn: psycopg.Connection) -> pg.machines.Lease | None:
+            # One lease per worker id: registering again gives back the earlier one, so
+            # no amount of re-registering can hoard the 1,024 ids.
+            pg.machines.release_prefixed(conn, f"worker:{worker_id}:")
+            return pg.machines.acquire(conn, holder, MACHINE_LEASE_SECONDS)
+
+        lease = await self._run("machine id lease", lease_one)
         if lease is None:
             raise StoreError("no free snowflake machine id: 1,024 live processes hold one")
         return {

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Lease", "acquire", "holders", "release", "renew"]
+__all__ = ["Lease", "acquire", "holders", "release", "release_prefixed", "renew"]
 
 _NOW = "extract(epoch FROM clock_timestamp())"
 
@@ -25,14 +25,16 @@ class Lease(NamedTuple):
 
 
 def acquire(conn: psycopg.Connection, holder: str, seconds: float) -> Lease | None:
-    """Take a machine id for `seconds`: one never used or expired longest ago (None: all
-    1,024 are held). Concurrent callers get different ids (SKIP LOCKED)."""
+    """Take a machine id for `seconds`: of the free ones, the one whose last use is
+    oldest (never used first; None: all 1,024 are held), so a new holder rarely has to
+    start after a recent holder's last millisecond. Concurrent callers get different ids
+    (SKIP LOCKED)."""
     row = conn.execute(
         f"""
         UPDATE machine_lease SET holder = %(holder)s, expires = {_NOW} + %(seconds)s
         WHERE machine_id = (
             SELECT machine_id FROM machine_lease WHERE expires < {_NOW}
-            ORDER BY expires, machine_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+            ORDER BY issued_until_ms, machine_id LIMIT 1 FOR UPDATE SKIP LOCKED)
         RETURNING machine_id, issued_until_ms
         """,
         {"holder": holder, "seconds": seconds},
@@ -69,6 +71,22 @@ def release(conn: psycopg.Connection, machine_id: int, holder: str, issued_until
         """,
         {"issued": issued_until_ms, "machine": machine_id, "holder": holder},
     )
+
+
+def release_prefixed(conn: psycopg.Connection, prefix: str) -> int:
+    """Give back every lease whose holder starts with `prefix` (a worker registering
+    again: its earlier process is gone, or it is this one starting over); how many. The
+    earlier holder may still issue until its lease's term, so that term becomes the
+    floor of the next holder (`acquire` takes such an id last)."""
+    cur = conn.execute(
+        """
+        UPDATE machine_lease SET expires = 0, holder = NULL,
+            issued_until_ms = GREATEST(issued_until_ms, (expires * 1000)::bigint + 1)
+        WHERE starts_with(holder, %s)
+        """,
+        (prefix,),
+    )
+    return cur.rowcount
 
 
 def holders(conn: psycopg.Connection) -> dict[int, str]:

@@ -69,6 +69,17 @@ def test_duckdb_cannot_read_the_home_nor_undo_its_confinement(stack: Stack) -> N
         assert "Permission Error" in message or "locked" in message, message
 
 
+def test_a_transfer_duckdb_query_is_confined_too(stack: Stack) -> None:
+    tool = (
+        "kind: transfer\n"
+        "source: {type: duckdb, query: \"SELECT content FROM read_text('/proc/self/environ')\"}\n"
+        f"target: {{type: json, path: {stack.root}/environ.json}}"
+    )
+    doc = _run(stack, _playbook("transfer_duck", tool))
+    assert "Permission Error" in _refused(doc, stack)
+    assert not (stack.root / "environ.json").exists()
+
+
 def test_duckdb_still_reads_and_writes_the_working_directory(stack: Stack) -> None:
     (stack.root / "data").mkdir(exist_ok=True)
     (stack.root / "data" / "in.csv").write_text("n\n1\n2\n3\n")

@@ -64,6 +64,23 @@ def _database_path(config: Mapping[str, Any], ctx: ToolContext) -> str:
     return str(path)
 
 
+def connect(database: str, **kwargs: Any) -> Any:
+    """A DuckDB connection to `database` that reaches only the files this process's
+    steps may use (`flowtide.tools.files`: confined on a worker). Every connection that
+    runs a playbook's SQL is opened here."""
+    import duckdb
+
+    connection = duckdb.connect(database, **kwargs)
+    access = files.current()
+    if not access.unconfined:
+        try:
+            _confine(connection, access)
+        except BaseException:
+            connection.close()
+            raise
+    return connection
+
+
 def _confine(connection: Any, access: files.FileAccess) -> None:
     """Let `connection` reach only `access`'s folders (DuckDB checks every file a query
     opens: read_csv, COPY, ATTACH, extension installs), locked so that no statement can
@@ -158,13 +175,8 @@ class DuckDBTool:
         scripts = _scripts(config)
         params = read_params(config, "duckdb", ctx.step)
         database = _database_path(config, ctx)
-        import duckdb
-
         try:
-            connection = duckdb.connect(database)
-            access = files.current()
-            if not access.unconfined:
-                _confine(connection, access)
+            connection = connect(database)
         except Exception as exc:  # duckdb raises several unrelated classes on open
             raise ToolError(
                 f"duckdb: cannot open database {database!r}: {redact(str(exc), ctx.secrets)}",

@@ -275,10 +275,11 @@ def _duck_rows(
 
 @contextlib.contextmanager
 def read_duckdb(spec: Mapping[str, Any], ctx: ToolContext, chunk_size: int) -> Iterator[Source]:
-    import duckdb
+    from flowtide.tools.duckdb import connect
 
     query, params = _query_and_params(spec, ctx, "duckdb")
-    connection = duckdb.connect(_duckdb_path(spec, ctx), read_only=False)
+    # The playbook's SQL: a connection confined like a duckdb step's.
+    connection = connect(_duckdb_path(spec, ctx), read_only=False)
     try:
         try:
             cursor = connection.execute(query, params)
@@ -513,11 +514,11 @@ class DuckDBWriter(Writer):
     connection: Any = None
 
     def open(self, columns: list[str]) -> None:
-        import duckdb
+        from flowtide.tools.duckdb import connect
 
         self.columns = columns
         self.table = ".".join(_duck_ident(p) for p in split_table(self.spec.get("table")))
-        self.connection = duckdb.connect(_duckdb_path(self.spec, self.ctx))
+        self.connection = connect(_duckdb_path(self.spec, self.ctx))
         self.connection.execute("BEGIN TRANSACTION")
         self.ready = False
 

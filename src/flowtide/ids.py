@@ -93,19 +93,24 @@ class Snowflake:
     def _lapsed(self) -> bool:
         return self._valid_until is not None and self._monotonic() > self._valid_until
 
-    def end_lease(self) -> None:
-        """Issue no more ids until the next `lease()` (the machine id was given back)."""
+    def end_lease(self) -> int:
+        """Issue no more ids until the next `lease()` (the machine id is given back);
+        the last Unix millisecond an id was issued at, what the next holder of the
+        machine id starts after."""
         with self._lock:
             self._valid_until = -1.0
+            return self._last_ms + EPOCH_MS
 
-    def issued_until_ms(self) -> int:
+    def issued_until_ms(self, *, extended_by: float = 0.0) -> int:
         """A Unix millisecond no id of this generator will go past while its lease
-        lasts: what the next holder of the machine id must start after."""
+        lasts (`extended_by` seconds more: the lease being renewed): what the next
+        holder of the machine id must start after if this process dies holding it."""
         with self._lock:
             last = self._last_ms + EPOCH_MS
             if self._valid_until is None:
                 return last
-            remaining = max(0.0, self._valid_until - self._monotonic())
+            # The renewed term replaces what is left of this one; it does not add to it.
+            remaining = max(self._valid_until - self._monotonic(), extended_by, 0.0)
             # The clock may not go past the deadline; +1 for a borrowed millisecond.
             return max(last, int((self._clock() + remaining) * 1000)) + 1
 

@@ -96,7 +96,8 @@ class MachineLease:
         if self.machine is None:
             return self.acquire()
         sent = time.monotonic()
-        issued = self.generator.issued_until_ms()
+        # The bound holds for the renewed term too, should this process die holding it.
+        issued = self.generator.issued_until_ms(extended_by=self.seconds)
         with self.store.transaction("machine id renewal", "cluster") as conn:
             kept = pg.machines.renew(conn, self.machine, self.holder, self.seconds, issued)
         if kept:
@@ -114,8 +115,7 @@ class MachineLease:
         """Stop issuing ids and give the machine id back (a process that stops)."""
         if self.machine is None:
             return
-        issued = self.generator.issued_until_ms()
-        self.generator.end_lease()
+        issued = self.generator.end_lease()  # nothing is issued after this
         machine, self.machine = self.machine, None
         try:
             with self.store.transaction("machine id release", "cluster") as conn:

@@ -82,11 +82,24 @@ def test_renewal_keeps_the_id_and_the_generator_going(store: PostgresStore) -> N
     generator = Snowflake()
     lease = MachineLease(store, holder_name("test"), generator, seconds=1.0)
     machine = lease.acquire()
+    last = 0
     for _ in range(3):
         time.sleep(0.3)
         assert lease.renew() == machine
-        generator.next_id()
+        last = generator.next_id()
+        with store.transaction("t", "cluster") as conn:
+            (bound,) = conn.execute(
+                "SELECT issued_until_ms FROM machine_lease WHERE machine_id = %s", (machine,)
+            ).fetchone()
+        # Should this process die now, the next holder starts after its whole term.
+        assert bound >= time.time() * 1000 + 500
     lease.release()
+    with store.transaction("t", "cluster") as conn:
+        (floor,) = conn.execute(
+            "SELECT issued_until_ms FROM machine_lease WHERE machine_id = %s", (machine,)
+        ).fetchone()
+    # Released: the floor is the last millisecond it really used, not the term.
+    assert floor == timestamp_ms(last)
     with pytest.raises(MachineLeaseExpired):
         generator.next_id()
     with store.transaction("t", "cluster") as conn:

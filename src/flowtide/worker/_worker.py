@@ -202,13 +202,17 @@ class Worker:
                 await self._finish(tasks)
                 beat.cancel()
                 reporter.cancel()
+                # No id after this: the machine id goes back with the last one used.
+                held = (
+                    self._machine_held(last_ms=self.ids.end_lease())
+                    if self._machine is not None
+                    else {}
+                )
                 with contextlib.suppress(Exception):
                     await client.post(
                         DEREGISTER_PATH,
-                        {"worker_id": self.worker_id, "running": 0, **self._machine_held()},
+                        {"worker_id": self.worker_id, "running": 0, **held},
                     )
-                if self._machine is not None:
-                    self.ids.end_lease()
                 with contextlib.suppress(Exception):
                     await nc.close()
                 self._threads.shutdown(wait=False, cancel_futures=True)
@@ -259,15 +263,19 @@ class Worker:
         self._taken -= n
         self._slot_freed.set()
 
-    def _machine_held(self) -> dict[str, Any]:
-        """The machine-id lease as heartbeats and the deregistration send it."""
+    def _machine_held(self, *, last_ms: int | None = None) -> dict[str, Any]:
+        """The machine-id lease as a heartbeat sends it (with the bound of its ids over
+        the renewed term), or the deregistration (`last_ms`: the lease ended, the last
+        millisecond used)."""
         if self._machine is None:
             return {}
+        if last_ms is None:
+            last_ms = self.ids.issued_until_ms(extended_by=float(self._machine["seconds"]))
         return {
             "machine": {
                 "machine_id": self._machine["machine_id"],
                 "holder": self._machine["holder"],
-                "issued_until_ms": self.ids.issued_until_ms(),
+                "issued_until_ms": max(0, last_ms),
             }
         }
 

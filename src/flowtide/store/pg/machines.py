@@ -47,11 +47,14 @@ def renew(
 ) -> bool:
     """Extend `holder`'s lease of `machine_id` by `seconds` from now; False when it is no
     longer theirs (it expired and someone else took it, or it expired at all: a lapsed
-    lease is not revived, as ids were not issued meanwhile only if the holder stopped)."""
+    lease is not revived). `issued_until_ms` bounds the holder's ids over the renewed
+    term by its clock; the row keeps the later of that and the term by the database's,
+    so a holder that dies leaves a floor that covers whatever it issued."""
     row = conn.execute(
         f"""
         UPDATE machine_lease SET expires = {_NOW} + %(seconds)s,
-            issued_until_ms = GREATEST(issued_until_ms, %(issued)s)
+            issued_until_ms = GREATEST(issued_until_ms, %(issued)s,
+                (({_NOW} + %(seconds)s) * 1000)::bigint + 1)
         WHERE machine_id = %(machine)s AND holder = %(holder)s AND expires >= {_NOW}
         RETURNING 1
         """,
@@ -61,12 +64,12 @@ def renew(
 
 
 def release(conn: psycopg.Connection, machine_id: int, holder: str, issued_until_ms: int) -> None:
-    """Give `machine_id` back at once (a process that stops), recording the last
-    millisecond it may have used."""
+    """Give `machine_id` back at once (a process that stops, having ended its lease),
+    recording the last millisecond it used: the renewals' bound on the whole term is
+    replaced by that exact one, so the next holder need not start in the future."""
     conn.execute(
         """
-        UPDATE machine_lease SET expires = 0, holder = NULL,
-            issued_until_ms = GREATEST(issued_until_ms, %(issued)s)
+        UPDATE machine_lease SET expires = 0, holder = NULL, issued_until_ms = %(issued)s
         WHERE machine_id = %(machine)s AND holder = %(holder)s
         """,
         {"issued": issued_until_ms, "machine": machine_id, "holder": holder},

@@ -52,8 +52,10 @@ class MachineLease:
         generator: Snowflake,
         *,
         seconds: float = DEFAULT_SECONDS,
+        among: range = pg.machines.SERVER_IDS,
     ) -> None:
         self.store = store
+        self.among = among
         self.holder = holder
         self.generator = generator
         self.seconds = seconds
@@ -69,12 +71,12 @@ class MachineLease:
         """
         sent = time.monotonic()
         with self.store.transaction("machine id lease", "cluster") as conn:
-            lease = pg.machines.acquire(conn, self.holder, self.seconds)
+            lease = pg.machines.acquire(conn, self.holder, self.seconds, self.among)
         if lease is None:
             raise StoreError(
-                "no free snowflake machine id: 1,024 live processes hold one (servers and"
-                " workers); stop some, or wait for the leases of dead ones to expire"
-                f" ({self.seconds:g} s)"
+                f"no free snowflake machine id: the {len(self.among)} of this kind of"
+                " process are all held; stop some, or wait for the leases of dead ones to"
+                f" expire ({self.seconds:g} s)"
             )
         self.machine = lease.machine_id
         self._lease(sent, floor_ms=lease.floor_ms)

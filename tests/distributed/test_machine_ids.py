@@ -46,9 +46,13 @@ def test_workers_report_under_machine_ids_of_their_own(stack: Stack) -> None:
         holders = pg.machines.holders(conn)
     for worker_id, (machine,) in ((w, tuple(ms)) for w, ms in by_worker.items()):
         assert holders[machine].startswith(f"worker:{worker_id}:")
-    # The server process holds one too, and its ids (the execution's) carry it.
+    # The server process holds one too, and its ids (the execution's) carry it. Servers
+    # and workers draw from ranges of their own: no number of worker registrations can
+    # take the ids a server needs to start.
     server_machine = (int(doc["execution_id"]) >> 12) & 0x3FF
     assert holders[server_machine].startswith("server:")
+    assert server_machine in pg.machines.SERVER_IDS
+    assert all(m in pg.machines.WORKER_IDS for m in machines)
     # The holder (the secret a worker renews its lease with) is in no event.
     assert not any(h in json.dumps(events) for h in holders.values())
 

@@ -185,11 +185,14 @@ class WorkerRegistry:
             # One lease per worker id: registering again gives back the earlier one, so
             # no amount of re-registering can hoard the 1,024 ids.
             pg.machines.release_prefixed(conn, f"worker:{worker_id}:")
-            return pg.machines.acquire(conn, holder, MACHINE_LEASE_SECONDS)
+            return pg.machines.acquire(conn, holder, MACHINE_LEASE_SECONDS, pg.machines.WORKER_IDS)
 
         lease = await self._run("machine id lease", lease_one)
         if lease is None:
-            raise StoreError("no free snowflake machine id: 1,024 live processes hold one")
+            raise StoreError(
+                f"no free snowflake machine id for a worker: all {len(pg.machines.WORKER_IDS)}"
+                " are held by live workers"
+            )
         return {
             "machine_id": lease.machine_id,
             "holder": holder,

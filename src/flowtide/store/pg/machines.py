@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Lease", "acquire", "holders", "release", "release_prefixed", "renew"]
+__all__ = [
+    "SERVER_IDS",
+    "WORKER_IDS",
+    "Lease",
+    "acquire",
+    "holders",
+    "release",
+    "release_prefixed",
+    "renew",
+]
 
 _NOW = "extract(epoch FROM clock_timestamp())"
 
@@ -24,20 +33,29 @@ class Lease(NamedTuple):
     floor_ms: int
 
 
-def acquire(conn: psycopg.Connection, holder: str, seconds: float) -> Lease | None:
+#: Machine ids of server processes and of workers: apart, so that workers (whose
+#: tokens may be many) can never take the ids servers need to start.
+SERVER_IDS = range(0, 256)
+WORKER_IDS = range(256, 1024)
+
+
+def acquire(
+    conn: psycopg.Connection, holder: str, seconds: float, among: range = range(1024)
+) -> Lease | None:
     """Take a machine id for `seconds`: of the free ones, the one whose last use is
-    oldest (never used first; None: all 1,024 are held), so a new holder rarely has to
+    oldest (never used first; None: all ids of `among` are held), so a new holder rarely has to
     start after a recent holder's last millisecond. Concurrent callers get different ids
     (SKIP LOCKED)."""
     row = conn.execute(
         f"""
         UPDATE machine_lease SET holder = %(holder)s, expires = {_NOW} + %(seconds)s
         WHERE machine_id = (
-            SELECT machine_id FROM machine_lease WHERE expires < {_NOW}
+            SELECT machine_id FROM machine_lease
+            WHERE expires < {_NOW} AND machine_id >= %(low)s AND machine_id < %(high)s
             ORDER BY issued_until_ms, machine_id LIMIT 1 FOR UPDATE SKIP LOCKED)
         RETURNING machine_id, issued_until_ms
         """,
-        {"holder": holder, "seconds": seconds},
+        {"holder": holder, "seconds": seconds, "low": among.start, "high": among.stop},
     ).fetchone()
     return None if row is None else Lease(int(row[0]), int(row[1]))
 

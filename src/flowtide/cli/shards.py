@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -248,3 +249,98 @@ def list_cmd(
             f"shard {r.shard_index}  {r.host}:{r.port}/{r.database}"
             f"  login {r.credential!r}  {state}"
         )
+
+
+def _parse_backends(given: list[str]) -> dict[int, list[str]]:
+    backends: dict[int, list[str]] = {}
+    for item in given:
+        index, sep, url = item.partition("=")
+        if not sep or not index.strip().isdigit() or not url.strip():
+            typer.echo(
+                f"error: --backend {item!r}: expected SHARD=URL (0=http://h0:8082)", err=True
+            )
+            raise typer.Exit(EXIT_INVALID)
+        backends.setdefault(int(index), []).append(url.strip())
+    return backends
+
+
+def _registered_backends(cluster: str) -> dict[int, list[str]]:
+    """The live servers of the cluster database's registry, by shard."""
+    from flowtide.server.servers import FORGET_AFTER, LIVE_WITHIN
+    from flowtide.store import pg
+
+    with _connect(cluster) as conn:
+        rows = pg.servers.live(conn, LIVE_WITHIN, forget_after=FORGET_AFTER)
+    backends: dict[int, list[str]] = {}
+    for row in rows:
+        if row.url:
+            backends.setdefault(row.shard_index, []).append(row.url)
+    if not backends:
+        typer.echo(
+            "error: no live server has registered in the cluster database: start them, or"
+            " name them with --backend SHARD=URL",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INVALID)
+    return backends
+
+
+@shards_app.command("gateway-config")
+def gateway_config_cmd(
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Folder to write haproxy.cfg and flowtide_shard.lua into."),
+    ],
+    fmt: Annotated[
+        str, typer.Option("--format", help="The gateway: haproxy (HAProxy 2.x with Lua).")
+    ] = "haproxy",
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--backend",
+            help="SHARD=URL of a server of that shard (repeat; several per shard are"
+            " balanced). Default: the live servers registered in the cluster database.",
+            show_default=False,
+        ),
+    ] = None,
+    listen: Annotated[
+        str, typer.Option("--listen", help="Address:port the gateway listens on.")
+    ] = "127.0.0.1:8080",
+    ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca", help="CA file that signed https backends' certificates.", show_default=False
+        ),
+    ] = None,
+    cluster_db: _ClusterOpt = None,
+    db: _DbOpt = None,
+) -> None:
+    """Write a gateway configuration that sends each request to the shard that owns its
+    execution (the id in the path or the X-Flowtide-Execution header), computed with the
+    same function as the servers; other requests go to any server."""
+    from flowtide import gateway
+
+    if fmt != "haproxy":
+        typer.echo(f"error: --format {fmt!r}: this flowtide writes haproxy", err=True)
+        raise typer.Exit(EXIT_INVALID)
+    backends = (
+        _parse_backends(backend) if backend else _registered_backends(_cluster(cluster_db, db))
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    lua = (out / gateway.LUA_FILE).absolute()
+    try:
+        config = gateway.haproxy_config(
+            backends,
+            listen=listen,
+            lua_path=str(lua),
+            ca_file=str(ca.absolute()) if ca else None,
+        )
+    except gateway.GatewayError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    lua.write_text(gateway.lua_source(len(backends)))
+    (out / "haproxy.cfg").write_text(config)
+    typer.echo(
+        f"wrote {out / 'haproxy.cfg'} and {lua} ({len(backends)} shard"
+        f"{'s' if len(backends) != 1 else ''}); run: haproxy -f {out / 'haproxy.cfg'}"
+    )

@@ -1,0 +1,217 @@
+"""The drift guard of phase F: the real HAProxy (Debian's, with Lua), configured by
+`flowtide shards gateway-config`, in front of three stub servers on loopback, sends each
+of 10,000 requests to the shard `shard_for` names — ids in paths and in the
+X-Flowtide-Execution header, at the edges of the 64-bit range too."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flowtide.sharding import shard_for
+
+SHARDS = 3
+
+
+def _haproxy() -> str | None:
+    found = shutil.which("haproxy")
+    if found:
+        return found
+    return "/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stub(index: int) -> ThreadingHTTPServer:
+    """A server of shard `index`: answers every request with its index and the path."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # Headers and body go out as two writes: without this, Nagle's algorithm
+            # holds the body for the peer's delayed ACK (40 ms a request).
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            if length:
+                self.rfile.read(length)
+            body = json.dumps({"shard": index, "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = _answer  # noqa: N815 - http.server's names
+        do_POST = _answer  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass  # HAProxy's health checks connect and hang up: not an error here
+
+    server = Server(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = _haproxy()
+    if binary is None:
+        pytest.skip("haproxy is not installed (scripts/ensure-haproxy.sh installs it)")
+    stubs = [_stub(i) for i in range(SHARDS)]
+    folder = tmp_path_factory.mktemp("gateway")
+    port = _free_port()
+    backends = [
+        arg
+        for i, stub in enumerate(stubs)
+        for arg in ("--backend", f"{i}=http://127.0.0.1:{stub.server_address[1]}")
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flowtide.cli",
+            "shards",
+            "gateway-config",
+            "--out",
+            str(folder),
+            "--listen",
+            f"127.0.0.1:{port}",
+            *backends,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = folder / "haproxy.cfg"
+    check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    log = open(folder / "haproxy.log", "wb")  # noqa: SIM115 - closed below
+    haproxy = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"{url}/api/executions", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert haproxy.poll() is None, (folder / "haproxy.log").read_text()
+                assert time.monotonic() < deadline, "haproxy did not listen"
+                time.sleep(0.1)
+        yield url
+    finally:
+        haproxy.terminate()
+        haproxy.wait(timeout=10)
+        log.close()
+        for stub in stubs:
+            stub.shutdown()
+            stub.server_close()
+
+
+def _requests(ids: list[int]) -> Iterator[tuple[int, str, str, dict[str, str]]]:
+    forms = [
+        ("GET", "/api/executions/{id}", {}),
+        ("GET", "/api/executions/{id}/events?after=0", {}),
+        ("GET", "/api/internal/executions/{id}/result", {}),
+        ("GET", "/api/vars/{id}", {}),
+        ("POST", "/api/commands/claim", {"X-Flowtide-Execution": "{id}"}),
+    ]
+    for n, execution_id in enumerate(ids):
+        method, path, headers = forms[n % len(forms)]
+        yield (
+            execution_id,
+            method,
+            path.format(id=execution_id),
+            {k: v.format(id=execution_id) for k, v in headers.items()},
+        )
+
+
+def test_ten_thousand_ids_land_on_their_shard(gateway: str) -> None:
+    rng = random.Random(17)
+    edges = [0, 1, -1, 42, 2**63 - 1, -(2**63), 384047186877669376]
+    ids = edges + [rng.randint(-(2**63), 2**63 - 1) for _ in range(10_000 - len(edges))]
+    wrong = []
+    seen = set()
+    with httpx.Client(base_url=gateway, timeout=10) as client:
+        for execution_id, method, path, headers in _requests(ids):
+            r = client.request(
+                method, path, headers=headers, content=b"{}" if method == "POST" else None
+            )
+            assert r.status_code == 200, (path, r.text)
+            got = r.json()["shard"]
+            seen.add(got)
+            if got != shard_for(execution_id, SHARDS):
+                wrong.append((execution_id, path, got))
+    assert not wrong, wrong[:5]
+    assert seen == set(range(SHARDS))
+
+
+def test_requests_without_an_execution_go_to_any_server(gateway: str) -> None:
+    shards = set()
+    with httpx.Client(base_url=gateway, timeout=10) as client:
+        for path in ["/api/executions", "/api/catalog/list", "/api/execute"] * 6:
+            r = client.get(path)
+            assert r.status_code == 200
+            shards.add(r.json()["shard"])
+        # Not an id (out of range, not digits): as if none was named.
+        for bad in ["9223372036854775808", "12abc"]:
+            r = client.get(f"/api/executions/{bad}")
+            assert r.status_code == 200
+            r = client.post("/api/commands/claim", headers={"X-Flowtide-Execution": bad})
+            assert r.status_code == 200
+    assert shards == set(range(SHARDS))  # round robin over every server
+
+
+def test_gateway_config_refuses_what_cannot_work(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "flowtide.cli",
+                "shards",
+                "gateway-config",
+                "--out",
+                str(tmp_path),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    gap = run("--backend", "0=http://a:1", "--backend", "2=http://c:1")
+    assert gap.returncode == 2 and "shards [0, 2]" in gap.stderr
+    bad = run("--backend", "zero=http://a:1")
+    assert bad.returncode == 2 and "expected SHARD=URL" in bad.stderr
+    tls = run("--backend", "0=https://a:1")
+    assert tls.returncode == 2 and "--ca" in tls.stderr
+    other = run("--format", "nginx", "--backend", "0=http://a:1")
+    assert other.returncode == 2 and "writes haproxy" in other.stderr

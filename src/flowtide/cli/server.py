@@ -240,12 +240,12 @@ def server_cmd(
     if (tls_cert is None) != (tls_key is None) or (client_ca is not None and tls_cert is None):
         err("error: --tls-cert and --tls-key go together, and --client-ca needs both")
         raise typer.Exit(EXIT_INVALID)
-    # Where this server's databases are (flowtide.topology), decided once here so that a
-    # contradiction is one line, not a traceback from every process.
+    # Where this server's databases are (flowtide.topology), decided here so that a
+    # contradiction is one line, not a traceback from every process: what the settings
+    # alone say first, what the cluster database's shard map says after the NATS check.
     from flowtide import topology
 
-    try:
-        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db)
+    def shard_of(topo: topology.Topology) -> topology.Shard:
         shard = topo.shard(shard_index)
         if topo.count > 1:
             raise topology.TopologyError(
@@ -253,14 +253,25 @@ def server_cmd(
                 " several shards needs requests routed between their servers, which this"
                 " version does not do yet; run one shard (one database)"
             )
+        return shard
+
+    try:
+        if shards or not (db or cluster_db):
+            shard_of(topology.from_settings(db=db, shards=shards, cluster_db=cluster_db))
     except FlowtideError as exc:
         err(f"error: {exc}")
-        invalid = isinstance(exc, topology.TopologyError)
-        raise typer.Exit(EXIT_INVALID if invalid else EXIT_FAILED) from None
+        raise typer.Exit(EXIT_INVALID) from None
     nats_auth = _nats_auth(nats_creds)
     # Refused NATS credentials stop the server here with one line, rather than as a
     # traceback from each of its processes' start-up.
     _check_nats(nats_url, nats_auth)
+    try:
+        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db)
+        shard = shard_of(topo)
+    except FlowtideError as exc:
+        err(f"error: {exc}")
+        invalid = isinstance(exc, topology.TopologyError)
+        raise typer.Exit(EXIT_INVALID if invalid else EXIT_FAILED) from None
     scheme = "https" if tls_cert else "http"
     env = {
         "FLOWTIDE_DB": db or "",

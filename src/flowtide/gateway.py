@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from flowtide.errors import FlowtideError
+from flowtide.wire import EXECUTION_HEADER
 
 __all__ = ["HEADER", "LUA_FILE", "GatewayError", "haproxy_config", "lua_source"]
 
-HEADER = "X-Flowtide-Execution"
+HEADER = EXECUTION_HEADER
 LUA_FILE = "flowtide_shard.lua"
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "CREDENTIALS_PATH",
     "DEREGISTER_PATH",
     "EXECUTE_PATH",
+    "EXECUTION_HEADER",
     "HEARTBEAT_PATH",
     "REGISTER_PATH",
     "RELEASE_PATH",
@@ -106,6 +107,9 @@ def worker_inbox(pool: str) -> str:
 
 # -- HTTP paths ------------------------------------------------------------------------------
 
+#: The execution a request is about, when neither its path nor a single-execution body
+#: says so to a gateway (flowtide.gateway routes on it).
+EXECUTION_HEADER: Final = "X-Flowtide-Execution"
 CLAIM_PATH: Final = "/api/commands/claim"
 REPORTS_PATH: Final = "/api/events/reports"
 REGISTER_PATH: Final = "/api/worker/pool/register"

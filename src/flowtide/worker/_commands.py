@@ -25,6 +25,7 @@ from flowtide.wire import (
     CHILD_RESULT_PATH,
     CREDENTIALS_PATH,
     EXECUTE_PATH,
+    EXECUTION_HEADER,
     Claimed,
     ExecutionShare,
 )
@@ -55,7 +56,12 @@ class CommandCredentials:
         if found is not None:
             return found
         try:
-            r = self.client.post(CREDENTIALS_PATH, json={**self.body, "name": alias})
+            r = self.client.post(
+                CREDENTIALS_PATH,
+                json={**self.body, "name": alias},
+                # For a gateway in front of shards: the execution this request is about.
+                headers={EXECUTION_HEADER: self.body["execution_id"]},
+            )
         except httpx.HTTPError as exc:
             raise CredentialError(f"credential '{alias}': server unreachable: {exc}") from None
         if r.status_code == 404:
@@ -188,6 +194,8 @@ class CommandRunner:
                 "pool": self.pool,
                 "parent_execution_id": parent_execution_id,
             },
+            # A gateway sends it to the parent's shard, whose servers hold the command.
+            headers={EXECUTION_HEADER: str(parent_execution_id)},
         )
         if r.status_code >= 400:
             message = r.json().get("error", {}).get("message", r.text)

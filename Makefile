@@ -1,7 +1,7 @@
 # flowtide — the two commands the README starts with:
 #   make run    install into .venv (Java too, for Spark) and run examples/quickstart.yaml and
 #               examples/spark_etl.yaml embedded
-#   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver, HAProxy) and run
+#   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver, HAProxy, nginx) and run
 #               them all (examples/plugin's own tests too: tests/plugins installs it)
 #   make dev    install, then start the distributed stack on loopback (`flowtide dev up`)
 PYTHON ?= python3
@@ -33,6 +33,7 @@ test: install
 	@bash scripts/ensure-postgres.sh
 	@bash scripts/ensure-spark.sh
 	@bash scripts/ensure-haproxy.sh
+	@bash scripts/ensure-nginx.sh
 	$(BIN)/ruff check src tests bench examples/plugin
 	$(BIN)/ruff format --check src tests bench examples/plugin
 	$(BIN)/mypy

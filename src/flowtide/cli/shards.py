@@ -292,7 +292,12 @@ def gateway_config_cmd(
         typer.Option("--out", help="Folder to write haproxy.cfg and flowtide_shard.lua into."),
     ],
     fmt: Annotated[
-        str, typer.Option("--format", help="The gateway: haproxy (HAProxy 2.x with Lua).")
+        str,
+        typer.Option(
+            "--format",
+            help="The gateway: haproxy (HAProxy 2.x with Lua) or nginx (with the njs"
+            " module, libnginx-mod-http-js).",
+        ),
     ] = "haproxy",
     backend: Annotated[
         list[str] | None,
@@ -312,6 +317,10 @@ def gateway_config_cmd(
             "--ca", help="CA file that signed https backends' certificates.", show_default=False
         ),
     ] = None,
+    njs_module: Annotated[
+        str,
+        typer.Option("--njs-module", help="nginx only: the njs module's file."),
+    ] = "/usr/lib/nginx/modules/ngx_http_js_module.so",
     cluster_db: _ClusterOpt = None,
     db: _DbOpt = None,
 ) -> None:
@@ -320,27 +329,39 @@ def gateway_config_cmd(
     same function as the servers; other requests go to any server."""
     from flowtide import gateway
 
-    if fmt != "haproxy":
-        typer.echo(f"error: --format {fmt!r}: this flowtide writes haproxy", err=True)
+    if fmt not in ("haproxy", "nginx"):
+        typer.echo(f"error: --format {fmt!r}: expected haproxy or nginx", err=True)
         raise typer.Exit(EXIT_INVALID)
     backends = (
         _parse_backends(backend) if backend else _registered_backends(_cluster(cluster_db, db))
     )
     out.mkdir(parents=True, exist_ok=True)
-    lua = (out / gateway.LUA_FILE).absolute()
     try:
-        config = gateway.haproxy_config(
-            backends,
-            listen=listen,
-            lua_path=str(lua),
-            ca_file=str(ca.absolute()) if ca else None,
-        )
+        if fmt == "haproxy":
+            script = (out / gateway.LUA_FILE).absolute()
+            config_file = out / "haproxy.cfg"
+            config = gateway.haproxy_config(
+                backends,
+                listen=listen,
+                lua_path=str(script),
+                ca_file=str(ca.absolute()) if ca else None,
+            )
+            source = gateway.lua_source(len(backends))
+            run = f"haproxy -f {config_file}"
+        else:
+            script = (out / gateway.JS_FILE).absolute()
+            config_file = out / "nginx.conf"
+            config = gateway.nginx_config(
+                backends, listen=listen, js_path=str(script), njs_module=njs_module
+            )
+            source = gateway.njs_source(len(backends))
+            run = f"nginx -c {config_file.absolute()}"
     except gateway.GatewayError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
-    lua.write_text(gateway.lua_source(len(backends)))
-    (out / "haproxy.cfg").write_text(config)
+    script.write_text(source)
+    config_file.write_text(config)
     typer.echo(
-        f"wrote {out / 'haproxy.cfg'} and {lua} ({len(backends)} shard"
-        f"{'s' if len(backends) != 1 else ''}); run: haproxy -f {out / 'haproxy.cfg'}"
+        f"wrote {config_file} and {script} ({len(backends)} shard"
+        f"{'s' if len(backends) != 1 else ''}); run: {run}"
     )

@@ -1,7 +1,7 @@
-"""The drift guard of phase F: the real HAProxy (Debian's, with Lua), configured by
-`flowtide shards gateway-config`, in front of three stub servers on loopback, sends each
-of 10,000 requests to the shard `shard_for` names — ids in paths and in the
-X-Flowtide-Execution header, at the edges of the 64-bit range too."""
+"""The drift guard of phase F: the real gateways — Debian's HAProxy (with Lua) and nginx
+(with njs) — configured by `flowtide shards gateway-config`, in front of three stub
+servers on loopback, send each of 10,000 requests to the shard `shard_for` names: ids
+in paths and in the X-Flowtide-Execution header, at the edges of the 64-bit range too."""
 
 from __future__ import annotations
 
@@ -26,11 +26,57 @@ from flowtide.sharding import shard_for
 SHARDS = 3
 
 
-def _haproxy() -> str | None:
-    found = shutil.which("haproxy")
+def _binary(name: str) -> str | None:
+    found = shutil.which(name)
     if found:
         return found
-    return "/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else None
+    return f"/usr/sbin/{name}" if os.access(f"/usr/sbin/{name}", os.X_OK) else None
+
+
+NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+
+
+def _start(kind: str, folder: Path, port: int, backends: list[str]) -> subprocess.Popen[bytes]:
+    """Write the gateway's configuration with flowtide, check it, start the gateway."""
+    binary = _binary(kind)
+    if binary is None or (kind == "nginx" and not os.path.exists(NJS_MODULE)):
+        pytest.skip(f"{kind} is not installed (scripts/ensure-{kind}.sh installs it)")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flowtide.cli",
+            "shards",
+            "gateway-config",
+            "--format",
+            kind,
+            "--out",
+            str(folder),
+            "--listen",
+            f"127.0.0.1:{port}",
+            *backends,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    if kind == "haproxy":
+        config = folder / "haproxy.cfg"
+        check = [binary, "-c", "-f", str(config)]
+        run = [binary, "-db", "-f", str(config)]
+    else:
+        config = folder / "nginx.conf"
+        main = f"pid {folder}/nginx.pid; error_log {folder}/error.log;"
+        check = [binary, "-t", "-p", str(folder), "-c", str(config), "-g", main]
+        run = [binary, "-p", str(folder), "-c", str(config), "-g", f"daemon off; {main}"]
+    checked = subprocess.run(check, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    log = open(folder / f"{kind}.log", "wb")  # noqa: SIM115 - closed with the process
+    try:
+        return subprocess.Popen(run, stdout=log, stderr=log)
+    finally:
+        log.close()
 
 
 def _free_port() -> int:
@@ -78,42 +124,26 @@ def _stub(index: int) -> ThreadingHTTPServer:
     return server
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = _haproxy()
-    if binary is None:
-        pytest.skip("haproxy is not installed (scripts/ensure-haproxy.sh installs it)")
+@pytest.fixture(scope="module", params=["haproxy", "nginx"])
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    kind = request.param
     stubs = [_stub(i) for i in range(SHARDS)]
-    folder = tmp_path_factory.mktemp("gateway")
+    folder = tmp_path_factory.mktemp(kind)
     port = _free_port()
     backends = [
         arg
         for i, stub in enumerate(stubs)
         for arg in ("--backend", f"{i}=http://127.0.0.1:{stub.server_address[1]}")
     ]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flowtide.cli",
-            "shards",
-            "gateway-config",
-            "--out",
-            str(folder),
-            "--listen",
-            f"127.0.0.1:{port}",
-            *backends,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    config = folder / "haproxy.cfg"
-    check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    log = open(folder / "haproxy.log", "wb")  # noqa: SIM115 - closed below
-    haproxy = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=log)
+    try:
+        proc = _start(kind, folder, port, backends)
+    except BaseException:
+        for stub in stubs:
+            stub.shutdown()
+            stub.server_close()
+        raise
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -122,14 +152,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 httpx.get(f"{url}/api/executions", timeout=1)
                 break
             except httpx.HTTPError:
-                assert haproxy.poll() is None, (folder / "haproxy.log").read_text()
-                assert time.monotonic() < deadline, "haproxy did not listen"
+                assert proc.poll() is None, (folder / f"{kind}.log").read_text()
+                assert time.monotonic() < deadline, f"{kind} did not listen"
                 time.sleep(0.1)
         yield url
     finally:
-        haproxy.terminate()
-        haproxy.wait(timeout=10)
-        log.close()
+        proc.terminate()
+        proc.wait(timeout=10)
         for stub in stubs:
             stub.shutdown()
             stub.server_close()
@@ -213,5 +242,7 @@ def test_gateway_config_refuses_what_cannot_work(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "expected SHARD=URL" in bad.stderr
     tls = run("--backend", "0=https://a:1")
     assert tls.returncode == 2 and "--ca" in tls.stderr
-    other = run("--format", "nginx", "--backend", "0=http://a:1")
-    assert other.returncode == 2 and "writes haproxy" in other.stderr
+    nginx_tls = run("--format", "nginx", "--backend", "0=https://a:1")
+    assert nginx_tls.returncode == 2 and "proxies http only" in nginx_tls.stderr
+    other = run("--format", "traefik", "--backend", "0=http://a:1")
+    assert other.returncode == 2 and "expected haproxy or nginx" in other.stderr

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import psycopg
 
@@ -43,3 +47,30 @@ def test_a_stopped_server_leaves_the_registry(stack: Stack) -> None:
         after = {s.server_id for s in pg.servers.live(conn, 15, forget_after=3600)}
     assert not before & after
     stack.start_server()
+
+
+def test_gateway_config_from_the_registry(stack: Stack, tmp_path: Path) -> None:
+    # Without --backend, the servers are the live ones the cluster database knows.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTIDE_")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flowtide.cli",
+            "shards",
+            "gateway-config",
+            "--out",
+            str(tmp_path),
+            "--cluster-db",
+            stack.db,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = (tmp_path / "haproxy.cfg").read_text()
+    address = stack.url.removeprefix("http://")
+    assert f"backend shard0\n    balance roundrobin\n    server s0_0 {address} " in config
+    assert "SHARDS = 1" in (tmp_path / "flowtide_shard.lua").read_text()

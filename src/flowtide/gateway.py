@@ -1,10 +1,11 @@
 """Gateway configurations that send a request straight to the shard owning its execution
-(seed 001, phase F): `flowtide shards gateway-config --format haproxy`.
+(seed 001, phase F): `flowtide shards gateway-config --format haproxy|nginx`.
 
 The gateway computes the same `shard_for` as flowtide (xxHash64, seed 0, of the id's 8
-little-endian bytes, modulo N) in a Lua function that HAProxy runs per request
-(`flowtide_shard.lua`, Lua 5.3: integers are 64-bit and wrap, as the hash needs). The
-execution id comes from, in order:
+little-endian bytes, modulo N) per request: in Lua for HAProxy (`flowtide_shard.lua`,
+Lua 5.3: integers are 64-bit and wrap, as the hash needs), in JavaScript for nginx's njs
+(`flowtide_shard.js`: njs has no BigInt, so the 64-bit arithmetic works on four 16-bit
+limbs). The execution id comes from, in order:
 
 * the header `X-Flowtide-Execution` (for endpoints whose body names the execution);
 * the path: `/api/executions/{id}...`, `/api/internal/executions/{id}...`,
@@ -12,8 +13,9 @@ execution id comes from, in order:
 
 A request that names none (list, execute, catalog, workers...) goes to any server, round
 robin. An id that is not a signed 64-bit integer is treated as naming none. A test runs
-the real HAProxy in front of N stub servers and checks 10,000 ids against `shard_for`
-(`tests/gateway/test_haproxy.py`), so the Lua and Python cannot drift apart.
+the real HAProxy and nginx in front of N stub servers and checks 10,000 ids each against
+`shard_for` (`tests/gateway/test_gateways.py`), so the Lua, the JavaScript and the Python
+cannot drift apart.
 """
 
 from __future__ import annotations

@@ -156,3 +156,21 @@ def test_server_takes_one_shard_until_routing_exists(ft: Flowtide) -> None:
     assert proc.returncode == 2 and "needs the cluster database too" in proc.stderr
     proc = ft(*base)
     assert proc.returncode == 2 and "no database" in proc.stderr
+
+
+def test_a_shard_out_of_reach_is_named_and_the_others_still_done(
+    ft: Flowtide, dbs: dict[str, str]
+) -> None:
+    down = "postgresql://flowtide:secret-pw@127.0.0.1:9/gone"
+    args = ("--shards", f"{dbs['s0']};{down};{dbs['s1']}", "--cluster-db", dbs["cluster"])
+    proc = ft("db", "upgrade", *args)
+    assert proc.returncode == 1, describe(proc)
+    assert "shard 1 postgresql://flowtide:***@127.0.0.1:9/gone  shard: unavailable" in proc.stdout
+    assert "error: not reached: shard 1 " in proc.stderr
+    assert "secret-pw" not in proc.stdout + proc.stderr
+    # The other shards were upgraded all the same.
+    rows = json.loads(ft("db", "status", *args, "--json").stdout)
+    done = {(r["shard"], r["component"]): r for r in rows}
+    assert done[(0, "shard")]["version"] == done[(0, "shard")]["latest"]
+    assert done[(2, "shard")]["version"] == done[(2, "shard")]["latest"]
+    assert done[(1, "shard")]["version"] is None and done[(1, "shard")]["error"]

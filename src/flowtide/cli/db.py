@@ -97,12 +97,24 @@ def _migrate(
                 report = pgschema.upgrade(conn, components, where=where)
                 before = {name: old for name, old, _ in report}
             found = pgschema.current_versions(conn)
-    except psycopg.Error as exc:
-        err(f"error: {where}: {scrub_url(str(exc), dsn)}")
-        raise typer.Exit(EXIT_FAILED) from None
-    except StoreError as exc:
-        err(f"error: {exc}")
-        raise typer.Exit(EXIT_FAILED) from None
+    except (psycopg.Error, StoreError) as exc:
+        # One database out of reach is said and the others still done: a shard that is
+        # down must not hide (or block) the rest.
+        message = scrub_url(str(exc), dsn).strip()
+        if isinstance(exc, psycopg.Error):
+            message = f"{where}: {message}"
+        return [
+            {
+                "database": where,
+                "shard": shard,
+                "component": c.name,
+                "from": None,
+                "version": None,
+                "latest": c.latest,
+                "error": message,
+            }
+            for c in components
+        ]
     return [
         {
             "database": where,
@@ -134,12 +146,26 @@ def db_upgrade(
     rows = _schema_report(home, db, cluster_db, shards, apply=True)
     if as_json:
         print_json(rows)
-        return
-    for r in rows:
-        change = (
-            "up to date" if r["from"] == r["version"] else f"upgraded {r['from']} -> {r['version']}"
-        )
-        typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({change})")
+    else:
+        for r in rows:
+            if r.get("error"):
+                typer.echo(f"{_where(r)}  {r['component']}: unavailable ({r['error']})")
+                continue
+            change = (
+                "up to date"
+                if r["from"] == r["version"]
+                else f"upgraded {r['from']} -> {r['version']}"
+            )
+            typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({change})")
+    _fail_on_unavailable(rows)
+
+
+def _fail_on_unavailable(rows: list[dict[str, Any]]) -> None:
+    """Exit 1 naming the databases that could not be reached."""
+    missing = sorted({_where(r) for r in rows if r.get("error")})
+    if missing:
+        err(f"error: not reached: {', '.join(missing)}")
+        raise typer.Exit(EXIT_FAILED)
 
 
 @db_app.command("status")
@@ -153,11 +179,14 @@ def db_status(
     """Show each schema part's version, in the cluster database and every shard, and
     whether `flowtide db upgrade` has work to do. Exits 1 when a migration is pending."""
     rows = _schema_report(home, db, cluster_db, shards, apply=False)
-    pending = any(r["version"] < r["latest"] for r in rows)
+    pending = any(r["version"] is not None and r["version"] < r["latest"] for r in rows)
     if as_json:
         print_json(rows)
     else:
         for r in rows:
+            if r.get("error"):
+                typer.echo(f"{_where(r)}  {r['component']}: unavailable ({r['error']})")
+                continue
             state = (
                 "current"
                 if r["version"] == r["latest"]
@@ -168,5 +197,6 @@ def db_status(
                 )
             )
             typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({state})")
+    _fail_on_unavailable(rows)
     if pending:
         raise typer.Exit(EXIT_FAILED)

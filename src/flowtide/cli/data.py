@@ -73,3 +73,50 @@ def data(
     Console().print(table)
     if limit and out.row_count > len(out.rows):
         typer.echo(f"... {out.row_count - len(out.rows)} more rows (--limit 0 for all)")
+
+
+def prune_cmd(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            help="Prune executions that ended longer ago than this: 30d, 12h, 90m, 2w.",
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would go; remove nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Remove the files (spark datasets, results stored by reference) of executions that
+    ended before --older-than, from this home's data folder. Running and resumable
+    executions, and folders the store does not know, are kept. Their events stay."""
+    import time
+
+    from flowtide.cli.options import home_dir
+    from flowtide.errors import FlowtideError
+    from flowtide.prune import parse_age, prune
+
+    try:
+        age = parse_age(older_than)
+    except FlowtideError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    data = home_dir(home) / "data"
+    store = open_store(home, db)
+    try:
+        done = prune(store, data, older_than=age, now=time.time(), dry_run=dry_run)
+    finally:
+        store.close()
+    if as_json:
+        print_json({"dry_run": dry_run, **done.as_dict()})
+        return
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(
+        f"{verb} {done.folders} folder{'s' if done.folders != 1 else ''} of"
+        f" {len(done.executions)} execution{'s' if len(done.executions) != 1 else ''}"
+        f" ({done.bytes:,} bytes) from {data}; kept: {done.kept_running} running,"
+        f" {done.kept_recent} recent, {done.kept_unknown} unknown to this store"
+    )

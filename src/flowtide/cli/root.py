@@ -10,7 +10,7 @@ import typer
 
 from flowtide.cli.catalog import catalog_app
 from flowtide.cli.credential import credential_app
-from flowtide.cli.data import data
+from flowtide.cli.data import data, prune_cmd
 from flowtide.cli.db import db_app
 from flowtide.cli.dev import dev_app
 from flowtide.cli.executions import events, list_executions, status
@@ -42,6 +42,7 @@ app.command("events")(events)
 app.command("execute")(execute)
 app.command("cancel")(cancel)
 app.command("data")(data)
+app.command("prune")(prune_cmd)
 app.command("list")(list_executions)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)

@@ -43,6 +43,12 @@ def machine_id(worker_id: str | None = None) -> int:
 MACHINES = 1 << _MACHINE_BITS
 
 
+def lease_margin(seconds: float) -> float:
+    """How long before a machine-id lease of `seconds` ends its holder stops issuing ids:
+    a tenth of it, half a second at least (the room a renewal and the clocks need)."""
+    return max(0.5, seconds * 0.1)
+
+
 def _in_event_loop() -> bool:
     import asyncio
 

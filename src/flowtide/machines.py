@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from flowtide.errors import StoreError
-from flowtide.ids import Snowflake
+from flowtide.ids import Snowflake, lease_margin
 from flowtide.store import pg
 
 log = logging.getLogger("flowtide.machines")
@@ -60,7 +60,7 @@ class MachineLease:
         self.generator = generator
         self.seconds = seconds
         # Stop issuing this long before the database's expiry.
-        self.margin = max(0.5, seconds * 0.1)
+        self.margin = lease_margin(seconds)
         self.machine: int | None = None
 
     def acquire(self) -> int:

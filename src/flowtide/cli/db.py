@@ -144,24 +144,26 @@ def db_upgrade(
     """Apply pending schema migrations to the cluster database and every shard (safe to
     run from several machines at once)."""
     rows = _schema_report(home, db, cluster_db, shards, apply=True)
+    _print(
+        rows,
+        as_json,
+        lambda r: (
+            "up to date" if r["from"] == r["version"] else f"upgraded {r['from']} -> {r['version']}"
+        ),
+    )
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool, state: Any) -> None:
+    """The rows as JSON or a line each (`state(row)` in brackets); then exit 1 naming
+    the databases that could not be reached."""
     if as_json:
         print_json(rows)
     else:
         for r in rows:
             if r.get("error"):
                 typer.echo(f"{_where(r)}  {r['component']}: unavailable ({r['error']})")
-                continue
-            change = (
-                "up to date"
-                if r["from"] == r["version"]
-                else f"upgraded {r['from']} -> {r['version']}"
-            )
-            typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({change})")
-    _fail_on_unavailable(rows)
-
-
-def _fail_on_unavailable(rows: list[dict[str, Any]]) -> None:
-    """Exit 1 naming the databases that could not be reached."""
+            else:
+                typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({state(r)})")
     missing = sorted({_where(r) for r in rows if r.get("error")})
     if missing:
         err(f"error: not reached: {', '.join(missing)}")
@@ -180,23 +182,18 @@ def db_status(
     whether `flowtide db upgrade` has work to do. Exits 1 when a migration is pending."""
     rows = _schema_report(home, db, cluster_db, shards, apply=False)
     pending = any(r["version"] is not None and r["version"] < r["latest"] for r in rows)
-    if as_json:
-        print_json(rows)
-    else:
-        for r in rows:
-            if r.get("error"):
-                typer.echo(f"{_where(r)}  {r['component']}: unavailable ({r['error']})")
-                continue
-            state = (
-                "current"
-                if r["version"] == r["latest"]
-                else (
-                    f"needs upgrade to {r['latest']}"
-                    if r["version"] < r["latest"]
-                    else f"newer than this flowtide ({r['latest']})"
-                )
+    _print(
+        rows,
+        as_json,
+        lambda r: (
+            "current"
+            if r["version"] == r["latest"]
+            else (
+                f"needs upgrade to {r['latest']}"
+                if r["version"] < r["latest"]
+                else f"newer than this flowtide ({r['latest']})"
             )
-            typer.echo(f"{_where(r)}  {r['component']}: version {r['version']} ({state})")
-    _fail_on_unavailable(rows)
+        ),
+    )
     if pending:
         raise typer.Exit(EXIT_FAILED)

@@ -245,19 +245,11 @@ def server_cmd(
     # alone say first, what the cluster database's shard map says after the NATS check.
     from flowtide import topology
 
-    def shard_of(topo: topology.Topology) -> topology.Shard:
-        shard = topo.shard(shard_index)
-        if topo.count > 1:
-            raise topology.TopologyError(
-                f"this server would serve shard {shard.index} of {topo.count}: a cluster of"
-                " several shards needs requests routed between their servers, which this"
-                " version does not do yet; run one shard (one database)"
-            )
-        return shard
-
     try:
         if shards or not (db or cluster_db):
-            shard_of(topology.from_settings(db=db, shards=shards, cluster_db=cluster_db))
+            topology.from_settings(db=db, shards=shards, cluster_db=cluster_db).served_shard(
+                shard_index
+            )
     except FlowtideError as exc:
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
@@ -267,7 +259,7 @@ def server_cmd(
     _check_nats(nats_url, nats_auth)
     try:
         topo = topology.load(db=db, shards=shards, cluster_db=cluster_db)
-        shard = shard_of(topo)
+        shard = topo.served_shard(shard_index)
     except FlowtideError as exc:
         err(f"error: {exc}")
         invalid = isinstance(exc, topology.TopologyError)

@@ -85,13 +85,7 @@ class Runtime:
                 db=s.db, shards=s.shards, cluster_db=s.cluster_db, home=server_home()
             )
         )
-        shard = self.topology.shard(s.shard_index)
-        if self.topology.count > 1:
-            raise topology.TopologyError(
-                f"this server would serve shard {shard.index} of {self.topology.count}: a"
-                " cluster of several shards needs requests routed between their servers,"
-                " which this version does not do yet; run one shard (one database)"
-            )
+        shard = self.topology.served_shard(s.shard_index)
         cluster = None if self.topology.cluster == shard.dsn else self.topology.cluster
         self.store = await asyncio.to_thread(
             lambda: PostgresStore(shard.dsn, cluster_dsn=cluster, max_size=_POOL_SIZE)

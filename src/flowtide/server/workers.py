@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from flowtide.errors import AuthError, NotFoundError, StoreError
+from flowtide.machines import DEFAULT_SECONDS
 from flowtide.store import pg
 from flowtide.store.pg.workers import WorkerRow
 
@@ -38,10 +39,20 @@ __all__ = ["WorkerRegistry", "WorkerRow"]
 
 #: Seconds a process trusts what it read of a worker's binding.
 _TTL: Final = 5.0
-#: A worker's snowflake machine-id lease (renewed by its heartbeats).
-MACHINE_LEASE_SECONDS: Final = 60.0
+#: A worker's snowflake machine-id lease (renewed by its heartbeats): as a server's.
+MACHINE_LEASE_SECONDS: Final = DEFAULT_SECONDS
 
 T = TypeVar("T")
+
+
+def _machine_reply(machine_id: int, holder: str, floor_ms: int) -> dict[str, Any]:
+    """A machine-id lease as the register and heartbeat replies give it to a worker."""
+    return {
+        "machine_id": machine_id,
+        "holder": holder,
+        "floor_ms": floor_ms,
+        "seconds": MACHINE_LEASE_SECONDS,
+    }
 
 
 class WorkerRegistry:
@@ -193,12 +204,7 @@ class WorkerRegistry:
                 f"no free snowflake machine id for a worker: all {len(pg.machines.WORKER_IDS)}"
                 " are held by live workers"
             )
-        return {
-            "machine_id": lease.machine_id,
-            "holder": holder,
-            "floor_ms": lease.floor_ms,
-            "seconds": MACHINE_LEASE_SECONDS,
-        }
+        return _machine_reply(lease.machine_id, holder, lease.floor_ms)
 
     async def renew_machine(
         self, worker_id: str, machine_id: int, holder: str, issued_until_ms: int
@@ -213,12 +219,7 @@ class WorkerRegistry:
                 ),
             )
             if kept:
-                return {
-                    "machine_id": machine_id,
-                    "holder": holder,
-                    "floor_ms": 0,
-                    "seconds": MACHINE_LEASE_SECONDS,
-                }
+                return _machine_reply(machine_id, holder, 0)
         return await self.lease_machine(worker_id)
 
     async def release_machine(

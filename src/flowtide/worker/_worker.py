@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from flowtide.errors import ServerError
-from flowtide.ids import default_generator
+from flowtide.ids import default_generator, lease_margin
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
 from flowtide.tools.files import FileAccess, roots_from_env
@@ -288,7 +288,7 @@ class Worker:
         seconds = float(machine["seconds"])
         self.ids.lease(
             int(machine["machine_id"]),
-            valid_for=sent + seconds - max(0.5, seconds * 0.1) - time.monotonic(),
+            valid_for=sent + seconds - lease_margin(seconds) - time.monotonic(),
             floor_ms=int(machine.get("floor_ms") or 0),
         )
         self._machine = machine

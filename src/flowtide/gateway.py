@@ -1,21 +1,31 @@
-"""Gateway configurations that send a request straight to the shard owning its execution
+"""Gateway configurations that send a request straight to the shard it is for
 (seed 001, phase F): `flowtide shards gateway-config --format haproxy|nginx`.
 
 The gateway computes the same `shard_for` as flowtide (xxHash64, seed 0, of the id's 8
 little-endian bytes, modulo N) per request: in Lua for HAProxy (`flowtide_shard.lua`,
 Lua 5.3: integers are 64-bit and wrap, as the hash needs), in JavaScript for nginx's njs
 (`flowtide_shard.js`: njs has no BigInt, so the 64-bit arithmetic works on four 16-bit
-limbs). The execution id comes from, in order:
+limbs). It routes by the servers' own rule (`flowtide.server.forwarding.routed_shard`),
+first match wins:
 
-* the header `X-Flowtide-Execution` (for endpoints whose body names the execution);
-* the path: `/api/executions/{id}...`, `/api/internal/executions/{id}...`,
-  `/api/vars/{id}...`.
+1. the execution id in the path (percent-decoded, as the server sees it):
+   `/api/executions/{id}`, `/api/internal/executions/{id}`, `/api/vars/{id}`, alone or
+   followed by `/...` — at most 20 digits after an optional `-`; such an id outside the
+   signed 64-bit range names no shard, and the headers are not looked at;
+2. the header `X-Flowtide-Shard: k` (workers split their claims, reports and heartbeats
+   per shard): straight to shard k's servers when k is an integer 0..N-1;
+3. the header `X-Flowtide-Execution: id` (endpoints whose body names the execution).
 
-A request that names none (list, execute, catalog, workers...) goes to any server, round
-robin. An id that is not a signed 64-bit integer is treated as naming none. A test runs
-the real HAProxy and nginx in front of N stub servers and checks 10,000 ids each against
-`shard_for` (`tests/gateway/test_gateways.py`), so the Lua, the JavaScript and the Python
-cannot drift apart.
+A header value is read as Python's `int()` reads it (blanks around, a sign, `_` between
+digits), and the last of a repeated header counts, as on the server. A request that
+names no shard (list, execute, catalog, workers...), an invalid `X-Flowtide-Shard` (not an
+integer, or out of range) or an `X-Flowtide-Execution` that is not a signed 64-bit
+integer goes to any server, round robin: the server answers it itself (with 400 for a bad
+header; an invalid `X-Flowtide-Shard` is never passed over for `X-Flowtide-Execution`).
+A test runs the real HAProxy and nginx in front of N stub servers and checks 10,000 ids
+each against `shard_for`, and every step of the order above
+(`tests/gateway/test_gateways.py`), so the Lua, the JavaScript and the Python cannot
+drift apart.
 """
 
 from __future__ import annotations
@@ -24,13 +34,14 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from flowtide.errors import FlowtideError
-from flowtide.wire import EXECUTION_HEADER
+from flowtide.wire import EXECUTION_HEADER, SHARD_HEADER
 
 __all__ = [
     "HEADER",
     "JS_FILE",
     "LUA_FILE",
     "NJS_MODULE",
+    "SHARD_HEADER",
     "GatewayError",
     "haproxy_config",
     "lua_source",
@@ -83,42 +94,120 @@ local function umod(h, n)
   return ((h >> 1) % n * 2 + (h & 1)) % n
 end
 
--- A decimal id within the signed 64-bit range, else nil.
-local function parse_id(text)
-  if text == nil or not text:match("^%-?%d+$") or #text > 20 then
+-- The routing rule of flowtide's servers (flowtide.server.forwarding.routed_shard).
+local EXECUTION_HEADER = "__HEADER__"
+local SHARD_HEADER = "__SHARD_HEADER__"
+local PREFIXES = { "/api/executions/", "/api/internal/executions/", "/api/vars/" }
+local INT64_MAX = "9223372036854775807"
+local INT64_MIN = "9223372036854775808" -- its digits, after the minus
+
+-- A header value as Python's int() reads it: blanks around (%s is Python's ASCII
+-- whitespace), a sign, digits with single underscores between them. Returns "-" or ""
+-- and the digits (no underscores, no leading zeros), else nil.
+local function decimal(text)
+  if text == nil then
     return nil
   end
-  local value = math.tointeger(tonumber(text))
-  if value == nil then
+  local sign, body = text:match("^%s*([+-]?)([%d_]+)%s*$")
+  if body == nil or body:find("^_") or body:find("_$") or body:find("__", 1, true) then
     return nil
   end
-  -- tonumber gives a float past the range; a float equal to an integer passes
-  -- tointeger, so compare the text back.
-  if tostring(value) ~= text:gsub("^(%-?)0+(%d)", "%1%2") then
+  local digits = (body:gsub("_", ""):gsub("^0+(%d)", "%1"))
+  return sign == "-" and "-" or "", digits
+end
+
+-- The signed 64-bit integer that sign and digits (no leading zeros) write, else nil.
+local function int64(sign, digits)
+  local limit = sign == "-" and INT64_MIN or INT64_MAX
+  if #digits > #limit or (#digits == #limit and digits > limit) then
     return nil
+  end
+  local value = 0
+  for i = 1, #digits do
+    value = value * 10 + (digits:byte(i) - 48) -- wraps at -2^63, which - keeps
+  end
+  if sign == "-" then
+    value = -value
   end
   return value
 end
 
-local function execution_of(txn)
-  local headers = txn.http:req_get_headers()
-  local given = headers["__HEADER__"]
-  if given ~= nil and given[0] ~= nil then
-    local id = parse_id(given[0])
-    if id ~= nil then
-      return id
-    end
+-- A decimal signed 64-bit id (a header's value), else nil.
+local function parse_id(text)
+  local sign, digits = decimal(text)
+  if digits == nil then
+    return nil
   end
-  local path = txn.f:path() or ""
-  local text = path:match("^/api/executions/(%-?%d+)")
-    or path:match("^/api/internal/executions/(%-?%d+)")
-    or path:match("^/api/vars/(%-?%d+)")
-  return parse_id(text)
+  return int64(sign, digits)
 end
 
+-- The path as the server matches it: percent-decoded (a byte stays a byte here, which
+-- changes nothing for the ASCII the rule looks at).
+local function unquote(path)
+  return (path:gsub("%%(%x%x)", function(hex)
+    return string.char(tonumber(hex, 16))
+  end))
+end
+
+-- The path's execution: nil when the path names none, false when what it names is not a
+-- signed 64-bit integer, else the id. The server's pattern: a prefix, an optional minus
+-- and 1 to 20 digits, then "/" or the end (Python's $ also passes a last "\n").
+local function path_id(path)
+  path = unquote(path)
+  for _, prefix in ipairs(PREFIXES) do
+    if path:sub(1, #prefix) == prefix then
+      local sign, digits, rest = path:match("^(%-?)(%d+)(.*)$", #prefix + 1)
+      if digits == nil or #digits > 20 then
+        return nil
+      end
+      if rest ~= "" and rest ~= "\n" and rest:sub(1, 1) ~= "/" then
+        return nil
+      end
+      return int64(sign, (digits:gsub("^0+(%d)", "%1"))) or false
+    end
+  end
+  return nil
+end
+
+-- The last value of a request header (the server keeps the last of repeated ones).
+local function last(headers, name)
+  local values = headers[name]
+  if values == nil then
+    return nil
+  end
+  local value, i = nil, 0
+  while values[i] ~= nil do
+    value = values[i]
+    i = i + 1
+  end
+  return value
+end
+
+-- A valid X-Flowtide-Shard (an integer 0..SHARDS-1) as its text, else nil.
+local function shard_index(text)
+  local sign, digits = decimal(text)
+  if digits == nil or #digits > 9 or (sign == "-" and digits ~= "0") then
+    return nil
+  end
+  local k = math.tointeger(tonumber(digits))
+  if k == nil or k >= SHARDS then
+    return nil
+  end
+  return tostring(k)
+end
+
+-- The backend of a request: a shard's index, or "any" (round robin over every server).
 local function shard_of(txn)
-  local id = execution_of(txn)
+  local id = path_id(txn.f:path() or "")
   if id == nil then
+    local headers = txn.http:req_get_headers()
+    local given = last(headers, SHARD_HEADER)
+    if given ~= nil then
+      return shard_index(given) or "any" -- an invalid one: the server answers 400
+    end
+    id = parse_id(last(headers, EXECUTION_HEADER))
+  end
+  if not id then
     return "any"
   end
   if SHARDS <= 1 then
@@ -131,7 +220,13 @@ if core ~= nil then
   core.register_fetches("flowtide_shard", shard_of)
 end
 
-return { xxh64_of_id = xxh64_of_id, umod = umod, parse_id = parse_id }
+return {
+  xxh64_of_id = xxh64_of_id,
+  umod = umod,
+  parse_id = parse_id,
+  path_id = path_id,
+  shard_index = shard_index,
+}
 """
 
 
@@ -234,13 +329,28 @@ function mod(a, n) {
   return r;
 }
 
-// A decimal signed 64-bit id as limbs, else null.
-function parse(text) {
-  if (typeof text !== 'string' || !/^-?[0-9]{1,20}$/.test(text)) {
+// The routing rule of flowtide's servers (flowtide.server.forwarding.routed_shard).
+var EXECUTION_HEADER = '__HEADER__'.toLowerCase();
+var SHARD_HEADER = '__SHARD_HEADER__'.toLowerCase();
+var PATH = /^\/api\/(?:executions|internal\/executions|vars)\/(-?)([0-9]{1,20})(?:\/|\n?$)/;
+
+// A header value as Python's int() reads it: blanks around (Python's ASCII whitespace),
+// a sign, digits with single underscores between them. Returns the sign and the digits
+// (no underscores, no leading zeros), else null.
+function decimal(text) {
+  if (typeof text !== 'string') {
     return null;
   }
-  var negative = text.charAt(0) === '-';
-  var digits = (negative ? text.substr(1) : text).replace(/^0+(?=[0-9])/, '');
+  var m = /^[ \t\n\v\f\r]*([+-]?)([0-9]+(?:_[0-9]+)*)[ \t\n\v\f\r]*$/.exec(text);
+  if (!m) {
+    return null;
+  }
+  return { negative: m[1] === '-', digits: m[2].replace(/_/g, '').replace(/^0+(?=[0-9])/, '') };
+}
+
+// The signed 64-bit integer that a sign and digits (no leading zeros) write, as limbs,
+// else null.
+function int64(negative, digits) {
   var limit = negative ? '9223372036854775808' : '9223372036854775807';
   if (digits.length > 19 || (digits.length === 19 && digits > limit)) {
     return null;
@@ -255,46 +365,101 @@ function parse(text) {
   return v;
 }
 
-function shardOf(text, n) {
-  var id = parse(text);
-  if (id === null) {
-    return null;
-  }
+// A decimal signed 64-bit id (a header's value) as limbs, else null.
+function parse(text) {
+  var d = decimal(text);
+  return d === null ? null : int64(d.negative, d.digits);
+}
+
+function indexOf(id, n) {
   return n <= 1 ? 0 : mod(xxh64(id), n);
 }
 
-function shard(r) {
-  var text = null;
-  var given = r.headersIn['__HEADER__'];
-  if (given !== undefined && parse(given) !== null) {
-    text = given;
-  } else {
-    var m = r.uri.match(/^\/api\/(?:internal\/)?executions\/(-?[0-9]+)/) ||
-      r.uri.match(/^\/api\/vars\/(-?[0-9]+)/);
-    if (m) {
-      text = m[1];
+function shardOf(text, n) {
+  var id = parse(text);
+  return id === null ? null : indexOf(id, n);
+}
+
+// The path as the server matches it: the request's own (nginx's $uri is normalised),
+// percent-decoded (a byte stays a byte here, which changes nothing for the ASCII the
+// rule looks at).
+function serverPath(r) {
+  var target = r.variables.request_uri || r.uri;
+  var q = target.indexOf('?');
+  var path = q < 0 ? target : target.substr(0, q);
+  return path.replace(/%([0-9A-Fa-f]{2})/g, function (m, hex) {
+    return String.fromCharCode(parseInt(hex, 16));
+  });
+}
+
+// The last value of a request header (the server keeps the last of repeated ones;
+// headersIn would join them with commas), undefined when it is absent.
+function last(r, name) {
+  var value;
+  var raw = r.rawHeadersIn;
+  for (var i = 0; i < raw.length; i++) {
+    if (raw[i][0].toLowerCase() === name) {
+      value = raw[i][1];
     }
   }
-  var index = text === null ? null : shardOf(text, SHARDS);
+  return value;
+}
+
+// A valid X-Flowtide-Shard (an integer 0..SHARDS-1), else null.
+function shardIndex(text) {
+  var d = decimal(text);
+  if (d === null || d.digits.length > 9 || (d.negative && d.digits !== '0')) {
+    return null;
+  }
+  var k = parseInt(d.digits, 10);
+  return k < SHARDS ? k : null;
+}
+
+// The backend of a request: 'shard' and an index, or 'any' (round robin over every
+// server).
+function shard(r) {
+  var index = null;
+  var m = PATH.exec(serverPath(r));
+  if (m) {
+    // An id out of range names no shard, and the headers are not looked at.
+    var id = int64(m[1] === '-', m[2].replace(/^0+(?=[0-9])/, ''));
+    index = id === null ? null : indexOf(id, SHARDS);
+  } else {
+    var given = last(r, SHARD_HEADER);
+    if (given !== undefined) {
+      index = shardIndex(given); // an invalid one: the server answers 400
+    } else {
+      index = shardOf(last(r, EXECUTION_HEADER), SHARDS);
+    }
+  }
   return index === null ? 'any' : 'shard' + index;
 }
 
-export default { shard: shard, shardOf: shardOf };
+export default { shard: shard, shardOf: shardOf, shardIndex: shardIndex };
 """
 
 
-def njs_source(shards: int, *, header: str = HEADER) -> str:
+def njs_source(shards: int, *, header: str = HEADER, shard_header: str = SHARD_HEADER) -> str:
     """The njs module (nginx's JavaScript) for `shards` shards."""
     if shards < 1:
         raise GatewayError("a gateway needs at least one shard")
-    return _NJS.replace("__SHARDS__", str(int(shards))).replace("__HEADER__", header)
+    return (
+        _NJS.replace("__SHARDS__", str(int(shards)))
+        .replace("__HEADER__", header)
+        .replace("__SHARD_HEADER__", shard_header)
+    )
 
 
-def lua_source(shards: int, *, header: str = HEADER) -> str:
-    """The Lua module for `shards` shards."""
+def lua_source(shards: int, *, header: str = HEADER, shard_header: str = SHARD_HEADER) -> str:
+    """The Lua module for `shards` shards (HAProxy gives Lua the header names in lower
+    case)."""
     if shards < 1:
         raise GatewayError("a gateway needs at least one shard")
-    return _LUA.replace("__SHARDS__", str(int(shards))).replace("__HEADER__", header.lower())
+    return (
+        _LUA.replace("__SHARDS__", str(int(shards)))
+        .replace("__HEADER__", header.lower())
+        .replace("__SHARD_HEADER__", shard_header.lower())
+    )
 
 
 def _server_line(name: str, url: str) -> str:
@@ -323,7 +488,8 @@ def haproxy_config(
         raise GatewayError("https backends need the CA that signed them (--ca)")
     lines = [
         "# Generated by `flowtide shards gateway-config --format haproxy`: sends a request",
-        "# to the shard owning its execution (X-Flowtide-Execution, or the id in the path),",
+        "# to the shard it is for (first match: the execution id in the path, the",
+        "# X-Flowtide-Shard header, the X-Flowtide-Execution header; see flowtide_shard.lua),",
         "# any other request to any server.",
         "global",
         f"    lua-load {lua_path}",
@@ -386,8 +552,9 @@ def nginx_config(
     indexes = _check_backends(backends)
     lines = [
         "# Generated by `flowtide shards gateway-config --format nginx`: sends a request to",
-        "# the shard owning its execution (X-Flowtide-Execution, or the id in the path), any",
-        "# other request to any server.",
+        "# the shard it is for (first match: the execution id in the path, the",
+        "# X-Flowtide-Shard header, the X-Flowtide-Execution header; see flowtide_shard.js),",
+        "# any other request to any server.",
         f"load_module {njs_module};",
         "events {}",
         "http {",

@@ -1,7 +1,7 @@
 """What each NATS user may do with the names flowtide's processes share (`flowtide.wire`).
 
     FLOWTIDE_COMMANDS                 the command stream (work queue), subjects
-      flowtide.commands.<pool>.<eid>    one notification per issued command
+      flowtide.commands.<pool>.<shard>.<eid>  one notification per issued command
       flowtide-<pool>                   a pool's durable pull consumer, shared by its workers
     KV_<bucket>, $KV.<bucket>.>       the loop-state bucket (flowtide.kv.nats)
     _WORKER_INBOX.<pool>.>            replies to a worker of <pool> (pulls, consumer info)

@@ -3,8 +3,9 @@ travel between them, with their JSON round-trips.
 
     NATS JetStream
       COMMAND_STREAM                  FLOWTIDE_COMMANDS (work queue)
-      command_subject(pool, eid)      flowtide.commands.<pool>.<eid>: one Notification
-                                      per issued command
+      command_subject(pool, eid, shard)
+                                      flowtide.commands.<pool>.<shard>.<eid>: one
+                                      Notification per issued command
       pool_consumer(pool)             flowtide-<pool>: the durable pull consumer a pool's
                                       workers share
       worker_inbox(pool)              _WORKER_INBOX.<pool>: replies to a worker of <pool>
@@ -14,6 +15,8 @@ travel between them, with their JSON round-trips.
       REPORTS_PATH    reports_body(Report...) -> ReportsReply
       REGISTER_PATH, HEARTBEAT_PATH, DEREGISTER_PATH, RELEASE_PATH, CREDENTIALS_PATH,
       EXECUTE_PATH, CANCELLATION_CHECK_PATH, CHILD_RESULT_PATH
+      EXECUTION_HEADER, SHARD_HEADER   which execution / shard a request is for (routing)
+      FORWARDED_HEADER                 a request one server forwarded to another
 
 Both `flowtide.server` and `flowtide.worker` import this module; it imports neither (the
 engine's `Command` is the only flowtide type it carries). The server parses requests with
@@ -46,10 +49,12 @@ __all__ = [
     "DEREGISTER_PATH",
     "EXECUTE_PATH",
     "EXECUTION_HEADER",
+    "FORWARDED_HEADER",
     "HEARTBEAT_PATH",
     "REGISTER_PATH",
     "RELEASE_PATH",
     "REPORTS_PATH",
+    "SHARD_HEADER",
     "ClaimItem",
     "ClaimRefused",
     "ClaimReply",
@@ -71,7 +76,7 @@ __all__ = [
 # -- NATS names -----------------------------------------------------------------------------
 
 COMMAND_STREAM: Final = "FLOWTIDE_COMMANDS"
-#: Notifications are published to COMMAND_PREFIX.<pool>.<execution_id>.
+#: Notifications are published to COMMAND_PREFIX.<pool>.<shard>.<execution_id>.
 COMMAND_PREFIX: Final = "flowtide.commands"
 _POOL: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -84,10 +89,11 @@ def _pool(pool: str) -> str:
     return pool
 
 
-def command_subject(pool: str, execution_id: int) -> str:
-    """The subject of a notification of `pool` for `execution_id` (`pool` is one the API
-    checked: this is on every issue's path, so it is not checked again)."""
-    return f"{COMMAND_PREFIX}.{pool}.{execution_id}"
+def command_subject(pool: str, execution_id: int, shard: int = 0) -> str:
+    """The subject of a notification of `pool` for `execution_id`, which `shard` owns
+    (`pool` is one the API checked: this is on every issue's path, so it is not checked
+    again). A pool's consumer takes every shard's (`command_filter`)."""
+    return f"{COMMAND_PREFIX}.{pool}.{shard}.{execution_id}"
 
 
 def command_filter(pool: str) -> str:
@@ -110,6 +116,12 @@ def worker_inbox(pool: str) -> str:
 #: The execution a request is about, when neither its path nor a single-execution body
 #: says so to a gateway (flowtide.gateway routes on it).
 EXECUTION_HEADER: Final = "X-Flowtide-Execution"
+#: The shard a batch is for (a worker splits its claims, reports and heartbeats per shard
+#: and says which; any server forwards it to that shard's, a gateway routes on it).
+SHARD_HEADER: Final = "X-Flowtide-Shard"
+#: Set by a server on a request it forwards to another shard's server (which answers it
+#: itself or refuses it with 421: a request is forwarded once at most).
+FORWARDED_HEADER: Final = "X-Flowtide-Forwarded"
 CLAIM_PATH: Final = "/api/commands/claim"
 REPORTS_PATH: Final = "/api/events/reports"
 REGISTER_PATH: Final = "/api/worker/pool/register"

@@ -62,6 +62,9 @@ class Stack:
     #: NATS users by name (NatsServer.start_secured): the server and each worker get
     #: their own through the environment, as `flowtide dev up` hands them out.
     nats_users: dict[str, NatsUser] = field(default_factory=dict)
+    #: The server's name (its log file) and where its databases are (default `--db db`).
+    name: str = "server"
+    db_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -130,10 +133,9 @@ class Stack:
     def start_server(self) -> None:
         self.ensure_tokens()
         self.server = self._spawn(
+            self.name,
             "server",
-            "server",
-            "--db",
-            self.db,
+            *(self.db_args or ("--db", self.db)),
             "--nats",
             self.nats,
             "--port",
@@ -147,14 +149,14 @@ class Stack:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log('server')}")
+                raise RuntimeError(f"server exited: {self.log(self.name)}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"server not ready: {self.log('server')}")
+        raise RuntimeError(f"server not ready: {self.log(self.name)}")
 
     def kill_server(self) -> None:
         """SIGKILL the server process: no shutdown, no goodbye to anyone."""

@@ -226,6 +226,89 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     assert not (home / "dev").exists()
 
 
+def test_dev_up_with_two_shards_runs_playbooks_on_both_and_keeps_its_shard_count(
+    home: Path,
+) -> None:
+    # Free ports for what the test names; the stack picks the shards' own after them
+    # (or free ones where those are taken).
+    ports = [str(free_port()) for _ in range(3)]
+    up = _flowtide(
+        home,
+        "dev",
+        "up",
+        "--shards",
+        "2",
+        "--workers",
+        "1",
+        "--port",
+        ports[0],
+        "--nats-port",
+        ports[1],
+        "--pg-port",
+        ports[2],
+    )
+    assert up.returncode == 0, up.stderr
+    url = f"https://127.0.0.1:{ports[0]}"
+    assert f"--server {url}" in up.stdout
+
+    r = _flowtide(home, "dev", "status", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    shards = doc["shards"]
+    assert doc["count"] == 2 and [s["shard"] for s in shards] == [0, 1]
+    assert all(s["postgres"]["up"] and s["server"]["up"] for s in shards), shards
+    assert doc["cluster_database"]["up"]
+    # Each shard its own PostgreSQL server (own port) and server; the cluster database
+    # on a third one.
+    pg_ports = {doc["cluster_database"]["port"], *(s["postgres"]["port"] for s in shards)}
+    assert len(pg_ports) == 3 and int(ports[2]) == doc["cluster_database"]["port"]
+    assert shards[0]["server"]["url"] == url
+    other = shards[1]["server"]["url"]
+    assert other != url
+
+    run = _flowtide(home, "run", "examples/quickstart.yaml", "--server", url, "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["status"] == "completed"
+    # Through shard 1's server (the same token; its URL is not the one the CLI finds
+    # the TLS files for on its own): the execution is shard 1's, and shard 0's server
+    # answers for it by forwarding (mutual TLS between the servers).
+    tls = home / "dev" / "tls"
+    on_one = _flowtide(
+        home,
+        "run",
+        "examples/quickstart.yaml",
+        "--server",
+        other,
+        "--json",
+        env={
+            "FLOWTIDE_TOKEN": json.loads((home / "dev" / "tokens.json").read_text())["admin"],
+            "FLOWTIDE_CA": str(tls / "ca.pem"),
+            "FLOWTIDE_CLIENT_CERT": str(tls / "admin.pem"),
+            "FLOWTIDE_CLIENT_KEY": str(tls / "admin-key.pem"),
+        },
+    )
+    assert on_one.returncode == 0, on_one.stderr
+    eid = json.loads(on_one.stdout)["execution_id"]
+    from flowtide.sharding import shard_for
+
+    assert shard_for(int(eid), 2) == 1
+    forwarded = _flowtide(home, "status", eid, "--server", url, "--json")
+    assert forwarded.returncode == 0, forwarded.stderr
+    assert json.loads(forwarded.stdout)["status"] == "completed"
+
+    # The stack keeps its shard count: another one is refused, nothing is touched.
+    refused = _flowtide(home, "dev", "up", "--shards", "3")
+    assert refused.returncode == 1 and "does not re-shard" in refused.stderr
+    assert "--purge" in refused.stderr
+
+    down = _flowtide(home, "dev", "down")
+    assert down.returncode == 0, down.stderr
+    r = _flowtide(home, "dev", "status", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["count"] == 2
+    assert all(c["state"] == "stopped" for c in doc["components"]), doc["components"]
+
+
 def test_dev_up_refuses_a_missing_workdir_before_starting_anything(home: Path) -> None:
     missing = home.parent / "no-such-dir"
     r = _flowtide(home, "dev", "up", "--workdir", missing, "--pg-port", free_port())

@@ -1,7 +1,10 @@
 """The drift guard of phase F: the real gateways — Debian's HAProxy (with Lua) and nginx
 (with njs) — configured by `flowtide shards gateway-config`, in front of three stub
 servers on loopback, send each of 10,000 requests to the shard `shard_for` names: ids
-in paths and in the X-Flowtide-Execution header, at the edges of the 64-bit range too."""
+in paths and in the X-Flowtide-Execution header, at the edges of the 64-bit range too.
+They also route as the servers do (`routed_shard`, which every case here is checked
+against): the id in the path first, then X-Flowtide-Shard, then X-Flowtide-Execution; an
+invalid X-Flowtide-Shard goes to any server, which answers the 400."""
 
 from __future__ import annotations
 
@@ -17,11 +20,14 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
 
+from flowtide.server.forwarding import BadRoute, routed_shard
 from flowtide.sharding import shard_for
+from flowtide.wire import CLAIM_PATH, EXECUTION_HEADER, HEARTBEAT_PATH, REPORTS_PATH, SHARD_HEADER
 
 SHARDS = 3
 
@@ -216,6 +222,150 @@ def test_requests_without_an_execution_go_to_any_server(gateway: str) -> None:
             r = client.post("/api/commands/claim", headers={"X-Flowtide-Execution": bad})
             assert r.status_code == 200
     assert shards == set(range(SHARDS))  # round robin over every server
+
+
+Headers = list[tuple[str, str]]
+#: A request, and the shard it must land on (None: any server, round robin).
+Case = tuple[str, str, Headers, int | None]
+
+
+def _routed(path: str, headers: Headers) -> int | None:
+    """Where flowtide's servers send the request (None: the server that receives it
+    answers it, 400 for a bad header): the path as uvicorn gives it, percent-decoded, and
+    the last of repeated headers."""
+    raw = {name.lower().encode(): value.strip().encode() for name, value in headers}
+    try:
+        shard: int | None = routed_shard(unquote(path.partition("?")[0]), raw, SHARDS)
+    except BadRoute:
+        return None
+    return shard
+
+
+def _landed(client: httpx.Client, method: str, path: str, headers: Headers) -> int:
+    r = client.request(method, path, headers=headers, content=b"{}" if method == "POST" else None)
+    assert r.status_code == 200, (method, path, headers, r.status_code, r.text)
+    assert r.json()["path"] == path  # passed on as it came
+    return int(r.json()["shard"])
+
+
+def _check(gateway: str, cases: list[Case]) -> None:
+    """Each case is routed by the servers as it says, and lands there through the gateway:
+    on its shard, or (None) on every server in turn."""
+    disagree = [(path, h, want) for _, path, h, want in cases if _routed(path, h) != want]
+    assert not disagree, ("the servers route these otherwise", disagree[:5])
+    wrong = []
+    with httpx.Client(base_url=gateway, timeout=10) as client:
+        for method, path, headers, want in cases:
+            if want is None:
+                got: object = {_landed(client, method, path, headers) for _ in range(2 * SHARDS)}
+                if got != set(range(SHARDS)):
+                    wrong.append((path, headers, got))
+            else:
+                got = _landed(client, method, path, headers)
+                if got != want:
+                    wrong.append((path, headers, got))
+    assert not wrong, wrong[:5]
+
+
+def _ids_by_shard(rng: random.Random, each: int = 20) -> dict[int, list[int]]:
+    ids: dict[int, list[int]] = {i: [] for i in range(SHARDS)}
+    while min(len(v) for v in ids.values()) < each:
+        execution_id = rng.randint(-(2**63), 2**63 - 1)
+        ids[shard_for(execution_id, SHARDS)].append(execution_id)
+    return ids
+
+
+def test_the_shard_header_names_the_backend(gateway: str) -> None:
+    rng = random.Random(23)
+    by_shard = _ids_by_shard(rng)
+    # No execution id in the path, as the server reads it: the header decides.
+    paths = [
+        CLAIM_PATH,
+        REPORTS_PATH,
+        HEARTBEAT_PATH,
+        "/api/executions",
+        "/api/executions/12abc",
+        "/api/executions/" + "1" * 21,
+    ]
+    forms = ["{k}", "+{k}", "00{k}", "0_{k}"]  # what int() reads
+    cases: list[Case] = []
+    for n in range(300):
+        k = n % SHARDS
+        headers = [(SHARD_HEADER, rng.choice(forms).format(k=k))]
+        if n % 2:  # an X-Flowtide-Execution of another shard: X-Flowtide-Shard comes first
+            headers.append((EXECUTION_HEADER, str(rng.choice(by_shard[(k + 1) % SHARDS]))))
+        cases.append(("POST", rng.choice(paths), headers, k))
+    cases += [
+        ("POST", CLAIM_PATH, [(SHARD_HEADER, "-0")], 0),
+        # Repeated: the last one counts.
+        ("POST", CLAIM_PATH, [(SHARD_HEADER, "x"), (SHARD_HEADER, "1")], 1),
+        ("POST", CLAIM_PATH, [(SHARD_HEADER, "2"), (SHARD_HEADER, "0")], 0),
+    ]
+    _check(gateway, cases)
+
+
+def test_an_invalid_shard_header_goes_to_any_server(gateway: str) -> None:
+    """The server that receives it answers 400; the execution header is not looked at."""
+    execution = str(_ids_by_shard(random.Random(29), 1)[0][0])
+    bad = ["", "x", "1.0", "0x1", "1_", "_1", "1__0", "1 2", "1,2", "-", "+", "-1"]
+    bad += [str(SHARDS), "99", "2147483648", str(2**64)]  # out of range
+    cases: list[Case] = []
+    for value in bad:
+        headers = [(SHARD_HEADER, value), (EXECUTION_HEADER, execution)]
+        with pytest.raises(BadRoute):
+            routed_shard(CLAIM_PATH, {k.lower().encode(): v.encode() for k, v in headers}, SHARDS)
+        cases.append(("POST", CLAIM_PATH, headers, None))
+    cases.append(("POST", CLAIM_PATH, [(SHARD_HEADER, "1"), (SHARD_HEADER, "x")], None))
+    _check(gateway, cases)
+
+
+def test_the_path_comes_before_the_headers(gateway: str) -> None:
+    rng = random.Random(31)
+    by_shard = _ids_by_shard(rng)
+    edges = [0, 1, -1, 2**63 - 1, -(2**63)]
+    ids = edges + [rng.randint(-(2**63), 2**63 - 1) for _ in range(300 - len(edges))]
+    forms = [
+        ("GET", "/api/executions/{id}"),
+        ("GET", "/api/executions/{id}/events?after=0"),
+        ("POST", "/api/internal/executions/{id}/result"),
+        ("GET", "/api/vars/{id}"),
+    ]
+
+    def conflicting(n: int, shard: int) -> Headers:
+        """Headers naming other shards: X-Flowtide-Shard, X-Flowtide-Execution or both."""
+        other = str((shard + 1) % SHARDS)
+        execution = str(rng.choice(by_shard[(shard + 2) % SHARDS]))
+        return [
+            [(SHARD_HEADER, other)],
+            [(EXECUTION_HEADER, execution)],
+            [(SHARD_HEADER, other), (EXECUTION_HEADER, execution)],
+        ][n % 3]
+
+    cases: list[Case] = []
+    for n, execution_id in enumerate(ids):
+        method, path = forms[n % len(forms)]
+        shard = shard_for(execution_id, SHARDS)
+        cases.append((method, path.format(id=execution_id), conflicting(n, shard), shard))
+    # The path as the server reads it: percent-decoded, leading zeros, and Python's `$`
+    # that also passes a last newline.
+    read = [
+        ("/api/executions/%31%32%33", 123),
+        ("/api/vars/%2D5", -5),
+        ("/api/executions%2F77/events", 77),
+        ("/api/internal/executions/0000000000000000042/result", 42),
+        ("/api/executions/7%0A", 7),
+    ]
+    for n, (path, execution_id) in enumerate(read):
+        shard = shard_for(execution_id, SHARDS)
+        cases.append(("GET", path, conflicting(n, shard), shard))
+    # An id in the path outside the 64-bit range names no shard, whatever the headers say.
+    for path in [
+        "/api/executions/9223372036854775808",
+        "/api/vars/-9223372036854775809",
+        "/api/executions/99999999999999999999/events",
+    ]:
+        cases.append(("GET", path, [(SHARD_HEADER, "1"), (EXECUTION_HEADER, "42")], None))
+    _check(gateway, cases)
 
 
 def test_gateway_config_refuses_what_cannot_work(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 """The worker's report batches stay under a byte budget (the server caps request bodies),
-and each report is still sent whole and answered in order."""
+each report is still sent whole and answered in order, and in a cluster of several
+shards a request carries one shard's reports and a shard that is down holds back only
+its own."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ class _Server:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
 
-    async def post_json(self, path: str, data: bytes) -> _Reply:
+    async def post_json(self, path: str, data: bytes, shard: int | None = None) -> _Reply:
         doc = json.loads(data)
         self.bodies.append(doc)
         results = [{"code": 200} for _ in doc["reports"]]
@@ -54,3 +56,49 @@ def test_a_report_over_the_budget_goes_alone() -> None:
 
     server = asyncio.run(main())
     assert [len(b["reports"]) for b in server.bodies] == [1, 1]
+
+
+class _ShardDown(_Server):
+    """Shard 1 answers 503 until `up` is set; records (shard, execution ids) per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = asyncio.Event()
+        self.calls: list[tuple[int | None, list[int]]] = []
+
+    async def post_json(self, path: str, data: bytes, shard: int | None = None) -> _Reply:
+        ids = [int(r["execution_id"]) for r in json.loads(data)["reports"]]
+        self.calls.append((shard, ids))
+        if shard == 1 and not self.up.is_set():
+            return _Reply(503, b'{"error": {"status": 503, "message": "shard 1: down"}}')
+        return await super().post_json(path, data, shard)
+
+
+def test_reports_go_per_shard_and_a_shard_that_is_down_holds_back_only_its_own() -> None:
+    from flowtide.sharding import shard_for
+
+    ids = list(range(1, 41))
+    on = {k: [i for i in ids if shard_for(i, 2) == k] for k in (0, 1)}
+    assert on[0] and on[1]
+
+    async def main() -> _ShardDown:
+        server = _ShardDown()
+        reporter = _Reporter("w1", 60.0)
+        reporter.shards = 2
+        runner = asyncio.create_task(reporter.run(server))  # type: ignore[arg-type]
+        report = [{"type": "command.completed"}]
+        down = [asyncio.create_task(reporter.send(i, report)) for i in on[1]]
+        await asyncio.sleep(0.05)
+        # Shard 1 refuses and backs off; shard 0's reports are all taken meanwhile.
+        await asyncio.wait_for(asyncio.gather(*(reporter.send(i, report) for i in on[0])), 2.0)
+        assert not any(t.done() for t in down)
+        server.up.set()
+        await asyncio.wait_for(asyncio.gather(*down), 10.0)
+        runner.cancel()
+        return server
+
+    server = asyncio.run(main())
+    for shard, sent in server.calls:
+        assert {shard_for(i, 2) for i in sent} == {shard}, "one shard per request"
+    taken = sorted(int(r["execution_id"]) for b in server.bodies for r in b["reports"])
+    assert taken == ids

@@ -36,7 +36,8 @@ BIG = 2**62 + 7  # an id a JSON number in a browser would round
 
 def test_names() -> None:
     assert COMMAND_STREAM == "FLOWTIDE_COMMANDS"
-    assert command_subject("gpu", BIG) == f"flowtide.commands.gpu.{BIG}"
+    assert command_subject("gpu", BIG) == f"flowtide.commands.gpu.0.{BIG}"
+    assert command_subject("gpu", BIG, 3) == f"flowtide.commands.gpu.3.{BIG}"
     assert command_filter("gpu") == "flowtide.commands.gpu.>"
     assert pool_consumer("gpu") == "flowtide-gpu"
     assert worker_inbox("gpu") == "_WORKER_INBOX.gpu"

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 dev_app = typer.Typer(
     help=(
         "A complete distributed stack on this machine, loopback only: PostgreSQL "
-        "(initdb/pg_ctl into .flowtide/dev/pg), nats-server, `flowtide server` and workers. "
+        "(initdb/pg_ctl into .flowtide/dev/pg), nats-server, `flowtide server` and workers "
+        "(or, with `dev up --shards N`, a cluster of N shards). "
         "Run playbooks on it with `flowtide run FILE --server URL`."
     ),
     no_args_is_help=True,
@@ -49,12 +50,15 @@ def _progress(line: str) -> None:
 
 
 def _print_status(stack: DevStack, components: list[Component], as_json: bool) -> None:
+    shards = stack.shard_status(components)
     if as_json:
         doc = {
             "dir": str(stack.dir),
             "server": stack.server_url,
+            "servers": [s["server"]["url"] for s in shards["shards"]],
             "nats": stack.nats_url,
             "components": [c.to_dict() for c in components],
+            **shards,
         }
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -63,21 +67,59 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
         pid = f"pid {c.pid}" if c.pid else ""
         where = c.url or c.detail
         typer.echo(f"{c.name:<{width}}  {c.state:<9}  {pid:<10}  {where}")
+    if shards["count"] > 1:
+
+        def up(part: dict[str, object]) -> str:
+            return "up" if part["up"] else f"DOWN ({part['state']})"
+
+        cluster = shards["cluster_database"]
+        typer.echo(
+            f"\n{shards['count']} shards; cluster database on 127.0.0.1:{cluster['port']}"
+            f" {up(cluster)}"
+        )
+        for shard in shards["shards"]:
+            pg, server = shard["postgres"], shard["server"]
+            typer.echo(
+                f"shard {shard['shard']}:  postgres 127.0.0.1:{pg['port']} {up(pg)},"
+                f"  server {server['url']} {up(server)}"
+            )
 
 
 @dev_app.command("up")
 def dev_up(
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            "--shards",
+            min=1,
+            help="Shards of the cluster (default 1, or what the stack already has). With N >"
+            " 1: one PostgreSQL server per shard (on the ports after --pg-port's, or free"
+            " ones if those are taken), the cluster database on one of its own"
+            " (--pg-port), one `flowtide server` per shard (on --port, then the ports"
+            " after it, each with its own --advertise-url), the workers spread over them."
+            " Remembered; flowtide does not re-shard, so changing it needs `flowtide dev"
+            " down --purge` first.",
+            show_default=False,
+        ),
+    ] = None,
     workers: Annotated[
         int | None, typer.Option("--workers", min=0, help="Worker processes (default 2).")
     ] = None,
     port: Annotated[
-        int | None, typer.Option("--port", help="The flowtide server's port (default 8082).")
+        int | None,
+        typer.Option(
+            "--port", help="The flowtide server's port, shard 0's with --shards (default 8082)."
+        ),
     ] = None,
     nats_port: Annotated[
         int | None, typer.Option("--nats-port", help="nats-server's port (default 4222).")
     ] = None,
     pg_port: Annotated[
-        int | None, typer.Option("--pg-port", help="PostgreSQL's port (default 55432).")
+        int | None,
+        typer.Option(
+            "--pg-port",
+            help="PostgreSQL's port, the cluster database's with --shards (default 55432).",
+        ),
     ] = None,
     concurrency: Annotated[
         int | None,
@@ -119,7 +161,8 @@ def dev_up(
 ) -> None:
     """Start the stack (what already runs is left alone) and print where it listens.
 
-    Ports and sizes are remembered in HOME/dev/stack.json for the next `up`.
+    Ports, sizes and the shard count are remembered in HOME/dev/stack.json for the next
+    `up`.
     """
     from flowtide.dev.stack import DevStackError
 
@@ -127,6 +170,7 @@ def dev_up(
     err(f"flowtide dev stack in {stack.dir}")
     try:
         components = stack.up(
+            shards=shards,
             workers=workers,
             server_port=port,
             nats_port=nats_port,
@@ -140,14 +184,35 @@ def dev_up(
         )
     except DevStackError as exc:
         err(f"error: {exc}")
-        err("the parts that started keep running; `flowtide dev down` stops them")
+        if stack.running():
+            err("the parts that started keep running; `flowtide dev down` stops them")
         raise typer.Exit(EXIT_FAILED) from None
     _print_status(stack, components, as_json)
     if not as_json:
         admin = stack.tokens().get("admin", "")
+        others = [s.url for s in stack.servers()[1:]]
+        shard_lines = ""
+        if others:
+            tls_dir = stack.ca.ca.parent
+            shard_lines = (
+                f"other shards' servers: {', '.join(others)}\n"
+                "                       (the CLI finds the token and TLS files on its own for"
+                " the first URL only; for these, export FLOWTIDE_TOKEN as below"
+                + (
+                    f" and FLOWTIDE_CA={stack.ca.ca}"
+                    f" FLOWTIDE_CLIENT_CERT={tls_dir / 'admin.pem'}"
+                    f" FLOWTIDE_CLIENT_KEY={tls_dir / 'admin-key.pem'}"
+                    if stack.config.tls
+                    else ""
+                )
+                + ")\n"
+            )
         typer.echo(
-            f"\nserver:                {stack.server_url}\n"
-            f"admin token:           export FLOWTIDE_TOKEN={admin}\n"
+            f"\nserver:                {stack.server_url}"
+            + (" (shard 0's; any server answers for every shard)" if others else "")
+            + "\n"
+            + shard_lines
+            + f"admin token:           export FLOWTIDE_TOKEN={admin}\n"
             "                       (commands run from this directory find it on their"
             f" own: it is kept in {stack.tokens_path}, mode 0600)\n"
             f"run a playbook on it:  flowtide run examples/quickstart.yaml "
@@ -169,11 +234,14 @@ def dev_up(
 def dev_down(
     purge: Annotated[
         bool,
-        typer.Option("--purge", help="Also delete HOME/dev: the database, streams and logs."),
+        typer.Option(
+            "--purge",
+            help="Also delete HOME/dev: the databases, streams, logs and the shard count.",
+        ),
     ] = False,
     home: HomeOpt = None,
 ) -> None:
-    """Stop workers, server, nats-server and PostgreSQL (the data stays unless --purge)."""
+    """Stop workers, servers, nats-server and PostgreSQL (the data stays unless --purge)."""
     from flowtide.dev.stack import DevStackError
 
     stack = _stack(home)
@@ -202,7 +270,10 @@ def dev_status(as_json: JsonOpt = False, home: HomeOpt = None) -> None:
 def dev_logs(
     part: Annotated[
         str,
-        typer.Argument(help="server, nats, postgres or worker-N."),
+        typer.Argument(
+            help="server, nats, postgres or worker-N; with shards also server-K and"
+            " postgres-K (`server` is shard 0's, `postgres` the cluster database's)."
+        ),
     ] = "server",
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="How many lines.")] = 50,
     follow: Annotated[
@@ -215,6 +286,8 @@ def dev_logs(
 
     stack = _stack(home)
     known = {c.name: Path(c.log) for c in stack.status()}
+    if part == "server" and part not in known:
+        part = stack.servers()[0].name  # shard 0's
     path = known.get(part)
     if path is None:
         err(f"error: no part {part!r}; the parts are {', '.join(known)}")

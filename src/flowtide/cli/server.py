@@ -49,6 +49,19 @@ def _check_nats(url: str, auth: NatsAuth) -> None:
         raise typer.Exit(EXIT_FAILED) from None
 
 
+def _check_advertised(topo: Any, host: str, advertise_url: str | None) -> None:
+    """A server of several shards is reached by the others' (they forward requests for
+    its executions to it): it needs an address they can use."""
+    from flowtide.topology import TopologyError
+
+    if topo.count > 1 and not advertise_url and host in ("0.0.0.0", "::", ""):
+        raise TopologyError(
+            f"a server of a cluster of {topo.count} shards listening on {host or 'every'}"
+            " address needs --advertise-url (FLOWTIDE_ADVERTISE_URL): the URL the other"
+            " shards' servers and the workers reach it at"
+        )
+
+
 def _nats_auth(creds: Path | None) -> NatsAuth:
     """NATS credentials from --nats-creds and FLOWTIDE_NATS_USER/PASSWORD; exit 2 when
     they are incomplete or the file is unusable."""
@@ -247,9 +260,9 @@ def server_cmd(
 
     try:
         if shards or not (db or cluster_db):
-            topology.from_settings(db=db, shards=shards, cluster_db=cluster_db).served_shard(
-                shard_index
-            )
+            topo = topology.from_settings(db=db, shards=shards, cluster_db=cluster_db)
+            topo.served_shard(shard_index)
+            _check_advertised(topo, host, advertise_url)
     except FlowtideError as exc:
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
@@ -258,8 +271,12 @@ def server_cmd(
     # traceback from each of its processes' start-up.
     _check_nats(nats_url, nats_auth)
     try:
-        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db)
+        from flowtide.server.vault import server_home
+
+        # The shard map's credentials open with the master key the server processes use.
+        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db, home=server_home())
         shard = topo.served_shard(shard_index)
+        _check_advertised(topo, host, advertise_url)
     except FlowtideError as exc:
         err(f"error: {exc}")
         invalid = isinstance(exc, topology.TopologyError)
@@ -336,6 +353,9 @@ def server_cmd(
             port=port,
             workers=workers,
             log_level="warning",
+            # Requests in flight get this long to finish on SIGTERM; then open streams
+            # (SSE followers, other shards' keep-alive connections) are closed.
+            timeout_graceful_shutdown=5,
             **ssl_options,
         )
     finally:

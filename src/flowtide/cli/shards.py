@@ -324,9 +324,11 @@ def gateway_config_cmd(
     cluster_db: _ClusterOpt = None,
     db: _DbOpt = None,
 ) -> None:
-    """Write a gateway configuration that sends each request to the shard that owns its
-    execution (the id in the path or the X-Flowtide-Execution header), computed with the
-    same function as the servers; other requests go to any server."""
+    """Write a gateway configuration that sends each request to the shard it is for, by
+    the servers' own rule, first match wins: the execution id in the path, the
+    X-Flowtide-Shard header (a shard index), the X-Flowtide-Execution header (an id),
+    hashed with the same function as the servers. Other requests, and an invalid
+    X-Flowtide-Shard, go to any server."""
     from flowtide import gateway
 
     if fmt not in ("haproxy", "nginx"):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flowtide.errors import FlowtideError
 
-__all__ = ["DevStackError", "Processes", "need_port", "tcp_ok"]
+__all__ = ["DevStackError", "Processes", "need_port", "port_free", "tcp_ok"]
 
 
 class DevStackError(FlowtideError, RuntimeError):
@@ -111,16 +111,25 @@ class Processes:
                 return False
         return True
 
-    def stop(self, name: str, timeout: float = 15.0) -> bool:
-        """SIGTERM the process group, SIGKILL after `timeout`; True when it was running."""
+    def stop(self, name: str, timeout: float = 15.0, *, force_after: float | None = None) -> bool:
+        """SIGTERM the process group, SIGKILL after `timeout`; True when it was running.
+
+        `force_after`: seconds after which the process gets a SIGINT too, if it still runs
+        (a uvicorn server then stops waiting for its connections to close).
+        """
         if not self.alive(name):
             self.pids.pop(name, None)
             return False
         pid = self.pids[name]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         while time.monotonic() < deadline and self.alive(name):
+            if force_after is not None and time.monotonic() - start >= force_after:
+                force_after = None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGINT)
             _reap(pid)
             time.sleep(0.05)
         if self.alive(name):
@@ -153,18 +162,25 @@ class Processes:
         )
 
 
-def need_port(port: int, what: str, flag: str) -> None:
-    """DevStackError when `port` on 127.0.0.1 is taken."""
+def port_free(port: int) -> bool:
+    """Whether something could listen on `port` of 127.0.0.1 now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As servers do: a port whose last connections linger in TIME_WAIT is free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            raise DevStackError(
-                f"port {port} on 127.0.0.1 is taken, so {what} cannot listen there; "
-                f"stop what uses it or choose another port with {flag}"
-            ) from None
+            return False
+    return True
+
+
+def need_port(port: int, what: str, flag: str) -> None:
+    """DevStackError when `port` on 127.0.0.1 is taken."""
+    if not port_free(port):
+        raise DevStackError(
+            f"port {port} on 127.0.0.1 is taken, so {what} cannot listen there; "
+            f"stop what uses it or choose another port with {flag}"
+        )
 
 
 def tcp_ok(port: int) -> bool:

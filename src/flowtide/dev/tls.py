@@ -5,7 +5,9 @@
 * `ca.pem` / `ca-key.pem`: a CA that signs the rest and that clients trust;
 * `server.pem` / `server-key.pem`: the API server's certificate (127.0.0.1, localhost);
 * `admin.pem` / `admin-key.pem` and `worker.pem` / `worker-key.pem`: client certificates
-  for mutual TLS (the server requires one when the stack runs with it).
+  for mutual TLS (the server requires one when the stack runs with it);
+* `peer.pem` / `peer-key.pem`: the client certificate a server shows another shard's
+  server when it forwards a request to it (`flowtide dev up --shards N`).
 
 Keys are ECDSA P-256; certificates last a year and are made again when they are about to
 expire or the CA changed.
@@ -44,7 +46,7 @@ class LocalCA:
         return self.folder / "ca.pem"
 
     def cert(self, name: str) -> tuple[Path, Path]:
-        """(certificate, key) of `name` (server, admin, worker)."""
+        """(certificate, key) of `name` (server, admin, worker, peer)."""
         return self.folder / f"{name}.pem", self.folder / f"{name}-key.pem"
 
     def ensure(self) -> None:
@@ -62,7 +64,12 @@ class LocalCA:
             renewed = True
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
         ca_cert = x509.load_pem_x509_certificate(self.ca.read_bytes())
-        for name, server in (("server", True), ("admin", False), ("worker", False)):
+        for name, server in (
+            ("server", True),
+            ("admin", False),
+            ("worker", False),
+            ("peer", False),
+        ):
             cert_path, key_path = self.cert(name)
             if renewed or not self._fresh(cert_path) or not key_path.is_file():
                 key, cert = self._issue(ca_key, ca_cert, name, server=server)

@@ -165,15 +165,18 @@ def start_execution(
     parent_command_id: int | None = None,
     inherited: frozenset[str] = frozenset(),
     pool: str | None = None,
+    execution_id: int | None = None,
 ) -> Start:
     """A new execution of `playbook` with the workload `overrides`: ids from `next_id`
-    (the execution's first), `inherited` the parent's secret set, `pool` the workers'
+    (the execution's first, unless `execution_id` is given: a sharded server picks one
+    its own shard owns), `inherited` the parent's secret set, `pool` the workers'
     pool that runs its commands (recorded in `playbook.initialized`; none embedded).
 
     Raises:
         TemplateError: the workload does not render.
     """
-    execution_id = next_id()
+    if execution_id is None:
+        execution_id = next_id()
     workload = render_workload(playbook, execution_id, overrides, env)
     extra = {} if pool is None else {"pool": pool}
     first = initialized_event(

@@ -271,8 +271,8 @@ class Authenticator:
         return Principal(record.token_id, record.name, record.role, record.pool)
 
 
-def error_body(status: int, message: str) -> bytes:
-    return json.dumps({"error": {"status": status, "message": message}}).encode()
+def error_body(status: int, message: str, **extra: Any) -> bytes:
+    return json.dumps({"error": {"status": status, "message": message, **extra}}).encode()
 
 
 class BodyTooLarge(HTTPException):

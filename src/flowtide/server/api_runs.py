@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError, NotFoundError, PlaybookError, TemplateError
@@ -19,11 +19,18 @@ from flowtide.server.api_cluster import parse_catalog_id
 from flowtide.server.coordinator import TERMINAL, ExecutionFinished
 from flowtide.server.documents import event_document
 from flowtide.server.fields import IdPath, IdQuery, Text
+from flowtide.server.forwarding import forwarded, gather_shards
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest
+from flowtide.sharding import shard_for
 from flowtide.store import pg
-from flowtide.wire import CANCELLATION_CHECK_PATH, CHILD_RESULT_PATH, EXECUTE_PATH
+from flowtide.wire import (
+    CANCELLATION_CHECK_PATH,
+    CHILD_RESULT_PATH,
+    EXECUTE_PATH,
+    FORWARDED_HEADER,
+)
 
 __all__ = ["router"]
 
@@ -43,6 +50,7 @@ Caller = Annotated[Principal, Depends(caller)]
 )
 async def execute(
     body: ExecuteRequest,
+    request: Request,
     who: Caller,
     runtime: RuntimeDep,
     coord: CoordinatorDep,
@@ -50,7 +58,18 @@ async def execute(
 ) -> dict[str, Any]:
     """Start an execution of a catalog playbook (path/version or catalog_id) or of an
     inline playbook. A worker may start only sub-playbooks of the commands it holds,
-    on its own pool."""
+    on its own pool. A sub-playbook starts on its parent's shard (its cancel cascade and
+    the parent's checks stay in one database)."""
+    ctx = runtime.route_context()
+    if body.parent_execution_id is not None and ctx is not None and ctx[1] > 1:
+        own, shards, server_id, peers = ctx
+        home = shard_for(body.parent_execution_id, shards)
+        if home != own:
+            if peers is None or FORWARDED_HEADER in request.headers:
+                return error_response(  # type: ignore[return-value]
+                    421, f"this server serves shard {own}; the parent's is shard {home}"
+                )
+            return await forwarded(peers, home, server_id, request)  # type: ignore[no-any-return]
     if who.role == "worker" and not who.insecure:
         if body.parent_execution_id is None:
             raise AuthError("a worker starts sub-playbooks only (parent_execution_id)")
@@ -93,18 +112,60 @@ async def execute(
     return {"execution_id": str(execution_id), "status": "running"}
 
 
+#: How long a cluster-wide list waits for the other shards before it answers without them.
+LIST_TIMEOUT = 5.0
+
+
 @router.get("/api/executions")
 async def list_executions(
+    request: Request,
     runtime: RuntimeDep,
     status: Annotated[Text | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=0, le=1000)] = 50,
     before: IdQuery = None,
 ) -> dict[str, Any]:
-    """Executions newest first; pass the last id as `before` for the next page."""
-    rows = await asyncio.to_thread(
-        lambda: runtime.store.list_executions(status=status, limit=limit, before_id=before)
+    """Executions newest first (by id: ids are snowflakes, in creation order across
+    shards); pass `next_before` as `before` for the next page. In a cluster of several
+    shards every shard is asked at once and the pages merged: a shard that does not
+    answer in time is left out and named in `unavailable_shards` (its executions come
+    in a later listing, never silently skipped on a page that says it is whole)."""
+    local = asyncio.to_thread(_listed, runtime, status, limit, before)
+    ctx = runtime.route_context()
+    if ctx is None or ctx[1] <= 1 or ctx[3] is None or FORWARDED_HEADER in request.headers:
+        items = await local
+        return {"items": items, **_next(items, limit), "unavailable_shards": []}
+    own, shards, server_id, peers = ctx
+    assert peers is not None
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    mine, (answers, missing) = await asyncio.gather(
+        local,
+        gather_shards(
+            peers, shards, own, server_id, target, list(request.headers.raw), timeout=LIST_TIMEOUT
+        ),
     )
-    items = [
+    items = list(mine)
+    for answer in answers.values():
+        items.extend(answer.get("items", []))
+    items.sort(key=lambda item: int(item["execution_id"]), reverse=True)
+    items = items[:limit]
+    return {
+        "items": items,
+        **_next(items, limit),
+        "unavailable_shards": [
+            {"shard": shard, "error": why} for shard, why in sorted(missing.items())
+        ],
+    }
+
+
+def _next(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    return {"next_before": items[-1]["execution_id"] if len(items) == limit and items else None}
+
+
+def _listed(
+    runtime: Any, status: str | None, limit: int, before: int | None
+) -> list[dict[str, Any]]:
+    rows = runtime.store.list_executions(status=status, limit=limit, before_id=before)
+    return [
         {
             "execution_id": str(r.execution_id),
             "playbook": r.playbook_path or r.playbook_file,
@@ -116,8 +177,6 @@ async def list_executions(
         }
         for r in rows
     ]
-    nxt = items[-1]["execution_id"] if len(items) == limit and items else None
-    return {"items": items, "next_before": nxt}
 
 
 @router.get("/api/executions/{execution_id}", responses=problem_responses(404))

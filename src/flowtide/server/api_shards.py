@@ -37,6 +37,8 @@ async def shard_topology(runtime: RuntimeDep) -> dict[str, Any]:
         "shards": topo.count,
         "source": topo.source,
         "self": {"server_id": runtime.servers.server_id, "shard": own},
+        # Why the last read of the map was not taken (a changed number of shards).
+        "map_problem": runtime.map_problem,
         "map": [
             {
                 "shard": shard.index,

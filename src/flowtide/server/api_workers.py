@@ -64,7 +64,14 @@ async def register_worker(
                 f"{str(exc) or type(exc).__name__}",
             )
     machine = await workers.lease_machine(body.worker_id)
-    return {"worker_id": body.worker_id, "lease": runtime.settings.lease, "machine": machine}
+    shards = runtime.topology.count if runtime.topology is not None else 1
+    return {
+        "worker_id": body.worker_id,
+        "lease": runtime.settings.lease,
+        "machine": machine,
+        # Claims, reports and heartbeats go per shard (X-Flowtide-Shard).
+        "shards": shards,
+    }
 
 
 @router.post(

@@ -30,6 +30,7 @@ from flowtide.server import (
 )
 from flowtide.server.access import Gate, authorize
 from flowtide.server.errors import install_error_handlers
+from flowtide.server.forwarding import Forwarder
 from flowtide.server.openapi import install_openapi
 from flowtide.server.runtime import Runtime
 from flowtide.server.schemas import ClaimRequest, PoolRegister
@@ -74,6 +75,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(authorize)],
     )
+    # Middleware added last runs first: authentication, then forwarding to the shard
+    # that owns the request's execution (flowtide.server.forwarding).
+    app.add_middleware(Forwarder, context=runtime.route_context)
     app.add_middleware(
         Gate,
         authenticator=lambda: runtime.auth,

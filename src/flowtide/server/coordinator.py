@@ -42,6 +42,7 @@ from flowtide.server.leases import Leases
 from flowtide.server.stale import WORKER_EVENTS
 from flowtide.server.statecache import StateCache
 from flowtide.server.steps import Stepper, SubmitResult, command_subject
+from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
@@ -107,8 +108,14 @@ class Coordinator:
         cache_size: int = 2000,
         step_slots: int = 8,
         template_env: Mapping[str, str] | None = None,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         self.store = store
+        #: The shard this process serves, of how many: a new execution gets an id its
+        #: own shard owns (`shard_for(id, shards) == shard`), so it is written here.
+        self.shard = shard
+        self.shards = shards
         self.loopstate = loopstate
         #: What `env` holds for the templates this server evaluates (arcs, `set`,
         #: admission, the workload): only the variables FLOWTIDE_TEMPLATE_ENV lists, never
@@ -123,6 +130,7 @@ class Coordinator:
         self.steps = Stepper(
             store, self.cache, self.advancer, self.ids, loopstate, step_slots=step_slots
         )
+        self.steps.shard = shard
         self.claims = Claims(store, self.cache, self.ids, lease=lease)
         self.leases = Leases(store, lease=lease)
 
@@ -149,6 +157,14 @@ class Coordinator:
         """A caught-up state of the execution (read-only use)."""
         return await self.cache.state(execution_id)
 
+    def own_id(self) -> int:
+        """A new id that this process's shard owns: ids are drawn until one hashes here
+        (on average `shards` draws, a microsecond each)."""
+        while True:
+            new = self.ids.next_id()
+            if self.shards <= 1 or shard_for(new, self.shards) == self.shard:
+                return new
+
     # -- writes --------------------------------------------------------------------------
 
     async def execute(
@@ -171,6 +187,7 @@ class Coordinator:
             playbook,
             workload or {},
             next_id=self.ids.next_id,
+            execution_id=self.own_id(),
             now=time.time(),
             env=self.template_env,
             catalog_version=catalog_version,

@@ -31,6 +31,17 @@ __all__ = ["batch_item", "install_error_handlers", "problem"]
 log = logging.getLogger("flowtide.server")
 
 
+#: "shard I: " in a cluster of several shards (set by the runtime): a database error
+#: says whose database it is.
+_where = ""
+
+
+def serving_shard(index: int, count: int) -> None:
+    """This process serves shard `index` of `count` (its 503s name the shard)."""
+    global _where
+    _where = f"shard {index}: " if count > 1 else ""
+
+
 def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
     """How the API answers an error: (HTTP status, message, members the error document
     carries besides). A route that says more (a field, its own words) keeps the status
@@ -53,6 +64,8 @@ def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
     if isinstance(exc, ExecutionFinished):
         return 409, str(exc), {"execution_status": exc.status}
     if isinstance(exc, StoreError):
+        if _where and not str(exc).startswith("shard "):
+            return 503, f"{_where}store unavailable: {exc}", {}
         return 503, f"store unavailable: {exc}", {}
     if isinstance(exc, FlowtideError):
         return 422, str(exc), {}

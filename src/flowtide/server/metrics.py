@@ -121,6 +121,13 @@ CLAIM_LATENCY: Final = Histogram(
     buckets=_CLAIM_BUCKETS,
     registry=None,
 )
+FORWARDED: Final = Counter(
+    "flowtide_forwarded_requests",
+    "Requests this server sent on to the server of the shard that owns their execution"
+    " (outcome: answered, or unavailable when no server of that shard answered).",
+    ["shard", "outcome"],
+    registry=None,
+)
 _LIVE: Final = (
     COMMANDS_ISSUED,
     COMMANDS_CLAIMED,
@@ -129,6 +136,7 @@ _LIVE: Final = (
     COMMANDS_REISSUED,
     REPORTS_STALE,
     CLAIM_LATENCY,
+    FORWARDED,
 )
 _PLATFORM: Final = PlatformCollector(registry=None)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -25,6 +26,8 @@ from flowtide.redaction import install_log_masking
 from flowtide.server import metrics
 from flowtide.server.access import Authenticator
 from flowtide.server.coordinator import Coordinator
+from flowtide.server.errors import serving_shard
+from flowtide.server.forwarding import Peers
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("flowtide.server")
+
+#: Seconds between two reads of a cluster's shard map (the `shard_endpoint` table).
+MAP_EVERY = 5.0
 
 #: Connections per pool of one server process (PostgreSQL's default max_connections is
 #: 100: mind --workers N times this, times the number of servers).
@@ -69,6 +75,11 @@ class Runtime:
         self.machine: MachineLease | None = None
         self.servers: ServerRegistry | None = None
         self.topology: topology.Topology | None = None
+        #: The other shards' servers (a cluster of several shards only).
+        self.peers: Peers | None = None
+        #: Why the last map read was not taken (a changed number of shards), or None.
+        self.map_problem: str | None = None
+        self._reload = asyncio.Event()
 
     async def start(self) -> None:
         from flowtide.kv import connect
@@ -86,12 +97,18 @@ class Runtime:
             )
         )
         shard = self.topology.served_shard(s.shard_index)
+        serving_shard(shard.index, self.topology.count)
         cluster = None if self.topology.cluster == shard.dsn else self.topology.cluster
         self.store = await asyncio.to_thread(
             lambda: PostgresStore(shard.dsn, cluster_dsn=cluster, max_size=_POOL_SIZE)
         )
         self.servers = ServerRegistry(self.store, shard.index, s.advertise_url)
         await self.servers.start()
+        if self.topology.count > 1:
+            from flowtide.tls import client_tls
+
+            tls = client_tls("", home=server_home())
+            self.peers = Peers(self.servers, verify=tls.context())
         # Blocking database calls run in threads: more threads than the pool has
         # connections, so a burst of requests waiting for a connection cannot take every
         # thread from the steps that hold one (see Coordinator's step_slots).
@@ -114,6 +131,8 @@ class Runtime:
             local_kv=s.kv.startswith("memory:"),
             lease=s.lease,
             step_slots=_POOL_SIZE - 4,
+            shard=shard.index,
+            shards=self.topology.count,
         )
         if s.nats:
             from flowtide.natsauth import connect_nats
@@ -124,7 +143,19 @@ class Runtime:
             self.coordinator.publish = self.relay.publish
             await self.relay.start()
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
+        self.tasks.append(asyncio.create_task(self._watch_map(), name="flowtide-shard-map"))
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            # SIGHUP: read the map now (one process; uvicorn's supervisor of --workers N
+            # takes SIGHUP itself and restarts its processes one by one, which read it).
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reload.set)
         metrics.process_started()
+
+    def route_context(self) -> tuple[int, int, str, Peers | None] | None:
+        """What `Forwarder` needs: (own shard, shards, server id, peers); None until
+        started."""
+        if self.topology is None or self.servers is None:
+            return None
+        return self.servers.shard, self.topology.count, self.servers.server_id, self.peers
 
     def vault(self) -> ServerVault:
         """The credential vault over this runtime's store (the key is loaded once)."""
@@ -156,6 +187,53 @@ class Runtime:
             )
         return Authenticator(tokens, JwtVerifier(s.jwt) if s.jwt else None)
 
+    async def _watch_map(self) -> None:
+        """Read the map again on SIGHUP, and every MAP_EVERY seconds when it is the
+        cluster database's table."""
+        assert self.topology is not None
+        every = MAP_EVERY if self.topology.source == "table" else None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload.wait(), every)
+            self._reload.clear()
+            try:
+                await self.reload_map()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep the map it has, say why
+                log.warning("shard map not read again: %s", exc)
+
+    async def reload_map(self) -> None:
+        """Take the shard map as it is now: a shard moved to a new address is used there
+        (this process's own database included, without dropping calls in flight); a
+        changed number of shards is refused (no re-sharding) and the map kept."""
+        s = self.settings
+        old = self.topology
+        assert old is not None and self.servers is not None
+        new = await asyncio.to_thread(
+            lambda: topology.load(
+                db=s.db, shards=s.shards, cluster_db=s.cluster_db, home=server_home()
+            )
+        )
+        if new.count != old.count:
+            problem = (
+                f"the shard map now has {new.count} shard{'s' if new.count != 1 else ''};"
+                f" this server started with {old.count}: the number of shards cannot change"
+                " (executions stay on the shard their id hashes to; no re-sharding). The map"
+                " it had is kept; put the map back, or move shards to new addresses instead"
+            )
+            if problem != self.map_problem:
+                log.error("%s", problem)
+            self.map_problem = problem
+            return
+        self.map_problem = None
+        own = self.servers.shard
+        moved = new.shard(own)
+        if moved.dsn != old.shard(own).dsn:
+            await asyncio.to_thread(self.store.move_shard, moved.dsn)
+            log.warning("shard %d: its database is now %s", own, moved.display)
+        self.topology = new
+
     async def _reaper(self) -> None:
         assert self.coordinator is not None
         while True:
@@ -169,6 +247,8 @@ class Runtime:
 
     async def stop(self) -> None:
         metrics.process_stopped()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         for task in self.tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -181,6 +261,8 @@ class Runtime:
         if self.kv is not None:
             with contextlib.suppress(Exception):
                 await self.kv.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.servers is not None:
             await self.servers.stop()
         if self.machine is not None:

@@ -112,6 +112,8 @@ class Stepper:
         self.advancer = advancer
         self.ids = ids
         self.loopstate = loopstate
+        #: The shard this process serves (its notifications' subjects say so).
+        self.shard = 0
         #: Steps hold a pooled connection across awaits. Fewer of them than the pool has
         #: connections leaves some for the one-shot reads and claims that take theirs in a
         #: worker thread: otherwise every thread can end up waiting in getconn() for a
@@ -395,7 +397,7 @@ class Stepper:
         rows = [
             (u.execution_id, *self.store.execution_update(u, secrets)) for u in out.execution_rows
         ]
-        subject = command_subject(cached.pool, execution_id)
+        subject = command_subject(cached.pool, execution_id, self.shard)
         payloads = [Notification.of(c).to_json() for c in commands]
         issued: pg.Pending[pg.commands.Issued] | None = None
         last_seq: pg.Pending[int] | None = None

@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 
 __all__ = ["KeychainRow", "PostgresStore", "display_dsn", "is_postgres_url"]
 
+#: Seconds a caller waits for a pooled connection before its call fails (503).
+_POOL_WAIT: Final = 10.0
+#: Seconds the pool of a moved shard's old address stays open for calls that took it.
+_OLD_POOL_GRACE: Final = 30.0
+#: Seconds a probe of a database that was down waits for its connection.
+_PROBE_TIMEOUT: Final = 3
+
 _SCHEMES: Final = ("postgresql://", "postgres://")
 
 _KEYCHAIN_COLUMNS: Final = (
@@ -220,6 +227,9 @@ class PostgresStore(SQLStore):
         self._dsns = {"shard": dsn, "cluster": cluster_dsn or dsn}
         self._lock = threading.Lock()
         self._closed = False
+        self._sizes = (min_size, max_size, connect_timeout)
+        #: When each part's database last failed to give a connection (monotonic).
+        self._down: dict[str, float] = {}
         separate = cluster_dsn is not None and cluster_dsn != dsn
         self._pools: dict[str, ConnectionPool] = {}
         try:
@@ -264,6 +274,8 @@ class PostgresStore(SQLStore):
             max_size=max(lo, hi),
             open=False,
             name="flowtide-store",
+            # How long a caller waits for a connection (psycopg_pool's default is 30 s).
+            timeout=_POOL_WAIT,
             # A connection broken by a server restart is replaced instead of handed out.
             check=_check_idle,
             reset=_mark_returned,
@@ -321,13 +333,79 @@ class PostgresStore(SQLStore):
 
         if self._closed:
             raise StoreError(f"{self.dsn_display}: store is closed")
+        if part in self._down:
+            self._probe(part)
         try:
             with self._pools[part].connection() as conn:
                 yield conn
-        except (psycopg.Error, PoolTimeout, OverflowError) as exc:
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            self._down[part] = time.monotonic()
+            raise StoreError(f"{op}: {self._scrub(str(exc)).strip()}") from exc
+        except (psycopg.Error, OverflowError) as exc:
             raise StoreError(f"{op}: {self._scrub(str(exc)).strip()}") from exc
         except PoolClosed as exc:
             raise StoreError(f"{self.dsn_display}: store is closed") from exc
+
+    def move_shard(self, dsn: str) -> None:
+        """Use the shard's database at a new address (the shard map moved it): a pool
+        on `dsn` is opened and its schema checked first; calls already running finish on
+        the old pool's connections, which are closed as they come back.
+
+        Raises:
+            StoreError: `dsn` cannot be reached or its schema is not current; the store
+                then keeps the database it had.
+        """
+        from psycopg_pool import ConnectionPool
+
+        if self._pools["shard"] is self._pools["cluster"]:
+            raise StoreError("a one-database store cannot move its shard apart from the cluster's")
+        lo, hi, timeout = self._sizes
+        new = self._open_pool(ConnectionPool, dsn, lo, hi, timeout)
+        where = display_dsn(dsn)
+        try:
+            import psycopg
+
+            with new.connection() as conn:
+                pgschema.check_current(conn, [pgschema.SHARD], where=where)
+        except (psycopg.Error, StoreError) as exc:
+            new.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"{where}: {self._scrub(str(exc))}") from exc
+        with self._lock:
+            old = self._pools["shard"]
+            self._pools["shard"] = new
+            self._dsns["shard"] = dsn
+            password = _password(dsn)
+            if password:
+                self._secrets.add(password)
+            self.dsn_display = where
+            self._down.pop("shard", None)
+        # Closed a while later: a call that took the old pool just before the swap still
+        # gets its connection from it.
+        closer = threading.Timer(_OLD_POOL_GRACE, old.close)
+        closer.daemon = True
+        closer.start()
+
+    def _probe(self, part: str) -> None:
+        """After a database failed to give a connection: a fresh connection first, so
+        that while it is down each call fails at once (a refused connect) rather than
+        after the pool's wait. Back, and the pool is used as before.
+
+        Raises:
+            StoreError: the database still cannot be reached.
+        """
+        import psycopg
+
+        dsn = self._dsns[part]
+        try:
+            psycopg.connect(dsn, connect_timeout=_PROBE_TIMEOUT).close()
+        except psycopg.Error as exc:
+            self._down[part] = time.monotonic()
+            raise StoreError(
+                f"{display_dsn(dsn)}: database unreachable: {self._scrub(str(exc)).strip()}"
+            ) from exc
+        self._down.pop(part, None)
 
     def _lock_catalog_path(self, conn: psycopg.Connection, path: str) -> None:
         # Two servers registering one path at once would both pick the same next version.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowtide.errors import ServerError
+from flowtide.wire import SHARD_HEADER
 
 __all__ = ["Api", "Reply"]
 
@@ -59,14 +60,17 @@ class Api:
     async def __aexit__(self, *exc: object) -> None:
         await self._session.close()
 
-    async def post(self, path: str, body: Any) -> Reply:
+    async def post(self, path: str, body: Any, *, shard: int | None = None) -> Reply:
         """POST `body` as JSON; the reply, whatever its status. Raises ServerError when none
-        came (connection refused or lost, timeout)."""
-        return await self.post_json(path, json.dumps(body).encode())
+        came (connection refused or lost, timeout). `shard`: the shard the body is for
+        (`X-Flowtide-Shard`: whichever server gets it forwards it there)."""
+        return await self.post_json(path, json.dumps(body).encode(), shard=shard)
 
-    async def post_json(self, path: str, data: bytes) -> Reply:
+    async def post_json(self, path: str, data: bytes, *, shard: int | None = None) -> Reply:
         """POST JSON text already encoded (see `post`)."""
         headers = {"content-type": "application/json"}
+        if shard is not None:
+            headers[SHARD_HEADER] = str(shard)
         try:
             async with self._session.post(self.server + path, data=data, headers=headers) as r:
                 return Reply(r.status, await r.read())

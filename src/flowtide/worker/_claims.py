@@ -3,11 +3,13 @@ Per command exactly one claimer wins; a loser acks and moves on."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from flowtide.sharding import shard_for
 from flowtide.wire import (
     CLAIM_PATH,
     Claimed,
@@ -24,28 +26,58 @@ log = logging.getLogger("flowtide.worker")
 
 
 async def claim(
-    api: Api, worker_id: str, msgs: list[Any], release: Callable[[int], None]
+    api: Api,
+    worker_id: str,
+    msgs: list[Any],
+    release: Callable[[int], None],
+    shards: int = 1,
 ) -> list[tuple[Claimed, ExecutionShare]]:
-    """Claim the notifications `msgs` in one request and settle them (ack, nak or term);
-    the commands won, each with what its execution's commands share. `release(n)` gives
-    back the slots of the notifications that won nothing."""
-    notes: list[Notification] = []
-    kept: list[Any] = []
+    """Claim the notifications `msgs` and settle them (ack, nak or term): one request
+    per shard of a cluster of `shards` (each to the shard that owns the executions, at
+    once); the commands won, each with what its execution's commands share.
+    `release(n)` gives back the slots of the notifications that won nothing."""
+    by_shard: dict[int | None, tuple[list[Notification], list[Any]]] = {}
     for msg in msgs:
         try:
-            notes.append(Notification.from_json(msg.data))
-            kept.append(msg)
+            note = Notification.from_json(msg.data)
         except ValueError as exc:
             # Not ours to run, ever: dropped rather than redelivered forever.
             log.warning("unreadable notification %r: %s", msg.data[:200], exc)
             with contextlib.suppress(Exception):
                 await msg.term()
             release(1)
+            continue
+        shard = shard_for(note.execution_id, shards) if shards > 1 else None
+        notes, kept = by_shard.setdefault(shard, ([], []))
+        notes.append(note)
+        kept.append(msg)
+    if len(by_shard) == 1:
+        [(shard, (notes, kept))] = by_shard.items()
+        return await _claim(api, worker_id, notes, kept, release, shard)
+    won: list[tuple[Claimed, ExecutionShare]] = []
+    for part in await asyncio.gather(
+        *(
+            _claim(api, worker_id, notes, kept, release, shard)
+            for shard, (notes, kept) in by_shard.items()
+        )
+    ):
+        won.extend(part)
+    return won
+
+
+async def _claim(
+    api: Api,
+    worker_id: str,
+    notes: list[Notification],
+    kept: list[Any],
+    release: Callable[[int], None],
+    shard: int | None,
+) -> list[tuple[Claimed, ExecutionShare]]:
     if not notes:
         return []
     request = ClaimRequest(worker_id, [n.claim_item() for n in notes])
     try:
-        r = await api.post_json(CLAIM_PATH, request.to_json())
+        r = await api.post_json(CLAIM_PATH, request.to_json(), shard=shard)
         r.raise_for_status()
         reply = ClaimReply.from_json(r.body)
     except Exception as exc:  # noqa: BLE001 - the notifications come back later

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from flowtide.errors import ServerError
+from flowtide.sharding import shard_for
 from flowtide.wire import REPORTS_PATH, Report, ReportsReply, reports_body
 from flowtide.worker._api import Api
 
@@ -24,6 +26,9 @@ class _Pending:
     raw: bytes
     done: asyncio.Future[None]
     give_up: float
+
+    def shard(self, shards: int) -> int:
+        return shard_for(self.execution_id, shards)
 
 
 class Reporter:
@@ -52,6 +57,9 @@ class Reporter:
         self.max_bytes = max_bytes
         self._waiting: list[_Pending] = []
         self._wake = asyncio.Event()
+        #: The cluster's shards (the register reply says): a request carries the
+        #: reports of one shard's executions, and says which.
+        self.shards = 1
 
     async def send(self, execution_id: int, events: list[dict[str, Any]]) -> None:
         """Queue one command's report; returns when the server took it (or refused it as
@@ -62,23 +70,42 @@ class Reporter:
         self._wake.set()
         await done
 
+    def _shard(self, p: _Pending) -> int | None:
+        return p.shard(self.shards) if self.shards > 1 else None
+
     async def run(self, client: Api) -> None:
-        delay = 0.2
+        # Per shard (None: one shard): when it may be tried again, and the next delay. A
+        # shard whose servers or database are down holds back its own reports only.
+        retry_at: dict[int | None, float] = {}
+        delays: dict[int | None, float] = {}
         while True:
             if not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
+            now = time.monotonic()
+            ready = [p for p in self._waiting if retry_at.get(self._shard(p), 0.0) <= now]
+            if not ready:
+                self._wake.clear()
+                soonest = min(retry_at[self._shard(p)] for p in self._waiting)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, soonest - now))
+                continue
+            # The oldest ready report's shard; the others' go in the next request.
+            shard = self._shard(ready[0])
+            pick = ready if self.shards <= 1 else [p for p in ready if self._shard(p) == shard]
             size, n = 0, 0
-            for p in self._waiting[: self.max_batch]:
+            for p in pick[: self.max_batch]:
                 size += len(p.raw)
                 if n and size > self.max_bytes:
                     break
                 n += 1
-            batch = self._waiting[:n]
-            del self._waiting[:n]
-            problem = await self._post(client, batch)
+            batch = pick[:n]
+            taken = {id(p) for p in batch}
+            self._waiting = [p for p in self._waiting if id(p) not in taken]
+            problem = await self._post(client, batch, shard)
             if problem is None:
-                delay = 0.2
+                retry_at.pop(shard, None)
+                delays.pop(shard, None)
                 continue
             now = time.monotonic()
             retry = []
@@ -93,17 +120,23 @@ class Reporter:
                     retry.append(p)
             self._waiting[:0] = retry
             if retry:
+                delay = delays.get(shard, 0.2)
+                where = "" if shard is None else f" (shard {shard})"
                 log.warning(
-                    "%d reports not taken, retrying in %.1fs: %s", len(retry), delay, problem
+                    "%d reports not taken%s, retrying in %.1fs: %s",
+                    len(retry),
+                    where,
+                    delay,
+                    problem,
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                retry_at[shard] = now + delay
+                delays[shard] = min(delay * 2, 5.0)
 
-    async def _post(self, client: Api, batch: list[_Pending]) -> str | None:
+    async def _post(self, client: Api, batch: list[_Pending], shard: int | None) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""
         body = reports_body(self.worker_id, [p.raw for p in batch])
         try:
-            r = await client.post_json(REPORTS_PATH, body)
+            r = await client.post_json(REPORTS_PATH, body, shard=shard)
         except ServerError as exc:
             return str(exc)
         if r.status_code >= 500:

@@ -20,6 +20,7 @@ from flowtide.errors import ServerError
 from flowtide.ids import default_generator, lease_margin
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
+from flowtide.sharding import shard_for
 from flowtide.tools.files import FileAccess, roots_from_env
 from flowtide.tools.files import configure as configure_files
 from flowtide.tools.python_pool import Isolation
@@ -100,7 +101,11 @@ class Worker:
         self.running = 0
         self.completed = 0
         # Commands claimed and not yet reported: the heartbeat extends only their leases.
-        self.held: set[int] = set()
+        #: The commands running here: command id -> its execution id.
+        self.held: dict[int, int] = {}
+        #: The cluster's shards (the register reply says): claims, reports, heartbeats
+        #: and hand-backs go per shard, each to the shard that owns the executions.
+        self.shards = 1
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=self.worker_id)
         self._stop = asyncio.Event()
         #: Fetched notifications not yet settled (claim lost, or command reported).
@@ -230,17 +235,17 @@ class Worker:
             return
         # First: whatever finishes from here on is not reported (it was handed back).
         self._handing_back = True
-        held = sorted(self.held)
         log.warning(
             "grace period (%gs) over: stopping %d running commands and handing them back",
             self.grace,
-            len(held),
+            len(self.held),
         )
-        if held:
+        for shard, held in self._held_by_shard().items():
             try:
                 r = await self.client.post(
                     RELEASE_PATH,
-                    {"worker_id": self.worker_id, "commands": [str(c) for c in held]},
+                    {"worker_id": self.worker_id, "commands": [str(c) for c in sorted(held)]},
+                    shard=shard,
                 )
                 r.raise_for_status()
             except ServerError as exc:
@@ -250,6 +255,15 @@ class Worker:
         for task in tasks:
             task.cancel()
         await asyncio.wait(list(tasks), timeout=2.0)
+
+    def _held_by_shard(self) -> dict[int | None, list[int]]:
+        """The commands held, by the shard of their execution (None: one shard)."""
+        if self.shards <= 1:
+            return {None: list(self.held)} if self.held else {}
+        out: dict[int | None, list[int]] = {}
+        for command_id, execution_id in self.held.items():
+            out.setdefault(shard_for(execution_id, self.shards), []).append(command_id)
+        return out
 
     async def _ask(self, puller: Puller) -> None:
         """Keep pull requests open for the free slots: asks again when a slot frees up, a
@@ -324,6 +338,8 @@ class Worker:
             )
         r.raise_for_status()
         reply = r.json()
+        self.shards = max(1, int(reply.get("shards", 1)))
+        self._reports.shards = self.shards
         self.lease = float(reply.get("lease", 30.0))
         self._reports.patience = max(60.0, 4 * self.lease)
         self._take_machine(reply, sent)
@@ -336,14 +352,25 @@ class Worker:
             await asyncio.sleep(max(0.5, every))
             try:
                 sent = time.monotonic()
+                if self.shards > 1:
+                    # Each shard extends the leases it holds; the machine id is renewed
+                    # in the first (any server reaches the cluster database).
+                    held = self._held_by_shard()
+                    await asyncio.gather(
+                        *(self._beat_shard(s, held.get(s, [])) for s in range(1, self.shards))
+                    )
+                    commands = held.get(0, [])
+                else:
+                    commands = list(self.held)
                 r = await self.client.post(
                     HEARTBEAT_PATH,
                     {
                         "worker_id": self.worker_id,
                         "running": self.running,
-                        "commands": [str(c) for c in self.held],
+                        "commands": [str(c) for c in commands],
                         **self._machine_held(),
                     },
+                    shard=0 if self.shards > 1 else None,
                 )
                 if r.status_code == 404:
                     # The server no longer knows this worker (its row was removed): the
@@ -356,10 +383,28 @@ class Worker:
             except ServerError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
+    async def _beat_shard(self, shard: int, commands: list[int]) -> None:
+        """The heartbeat of shard `shard` (> 0): the leases of its executions' commands."""
+        try:
+            r = await self.client.post(
+                HEARTBEAT_PATH,
+                {
+                    "worker_id": self.worker_id,
+                    "running": self.running,
+                    "commands": [str(c) for c in commands],
+                },
+                shard=shard,
+            )
+            if r.status_code != 404:  # 404: shard 0's beat registers again
+                r.raise_for_status()
+        except ServerError as exc:
+            log.warning("heartbeat to shard %s failed: %s", shard, exc)
+
     async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:
-        """Claim the notifications that arrived together in one request, ack them, and
-        start the commands won."""
-        for claimed, share in await claim(self.client, self.worker_id, msgs, self._release):
+        """Claim the notifications that arrived together (one request per shard), ack
+        them, and start the commands won."""
+        won = await claim(self.client, self.worker_id, msgs, self._release, self.shards)
+        for claimed, share in won:
             task = asyncio.create_task(self._handle(claimed, share))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -367,7 +412,7 @@ class Worker:
     async def _handle(self, claimed: Claimed, share: ExecutionShare) -> None:
         command_id = claimed.command.command_id
         execution_id = claimed.command.execution_id
-        self.held.add(command_id)
+        self.held[command_id] = execution_id
         self.running += 1
         try:
             try:
@@ -384,5 +429,5 @@ class Worker:
             # Its lease runs out and the reaper issues it again.
             log.warning("command %s of execution %s: %s", command_id, execution_id, exc)
         finally:
-            self.held.discard(command_id)
+            self.held.pop(command_id, None)
             self._release()

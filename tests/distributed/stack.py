@@ -222,3 +222,49 @@ class Stack:
                 p.wait()
         for log in self.logs:
             log.close()
+
+
+def sharded(
+    cluster_db: str,
+    shard_dbs: list[str],
+    *,
+    nats: str,
+    root: Path,
+    roles: tuple[str, ...] = ("admin", "operator", "reader", "worker"),
+    **kwargs: Any,
+) -> list[Stack]:
+    """One Stack per shard of a cluster over `cluster_db` and `shard_dbs` (migrated here,
+    tokens made in the cluster database and shared): stack i is shard i's server, to be
+    started by the caller; the stacks' `db` is the cluster database."""
+    env = flowtide_env(root / "home")
+    if kwargs.get("master_key"):
+        env["FLOWTIDE_MASTER_KEY"] = kwargs["master_key"]
+    shard_list = ";".join(shard_dbs)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flowtide.cli", "db", "upgrade"]
+        + ["--shards", shard_list, "--cluster-db", cluster_db],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    from flowtide.auth.tokens import TokenStore
+    from flowtide.store.postgres import PostgresStore
+
+    tokens: dict[str, str] = {}
+    with PostgresStore(shard_dbs[0], cluster_dsn=cluster_db, max_size=2) as store:
+        for role in roles:
+            tokens[role], _ = TokenStore(store).create(role=role, name=f"shards-{role}")
+    return [
+        Stack(
+            db=cluster_db,
+            nats=nats,
+            root=root,
+            tokens=tokens,
+            name=f"server{i}",
+            db_args=("--shards", shard_list, "--cluster-db", cluster_db, "--shard-index", str(i)),
+            **kwargs,
+        )
+        for i in range(len(shard_dbs))
+    ]

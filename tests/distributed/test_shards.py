@@ -23,7 +23,7 @@ import pytest
 
 from flowtide.sharding import shard_for
 
-from .stack import Stack, flowtide_env
+from .stack import Stack, sharded
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kv"))
 
@@ -133,45 +133,14 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(pg_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("shards")
-    import subprocess
-
     from pgserver import PgServer
 
     cluster_db = pg_server.create_database("shards_cluster")
     second = PgServer.start()
     shard_dbs = [pg_server.create_database("shards_0"), second.create_database("shards_1")]
 
-    env = flowtide_env(root / "home")
-    shard_list = ";".join(shard_dbs)
-    proc = subprocess.run(
-        [sys.executable, "-m", "flowtide.cli", "db", "upgrade"]
-        + ["--shards", shard_list, "--cluster-db", cluster_db],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    from flowtide.auth.tokens import TokenStore
-    from flowtide.store.postgres import PostgresStore
-
-    tokens: dict[str, str] = {}
-    with PostgresStore(shard_dbs[0], cluster_dsn=cluster_db, max_size=2) as store:
-        for role in ("admin", "reader", "worker"):
-            tokens[role], _ = TokenStore(store).create(role=role, name=f"shards-{role}")
     nats = NatsServer.start_secured(root / "nats", pools=("default",))
-    stacks = [
-        Stack(
-            db=cluster_db,
-            nats=nats.url,
-            root=root,
-            nats_users=nats.users,
-            tokens=tokens,
-            name=f"server{i}",
-            db_args=("--shards", shard_list, "--cluster-db", cluster_db, "--shard-index", str(i)),
-        )
-        for i in range(SHARDS)
-    ]
+    stacks = sharded(cluster_db, shard_dbs, nats=nats.url, root=root, nats_users=nats.users)
     try:
         for s in stacks:
             s.start_server()
@@ -376,3 +345,67 @@ def test_a_shard_whose_database_is_down_stops_only_its_own_executions(cluster: C
             "success": 40,
             "failed": 0,
         }
+
+
+def test_kill_9_of_a_shards_server_mid_loop_still_gives_exact_results(cluster: Cluster) -> None:
+    loop = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: killed, path: tests/killed}
+workflow:
+  - step: work
+    loop:
+      in: "{{ range(120) | list }}"
+      iterator: i
+      spec: {max_in_flight: 8}
+    tool:
+      kind: python
+      input: {i: "{{ i }}"}
+      code: |
+        import time
+        time.sleep(0.05)
+        result = {"index": i}
+"""
+    with cluster.client(0) as zero, cluster.client(1) as one:
+        eid = one.post("/api/execute", json={"playbook": loop}).json()["execution_id"]
+        assert shard_for(int(eid), SHARDS) == 1
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            events = zero.get(f"/api/executions/{eid}/events").json()
+            if sum(e["type"] == "command.completed" for e in events) >= 20:
+                break
+            time.sleep(0.05)
+        cluster.stacks[1].kill_server()
+        time.sleep(1.0)
+        cluster.stacks[1].start_server()
+        doc = _wait(zero, eid, timeout=120)
+        assert doc["status"] == "completed", doc
+        results = doc["steps"]["work"]["result"]["results"]
+        assert sorted(r["index"] for r in results) == list(range(120))
+        events = zero.get(f"/api/executions/{eid}/events").json()
+        indexes = [e["payload"]["loop_index"] for e in events if e["type"] == "command.completed"]
+        assert sorted(indexes) == list(range(120)), "each iteration is recorded exactly once"
+
+
+def test_cancel_through_another_shard_goes_down_to_the_sub_playbook(cluster: Cluster) -> None:
+    slow_child = SLOW.replace("tests/slow", "tests/slow_child").replace("name: slow", "name: sc")
+    parent = PARENT.replace("tests/shard_child", "tests/slow_child").replace(
+        "      return_step: compute\n      input: {value: 21}\n", ""
+    )
+    with cluster.client(0) as zero, cluster.client(1) as one:
+        assert zero.post("/api/catalog/register", json={"content": slow_child}).status_code < 300
+        pid = one.post("/api/execute", json={"playbook": parent}).json()["execution_id"]
+        child = None
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline:
+            for item in zero.get("/api/executions", params={"limit": 50}).json()["items"]:
+                if item["parent_execution_id"] == pid:
+                    child = item["execution_id"]
+            time.sleep(0.1)
+        assert child is not None, "the sub-playbook never started"
+        r = zero.post(f"/api/executions/{pid}/cancel", json={"reason": "from shard 0"})
+        assert r.status_code == 200, r.text
+        assert _wait(zero, pid)["status"] == "cancelled"
+        assert _wait(zero, child)["status"] == "cancelled"
+        done = zero.get(f"/api/executions/{child}/events").json()
+        assert sum(e["type"] == "command.completed" for e in done) < 250

@@ -59,14 +59,17 @@ def events_of(execution_id: str, home: Path) -> list[dict[str, Any]]:
     return json.loads(proc.stdout)
 
 
-@pytest.fixture(scope="module", params=["memory", "nats", "server"])
+@pytest.fixture(scope="module", params=["memory", "nats", "server", "shards"])
 def mode(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, str]]:
-    """Every fixture runs three times, with the same assertions: embedded with loop state
-    in this process; embedded with loop state in a real NATS JetStream bucket; and on the
+    """Every fixture runs four times, with the same assertions: embedded with loop state
+    in this process; embedded with loop state in a real NATS JetStream bucket; on the
     distributed stack (PostgreSQL, nats-server, `flowtide server`, two `flowtide worker`
-    processes) through `--server`. The variables returned are set for every command."""
+    processes) through `--server`; and on a cluster of two shards, started through shard
+    1's server while the workers talk to shard 0's, so that every claim, report,
+    credential and sub-playbook of theirs is forwarded. The variables returned are set
+    for every command."""
     if request.param == "memory":
         yield {"FLOWTIDE_KV": "memory://"}
         return
@@ -77,23 +80,29 @@ def mode(
         if request.param == "nats":
             yield {"FLOWTIDE_KV": nats.url}
             return
-        yield from _server_mode(request, root, nats.url)
+        yield from _server_mode(request, root, nats.url, shards=request.param == "shards")
 
 
 def _server_mode(
-    request: pytest.FixtureRequest, root: Path, nats_url: str
+    request: pytest.FixtureRequest, root: Path, nats_url: str, *, shards: bool
 ) -> Iterator[dict[str, str]]:
     from cryptography.fernet import Fernet
 
-    from distributed.stack import Stack
+    from distributed.stack import Stack, sharded
     from flowtide.dev.postgres import find_pg_bin
 
     if find_pg_bin() is None:
         pytest.skip("PostgreSQL server not installed")
     pg_server = request.getfixturevalue("pg_server")
-    db = pg_server.create_database("noetl_e2e")
+    names = ["noetl_e2e", "noetl_e2e_s0", "noetl_e2e_s1"] if shards else ["noetl_e2e"]
+    db, *shard_dbs = [pg_server.create_database(name) for name in names]
     key = Fernet.generate_key().decode()
-    stack = Stack(db=db, nats=nats_url, root=root, kv=nats_url, master_key=key)
+    if shards:
+        # `db` is the cluster database: credentials and the catalog go there.
+        stacks = sharded(db, shard_dbs, nats=nats_url, root=root, kv=nats_url, master_key=key)
+    else:
+        stacks = [Stack(db=db, nats=nats_url, root=root, kv=nats_url, master_key=key)]
+    stack = stacks[0]
     # The workers run in `root`, laid out like the e2e repository's root (fixtures/ in
     # it): a relative script path in a playbook resolves where the workers run, as in
     # NoETL, where the workers' image holds the scripts.
@@ -102,21 +111,24 @@ def _server_mode(
     # files under it would be refused (flowtide.tools.files).
     roots = {"FLOWTIDE_FILE_ROOTS": os.pathsep.join([str(root), str(NOETL_E2E.resolve())])}
     try:
-        stack.start_server()
+        for each in stacks:
+            each.start_server()
         stack.start_worker(env=roots)
         stack.start_worker(env=roots)
         # Credentials and catalog entries go to the stack's database, sealed with the
         # server's key; runs, status and events go to its server (as its operator).
         yield {
             "FLOWTIDE_KV": nats_url,
-            "FLOWTIDE_SERVER": stack.url,
+            "FLOWTIDE_SERVER": stacks[-1].url,
             "FLOWTIDE_DB": db,
             "FLOWTIDE_MASTER_KEY": key,
             "FLOWTIDE_TOKEN": stack.tokens["operator"],
         }
     finally:
-        stack.stop()
-        pg_server.drop_database("noetl_e2e")
+        for each in stacks:
+            each.stop()
+        for name in names:
+            pg_server.drop_database(name)
 
 
 @pytest.fixture(autouse=True)

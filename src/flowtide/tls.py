@@ -57,7 +57,9 @@ def _dev_tls(server: str, home: Path | None) -> ClientTls | None:
         doc = json.loads((home / "dev" / "tokens.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or str(doc.get("server_url", "")).rstrip("/") != server:
+    from flowtide.auth.login import dev_urls
+
+    if not isinstance(doc, dict) or server not in dev_urls(doc):
         return None
     if not (tls / "ca.pem").is_file():
         return None

@@ -269,24 +269,10 @@ def test_dev_up_with_two_shards_runs_playbooks_on_both_and_keeps_its_shard_count
     run = _flowtide(home, "run", "examples/quickstart.yaml", "--server", url, "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["status"] == "completed"
-    # Through shard 1's server (the same token; its URL is not the one the CLI finds
-    # the TLS files for on its own): the execution is shard 1's, and shard 0's server
-    # answers for it by forwarding (mutual TLS between the servers).
-    tls = home / "dev" / "tls"
-    on_one = _flowtide(
-        home,
-        "run",
-        "examples/quickstart.yaml",
-        "--server",
-        other,
-        "--json",
-        env={
-            "FLOWTIDE_TOKEN": json.loads((home / "dev" / "tokens.json").read_text())["admin"],
-            "FLOWTIDE_CA": str(tls / "ca.pem"),
-            "FLOWTIDE_CLIENT_CERT": str(tls / "admin.pem"),
-            "FLOWTIDE_CLIENT_KEY": str(tls / "admin-key.pem"),
-        },
-    )
+    # Through shard 1's server (its token and TLS files found on their own, as for
+    # shard 0's): the execution is shard 1's, and shard 0's server answers for it by
+    # forwarding (mutual TLS between the servers).
+    on_one = _flowtide(home, "run", "examples/quickstart.yaml", "--server", other, "--json")
     assert on_one.returncode == 0, on_one.stderr
     eid = json.loads(on_one.stdout)["execution_id"]
     from flowtide.sharding import shard_for

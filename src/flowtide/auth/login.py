@@ -49,6 +49,16 @@ def _same_server(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
+def dev_urls(doc: dict[str, object]) -> list[str]:
+    """The server URLs of a dev stack's tokens file: `server_url`, and with several shards
+    every shard's server (`server_urls`)."""
+    urls = [str(doc.get("server_url", ""))]
+    more = doc.get("server_urls")
+    if isinstance(more, list):
+        urls += [str(u) for u in more]
+    return [u.rstrip("/") for u in urls if u]
+
+
 def dev_token(server: str, home: Path | None = None) -> str | None:
     """The dev stack's admin token when `server` is that stack's URL."""
     home = home or Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
@@ -56,7 +66,7 @@ def dev_token(server: str, home: Path | None = None) -> str | None:
         doc = json.loads((home / DEV_TOKENS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or not _same_server(str(doc.get("server_url", "")), server):
+    if not isinstance(doc, dict) or not any(_same_server(u, server) for u in dev_urls(doc)):
         return None
     token = doc.get("admin")
     return token if isinstance(token, str) and token else None

@@ -191,22 +191,12 @@ def dev_up(
     if not as_json:
         admin = stack.tokens().get("admin", "")
         others = [s.url for s in stack.servers()[1:]]
-        shard_lines = ""
-        if others:
-            tls_dir = stack.ca.ca.parent
-            shard_lines = (
-                f"other shards' servers: {', '.join(others)}\n"
-                "                       (the CLI finds the token and TLS files on its own for"
-                " the first URL only; for these, export FLOWTIDE_TOKEN as below"
-                + (
-                    f" and FLOWTIDE_CA={stack.ca.ca}"
-                    f" FLOWTIDE_CLIENT_CERT={tls_dir / 'admin.pem'}"
-                    f" FLOWTIDE_CLIENT_KEY={tls_dir / 'admin-key.pem'}"
-                    if stack.config.tls
-                    else ""
-                )
-                + ")\n"
-            )
+        shard_lines = (
+            f"other shards' servers: {', '.join(others)}\n"
+            "                       (the CLI finds their token and TLS files on its own too)\n"
+            if others
+            else ""
+        )
         typer.echo(
             f"\nserver:                {stack.server_url}"
             + (" (shard 0's; any server answers for every shard)" if others else "")

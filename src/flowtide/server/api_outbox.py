@@ -8,9 +8,10 @@ import asyncio
 import json
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from flowtide.server.runtime import OutboxDep
+from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
+from flowtide.server.runtime import OutboxDep, RuntimeDep
 from flowtide.server.schemas import OutboxClaim, OutboxMark
 
 __all__ = ["router"]
@@ -19,9 +20,36 @@ router = APIRouter()
 
 
 @router.get("/api/internal/outbox/pending-count")
-async def pending_count(rows: OutboxDep) -> dict[str, Any]:
-    """Unpublished command notifications (scale workers or relays on this)."""
-    return await asyncio.to_thread(rows.pending)
+async def pending_count(request: Request, rows: OutboxDep, runtime: RuntimeDep) -> dict[str, Any]:
+    """Unpublished command notifications (scale workers or relays on this). In a cluster
+    of several shards, the sum over every shard (asked at once), each shard's own in
+    `shards`, and the shards that did not answer in `unavailable_shards`; one shard's
+    alone with `X-Flowtide-Shard`. The claim and mark endpoints below are a shard's own:
+    an external relay calls them once per shard, with `X-Flowtide-Shard`."""
+    local = asyncio.to_thread(rows.pending)
+    everywhere = runtime.fan_out(request)
+    if everywhere is None:
+        return await local
+    own, shards, server_id, peers = everywhere
+    mine, (answers, missing) = await asyncio.gather(
+        local,
+        gather_shards(
+            peers,
+            shards,
+            own,
+            server_id,
+            request.url.path,
+            list(request.headers.raw),
+            timeout=LIST_TIMEOUT,
+        ),
+    )
+    each = {own: mine, **answers}
+    return {
+        "pending": sum(int(v["pending"]) for v in each.values()),
+        "oldest_age_seconds": max(float(v["oldest_age_seconds"]) for v in each.values()),
+        "shards": [{"shard": k, **each[k]} for k in sorted(each)],
+        "unavailable_shards": [{"shard": k, "error": why} for k, why in sorted(missing.items())],
+    }
 
 
 @router.post("/api/internal/outbox/claim")

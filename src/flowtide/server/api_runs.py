@@ -19,7 +19,7 @@ from flowtide.server.api_cluster import parse_catalog_id
 from flowtide.server.coordinator import TERMINAL, ExecutionFinished
 from flowtide.server.documents import event_document
 from flowtide.server.fields import IdPath, IdQuery, Text
-from flowtide.server.forwarding import forwarded, gather_shards
+from flowtide.server.forwarding import LIST_TIMEOUT, forwarded, gather_shards
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest
@@ -112,10 +112,6 @@ async def execute(
     return {"execution_id": str(execution_id), "status": "running"}
 
 
-#: How long a cluster-wide list waits for the other shards before it answers without them.
-LIST_TIMEOUT = 5.0
-
-
 @router.get("/api/executions")
 async def list_executions(
     request: Request,
@@ -130,12 +126,11 @@ async def list_executions(
     answer in time is left out and named in `unavailable_shards` (its executions come
     in a later listing, never silently skipped on a page that says it is whole)."""
     local = asyncio.to_thread(_listed, runtime, status, limit, before)
-    ctx = runtime.route_context()
-    if ctx is None or ctx[1] <= 1 or ctx[3] is None or FORWARDED_HEADER in request.headers:
+    everywhere = runtime.fan_out(request)
+    if everywhere is None:
         items = await local
         return {"items": items, **_next(items, limit), "unavailable_shards": []}
-    own, shards, server_id, peers = ctx
-    assert peers is not None
+    own, shards, server_id, peers = everywhere
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     mine, (answers, missing) = await asyncio.gather(
         local,

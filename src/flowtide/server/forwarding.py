@@ -70,6 +70,8 @@ _HOP: Final = frozenset(
     }
 )
 _RESPONSE_HOP: Final = _HOP - {b"content-length"}
+#: How long a cluster-wide read waits for the other shards before it answers without them.
+LIST_TIMEOUT: Final = 5.0
 #: How long the live servers of the cluster are reused before asking the registry again.
 _LIVE_FOR: Final = 2.0
 _INT64: Final = 2**63

@@ -33,6 +33,7 @@ from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
 from flowtide.server.vault import ServerVault, server_home
 from flowtide.server.workers import WorkerRegistry
+from flowtide.wire import FORWARDED_HEADER
 
 __all__ = [
     "CoordinatorDep",
@@ -156,6 +157,18 @@ class Runtime:
         if self.topology is None or self.servers is None:
             return None
         return self.servers.shard, self.topology.count, self.servers.server_id, self.peers
+
+    def fan_out(self, request: Request) -> tuple[int, int, str, Peers] | None:
+        """(own shard, shards, server id, peers) when a cluster-wide read is to ask every
+        shard: a cluster of several shards, and a request no server forwarded here (that
+        one asks for this shard's part only)."""
+        ctx = self.route_context()
+        if ctx is None or FORWARDED_HEADER in request.headers:
+            return None
+        own, shards, server_id, peers = ctx
+        if peers is None or shards <= 1:
+            return None
+        return own, shards, server_id, peers
 
     def vault(self) -> ServerVault:
         """The credential vault over this runtime's store (the key is loaded once)."""

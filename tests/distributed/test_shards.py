@@ -236,6 +236,23 @@ def test_a_request_to_the_wrong_shard_is_forwarded_sse_and_cancel_included(
         # The forwarding server counts what it sent on.
         metrics = zero.get("/metrics").text
         assert 'flowtide_forwarded_requests_total{outcome="answered",shard="1"}' in metrics
+        # A body or a query that names the execution is forwarded by its route.
+        issued = next(e for e in done if e["type"] == "command.issued")
+        r = zero.get(
+            f"/api/commands/{issued['event_id']}",
+            params={"execution_id": eid, "command_id": issued["command_id"]},
+        )
+        assert r.status_code == 200 and r.json()["command_id"] == issued["command_id"], r.text
+        # Nothing is forwarded before the caller is authenticated, and the owner
+        # authorises the caller again: a reader may not cancel through another shard.
+        import httpx as plain
+
+        r = plain.get(f"{cluster.stacks[0].url}/api/executions/{eid}", timeout=10)
+        assert r.status_code == 401
+        with cluster.client(0, role="reader") as reader:
+            r = reader.post(f"/api/executions/{eid}/cancel", json={"reason": "no"})
+            assert r.status_code == 403, r.text
+            assert reader.get(f"/api/executions/{eid}/status").status_code == 200
         # A request that was forwarded once is not forwarded again: 421.
         r = zero.get(f"/api/executions/{eid}", headers={"X-Flowtide-Forwarded": "x"})
         assert r.status_code == 421 and "shard 1" in r.json()["error"]["message"]
@@ -298,9 +315,15 @@ def test_the_list_is_cluster_wide_and_names_a_missing_shard(cluster: Cluster) ->
             "/api/internal/outbox/pending-count", headers={"X-Flowtide-Shard": "1"}
         )
         assert set(one_shard.json()) == {"pending", "oldest_age_seconds"}, one_shard.text
+        # The topology: both shards answer, each with its own estimate.
+        topo = zero.get("/api/internal/shards/topology").json()
+        assert [(m["shard"], m["healthy"]) for m in topo["map"]] == [(0, True), (1, True)]
         # Shard 1's server gone: shard 0's own executions still listed, shard 1 named.
         cluster.stacks[1].kill_server()
         try:
+            topo = zero.get("/api/internal/shards/topology").json()
+            assert [(m["shard"], m["healthy"]) for m in topo["map"]] == [(0, True), (1, False)]
+            assert "shard 1" in topo["map"][1]["error"]
             backlog = zero.get("/api/internal/outbox/pending-count").json()
             assert [s["shard"] for s in backlog["unavailable_shards"]] == [1], backlog
             page = zero.get("/api/executions", params={"limit": 500}).json()
@@ -329,6 +352,10 @@ def test_a_shard_whose_database_is_down_stops_only_its_own_executions(cluster: C
             time.sleep(0.1)
         LocalPostgres.stop(cluster.second)
         try:
+            # The topology says which shard is sick, and why.
+            topo = zero.get("/api/internal/shards/topology").json()
+            assert [(m["shard"], m["healthy"]) for m in topo["map"]] == [(0, True), (1, False)]
+            assert topo["map"][1]["error"].startswith("shard 1:"), topo
             # Shard 0 starts, runs and finishes its executions meanwhile.
             for n in range(3):
                 started = zero.post(

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from flowtide.auth.principal import Principal
@@ -92,10 +92,18 @@ async def _submit_batch(
     ),
 )
 async def post_events(
-    body: EventBatch, who: Caller, coord: CoordinatorDep, workers: RegistryDep
+    body: EventBatch,
+    request: Request,
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
 ) -> dict[str, Any]:
     """Worker reports for one execution; idempotent (known event ids are skipped).
     409 when every report is stale (the worker no longer holds the command)."""
+    there = await runtime.elsewhere(request, body.execution_id)
+    if there is not None:
+        return there  # type: ignore[return-value]
     return await _submit_batch(body, who, coord, workers)
 
 
@@ -161,8 +169,16 @@ async def post_reports(
     ),
 )
 async def post_event(
-    body: EventBody, who: Caller, coord: CoordinatorDep, workers: RegistryDep
+    body: EventBody,
+    request: Request,
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
 ) -> dict[str, Any]:
+    there = await runtime.elsewhere(request, body.execution_id)
+    if there is not None:
+        return there  # type: ignore[return-value]
     batch = EventBatch(execution_id=body.execution_id, worker_id=body.worker_id, events=[body])
     return await _submit_batch(batch, who, coord, workers)
 
@@ -177,12 +193,17 @@ async def post_event(
 async def claim(
     event_id: IdPath,
     body: ClaimRequest,
+    request: Request,
     who: Caller,
+    runtime: RuntimeDep,
     coord: CoordinatorDep,
     workers: RegistryDep,
 ) -> dict[str, Any]:
     """Claim the command issued by event `event_id`: exactly one worker wins; others
     get 409 (ack the notification and move on)."""
+    there = await runtime.elsewhere(request, body.execution_id)
+    if there is not None:
+        return there  # type: ignore[return-value]
     row = await workers.require(who, body.worker_id)
     return await coord.claim(
         body.execution_id,
@@ -225,8 +246,12 @@ async def get_command(
     event_id: IdPath,
     execution_id: Annotated[int, Query(ge=0, le=INT64_MAX)],
     command_id: Annotated[int, Query(ge=0, le=INT64_MAX)],
+    request: Request,
     runtime: RuntimeDep,
 ) -> dict[str, Any]:
+    there = await runtime.elsewhere(request, execution_id)
+    if there is not None:
+        return there  # type: ignore[return-value]
     row = await asyncio.to_thread(runtime.store.get_command, command_id)
     if row.execution_id != execution_id:
         raise NotFoundError(f"command {command_id} not found in execution {execution_id}")

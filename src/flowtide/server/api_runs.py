@@ -19,17 +19,15 @@ from flowtide.server.api_cluster import parse_catalog_id
 from flowtide.server.coordinator import TERMINAL, ExecutionFinished
 from flowtide.server.documents import event_document
 from flowtide.server.fields import IdPath, IdQuery, Text
-from flowtide.server.forwarding import LIST_TIMEOUT, forwarded, gather_shards
+from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest
-from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
     CHILD_RESULT_PATH,
     EXECUTE_PATH,
-    FORWARDED_HEADER,
 )
 
 __all__ = ["router"]
@@ -60,16 +58,10 @@ async def execute(
     inline playbook. A worker may start only sub-playbooks of the commands it holds,
     on its own pool. A sub-playbook starts on its parent's shard (its cancel cascade and
     the parent's checks stay in one database)."""
-    ctx = runtime.route_context()
-    if body.parent_execution_id is not None and ctx is not None and ctx[1] > 1:
-        own, shards, server_id, peers = ctx
-        home = shard_for(body.parent_execution_id, shards)
-        if home != own:
-            if peers is None or FORWARDED_HEADER in request.headers:
-                return error_response(  # type: ignore[return-value]
-                    421, f"this server serves shard {own}; the parent's is shard {home}"
-                )
-            return await forwarded(peers, home, server_id, request)  # type: ignore[no-any-return]
+    if body.parent_execution_id is not None:
+        there = await runtime.elsewhere(request, body.parent_execution_id)
+        if there is not None:
+            return there  # type: ignore[return-value]
     if who.role == "worker" and not who.insecure:
         if body.parent_execution_id is None:
             raise AuthError("a worker starts sub-playbooks only (parent_execution_id)")

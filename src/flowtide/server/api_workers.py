@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError, CredentialError, NotFoundError
@@ -132,6 +132,7 @@ async def deregister(body: Heartbeat, who: Caller, workers: RegistryDep) -> dict
 )
 async def worker_credential(
     body: CredentialGrant,
+    request: Request,
     who: Caller,
     runtime: RuntimeDep,
     coord: CoordinatorDep,
@@ -140,6 +141,9 @@ async def worker_credential(
     """A credential's decrypted body, for a command the calling worker holds now (its
     claim is live): workers need no master key, and get nothing between commands.
     Each grant is logged (alias, command, worker; never the value)."""
+    there = await runtime.elsewhere(request, body.execution_id)
+    if there is not None:
+        return there  # type: ignore[return-value]
     await workers.require(who, body.worker_id)
     if not await coord.holds_command(body.worker_id, body.execution_id, body.command_id):
         raise AuthError(

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.responses import Response
 
 from flowtide import topology
 from flowtide.auth.oidc import JwtVerifier
@@ -27,12 +28,14 @@ from flowtide.server import metrics
 from flowtide.server.access import Authenticator
 from flowtide.server.coordinator import Coordinator
 from flowtide.server.errors import serving_shard
-from flowtide.server.forwarding import Peers
+from flowtide.server.forwarding import Peers, forwarded
 from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.problems import error_response
 from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
 from flowtide.server.vault import ServerVault, server_home
 from flowtide.server.workers import WorkerRegistry
+from flowtide.sharding import shard_for
 from flowtide.wire import FORWARDED_HEADER
 
 __all__ = [
@@ -169,6 +172,23 @@ class Runtime:
         if peers is None or shards <= 1:
             return None
         return own, shards, server_id, peers
+
+    async def elsewhere(self, request: Request, execution_id: int) -> Response | None:
+        """For a route whose body (or query) names the execution: None when this shard
+        owns it; else the answer of the owner's servers (the request forwarded once), or
+        421 for a request that was forwarded here already."""
+        ctx = self.route_context()
+        if ctx is None or ctx[1] <= 1:
+            return None
+        own, shards, server_id, peers = ctx
+        home = shard_for(execution_id, shards)
+        if home == own:
+            return None
+        if peers is None or FORWARDED_HEADER in request.headers:
+            return error_response(
+                421, f"this server serves shard {own}; execution {execution_id} is shard {home}'s"
+            )
+        return await forwarded(peers, home, server_id, request)  # type: ignore[no-any-return]
 
     def vault(self) -> ServerVault:
         """The credential vault over this runtime's store (the key is loaded once)."""

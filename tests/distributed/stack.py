@@ -170,13 +170,14 @@ class Stack:
         pool: str = "default",
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        server: str | None = None,
     ) -> subprocess.Popen[bytes]:
         n = len(self.workers)
         proc = self._spawn(
             f"worker{n}",
             "worker",
             "--server",
-            self.url,
+            server or self.url,
             "--nats",
             self.nats,
             "--pool",

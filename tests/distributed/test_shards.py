@@ -446,3 +446,68 @@ def test_cancel_through_another_shard_goes_down_to_the_sub_playbook(cluster: Clu
         assert _wait(zero, child)["status"] == "cancelled"
         done = zero.get(f"/api/executions/{child}/events").json()
         assert sum(e["type"] == "command.completed" for e in done) < 250
+
+
+def _forwarded(client: httpx.Client) -> float:
+    """What this server forwarded so far (all shards, all outcomes)."""
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("flowtide_forwarded_requests_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_through_a_gateway_requests_and_workers_reach_the_owner_directly(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    import signal
+    import socket
+    import subprocess
+
+    from gateway.launch import start
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The servers are the live ones of the cluster database's registry.
+    gateway = start("haproxy", tmp_path, port, ["--cluster-db", cluster.cluster_db])
+    stack = cluster.stacks[0]
+    old = list(stack.workers)
+    for proc in old:
+        proc.send_signal(signal.SIGTERM)
+    for proc in old:
+        proc.wait(timeout=30)
+    url = f"http://127.0.0.1:{port}"
+    worker = stack.start_worker(concurrency=8, server=url)
+    try:
+        servers = [cluster.client(i) for i in range(SHARDS)]
+        # Give the new worker its first heartbeats, then count from here.
+        time.sleep(1.0)
+        before = [_forwarded(c) for c in servers]
+        with httpx.Client(base_url=url, headers=stack.headers(), timeout=30) as through:
+            started = []
+            for n in range(40):
+                r = through.post("/api/execute", json={"playbook": LOOPED, "payload": {"n": n}})
+                assert r.status_code == 201, r.text
+                started.append((n, r.json()["execution_id"]))
+            on = [shard_for(int(eid), SHARDS) for _, eid in started]
+            assert 0.4 <= on.count(0) / len(on) <= 0.6, on  # round robin spreads them
+            for n, eid in started:
+                doc = _wait(through, eid)
+                assert doc["status"] == "completed", doc
+                assert doc["steps"]["total"]["result"] == {"sum": 60 + 3 * n}
+        # Claims, reports and heartbeats went straight to the owner: nothing forwarded.
+        assert [_forwarded(c) for c in servers] == before
+        for c in servers:
+            c.close()
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=10)
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        stack.workers = [w for w in stack.workers if w not in (*old, worker)]
+        stack.start_worker(concurrency=8)
+        stack.start_worker(concurrency=8)

@@ -9,9 +9,7 @@ invalid X-Flowtide-Shard goes to any server, which answers the 400."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,60 +27,9 @@ from flowtide.server.forwarding import BadRoute, routed_shard
 from flowtide.sharding import shard_for
 from flowtide.wire import CLAIM_PATH, EXECUTION_HEADER, HEARTBEAT_PATH, REPORTS_PATH, SHARD_HEADER
 
+from .launch import start as _start
+
 SHARDS = 3
-
-
-def _binary(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    return f"/usr/sbin/{name}" if os.access(f"/usr/sbin/{name}", os.X_OK) else None
-
-
-NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
-
-
-def _start(kind: str, folder: Path, port: int, backends: list[str]) -> subprocess.Popen[bytes]:
-    """Write the gateway's configuration with flowtide, check it, start the gateway."""
-    binary = _binary(kind)
-    if binary is None or (kind == "nginx" and not os.path.exists(NJS_MODULE)):
-        pytest.skip(f"{kind} is not installed (scripts/ensure-{kind}.sh installs it)")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flowtide.cli",
-            "shards",
-            "gateway-config",
-            "--format",
-            kind,
-            "--out",
-            str(folder),
-            "--listen",
-            f"127.0.0.1:{port}",
-            *backends,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    if kind == "haproxy":
-        config = folder / "haproxy.cfg"
-        check = [binary, "-c", "-f", str(config)]
-        run = [binary, "-db", "-f", str(config)]
-    else:
-        config = folder / "nginx.conf"
-        main = f"pid {folder}/nginx.pid; error_log {folder}/error.log;"
-        check = [binary, "-t", "-p", str(folder), "-c", str(config), "-g", main]
-        run = [binary, "-p", str(folder), "-c", str(config), "-g", f"daemon off; {main}"]
-    checked = subprocess.run(check, capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    log = open(folder / f"{kind}.log", "wb")  # noqa: SIM115 - closed with the process
-    try:
-        return subprocess.Popen(run, stdout=log, stderr=log)
-    finally:
-        log.close()
 
 
 def _free_port() -> int:

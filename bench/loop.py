@@ -21,7 +21,10 @@ first flow call in a fresh process (includes the ephemeral server start and data
 migration) and warm calls in the same process are reported separately, each split into
 time before the flow body, the map section and time after it. Prefect's server records
 task runs from events after the fact, so a warm call also waits for the previous call's
-backlog (seen with `py-spy dump` in server/services/task_run_recorder.py).
+backlog (seen with `py-spy dump` in server/services/task_run_recorder.py). Prefect waits
+up to `--prefect-startup-timeout` seconds (120; Prefect's default is 20) for its ephemeral
+server, which a busy machine needs; when the Prefect process fails, its whole stderr is
+printed and kept in the report (`compare.prefect.stderr` with --json).
 
 Every measurement runs in its own subprocess so peak RSS (ru_maxrss) does not mix.
 `--scaling` and `--profile` are separate modes; without either, the comparison runs.
@@ -57,6 +60,13 @@ PREFECT_SPEC = "prefect>=3,<4"
 # flow run dies in prefect/server/api/concurrency_limits_v2.py with "Body() got an
 # unexpected keyword argument 'min_items'". Pin fastapi below that in the throwaway venv.
 PREFECT_CONSTRAINTS = ("fastapi<0.155",)
+# How long the Prefect client waits for its ephemeral API server (a uvicorn subprocess it
+# starts on the first flow call, which also migrates a fresh SQLite database) to answer.
+# Prefect's setting `server.ephemeral.startup_timeout_seconds`, environment variable
+# PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (ServerEphemeralSettings in
+# prefect/settings/models/server/ephemeral.py; an int, default 20 s). On a busy 2-core
+# machine the start took 24-29 s and the comparison failed at the default.
+PREFECT_STARTUP_TIMEOUT_S = 120
 LOOP_STEP = "square"
 
 GOAL_LOOP_IT_S = 2000.0
@@ -485,7 +495,7 @@ def ensure_prefect(log: Any) -> str:
     return done.stdout.strip()
 
 
-def prefect_env(home: Path) -> dict[str, str]:
+def prefect_env(home: Path, startup_timeout: int = PREFECT_STARTUP_TIMEOUT_S) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -499,12 +509,31 @@ def prefect_env(home: Path) -> dict[str, str]:
         DO_NOT_TRACK="1",
         # INFO would print two lines per task run: console output is not the work measured.
         PREFECT_LOGGING_LEVEL="WARNING",
+        # See PREFECT_STARTUP_TIMEOUT_S. Only the first flow call waits for it, and that
+        # wait is reported apart ("first"), so a longer limit changes no figure.
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(startup_timeout),
     )
     return env
 
 
+class PrefectFailed(RuntimeError):
+    """The Prefect process failed: its exit code, wall time and whole output."""
+
+    def __init__(self, code: int, wall: float, stdout: str, stderr: str) -> None:
+        super().__init__(
+            f"prefect run exited {code} after {wall:.1f}s (its stderr, {len(stderr):,} "
+            f"characters, is in the report); last lines:\n{stderr[-2000:]}"
+        )
+        self.code, self.wall, self.stdout, self.stderr = code, wall, stdout, stderr
+
+
 def measure_prefect(
-    n: int, log: Any, timeout: float, max_workers: int | None = None, calls: int = 3
+    n: int,
+    log: Any,
+    timeout: float,
+    max_workers: int | None = None,
+    calls: int = 3,
+    startup_timeout: int = PREFECT_STARTUP_TIMEOUT_S,
 ) -> dict[str, Any]:
     version = ensure_prefect(log)
     with tempfile.TemporaryDirectory(prefix="flowtide-bench-prefect-") as tmp:
@@ -521,15 +550,13 @@ def measure_prefect(
                 str(max_workers or "default"),
                 str(calls),
             ],
-            env=prefect_env(home),
+            env=prefect_env(home, startup_timeout),
             cwd=Path(tmp),
             timeout=timeout,
         )
         rss = maxrss_mb(usage)
         if code != 0 or not out_path.exists():
-            raise RuntimeError(
-                f"prefect run exited {code} after {wall:.1f}s:\n{err[-4000:]}\n{out[-1000:]}"
-            )
+            raise PrefectFailed(code, wall, out, err)
         data = json.loads(out_path.read_text())
     runs = [r | {"flow_it_s": n / r["flow_s"], "map_it_s": n / r["map_s"]} for r in data["runs"]]
     warm_runs = runs[1:] or runs
@@ -552,6 +579,7 @@ def measure_prefect(
         "runs": runs,
         "first": runs[0],
         "warm": warm,
+        "startup_timeout_s": startup_timeout,
     }
 
 
@@ -628,8 +656,26 @@ def compare(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     else:
         try:
             pf = measure_prefect(
-                n, log, args.prefect_timeout, args.prefect_max_workers, args.prefect_calls
+                n,
+                log,
+                args.prefect_timeout,
+                args.prefect_max_workers,
+                args.prefect_calls,
+                args.prefect_startup_timeout,
             )
+        except PrefectFailed as exc:
+            # Prefect's whole stderr: the reason is often far from its last lines (a
+            # start-up timeout comes after pages of the ephemeral server's log).
+            report["prefect"] = {
+                "error": f"prefect run exited {exc.code} after {exc.wall:.1f}s",
+                "exit_code": exc.code,
+                "wall_s": exc.wall,
+                "stderr": exc.stderr,
+                "stdout": exc.stdout,
+            }
+            log(f"Prefect: could not run: prefect run exited {exc.code} after {exc.wall:.1f}s")
+            log("Prefect's stderr:")
+            log(textwrap.indent(exc.stderr.rstrip() or "(empty)", "  | "))
         except Exception as exc:  # noqa: BLE001 - report why, keep the flowtide figures
             report["prefect"] = {"error": f"{type(exc).__name__}: {exc}"}
             log(f"Prefect: could not run: {type(exc).__name__}: {exc}")
@@ -859,6 +905,14 @@ def main() -> None:
         "--skip-cli", action="store_true", help="do not time `flowtide run` end to end"
     )
     parser.add_argument("--prefect-timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--prefect-startup-timeout",
+        type=int,
+        default=PREFECT_STARTUP_TIMEOUT_S,
+        help="seconds Prefect waits for its ephemeral API server to start"
+        f" (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS; default {PREFECT_STARTUP_TIMEOUT_S},"
+        " Prefect's own is 20)",
+    )
     parser.add_argument(
         "--prefect-calls",
         type=int,

@@ -16,8 +16,8 @@ FLOWTIDE_TOKEN_FILE or the dev stack's (see flowtide.auth.login).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 
@@ -27,6 +27,7 @@ from flowtide.urls import redact_url
 __all__ = ["ServerClient", "ServerError"]
 
 TERMINAL = ("completed", "failed", "cancelled")
+T = TypeVar("T")
 
 
 class ServerClient:
@@ -158,8 +159,55 @@ class ServerClient:
         """
         import json
 
+        for _id, data in self._stream(execution_id, reconnect_for=reconnect_for):
+            yield [json.loads(data)]
+
+    def wait(self, execution_id: int, *, reconnect_for: float = 120.0) -> dict[str, Any]:
+        """Block until the execution ends; its document. The end is noticed on the event
+        stream (as `follow` reads it: a server restart is ridden out), and the document,
+        which holds every result, is fetched once, after it."""
+        for _ in self._stream(execution_id, reconnect_for=reconnect_for):
+            pass
+        return self.final(execution_id)
+
+    def final(self, execution_id: int, *, poll: float = 0.5) -> dict[str, Any]:
+        """The document of an execution that has ended (its stream said so): one fetch.
+        Should the document not be terminal yet, it is asked again until it is."""
+        delay = 0.05
+        while True:
+            doc = self._retrying(lambda: self.execution(execution_id))
+            if doc["status"] in TERMINAL:
+                return doc
+            time.sleep(delay)
+            delay = min(delay * 2, poll)
+
+    # -- following -----------------------------------------------------------------------
+
+    #: Answers of a server that is starting or stopping (or of a proxy in front of one):
+    #: asked again, as a connection refused is.
+    _UNAVAILABLE = frozenset({502, 503, 504})
+
+    def _retrying(self, call: Callable[[], T], *, reconnect_for: float = 120.0) -> T:
+        """`call`, asked again while the server cannot be reached or is unavailable, for
+        up to `reconnect_for` seconds."""
+        down_since: float | None = None
+        while True:
+            try:
+                return call()
+            except ServerError as exc:
+                if exc.status and exc.status not in self._UNAVAILABLE:
+                    raise
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > reconnect_for:
+                    raise
+            time.sleep(1.0)
+
+    def _stream(self, execution_id: int, *, reconnect_for: float) -> Iterator[tuple[str, str]]:
+        """(event id, data) of each event on the execution's SSE stream, in log order,
+        until its `end`. Reconnects with `Last-Event-ID` when the stream drops."""
         last: str | None = None
         down_since: float | None = None
+        delay = 0.1
         while True:
             headers = {"accept": "text/event-stream"}
             if last is not None:
@@ -173,22 +221,25 @@ class ServerClient:
                 ) as r:
                     if r.status_code >= 400:
                         r.read()
-                        self._raise_for(r)
-                    down_since = None
-                    kind, data = "message", list[str]()
+                        if r.status_code not in self._UNAVAILABLE:
+                            self._raise_for(r)
+                        raise httpx.TransportError(f"{r.status_code} {r.reason_phrase}")
+                    down_since, delay = None, 0.1
+                    kind, event_id, data = "message", "", list[str]()
                     for line in r.iter_lines():
                         if line == "":
                             if kind == "end":
                                 return
                             if data:
-                                doc = json.loads("\n".join(data))
-                                last = str(doc["event_id"])
-                                yield [doc]
-                            kind, data = "message", list[str]()
-                        elif line.startswith("event:"):
-                            kind = line[6:].strip()
+                                last = event_id or last
+                                yield event_id, "\n".join(data)
+                            kind, event_id, data = "message", "", list[str]()
                         elif line.startswith("data:"):
                             data.append(line[5:].lstrip())
+                        elif line.startswith("id:"):
+                            event_id = line[3:].strip()
+                        elif line.startswith("event:"):
+                            kind = line[6:].strip()
                 # The stream ended without `end`: the server went away mid-stream.
             except httpx.HTTPError as exc:
                 now = time.monotonic()
@@ -197,28 +248,8 @@ class ServerClient:
                     raise ServerError(
                         f"lost the server at {redact_url(self.url)} for {reconnect_for:.0f}s: {exc}"
                     ) from None
-            time.sleep(1.0)
-
-    def wait(self, execution_id: int, *, poll: float = 0.5) -> dict[str, Any]:
-        """Block until the execution ends; its document. Rides out a server restart."""
-        delay = 0.02
-        down_since: float | None = None
-        while True:
-            try:
-                doc = self.execution(execution_id)
-                down_since = None
-            except ServerError as exc:
-                if exc.status:
-                    raise
-                down_since = down_since or time.monotonic()
-                if time.monotonic() - down_since > 120.0:
-                    raise
-                time.sleep(1.0)
-                continue
-            if doc["status"] in TERMINAL:
-                return doc
             time.sleep(delay)
-            delay = min(delay * 1.5, poll)
+            delay = min(delay * 2, 1.0)
 
     # -- catalog -------------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """The command line against a server: execute, status, events (--follow), cancel, list,
-catalog register/list, and run by catalog path; errors name what was wrong."""
+catalog register/list, run by catalog path, and `run` following a long loop on its event
+stream; errors name what was wrong."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from .stack import Stack
 
@@ -124,3 +126,68 @@ def test_remote_errors_are_clear(stack: Stack, tmp_path: Path) -> None:
         timeout=60,
     )
     assert down.returncode == 1 and "cannot reach the server" in down.stderr
+
+
+LONG_LOOP = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: long, path: tests/cli/long}
+workload: {count: 400}
+workflow:
+  - step: work
+    loop:
+      in: "{{ range(count) | list }}"
+      iterator: item
+      spec: {mode: parallel, max_in_flight: 8}
+    tool:
+      kind: python
+      input: {i: "{{ item }}"}
+      code: |
+        import time
+        time.sleep(0.01)
+        result = {"i": i, "pad": "x" * 200}
+    next: [{step: total}]
+  - step: total
+    tool:
+      kind: python
+      input: {rows: "{{ work.results }}"}
+      code: "result = {'n': len(rows), 'sum': sum(r['i'] for r in rows)}"
+"""
+
+
+def test_run_follows_the_event_stream_and_fetches_the_document_once(
+    stack: Stack, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """`run --server --json` of a loop that runs for seconds: the execution's document
+    (every result so far) is asked for once, at the end, not on every poll; the run is
+    followed on one event stream."""
+    import httpx
+
+    from flowtide.cli import run as run_cli
+
+    playbook = tmp_path / "long.yaml"
+    playbook.write_text(LONG_LOOP)
+    for key in ("FLOWTIDE_HOME", "FLOWTIDE_TOKEN", "FLOWTIDE_NO_PROGRESS"):
+        monkeypatch.setenv(key, stack.env[key])
+    sent: list[tuple[str, str]] = []
+    send = httpx.Client.send
+
+    def counting(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        sent.append((request.method, request.url.path))
+        return send(self, request, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "send", counting)
+    started = time.monotonic()
+    code = run_cli._run_remote(stack.url, str(playbook), {}, as_json=True, pool=None)
+    took = time.monotonic() - started
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    assert doc["result"] == {"n": 400, "sum": sum(range(400))}
+    eid = doc["execution_id"]
+    documents = sent.count(("GET", f"/api/executions/{eid}"))
+    streams = sent.count(("GET", f"/api/executions/{eid}/events/stream"))
+    # Polling would have fetched it a dozen times or more in the time the run took.
+    assert took > 1.5, f"the run took {took:.1f}s: too short to tell following from polling"
+    assert documents == 1, sent
+    assert streams == 1, sent
+    assert len(sent) == 3, sent  # execute, the stream, the document

@@ -11,7 +11,13 @@ from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.engine.state import ExecutionState
 from flowtide.redaction import known
-from flowtide.server.statecache import CachedState, StateCache, apply_logged
+from flowtide.server.statecache import (
+    CachedState,
+    SizedState,
+    StateCache,
+    apply_logged,
+    state_bytes,
+)
 from flowtide.store.pg.events import LoggedEvent
 
 from .driver import EXECUTION_ID, NOW, Driver, snapshot
@@ -137,3 +143,163 @@ def test_locks_are_per_execution_and_kept_while_held() -> None:
     cache = _cache(1)
     assert cache.lock(1) is cache.lock(1)
     assert cache.lock(1) is not cache.lock(2)
+
+
+# -- the bound by bytes and finished executions --------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _sized(driver: Driver, eid: int, events: list[Event] | None = None) -> CachedState:
+    cached = StateCache(cast(Any, None), template_env={}).new(driver.playbook, eid)
+    apply_logged(cached, logged(events if events is not None else driver.log))
+    return cached
+
+
+def _running(driver: Driver, eid: int) -> CachedState:
+    cached = _sized(driver, eid, driver.log[:1])
+    assert not cached.state.terminal
+    return cached
+
+
+def test_a_sized_state_folds_as_a_plain_one_and_grows_with_what_it_keeps() -> None:
+    small = Driver(LOOP, respond=lambda d, c: {"result": {"n": 1}}).run()
+    large = Driver(LOOP, respond=lambda d, c: {"result": {"text": "x" * 10_000}}).run()
+    sized = _sized(small, EXECUTION_ID)
+    assert isinstance(sized.state, SizedState)
+    assert snapshot(sized.state) == snapshot(small.state)
+    # Each event adds to the estimate; the six 10 kB results (start, four iterations,
+    # end) add about their size.
+    before = _sized(small, EXECUTION_ID, small.log[:1]).state.nbytes
+    assert state_bytes(sized.state) > before
+    grown = state_bytes(_sized(large, EXECUTION_ID).state) - state_bytes(sized.state)
+    assert 6 * 10_000 <= grown <= 6 * 10_000 + 6 * 1024
+    # A plain state (not made by the cache) is estimated from its event count.
+    plain = fresh(small)
+    apply_logged(plain, logged(small.log))
+    assert state_bytes(plain.state) > state_bytes(fresh(small).state)
+
+
+def test_the_estimate_is_near_the_memory_a_long_loop_holds() -> None:
+    import gc
+    import json
+    import tracemalloc
+
+    playbook = LOOP.replace('"{{ [1, 2, 3, 4] }}"', '"{{ range(2000) | list }}"')
+    driver = Driver(playbook, respond=lambda d, c: {"result": {"i": c.loop_index, "sq": 7}})
+    driver.run(max_rounds=100_000)
+    # Decoded afresh, as the server reads its log: nothing shared with the driver's events.
+    docs = [json.dumps(e.to_dict()) for e in driver.log]
+    cache = _cache(10)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        cached = cache.new(driver.playbook, EXECUTION_ID)
+        for doc in docs:
+            cached.state.apply(Event.from_dict(json.loads(doc)))
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    estimate = state_bytes(cached.state)
+    assert held / 2 <= estimate <= held * 2, (estimate, held)
+
+
+def test_the_least_recently_stepped_go_first_when_the_bytes_run_out() -> None:
+    driver = Driver(LOOP).start()
+    states = {eid: _running(driver, eid) for eid in (1, 2, 3)}
+    each = state_bytes(states[1].state)
+    cache = StateCache(cast(Any, None), template_env={}, max_bytes=2 * each)
+    cache.remember(1, states[1])
+    cache.remember(2, states[2])
+    assert cache.nbytes == 2 * each and cache.count == 2
+    cache.remember(1, states[1])  # stepped again: now the most recent
+    cache.remember(3, states[3])
+    assert cache.get(2) is None and cache.snapshot(2) is None
+    assert cache.get(1) is states[1] and cache.get(3) is states[3]
+    assert cache.nbytes == 2 * each
+    # A state that grew is counted again when it is remembered, and makes room for itself.
+    command = driver.outstanding[0]
+    states[3].state.apply(driver.completion(command, {"result": {"text": "x" * 5000}}))
+    cache.remember(3, states[3])
+    assert cache.get(1) is None and cache.get(3) is states[3]
+    assert cache.nbytes == state_bytes(states[3].state)
+    cache.forget(3)
+    assert cache.nbytes == 0 and cache.count == 0
+
+
+def test_a_state_over_the_budget_alone_stays_while_it_is_stepped() -> None:
+    driver = Driver(LOOP).start()
+    cache = StateCache(cast(Any, None), template_env={}, max_bytes=1)
+    cache.remember(1, _running(driver, 1))
+    assert cache.get(1) is not None
+    cache.remember(2, _running(driver, 2))
+    assert cache.get(1) is None and cache.get(2) is not None
+
+
+def test_the_step_that_finishes_an_execution_drops_its_state() -> None:
+    clock = Clock()
+    done = Driver(LOOP).run()
+    cache = StateCache(cast(Any, None), template_env={}, finished_ttl=5.0, clock=clock)
+    running = _running(Driver(LOOP).start(), 2)
+    cache.remember(2, running)
+    # Execution 1 steps while running, then the step that ends it.
+    cached = _sized(done, 1, done.log[:1])
+    cache.remember(1, cached)
+    assert not cache.finished(1)
+    apply_logged(cached, logged(done.log[1:], first_seq=cached.last_seq + 1))
+    assert cached.state.terminal
+    cache.remember(1, cached)
+    # Out of the running ones at once; still there for the reads and late reports that
+    # follow an end...
+    assert cache.finished(1) and cache.get(1) is cached and cache.snapshot(1) is not None
+    clock.now += 4.0
+    cache.remember(2, running)
+    assert cache.get(1) is cached
+    # ...and dropped once its time is up (at the cache's next use).
+    clock.now += 1.5
+    cache.remember(2, running)
+    assert cache.get(1) is None and cache.snapshot(1) is None
+    assert cache.nbytes == state_bytes(running.state) and cache.count == 1
+    # A read of a finished execution keeps it for as long.
+    cache.remember(1, _sized(done, 1))
+    assert cache.finished(1)
+    clock.now += 6.0
+    cache.remember(2, running)
+    assert cache.get(1) is None
+
+
+def test_without_a_grace_period_a_finished_state_goes_at_the_next_use() -> None:
+    done = Driver(LOOP).run()
+    cache = StateCache(cast(Any, None), template_env={}, finished_ttl=0.0)
+    cache.remember(1, _sized(done, 1))
+    # Kept for the caller that remembered it (a claim reads its snapshot right after).
+    assert cache.snapshot(1) is not None
+    cache.remember(2, _running(Driver(LOOP).start(), 2))
+    assert cache.get(1) is None and cache.get(2) is not None
+
+
+def test_finished_states_make_room_before_running_ones() -> None:
+    done = Driver(LOOP).run()
+    start = Driver(LOOP).start()
+    finished = _sized(done, 1)
+    running = {eid: _running(start, eid) for eid in (2, 3)}
+    room = state_bytes(finished.state) + state_bytes(running[2].state)
+    cache = StateCache(cast(Any, None), template_env={}, max_bytes=room, finished_ttl=60.0)
+    cache.remember(2, running[2])  # the least recently stepped...
+    cache.remember(1, finished)
+    cache.remember(3, running[3])  # ...but the finished one goes first
+    assert cache.get(1) is None
+    assert cache.get(2) is not None and cache.get(3) is not None
+    # The count bound treats them the same way.
+    cache = StateCache(cast(Any, None), template_env={}, size=2, finished_ttl=60.0)
+    cache.remember(2, running[2])
+    cache.remember(1, finished)
+    cache.remember(3, running[3])
+    assert cache.get(1) is None and cache.count == 2

@@ -162,7 +162,10 @@ def _follow_remote(
     api: ServerClient, execution_id: int, text: str | None, title: str
 ) -> dict[str, Any]:
     """Wait for a remote execution, with the embedded run's live display when stderr is a
-    terminal (the state is folded here from the events the server logs)."""
+    terminal (the state is folded here from the events the server logs). Either way the
+    run is followed on its event stream, and its document (every result) is fetched once,
+    when the stream says it has ended: what following costs per iteration does not grow
+    with the iterations done."""
     if text is not None and _show_progress(False):
         from rich.console import Console
 
@@ -180,6 +183,7 @@ def _follow_remote(
                 for event in batch:
                     state.apply(event)
                 view.on_events(batch, {execution_id: state})
+        return dict(api.final(execution_id))
     return dict(api.wait(execution_id))
 
 

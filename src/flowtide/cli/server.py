@@ -189,6 +189,16 @@ def server_cmd(
         bool,
         typer.Option("--public-metrics", help="Serve /metrics without a token."),
     ] = False,
+    state_cache_mb: Annotated[
+        int,
+        typer.Option(
+            "--state-cache-mb",
+            envvar="FLOWTIDE_STATE_CACHE_MB",
+            min=1,
+            help="Memory for the executions' states each server process keeps (MiB,"
+            " estimated): running executions first, finished ones only briefly.",
+        ),
+    ] = 256,
     tls_cert: Annotated[
         Path | None,
         typer.Option(
@@ -294,6 +304,7 @@ def server_cmd(
         "FLOWTIDE_MAX_BODY": str(max_body),
         "FLOWTIDE_INSECURE_NO_AUTH": "1" if insecure_no_auth else "",
         "FLOWTIDE_PUBLIC_METRICS": "1" if public_metrics else "",
+        "FLOWTIDE_STATE_CACHE_MB": str(state_cache_mb),
         "FLOWTIDE_JWKS_URL": jwks_url or "",
         "FLOWTIDE_JWT_ISSUER": jwt_issuer or "",
         "FLOWTIDE_JWT_AUDIENCE": jwt_audience or "",

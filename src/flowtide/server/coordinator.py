@@ -40,7 +40,7 @@ from flowtide.runtime.advance import Advancer
 from flowtide.server.claims import ClaimBatch, ClaimConflict, ClaimItem, Claims, WrongPool
 from flowtide.server.leases import Leases
 from flowtide.server.stale import WORKER_EVENTS
-from flowtide.server.statecache import StateCache
+from flowtide.server.statecache import DEFAULT_MAX_BYTES, StateCache
 from flowtide.server.steps import Stepper, SubmitResult, command_subject
 from flowtide.sharding import shard_for
 from flowtide.store import pg
@@ -106,6 +106,7 @@ class Coordinator:
         ids: Snowflake | None = None,
         lease: float = 30.0,
         cache_size: int = 2000,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
         step_slots: int = 8,
         template_env: Mapping[str, str] | None = None,
         shard: int = 0,
@@ -126,7 +127,9 @@ class Coordinator:
         self.ids = ids or Snowflake()
         self.lease = lease
         self.advancer = Advancer(loopstate, self.ids.next_id, local_kv=local_kv)
-        self.cache = StateCache(store, template_env=self.template_env, size=cache_size)
+        self.cache = StateCache(
+            store, template_env=self.template_env, size=cache_size, max_bytes=cache_bytes
+        )
         self.steps = Stepper(
             store, self.cache, self.advancer, self.ids, loopstate, step_slots=step_slots
         )

@@ -135,6 +135,7 @@ class Runtime:
             local_kv=s.kv.startswith("memory:"),
             lease=s.lease,
             step_slots=_POOL_SIZE - 4,
+            cache_bytes=s.state_cache_bytes,
             shard=shard.index,
             shards=self.topology.count,
         )

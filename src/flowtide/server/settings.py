@@ -14,7 +14,25 @@ from flowtide.errors import FlowtideError
 from flowtide.natsauth import NatsAuth
 from flowtide.server.access import DEFAULT_MAX_BODY
 
-__all__ = ["ServerSettings"]
+__all__ = ["DEFAULT_STATE_CACHE_MB", "ServerSettings", "state_cache_bytes"]
+
+#: The default memory budget of the executions' states a server process keeps (MiB).
+DEFAULT_STATE_CACHE_MB = 256
+
+
+def state_cache_bytes() -> int:
+    """The state cache's budget in bytes: FLOWTIDE_STATE_CACHE_MB (`flowtide server
+    --state-cache-mb`), else DEFAULT_STATE_CACHE_MB."""
+    text = os.environ.get("FLOWTIDE_STATE_CACHE_MB") or str(DEFAULT_STATE_CACHE_MB)
+    try:
+        mb = int(text)
+    except ValueError:
+        raise FlowtideError(
+            f"FLOWTIDE_STATE_CACHE_MB must be a whole number of MiB, not {text!r}"
+        ) from None
+    if mb < 1:
+        raise FlowtideError(f"FLOWTIDE_STATE_CACHE_MB must be at least 1, not {mb}")
+    return mb * 1024 * 1024
 
 
 @dataclass
@@ -46,6 +64,9 @@ class ServerSettings:
     shard_index: int = 0
     #: The URL other servers and workers reach this process at (FLOWTIDE_ADVERTISE_URL).
     advertise_url: str | None = None
+    #: The estimated bytes of executions' states this process keeps in memory
+    #: (FLOWTIDE_STATE_CACHE_MB; flowtide.server.statecache).
+    state_cache_bytes: int = DEFAULT_STATE_CACHE_MB * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -87,4 +108,5 @@ class ServerSettings:
             shards=shards,
             shard_index=shard_index,
             advertise_url=os.environ.get("FLOWTIDE_ADVERTISE_URL") or None,
+            state_cache_bytes=state_cache_bytes(),
         )

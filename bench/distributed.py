@@ -509,6 +509,68 @@ def measure_loop(bench: Bench, n: int, max_in_flight: int) -> dict[str, Any]:
     }
 
 
+# -- the per-hop trace (FLOWTIDE_TRACE, flowtide.trace) ---------------------------------------
+
+#: The hops of a command's life, each from one trace point to the next (flowtide.trace):
+#: (label, from, to). "took -> issued" is the same commit; the next command of a loop
+#: leaves the step that took the previous one's report.
+HOPS: tuple[tuple[str, str, str], ...] = (
+    ("publish (commit -> JetStream)", "issued", "published"),
+    ("delivery (JetStream -> worker)", "published", "delivered"),
+    ("claim sent (worker)", "delivered", "claim"),
+    ("claim request + transaction", "claim", "claimed"),
+    ("claim answer back", "claimed", "answered"),
+    ("to a thread (worker)", "answered", "started"),
+    ("tool run", "started", "done"),
+    ("report queued (worker)", "done", "report"),
+    ("report request", "report", "arrived"),
+    ("wait for the execution's lock", "arrived", "locked"),
+    ("engine step + commit", "locked", "took"),
+)
+
+
+def read_trace(folder: Path, since: float, until: float) -> dict[str, dict[int, float]]:
+    """The marks of every process in `folder` between `since` and `until`: point ->
+    command id -> first time."""
+    out: dict[str, dict[int, float]] = {}
+    for path in folder.glob("*.jsonl"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                point, command, at = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if since <= at <= until:
+                seen = out.setdefault(point, {})
+                if command not in seen or at < seen[command]:
+                    seen[command] = at
+    return out
+
+
+def hop_breakdown(marks: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """p50/p99 (ms) of each hop over the commands that passed both of its points, and the
+    sum of the p50s: where an iteration's round trip goes."""
+    hops: dict[str, Any] = {}
+    for label, start, end in HOPS:
+        a, b = marks.get(start, {}), marks.get(end, {})
+        spans = sorted((b[c] - a[c]) * 1000 for c in a.keys() & b.keys())
+        if spans:
+            hops[label] = {
+                "count": len(spans),
+                "p50_ms": percentile(spans, 50),
+                "p99_ms": percentile(spans, 99),
+            }
+    return {
+        "hops": hops,
+        "round_trip_p50_ms": sum(h["p50_ms"] for h in hops.values()),
+    }
+
+
+def hop_lines(breakdown: dict[str, Any], log: Log) -> None:
+    for label, h in breakdown["hops"].items():
+        log(f"      {label:34s} p50 {h['p50_ms']:7.2f}  p99 {h['p99_ms']:7.2f} ms  ({h['count']})")
+    log(f"      {'sum of the p50s':34s}     {breakdown['round_trip_p50_ms']:7.2f} ms")
+
+
 # -- reporting -----------------------------------------------------------------------------
 
 
@@ -573,6 +635,10 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="flowtide-bench-dist-", dir="/tmp"))
     # As root, PostgreSQL runs as another account, which must traverse this directory.
     home.chmod(0o755)
+    trace_dir = home / "trace"
+    if args.trace:
+        # The stack's processes inherit it: each writes its marks there (flowtide.trace).
+        os.environ["FLOWTIDE_TRACE"] = str(trace_dir)
     bench = Bench(home, args.workers, log)
     report["loops"] = []
     try:
@@ -594,6 +660,7 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
                     continue
                 runs = []
                 for _ in range(args.repeat):
+                    began = time.time()
                     r = measure_loop(bench, n, mif)
                     runs.append(r)
                     log(
@@ -602,6 +669,10 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
                         f"{r['latency']['p99_ms']:.0f} ms, cores: "
                         + " ".join(f"{k} {v:.2f}" for k, v in r["cores"].items())
                     )
+                    if args.trace:
+                        time.sleep(1.5)  # each process writes its marks every second
+                        r["trace"] = hop_breakdown(read_trace(trace_dir, began, time.time()))
+                        hop_lines(r["trace"], log)
                 its = spread([r["it_s"] for r in runs])
                 report["loops"].append(
                     {
@@ -806,6 +877,13 @@ def main() -> int:
         action="store_true",
         help="compare python steps in-process and in child processes on the workers"
         " (first --concurrency and --max-in-flight values; default 8 and 16)",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="after each loop run, where a command's time went: p50/p99 of each hop"
+        " (publish, delivery, claim, run, report, lock, step) from the marks the server"
+        " and workers record with FLOWTIDE_TRACE (flowtide.trace)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--child-embedded", action="store_true", help=argparse.SUPPRESS)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
+from flowtide import trace
 from flowtide.auth.principal import Principal
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError
@@ -34,6 +35,9 @@ from flowtide.wire import (
 )
 
 __all__ = ["router", "worker_events"]
+
+#: A report's events that close its command (the trace's "arrived" mark).
+WORKER_OUTCOMES = ("command.completed", "command.failed")
 
 router = APIRouter()
 
@@ -122,6 +126,16 @@ async def post_reports(
     report with code 500 or above was not taken and may be sent again. The events
     are taken as the worker's whose id the request names, which must be one the
     caller's credential registered."""
+    if trace.enabled:
+        trace.marks(
+            [
+                e.command_id
+                for r in body.reports
+                for e in r.events
+                if e.command_id is not None and e.type in WORKER_OUTCOMES
+            ],
+            "arrived",
+        )
     worker_id = await workers.acting(who, body.worker_id)
     results: list[dict[str, Any]] = [{} for _ in body.reports]
     by_execution: dict[int, list[int]] = {}
@@ -238,6 +252,8 @@ async def claim_many(
     results = [
         r if isinstance(r, Claimed) else ClaimRefused(**batch_item(r, {})) for r in batch.results
     ]
+    if trace.enabled:
+        trace.marks([r.command.command_id for r in results if isinstance(r, Claimed)], "claimed")
     return ClaimReply(results, batch.executions).to_dict()
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.errors import FlowtideError, StoreError
 from flowtide.server import metrics
-from flowtide.server.access import error_body
+from flowtide.server.access import BodyTooLarge, error_body
 from flowtide.sharding import shard_for
 from flowtide.wire import EXECUTION_HEADER, FORWARDED_HEADER, SHARD_HEADER
 
@@ -272,13 +272,17 @@ async def forward(
 ) -> None:
     """Send the request to `shard`'s servers and stream their answer back."""
     body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+    except BodyTooLarge as exc:  # a chunked body over the cap (the Gate counts it)
+        await reply(send, exc.status_code, str(exc.detail))
+        return
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         target = bytes(target) + b"?" + scope["query_string"]

@@ -17,6 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+from flowtide import trace
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
@@ -222,6 +223,8 @@ class OutboxRelay:
                 )
             except Exception as exc:  # noqa: BLE001 - reported per row
                 sent.append(exc)
+        if trace.enabled:
+            trace.marks([r.command_id for r in rows], "published")
         waiting = [f for f in sent if isinstance(f, asyncio.Future)]
         try:
             if waiting:

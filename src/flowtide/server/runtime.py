@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import Response
 
-from flowtide import topology
+from flowtide import topology, trace
 from flowtide.auth.oidc import JwtVerifier
 from flowtide.errors import AuthError
 from flowtide.ids import default_generator
@@ -93,6 +93,7 @@ class Runtime:
         s = self.settings
         # Secrets this process meets (executions' secret sets) are masked in its logs.
         install_log_masking()
+        trace.start("server")
         # Which database is this process's: its shard's, and the cluster database
         # (flowtide.topology: a shard list, the cluster database's shard map, or --db).
         self.topology = await asyncio.to_thread(

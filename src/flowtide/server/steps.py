@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from flowtide import trace
+from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
 from flowtide.errors import NotFoundError
@@ -196,11 +198,15 @@ class Stepper:
         When the step fails and there was more than one report, each is tried alone, so
         one bad report does not fail the others."""
         afters: list[After] = []
+        if trace.enabled:
+            trace.marks(_reported(group), "locked")
         try:
             try:
                 results, after = await self._step_locked(
                     execution_id, [r.events for r in group], check_workers=True
                 )
+                if trace.enabled:
+                    trace.marks(_reported(group), "took")
             except Exception as exc:
                 if len(group) == 1:
                     group[0].result.set_exception(exc)
@@ -470,6 +476,8 @@ class Stepper:
 
     async def after(self, after: After) -> None:
         """What follows a committed step, outside the lock."""
+        if trace.enabled:
+            trace.marks([c.command_id for c in after.out.commands], "issued")
         _count(after.pool, after.results, after.out)
         if after.notices and self.publish is not None:
             self.publish(after.notices)
@@ -482,6 +490,16 @@ class Stepper:
             self.on_outbox()
         if after.out.finished and self.loopstate is not None:
             await self.loopstate.cleanup(after.execution_id)
+
+
+def _reported(group: list[_Report]) -> list[int]:
+    """The commands whose outcome the reports of `group` carry (for the trace)."""
+    return [
+        e.command_id
+        for r in group
+        for e in r.events
+        if e.command_id is not None and e.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+    ]
 
 
 def _count(pool: str, results: list[SubmitResult], out: Advance) -> None:

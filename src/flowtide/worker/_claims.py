@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from flowtide import trace
 from flowtide.sharding import shard_for
 from flowtide.wire import (
     CLAIM_PATH,
@@ -36,6 +38,7 @@ async def claim(
     per shard of a cluster of `shards` (each to the shard that owns the executions, at
     once); the commands won, each with what its execution's commands share.
     `release(n)` gives back the slots of the notifications that won nothing."""
+    delivered = time.time()
     by_shard: dict[int | None, tuple[list[Notification], list[Any]]] = {}
     for msg in msgs:
         try:
@@ -51,6 +54,7 @@ async def claim(
         notes, kept = by_shard.setdefault(shard, ([], []))
         notes.append(note)
         kept.append(msg)
+        trace.mark("delivered", note.command_id, delivered)
     if len(by_shard) == 1:
         [(shard, (notes, kept))] = by_shard.items()
         return await _claim(api, worker_id, notes, kept, release, shard)
@@ -76,6 +80,8 @@ async def _claim(
     if not notes:
         return []
     request = ClaimRequest(worker_id, [n.claim_item() for n in notes])
+    if trace.enabled:
+        trace.marks([n.command_id for n in notes], "claim")
     try:
         r = await api.post_json(CLAIM_PATH, request.to_json(), shard=shard)
         r.raise_for_status()
@@ -92,6 +98,8 @@ async def _claim(
     for msg in kept:
         with contextlib.suppress(Exception):
             await msg.ack()
+    if trace.enabled:
+        trace.marks([n.command_id for n in notes], "answered")
     won = []
     for result in reply.results:
         if isinstance(result, Claimed):

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from flowtide import trace
 from flowtide.errors import ServerError
 from flowtide.sharding import shard_for
 from flowtide.wire import REPORTS_PATH, Report, ReportsReply, reports_body
@@ -26,6 +27,8 @@ class _Pending:
     raw: bytes
     done: asyncio.Future[None]
     give_up: float
+    #: The command reported (for the trace; 0 when not given).
+    command_id: int = 0
 
     def shard(self, shards: int) -> int:
         return shard_for(self.execution_id, shards)
@@ -61,12 +64,16 @@ class Reporter:
         #: reports of one shard's executions, and says which.
         self.shards = 1
 
-    async def send(self, execution_id: int, events: list[dict[str, Any]]) -> None:
+    async def send(
+        self, execution_id: int, events: list[dict[str, Any]], command_id: int = 0
+    ) -> None:
         """Queue one command's report; returns when the server took it (or refused it as
         stale or invalid, which is logged). Raises RuntimeError when it gave up."""
         done = asyncio.get_running_loop().create_future()
         raw = Report(execution_id, events).to_json()
-        self._waiting.append(_Pending(execution_id, raw, done, time.monotonic() + self.patience))
+        self._waiting.append(
+            _Pending(execution_id, raw, done, time.monotonic() + self.patience, command_id)
+        )
         self._wake.set()
         await done
 
@@ -135,6 +142,8 @@ class Reporter:
     async def _post(self, client: Api, batch: list[_Pending], shard: int | None) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""
         body = reports_body(self.worker_id, [p.raw for p in batch])
+        if trace.enabled:
+            trace.marks([p.command_id for p in batch], "report")
         try:
             r = await client.post_json(REPORTS_PATH, body, shard=shard)
         except ServerError as exc:

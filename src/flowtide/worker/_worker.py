@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from flowtide import trace
 from flowtide.errors import ServerError
 from flowtide.ids import default_generator, lease_margin
 from flowtide.natsauth import NatsAuth, connect_nats
@@ -152,6 +153,7 @@ class Worker:
 
         # Values the steps' tools touch are masked in this process's logs.
         install_log_masking()
+        trace.start("worker")
         # The files in-process tools may use, for this process (see flowtide.tools.files).
         configure_files(self.files)
         # Before it registers: a worker whose python steps cannot start takes no command.
@@ -383,6 +385,11 @@ class Worker:
             except ServerError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
+    def _run(self, claimed: Claimed, share: ExecutionShare) -> list[Any]:
+        """Run a claimed command in this worker thread."""
+        trace.mark("started", claimed.command.command_id)
+        return self._commands.run(claimed, share)
+
     async def _beat_shard(self, shard: int, commands: list[int]) -> None:
         """The heartbeat of shard `shard` (> 0): the leases of its executions' commands."""
         try:
@@ -417,13 +424,14 @@ class Worker:
         try:
             try:
                 events = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, self._commands.run, claimed, share
+                    self._threads, self._run, claimed, share
                 )
             finally:
                 self.running -= 1
             if self._handing_back:
                 return  # handed back to the server: another worker runs it again
-            await self._reports.send(execution_id, [e.to_dict() for e in events])
+            trace.mark("done", command_id)
+            await self._reports.send(execution_id, [e.to_dict() for e in events], command_id)
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
             # Its lease runs out and the reaper issues it again.

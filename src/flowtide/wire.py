@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from flowtide.engine.events import Command
@@ -368,18 +368,25 @@ class ClaimReply:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One command's events (`Event.to_dict()` each), reported by the worker that ran it."""
+    """One command's events (`Event.to_dict()` each), reported by the worker that ran it.
+    `take`: the worker runs a next command of the execution in the slot this one frees,
+    if the step that takes the report issues one (the server then claims it for the
+    worker and answers it with the report, instead of publishing it)."""
 
     execution_id: int
     events: list[dict[str, Any]]
+    take: bool = False
 
     def to_json(self) -> bytes:
         """Encoded once: a batch (`reports_body`) is joined from these."""
-        return json.dumps({"execution_id": str(self.execution_id), "events": self.events}).encode()
+        doc: dict[str, Any] = {"execution_id": str(self.execution_id), "events": self.events}
+        if self.take:
+            doc["take"] = True
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Report:
-        return cls(int(doc["execution_id"]), list(doc["events"]))
+        return cls(int(doc["execution_id"]), list(doc["events"]), bool(doc.get("take")))
 
 
 def reports_body(worker_id: str, encoded: Sequence[bytes]) -> bytes:
@@ -414,20 +421,26 @@ class ReportResult:
     stale: int = 0
     status: str = ""
     error: dict[str, Any] | None = None
+    #: The next command, claimed for the worker in the slot the report freed (`take`).
+    claimed: Claimed | None = None
 
     def to_dict(self) -> dict[str, Any]:
         if self.error is not None:
             return {"code": self.code, "error": self.error}
-        return {
+        doc: dict[str, Any] = {
             "code": self.code,
             "accepted": self.accepted,
             "duplicates": self.duplicates,
             "stale": self.stale,
             "status": self.status,
         }
+        if self.claimed is not None:
+            doc["claimed"] = self.claimed.to_dict()
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ReportResult:
+        claimed = doc.get("claimed")
         return cls(
             int(doc.get("code", 500)),
             int(doc.get("accepted", 0)),
@@ -435,6 +448,7 @@ class ReportResult:
             int(doc.get("stale", 0)),
             str(doc.get("status", "")),
             doc.get("error"),
+            Claimed.from_dict(claimed) if isinstance(claimed, Mapping) else None,
         )
 
     @property
@@ -444,13 +458,22 @@ class ReportResult:
 
 @dataclass(frozen=True, slots=True)
 class ReportsReply:
-    """The reply of REPORTS_PATH: one result per report, in order."""
+    """The reply of REPORTS_PATH: one result per report, in order; the share of each
+    execution whose next command a result hands over (`ReportResult.claimed`)."""
 
     results: list[ReportResult]
+    executions: dict[int, ExecutionShare] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"results": [r.to_dict() for r in self.results]}
+        doc: dict[str, Any] = {"results": [r.to_dict() for r in self.results]}
+        if self.executions:
+            doc["executions"] = {str(k): v.to_dict() for k, v in self.executions.items()}
+        return doc
 
     @classmethod
     def from_json(cls, data: bytes | str) -> ReportsReply:
-        return cls([ReportResult.from_dict(r) for r in json.loads(data)["results"]])
+        doc = json.loads(data)
+        shared = {
+            int(k): ExecutionShare.from_dict(v) for k, v in (doc.get("executions") or {}).items()
+        }
+        return cls([ReportResult.from_dict(r) for r in doc["results"]], shared)

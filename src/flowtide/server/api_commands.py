@@ -24,6 +24,7 @@ from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import ClaimMany, ClaimRequest, EventBatch, EventBody, WorkerReports
 from flowtide.server.workers import WorkerRegistry
+from flowtide.store.pg.outbox import OutboxRow
 from flowtide.wire import (
     CLAIM_PATH,
     REPORTS_PATH,
@@ -137,6 +138,10 @@ async def post_reports(
             "arrived",
         )
     worker_id = await workers.acting(who, body.worker_id)
+    pool: str | None = None
+    if any(r.take for r in body.reports):
+        row = await workers.require(who, worker_id)
+        pool = row.pool if row is not None else None
     results: list[dict[str, Any]] = [{} for _ in body.reports]
     by_execution: dict[int, list[int]] = {}
     parts: dict[int, list[Event]] = {}
@@ -157,22 +162,36 @@ async def post_reports(
         by_execution.setdefault(report.execution_id, []).append(i)
 
     async def one(execution_id: int, indexes: list[int]) -> list[Any]:
+        takers = [pool if body.reports[i].take and pool else None for i in indexes]
         try:
-            return await coord.submit_many(execution_id, [parts[i] for i in indexes])
+            return await coord.submit_many(execution_id, [parts[i] for i in indexes], takers)
         except Exception as exc:  # noqa: BLE001 - every report of it gets the error
             return [exc] * len(indexes)
 
     groups = list(by_execution.items())
     outcomes = await asyncio.gather(*(one(eid, idx) for eid, idx in groups))
+    handed: list[tuple[int, OutboxRow]] = []
     for (_, indexes), got in zip(groups, outcomes, strict=True):
         for i, outcome in zip(indexes, got, strict=True):
             if isinstance(outcome, SubmitResult):
                 code = 409 if refused_stale(outcome) else 200
                 doc = ReportResult(code, **submit_document(outcome)).to_dict()
+                if outcome.handed is not None:
+                    handed.append((i, outcome.handed))
             else:
                 doc = batch_item(outcome, {})
             results[i] = doc
-    return {"results": results}
+    reply: dict[str, Any] = {"results": results}
+    if handed:
+        # The next commands, claimed for this worker in the slots its reports freed.
+        batch = await coord.hand_over(worker_id, pool, [row for _, row in handed])
+        for (i, _), won in zip(handed, batch.results, strict=True):
+            if isinstance(won, Claimed):
+                results[i]["claimed"] = won.to_dict()
+                if trace.enabled:
+                    trace.mark("claimed", won.command.command_id)
+        reply["executions"] = {str(k): v.to_dict() for k, v in batch.executions.items()}
+    return reply
 
 
 @router.post(

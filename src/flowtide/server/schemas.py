@@ -94,6 +94,11 @@ class ClaimMany(RequestBody):
 class WorkerReport(RequestBody):
     execution_id: Id
     events: list[EventBody] = Field(max_length=10_000)
+    take: bool = Field(
+        False,
+        description="The worker runs a next command of the execution in the slot this"
+        " report frees: one the step issues is claimed for it and answered with the report.",
+    )
 
 
 class WorkerReports(RequestBody):

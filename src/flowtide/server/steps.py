@@ -62,6 +62,9 @@ class SubmitResult:
     #: Commands issued again because their worker's lease expired (`nudge`).
     reissued: int = 0
     status: str = ""
+    #: A command the step issued, handed to the reporting worker (`take`): its outbox
+    #: row, not published; the caller claims it for the worker or publishes it.
+    handed: OutboxRow | None = None
 
 
 class After(NamedTuple):
@@ -82,6 +85,8 @@ class _Report:
 
     events: list[Event]
     result: asyncio.Future[SubmitResult]
+    #: The reporting worker's pool when it takes a next command in the freed slot.
+    taker: str | None = None
 
 
 @dataclass
@@ -165,7 +170,10 @@ class Stepper:
     # -- group commit --------------------------------------------------------------------
 
     async def submit_many(
-        self, execution_id: int, reports: Sequence[Sequence[Event]]
+        self,
+        execution_id: int,
+        reports: Sequence[Sequence[Event]],
+        takers: Sequence[str | None] | None = None,
     ) -> list[SubmitResult | Exception]:
         """Worker reports of one execution, each judged as if it came alone after the ones
         before it; in the place of each, its result or the error it got.
@@ -174,7 +182,11 @@ class Stepper:
         whichever of them gets the lock first, in one transaction.
         """
         loop = asyncio.get_running_loop()
-        mine = [_Report(list(events), loop.create_future()) for events in reports]
+        takers = takers or [None] * len(reports)
+        mine = [
+            _Report(list(events), loop.create_future(), taker)
+            for events, taker in zip(reports, takers, strict=True)
+        ]
         self._queued.setdefault(execution_id, []).extend(mine)
         afters: list[After] = []
         async with self.cache.lock(execution_id):
@@ -207,6 +219,8 @@ class Stepper:
                 )
                 if trace.enabled:
                     trace.marks(_reported(group), "took")
+                if self.publish is not None and any(r.taker for r in group):
+                    after = _hand_over(group, results, after)
             except Exception as exc:
                 if len(group) == 1:
                     group[0].result.set_exception(exc)
@@ -490,6 +504,24 @@ class Stepper:
             self.on_outbox()
         if after.out.finished and self.loopstate is not None:
             await self.loopstate.cleanup(after.execution_id)
+
+
+def _hand_over(group: list[_Report], results: list[SubmitResult], after: After) -> After:
+    """Give each report that takes a next command (of the execution's pool) one of the
+    commands the step issued, in order; those are not published (`SubmitResult.handed`)."""
+    rows = {row.command_id: row for row in after.notices}
+    free = [c.command_id for c in after.out.commands if c.command_id in rows]
+    handed: set[int] = set()
+    for report, result in zip(group, results, strict=True):
+        if not free:
+            break
+        if report.taker is not None and report.taker == after.pool:
+            command_id = free.pop(0)
+            result.handed = rows[command_id]
+            handed.add(command_id)
+    if not handed:
+        return after
+    return after._replace(notices=[r for r in after.notices if r.command_id not in handed])
 
 
 def _reported(group: list[_Report]) -> list[int]:

@@ -12,10 +12,21 @@ from typing import Any
 from flowtide import trace
 from flowtide.errors import ServerError
 from flowtide.sharding import shard_for
-from flowtide.wire import REPORTS_PATH, Report, ReportsReply, reports_body
+from flowtide.wire import (
+    REPORTS_PATH,
+    Claimed,
+    ExecutionShare,
+    Report,
+    ReportsReply,
+    reports_body,
+)
 from flowtide.worker._api import Api
 
-__all__ = ["Reporter"]
+__all__ = ["Handed", "Reporter"]
+
+#: A next command the server claimed for the worker with its report, and its execution's
+#: share (`Report.take`).
+Handed = tuple[Claimed, ExecutionShare]
 
 log = logging.getLogger("flowtide.worker")
 
@@ -25,7 +36,7 @@ class _Pending:
     execution_id: int
     #: The report as JSON text, encoded once (batches are joined from these).
     raw: bytes
-    done: asyncio.Future[None]
+    done: asyncio.Future[Handed | None]
     give_up: float
     #: The command reported (for the trace; 0 when not given).
     command_id: int = 0
@@ -65,17 +76,24 @@ class Reporter:
         self.shards = 1
 
     async def send(
-        self, execution_id: int, events: list[dict[str, Any]], command_id: int = 0
-    ) -> None:
+        self,
+        execution_id: int,
+        events: list[dict[str, Any]],
+        command_id: int = 0,
+        *,
+        take: bool = False,
+    ) -> Handed | None:
         """Queue one command's report; returns when the server took it (or refused it as
-        stale or invalid, which is logged). Raises RuntimeError when it gave up."""
-        done = asyncio.get_running_loop().create_future()
-        raw = Report(execution_id, events).to_json()
+        stale or invalid, which is logged). Raises RuntimeError when it gave up. `take`:
+        the worker runs a next command of the execution in the slot this one frees; the
+        one the server handed over, if any, is returned."""
+        done: asyncio.Future[Handed | None] = asyncio.get_running_loop().create_future()
+        raw = Report(execution_id, events, take).to_json()
         self._waiting.append(
             _Pending(execution_id, raw, done, time.monotonic() + self.patience, command_id)
         )
         self._wake.set()
-        await done
+        return await done
 
     def _shard(self, p: _Pending) -> int | None:
         return p.shard(self.shards) if self.shards > 1 else None
@@ -156,12 +174,19 @@ class Reporter:
                 p.done.set_exception(RuntimeError(f"reports refused: {r.text[:500]}"))
             return None
         problem = None
-        for p, result in zip(batch, ReportsReply.from_json(r.body).results, strict=True):
+        reply = ReportsReply.from_json(r.body)
+        for p, result in zip(batch, reply.results, strict=True):
             if result.code >= 500:
                 problem = f"HTTP {result.code}: {result.message}"
                 continue
             if result.code >= 400:
                 # 409: stale (the command was issued again meanwhile).
                 log.warning("report for execution %s refused: %s", p.execution_id, result.to_dict())
-            p.done.set_result(None)
+            claimed = result.claimed
+            share = reply.executions.get(claimed.command.execution_id) if claimed else None
+            if claimed is not None:
+                trace.mark("answered", claimed.command.command_id)
+            p.done.set_result(
+                (claimed, share) if claimed is not None and share is not None else None
+            )
         return problem

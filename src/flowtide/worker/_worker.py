@@ -42,7 +42,7 @@ from flowtide.worker._claims import claim
 from flowtide.worker._commands import CommandRunner
 from flowtide.worker._pull import Puller, check_consumer
 from flowtide.worker._python import start_python
-from flowtide.worker._reports import Reporter
+from flowtide.worker._reports import Handed, Reporter
 
 __all__ = ["Worker"]
 
@@ -137,6 +137,8 @@ class Worker:
         self.grace = grace
         #: Set once the grace period is over: what finishes now is handed back, not reported.
         self._handing_back = False
+        #: The tasks running claimed commands (the run loop's, once it started).
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         """Stop claiming; running commands get `grace` seconds (see `__init__`)."""
@@ -189,6 +191,7 @@ class Worker:
             reporter = asyncio.create_task(self._reports.run(client))
             asker = asyncio.create_task(self._ask(puller))
             tasks: set[asyncio.Task[None]] = set()
+            self._tasks = tasks
             try:
                 while not self._stop.is_set():
                     # A slot is taken from the delivery until the command's report is
@@ -419,6 +422,7 @@ class Worker:
     async def _handle(self, claimed: Claimed, share: ExecutionShare) -> None:
         command_id = claimed.command.command_id
         execution_id = claimed.command.execution_id
+        handed: Handed | None = None
         self.held[command_id] = execution_id
         self.running += 1
         try:
@@ -431,11 +435,24 @@ class Worker:
             if self._handing_back:
                 return  # handed back to the server: another worker runs it again
             trace.mark("done", command_id)
-            await self._reports.send(execution_id, [e.to_dict() for e in events], command_id)
+            # The slot stays taken until the report is settled: the server may hand the
+            # execution's next command over in the answer, to run in it.
+            handed = await self._reports.send(
+                execution_id,
+                [e.to_dict() for e in events],
+                command_id,
+                take=not (self._stop.is_set() or self._handing_back),
+            )
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
             # Its lease runs out and the reaper issues it again.
             log.warning("command %s of execution %s: %s", command_id, execution_id, exc)
         finally:
             self.held.pop(command_id, None)
-            self._release()
+            if handed is None:
+                self._release()
+        if handed is not None:
+            # Claimed for this worker: it runs in the slot this command had.
+            task = asyncio.create_task(self._handle(*handed))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)

@@ -469,8 +469,10 @@ def test_through_a_gateway_requests_and_workers_reach_the_owner_directly(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # The servers are the live ones of the cluster database's registry.
-    gateway = start("haproxy", tmp_path, port, ["--cluster-db", cluster.cluster_db])
+    # Each shard's server, named (the registry may still list a server killed earlier in
+    # this module for a few seconds: round robin over it would skew the spread).
+    backends = [f"--backend={i}={s.url}" for i, s in enumerate(cluster.stacks)]
+    gateway = start("haproxy", tmp_path, port, backends)
     stack = cluster.stacks[0]
     old = list(stack.workers)
     for proc in old:
@@ -479,8 +481,8 @@ def test_through_a_gateway_requests_and_workers_reach_the_owner_directly(
         proc.wait(timeout=30)
     url = f"http://127.0.0.1:{port}"
     worker = stack.start_worker(concurrency=8, server=url)
+    servers = [cluster.client(i) for i in range(SHARDS)]
     try:
-        servers = [cluster.client(i) for i in range(SHARDS)]
         # Give the new worker its first heartbeats, then count from here.
         time.sleep(1.0)
         before = [_forwarded(c) for c in servers]
@@ -498,9 +500,9 @@ def test_through_a_gateway_requests_and_workers_reach_the_owner_directly(
                 assert doc["steps"]["total"]["result"] == {"sum": 60 + 3 * n}
         # Claims, reports and heartbeats went straight to the owner: nothing forwarded.
         assert [_forwarded(c) for c in servers] == before
+    finally:
         for c in servers:
             c.close()
-    finally:
         gateway.terminate()
         gateway.wait(timeout=10)
         worker.send_signal(signal.SIGTERM)

@@ -510,18 +510,9 @@ def summarize_b(report: dict[str, Any], cluster: Cluster, log: Log) -> None:
 
 # -- part (c) -------------------------------------------------------------------------------
 
-ONE_STEP = """\
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: bench_one, path: bench/one}
-workflow:
-  - step: only
-    tool: {kind: python, code: "result = {'ok': True}"}
-"""
-
 
 def run_c(args: argparse.Namespace, cluster: Cluster, log: Log) -> dict[str, Any]:
-    from distributed import percentile
+    from distributed import ONE_STEP, percentile
 
     stack = cluster.stacks[2]
     clients = stack.clients

@@ -81,6 +81,12 @@ TERMINAL = ("completed", "failed", "cancelled")
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0
 GOAL_IT_S = 500.0
+#: Issue 18's goals, at the settings a playbook is written with (default stack).
+GOAL_DEFAULT_IT_S = 1500.0  # concurrency 8, max_in_flight 16
+GOAL_DEFAULT_CLAIM_MS = (5.0, 20.0)  # loop claim p50, p99 at that setting
+GOAL_SEQUENTIAL_IT_S = 150.0  # max_in_flight 1
+GOAL_BEST_IT_S = 2000.0
+GOAL_SINGLE_CLAIM_MS = (3.0, 20.0)  # single-step issued -> claimed p50, p99
 NOETL_P50_MS = 338.0
 NOETL_P99_MS = 520.0
 DEFAULT_CONCURRENCY = 8  # `flowtide worker --concurrency` and the dev stack's default
@@ -588,6 +594,57 @@ def latency_lines(label: str, key: str, s: dict[str, Any], log: Log) -> dict[str
     return {f"claim {key}: p50 <= 5 ms": p50_ok, f"claim {key}: p99 <= 50 ms": p99_ok}
 
 
+def round_trip_goals(
+    report: dict[str, Any], default: dict[str, Any] | None, best: dict[str, Any], log: Log
+) -> dict[str, bool]:
+    """Issue 18's goals: loops as fast as the settings they are written with allow."""
+    goals: dict[str, bool] = {}
+    lines: list[str] = []
+
+    def check(label: str, value: float, goal: float, unit: str, at_least: bool) -> None:
+        ok = value >= goal if at_least else value <= goal
+        goals[label] = ok
+        sign = ">=" if at_least else "<="
+        lines.append(f"  {label:46s} {value:8,.1f} {unit:5s} goal {sign} {goal:,.0f}  {_mark(ok)}")
+
+    if default is not None:
+        check(
+            "default setting: loop it/s", default["it_s"]["median"], GOAL_DEFAULT_IT_S, "it/s", True
+        )
+        lat = default["latency"]
+        check(
+            "default setting: loop claim p50", lat["p50_ms"], GOAL_DEFAULT_CLAIM_MS[0], "ms", False
+        )
+        check(
+            "default setting: loop claim p99", lat["p99_ms"], GOAL_DEFAULT_CLAIM_MS[1], "ms", False
+        )
+    sequential = [
+        r
+        for r in report["loops"]
+        if r["max_in_flight"] == 1 and r["concurrency"] == DEFAULT_CONCURRENCY
+    ]
+    if sequential:
+        check(
+            "max_in_flight 1: loop it/s",
+            sequential[0]["it_s"]["median"],
+            GOAL_SEQUENTIAL_IT_S,
+            "it/s",
+            True,
+        )
+    check("best setting: loop it/s", best["it_s"]["median"], GOAL_BEST_IT_S, "it/s", True)
+    single = report["single"]
+    check(
+        "single step: issued -> claimed p50", single["p50_ms"], GOAL_SINGLE_CLAIM_MS[0], "ms", False
+    )
+    check(
+        "single step: issued -> claimed p99", single["p99_ms"], GOAL_SINGLE_CLAIM_MS[1], "ms", False
+    )
+    log("issue 18 (loops as fast as their settings allow):")
+    for line in lines:
+        log(line)
+    return goals
+
+
 def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     from flowtide.dev.postgres import find_pg_bin
     from flowtide.dev.stack import DevStackError
@@ -827,6 +884,7 @@ def summarize(report: dict[str, Any], args: argparse.Namespace, log: Log) -> Non
             default["it_s"]["median"] >= GOAL_IT_S
         )
     report["best"] = {"concurrency": best["concurrency"], "max_in_flight": best["max_in_flight"]}
+    goals.update(round_trip_goals(report, default, best, log))
     report["goals"] = goals
     log("goals: " + "; ".join(f"{k}: {_mark(v)}" for k, v in goals.items()))
     log(

@@ -196,6 +196,27 @@ class Stack:
         self.workers.append(proc)
         return proc
 
+    def wait_workers(self, count: int, pool: str = "default", timeout: float = 60) -> None:
+        """Wait until `count` workers of `pool` are registered and alive."""
+        deadline = time.monotonic() + timeout
+        with self.client() as client:
+            while True:
+                pools = client.get("/api/worker/pools").json()["pools"]
+                live = [
+                    w
+                    for p in pools
+                    if p["pool"] == pool
+                    for w in p["workers"]
+                    if w["status"] not in ("stopped", "lost")
+                ]
+                if len(live) >= count:
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{len(live)} of {count} workers of {pool!r} live: {pools}"
+                    )
+                time.sleep(0.1)
+
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""

@@ -1,6 +1,6 @@
 """A worker's report takes the execution's next command back with its answer: the
-server claims it for the worker in the slot the report frees (one claim transaction, as
-a worker's own claim) instead of publishing it, so a sequential loop runs without a
+step that takes the report claims it for the worker in the slot the report frees (in the
+step's own transaction) instead of publishing it, so a sequential loop runs without a
 notification per iteration, and every iteration still runs exactly once."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+
+import psycopg
 
 from flowtide.dev.nats import SERVER_USER
 from flowtide.wire import COMMAND_STREAM
@@ -69,5 +71,27 @@ def test_a_sequential_loop_runs_on_handed_over_commands(stack: Stack) -> None:
     claimed = [e for e in events if e["type"] == "command.claimed"]
     completed = [e for e in events if e["type"] == "command.completed"]
     assert len(claimed) == len(completed) == 40, "each iteration claimed and run once"
+    # In the log, each command's claim follows its issue and precedes its outcome.
+    order = {(e["type"], e["command_id"]): n for n, e in enumerate(events)}
+    for e in claimed:
+        issued = next(
+            n
+            for (kind, cid), n in order.items()
+            if kind == "command.issued" and cid == e["command_id"]
+        )
+        assert issued < order[("command.claimed", e["command_id"])]
+        assert (
+            order[("command.claimed", e["command_id"])]
+            < order[("command.completed", e["command_id"])]
+        )
+    # Every command still has its outbox row, none left unpublished; the claims' rows
+    # are the workers' that ran them.
+    with psycopg.connect(stack.db) as conn:
+        rows = conn.execute(
+            "SELECT count(*), count(published) FROM outbox WHERE execution_id = %s", (int(eid),)
+        ).fetchone()
+    assert rows == (40, 40), rows
+    runners = {e["command_id"]: e["worker_id"] for e in completed}
+    assert all(runners[e["command_id"]] == e["worker_id"] for e in claimed)
     # Only the first command went through NATS; the others came back with a report.
     assert _published(stack) - before <= 3

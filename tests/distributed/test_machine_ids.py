@@ -30,6 +30,9 @@ workflow:
 def test_workers_report_under_machine_ids_of_their_own(stack: Stack) -> None:
     path = stack.root / "machine_ids.yaml"
     path.write_text(LOOP)
+    # Both workers pulling before the loop starts: 16 in flight is more than one worker's
+    # 8 slots, and a worker runs the next iteration in the slot its report frees.
+    stack.wait_workers(2)
     proc = stack.run("run", path, "--json")
     doc = json.loads(proc.stdout)
     assert doc["status"] == "completed", doc

@@ -23,8 +23,8 @@ from flowtide.server.fields import INT64_MAX, IdPath
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import ClaimMany, ClaimRequest, EventBatch, EventBody, WorkerReports
+from flowtide.server.steps import Handed, Taker
 from flowtide.server.workers import WorkerRegistry
-from flowtide.store.pg.outbox import OutboxRow
 from flowtide.wire import (
     CLAIM_PATH,
     REPORTS_PATH,
@@ -162,7 +162,9 @@ async def post_reports(
         by_execution.setdefault(report.execution_id, []).append(i)
 
     async def one(execution_id: int, indexes: list[int]) -> list[Any]:
-        takers = [pool if body.reports[i].take and pool else None for i in indexes]
+        takers = [
+            Taker(worker_id, pool) if body.reports[i].take and pool else None for i in indexes
+        ]
         try:
             return await coord.submit_many(execution_id, [parts[i] for i in indexes], takers)
         except Exception as exc:  # noqa: BLE001 - every report of it gets the error
@@ -170,7 +172,7 @@ async def post_reports(
 
     groups = list(by_execution.items())
     outcomes = await asyncio.gather(*(one(eid, idx) for eid, idx in groups))
-    handed: list[tuple[int, OutboxRow]] = []
+    handed: list[tuple[int, Handed]] = []
     for (_, indexes), got in zip(groups, outcomes, strict=True):
         for i, outcome in zip(indexes, got, strict=True):
             if isinstance(outcome, SubmitResult):
@@ -184,7 +186,7 @@ async def post_reports(
     reply: dict[str, Any] = {"results": results}
     if handed:
         # The next commands, claimed for this worker in the slots its reports freed.
-        batch = await coord.hand_over(worker_id, pool, [row for _, row in handed])
+        batch = await coord.handed_replies([h for _, h in handed])
         for (i, _), won in zip(handed, batch.results, strict=True):
             if isinstance(won, Claimed):
                 results[i]["claimed"] = won.to_dict()

@@ -159,6 +159,13 @@ class Claims:
         """See `Coordinator.claim_many`."""
         now = time.time()
         taken = await asyncio.to_thread(self._take, worker_id, items, now, pool)
+        return await self.replies(items, taken, now)
+
+    async def replies(
+        self, items: Sequence[ClaimItem], taken: Sequence[Taken | Exception], now: float
+    ) -> ClaimBatch:
+        """The reply to claims judged and committed at `now` (`taken`: each item's
+        verdict), counted in the claim metrics."""
         batch = ClaimBatch()
         snaps: dict[int, Snapshot] = {}
         for item, got in zip(items, taken, strict=True):

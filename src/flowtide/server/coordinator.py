@@ -41,12 +41,11 @@ from flowtide.server.claims import ClaimBatch, ClaimConflict, ClaimItem, Claims,
 from flowtide.server.leases import Leases
 from flowtide.server.stale import WORKER_EVENTS
 from flowtide.server.statecache import DEFAULT_MAX_BYTES, StateCache
-from flowtide.server.steps import Stepper, SubmitResult, command_subject
+from flowtide.server.steps import Handed, Stepper, SubmitResult, Taker, command_subject
 from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
-from flowtide.wire import Notification
 
 if TYPE_CHECKING:
     import psycopg
@@ -135,9 +134,7 @@ class Coordinator:
             store, self.cache, self.advancer, self.ids, loopstate, step_slots=step_slots
         )
         self.steps.shard = shard
-        #: Marks outbox rows published without publishing them (their commands were
-        #: handed to a worker with its report): the relay's `taken`.
-        self.mark_taken: Callable[[list[OutboxRow]], None] | None = None
+        self.steps.lease = lease
         self.claims = Claims(store, self.cache, self.ids, lease=lease)
         self.leases = Leases(store, lease=lease)
 
@@ -242,12 +239,12 @@ class Coordinator:
         self,
         execution_id: int,
         reports: Sequence[Sequence[Event]],
-        takers: Sequence[str | None] | None = None,
+        takers: Sequence[Taker | None] | None = None,
     ) -> list[SubmitResult | Exception]:
         """`submit` for several reports of one execution (a worker's batch), each judged
         as if it came alone after the ones before it; in the place of each, its result or
-        the error it got. `takers`: per report, the worker's pool when it takes a next
-        command in the slot the report frees (`SubmitResult.handed`; see `hand_over`)."""
+        the error it got. `takers`: per report, the worker when it takes a next command in
+        the slot the report frees (`SubmitResult.handed`)."""
         for events in reports:
             for e in events:
                 if e.execution_id != execution_id:
@@ -257,29 +254,12 @@ class Coordinator:
                     )
         return await self.steps.submit_many(execution_id, reports, takers)
 
-    async def hand_over(
-        self, worker_id: str, pool: str | None, rows: Sequence[OutboxRow]
-    ) -> ClaimBatch:
-        """Claim for `worker_id` the commands its reports were handed (their outbox rows,
-        held unpublished): one claim transaction, judged as a worker's own claim. A row
-        claimed is marked published (no notification: the worker has it); one that is not
-        (cancelled meanwhile, another pool) is published now, for any worker."""
-        items = [Notification.from_json(row.payload).claim_item() for row in rows]
-        try:
-            batch = await self.claims.claim_many(worker_id, items, pool=pool)
-        except Exception:
-            if self.publish is not None:
-                self.publish(list(rows))
-            raise
-        taken = [
-            r for r, got in zip(rows, batch.results, strict=True) if not isinstance(got, Exception)
-        ]
-        left = [r for r, got in zip(rows, batch.results, strict=True) if isinstance(got, Exception)]
-        if taken and self.mark_taken is not None:
-            self.mark_taken(taken)
-        if left and self.publish is not None:
-            self.publish(left)
-        return batch
+    async def handed_replies(self, handed: Sequence[Handed]) -> ClaimBatch:
+        """The claim replies of commands claimed for reporting workers by their steps
+        (`SubmitResult.handed`), as a claim of them would answer."""
+        return await self.claims.replies(
+            [h.item for h in handed], [h.taken for h in handed], time.time()
+        )
 
     async def cancel(self, execution_id: int, reason: str) -> SubmitResult:
         event = Event(

@@ -168,13 +168,6 @@ class OutboxRelay:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    def taken(self, rows: list[OutboxRow]) -> None:
-        """Mark rows published without publishing them: their commands were claimed for
-        a worker with its report (Coordinator.hand_over)."""
-        self._to_mark += [r.id for r in rows]
-        if self._marker is None or self._marker.done():
-            self._marker = asyncio.create_task(self._mark())
-
     async def _publish_now(self, rows: list[OutboxRow]) -> None:
         results = await self._send(rows)
         ok = [

@@ -147,7 +147,6 @@ class Runtime:
             self.relay = OutboxRelay(self.store, self.nc)
             self.coordinator.on_outbox = self.relay.poke
             self.coordinator.publish = self.relay.publish
-            self.coordinator.mark_taken = self.relay.taken
             await self.relay.start()
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
         self.tasks.append(asyncio.create_task(self._watch_map(), name="flowtide-shard-map"))

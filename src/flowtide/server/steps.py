@@ -9,6 +9,13 @@ the log, and the reported commands' rows. It drops stale reports
 the execution row and one outbox row per command issued, then commits: again one round
 trip. A step that fails leaves no trace in the database and evicts the cached state.
 
+A report whose worker can run a next command in the slot it frees (`Taker`) gets one
+of the commands the step issues claimed for that worker in the same transaction (its
+row claimed with a lease, its `command.claimed` event, its outbox row written already
+published: the worker has it, nothing to notify). Every command still has its outbox
+row, and a claimed one whose answer never reaches its worker is issued again when its
+lease runs out, as any claimed command is.
+
 What follows a commit (`After`: metrics, publishing the notifications, cleaning up the
 loop state of a finished execution) runs once the lock is let go.
 """
@@ -30,6 +37,7 @@ from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.server import metrics
+from flowtide.server.claims import Taken
 from flowtide.server.leases import reissue_events
 from flowtide.server.outbox import OUTBOX_HOLD
 from flowtide.server.stale import disjoint_events, drop_stale, reported_commands, settle
@@ -40,16 +48,31 @@ from flowtide.store.codec import command_params, event_params
 from flowtide.store.pg.commands import Holder
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
-from flowtide.wire import Notification, command_subject
+from flowtide.wire import ClaimItem, Notification, command_subject
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["After", "Prepare", "Stepper", "SubmitResult", "command_subject"]
+__all__ = ["After", "Handed", "Prepare", "Stepper", "SubmitResult", "Taker", "command_subject"]
 
 #: Runs first in a step's transaction, on its connection (a check or a write of the
 #: caller's); raising rolls the step back.
 Prepare = Callable[["psycopg.Connection"], None]
+
+
+class Taker(NamedTuple):
+    """A reporting worker that runs a next command in the slot its report frees."""
+
+    worker_id: str
+    #: The worker's pool: it is handed only a command of that pool.
+    pool: str
+
+
+class Handed(NamedTuple):
+    """A command claimed for a reporting worker in the step's transaction."""
+
+    item: ClaimItem
+    taken: Taken
 
 
 @dataclass
@@ -62,9 +85,8 @@ class SubmitResult:
     #: Commands issued again because their worker's lease expired (`nudge`).
     reissued: int = 0
     status: str = ""
-    #: A command the step issued, handed to the reporting worker (`take`): its outbox
-    #: row, not published; the caller claims it for the worker or publishes it.
-    handed: OutboxRow | None = None
+    #: A command the step issued and claimed for the reporting worker (its `Taker`).
+    handed: Handed | None = None
 
 
 class After(NamedTuple):
@@ -85,8 +107,8 @@ class _Report:
 
     events: list[Event]
     result: asyncio.Future[SubmitResult]
-    #: The reporting worker's pool when it takes a next command in the freed slot.
-    taker: str | None = None
+    #: The reporting worker, when it takes a next command in the slot it frees.
+    taker: Taker | None = None
 
 
 @dataclass
@@ -127,6 +149,8 @@ class Stepper:
         #: connection held by a step that needs a thread to finish (a stall until the
         #: pool's timeout).
         self._slots = asyncio.Semaphore(step_slots)
+        #: The lease (seconds) of a command claimed for a reporting worker.
+        self.lease = 30.0
         #: Reports waiting for their execution's lock, taken together by the first of
         #: them to get it (group commit).
         self._queued: dict[int, list[_Report]] = {}
@@ -173,7 +197,7 @@ class Stepper:
         self,
         execution_id: int,
         reports: Sequence[Sequence[Event]],
-        takers: Sequence[str | None] | None = None,
+        takers: Sequence[Taker | None] | None = None,
     ) -> list[SubmitResult | Exception]:
         """Worker reports of one execution, each judged as if it came alone after the ones
         before it; in the place of each, its result or the error it got.
@@ -215,12 +239,13 @@ class Stepper:
         try:
             try:
                 results, after = await self._step_locked(
-                    execution_id, [r.events for r in group], check_workers=True
+                    execution_id,
+                    [r.events for r in group],
+                    check_workers=True,
+                    takers=[r.taker for r in group],
                 )
                 if trace.enabled:
                     trace.marks(_reported(group), "took")
-                if self.publish is not None and any(r.taker for r in group):
-                    after = _hand_over(group, results, after)
             except Exception as exc:
                 if len(group) == 1:
                     group[0].result.set_exception(exc)
@@ -228,7 +253,7 @@ class Stepper:
                 for r in group:
                     try:
                         results, after = await self._step_locked(
-                            execution_id, [r.events], check_workers=True
+                            execution_id, [r.events], check_workers=True, takers=[r.taker]
                         )
                     except Exception as one:
                         r.result.set_exception(one)
@@ -257,6 +282,7 @@ class Stepper:
         fresh: CachedState | None = None,
         check_workers: bool = False,
         reissue: bool = False,
+        takers: list[Taker | None] | None = None,
     ) -> tuple[list[SubmitResult], After]:
         """One transaction over `parts` (one per caller, in order); the caller holds the
         execution's lock and calls `after` with the second value once it let go."""
@@ -268,7 +294,7 @@ class Stepper:
             ok = False
             try:
                 results, out, cached, notices = await self._run(
-                    pool, held, execution_id, parts, prepare, fresh, check_workers, reissue
+                    pool, held, execution_id, parts, prepare, fresh, check_workers, reissue, takers
                 )
                 ok = True
             finally:
@@ -297,6 +323,7 @@ class Stepper:
         fresh: CachedState | None,
         check_workers: bool,
         reissue: bool,
+        takers: list[Taker | None] | None = None,
     ) -> tuple[list[SubmitResult], Advance, CachedState, list[OutboxRow]]:
         results = [SubmitResult() for _ in parts]
         ids = [e.event_id for part in parts for e in part]
@@ -349,10 +376,22 @@ class Stepper:
                 command_rows.append(CommandUpdate.from_command(command, time=time.time()))
         if state.terminal:
             commands = []
+        claims: list[Event] = []
+        if takers and commands and self.publish is not None:
+            claims = self._hand_over(state, cached.pool, takers, commands, results)
 
         notices: list[OutboxRow] = []
         cached.last_seq = await asyncio.to_thread(
-            self._write_and_commit, pool, held, conn, cached, out, commands, command_rows, notices
+            self._write_and_commit,
+            pool,
+            held,
+            conn,
+            cached,
+            out,
+            commands,
+            command_rows,
+            claims,
+            notices,
         )
         out.commands = commands
         results[0].reissued = len(reissued)
@@ -388,6 +427,54 @@ class Stepper:
             current = rows.result() if rows is not None else {}
         return _Loaded(conn, cached, seen, current)
 
+    def _hand_over(
+        self,
+        state: ExecutionState,
+        pool: str,
+        takers: list[Taker | None],
+        commands: list[Command],
+        results: list[SubmitResult],
+    ) -> list[Event]:
+        """Give each part whose worker takes a next command of this execution's pool one
+        of `commands`, in order (`SubmitResult.handed`); their `command.claimed` events,
+        applied to `state` (the step writes them after the events that issue them)."""
+        free = list(commands)
+        now = time.time()
+        claims: list[Event] = []
+        for taker, result in zip(takers, results, strict=True):
+            if not free:
+                break
+            if taker is None or taker.pool != pool:
+                continue
+            command = free.pop(0)
+            assert command.issued_event_id is not None
+            event = Event(
+                event_id=self.ids.next_id(),
+                execution_id=state.execution_id,
+                type=ev.COMMAND_CLAIMED,
+                step=command.step,
+                status="claimed",
+                payload={"attempt": command.attempt},
+                parent_event_id=command.issued_event_id,
+                command_id=command.command_id,
+                worker_id=taker.worker_id,
+                time=now,
+            )
+            state.apply(event)
+            claims.append(event)
+            item = ClaimItem(state.execution_id, command.command_id, command.issued_event_id)
+            taken = Taken(
+                command.step,
+                command.attempt,
+                command.loop_instance,
+                command.loop_index,
+                pool,
+                stopping=False,
+                issued_at=now,
+            )
+            result.handed = Handed(item, taken)
+        return claims
+
     def _reissues(self, conn: psycopg.Connection, state: ExecutionState) -> list[Event]:
         """`command.issued` events re-issuing the claimed commands whose lease expired."""
         now = time.time()
@@ -403,10 +490,12 @@ class Stepper:
         out: Advance,
         commands: list[Command],
         command_rows: list[CommandUpdate],
+        claims: list[Event],
         notices: list[OutboxRow],
     ) -> int:
         """Write the step, commit, give the connection back; the log's last seq. The
-        outbox rows to publish now go to `notices`."""
+        outbox rows to publish now go to `notices`; `claims`: the `command.claimed` events
+        of the commands handed to reporting workers."""
         now = time.time()
         state = cached.state
         execution_id = state.execution_id
@@ -426,13 +515,20 @@ class Stepper:
             PostgresStore.write_batch(
                 conn,
                 event_params(
-                    out.recorded,
+                    out.recorded + claims,
                     self.store.sealer,
                     {execution_id: secrets} if secrets else None,
                 ),
                 command_params(command_rows),
                 rows,
             )
+            if claims:
+                pg.commands.claim_each(
+                    conn,
+                    [(e.command_id or 0, e.worker_id or "") for e in claims],
+                    now=now,
+                    lease_until=now + self.lease,
+                )
             if commands:
                 issued = pg.commands.issue(
                     conn,
@@ -444,6 +540,7 @@ class Stepper:
                     created=now,
                     locked_until=now + OUTBOX_HOLD if publish_now else None,
                     attempts=int(publish_now),
+                    claimed=[e.command_id or 0 for e in claims],
                 )
             else:
                 if state.terminal:
@@ -460,9 +557,11 @@ class Stepper:
             return last_seq.result()
         got = issued.result()
         if publish_now:
+            handed = {e.command_id for e in claims}
             notices.extend(
                 OutboxRow(got.outbox_ids[c.command_id], execution_id, c.command_id, subject, p, 1)
                 for c, p in zip(commands, payloads, strict=True)
+                if c.command_id not in handed
             )
         return got.last_seq
 
@@ -504,24 +603,6 @@ class Stepper:
             self.on_outbox()
         if after.out.finished and self.loopstate is not None:
             await self.loopstate.cleanup(after.execution_id)
-
-
-def _hand_over(group: list[_Report], results: list[SubmitResult], after: After) -> After:
-    """Give each report that takes a next command (of the execution's pool) one of the
-    commands the step issued, in order; those are not published (`SubmitResult.handed`)."""
-    rows = {row.command_id: row for row in after.notices}
-    free = [c.command_id for c in after.out.commands if c.command_id in rows]
-    handed: set[int] = set()
-    for report, result in zip(group, results, strict=True):
-        if not free:
-            break
-        if report.taker is not None and report.taker == after.pool:
-            command_id = free.pop(0)
-            result.handed = rows[command_id]
-            handed.add(command_id)
-    if not handed:
-        return after
-    return after._replace(notices=[r for r in after.notices if r.command_id not in handed])
 
 
 def _reported(group: list[_Report]) -> list[int]:

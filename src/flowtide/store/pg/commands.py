@@ -133,6 +133,7 @@ def issue(
     created: float,
     locked_until: float | None,
     attempts: int,
+    claimed: Sequence[int] = (),
 ) -> Pending[Issued]:
     """Set the pool of commands just written, add their outbox rows (notification
     `payloads[i]` for `command_ids[i]`, in that order, on `subject`) and read the log's
@@ -140,13 +141,17 @@ def issue(
     each statement less is ~0.1 ms of the issue's path).
 
     `locked_until` and `attempts`: a row the writer publishes itself is written locked
-    (the relay leaves it alone until then) and counted as one attempt.
+    (the relay leaves it alone until then) and counted as one attempt. The rows of
+    `claimed` (commands claimed in the same transaction: nothing to notify) are written
+    published at `created`.
     """
     cur = conn.execute(
         "WITH p AS (UPDATE command SET pool = %s WHERE command_id = ANY(%s)),"
         " o AS (INSERT INTO outbox (execution_id, command_id, subject, payload,"
-        " created, locked_until, attempts)"
-        " SELECT %s, u.command_id, %s, u.payload, %s, %s, %s"
+        " created, published, locked_until, attempts)"
+        " SELECT %s, u.command_id, %s, u.payload, %s,"
+        " CASE WHEN u.command_id = ANY(%s::bigint[]) THEN %s END,"
+        " CASE WHEN u.command_id = ANY(%s::bigint[]) THEN NULL ELSE %s END, %s"
         " FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY"
         " AS u(command_id, payload, n) ORDER BY u.n RETURNING id, command_id)"
         f" SELECT o.id, o.command_id, ({LAST_SEQ}) FROM o",
@@ -156,6 +161,9 @@ def issue(
             execution_id,
             subject,
             created,
+            list(claimed),
+            created,
+            list(claimed),
             locked_until,
             attempts,
             command_ids,
@@ -221,11 +229,23 @@ def claim(
     lease_until: float,
 ) -> None:
     """Give the commands to `worker_id` with a lease until `lease_until`."""
+    claim_each(conn, [(c, worker_id) for c in command_ids], now=now, lease_until=lease_until)
+
+
+def claim_each(
+    conn: psycopg.Connection,
+    claims: Sequence[tuple[int, str]],
+    *,
+    now: float,
+    lease_until: float,
+) -> None:
+    """Give each command (`claims`: command id, worker id) to its worker with a lease
+    until `lease_until`."""
     with conn.cursor() as cur:
         cur.executemany(
             "UPDATE command SET status = 'claimed', worker_id = %s, claimed = %s,"
             " lease_until = %s, updated = %s WHERE command_id = %s",
-            [(worker_id, now, lease_until, now, c) for c in command_ids],
+            [(worker_id, now, lease_until, now, c) for c, worker_id in claims],
         )
 
 

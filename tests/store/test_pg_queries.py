@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from flowtide.engine import events as ev
 from flowtide.store import pg
@@ -285,3 +286,46 @@ def test_worker_registration_and_takeover(store: PostgresStore) -> None:
         assert pg.workers.deregister(conn, "w1", 61.0)
         assert [w.status for w in pg.workers.list_all(conn)] == ["stopped"]
         assert pg.workers.get(conn, "nobody") is None
+
+
+def _rows_read(plan: dict[str, Any]) -> int:
+    """The most rows any node of an EXPLAIN ANALYZE plan produced or filtered out."""
+    here = int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+    return max([here, *(_rows_read(p) for p in plan.get("Plans", []))])
+
+
+def test_event_lookups_probe_the_key_even_under_a_generic_plan(store: PostgresStore) -> None:
+    """known_ids and issue_times run on every step and claim, prepared by psycopg after
+    their fifth run. Under a generic plan (what PostgreSQL may switch a prepared
+    statement to) they must still look each id up, not read the execution's whole log
+    (which grows by the iteration)."""
+    # Never analyzed (as a new database's log is until autovacuum gets to it): the
+    # planner's default estimates.
+    with store.transaction("t") as conn:
+        conn.execute(
+            "INSERT INTO event (execution_id, event_id, type, time)"
+            " SELECT 1000 + mod(g, 4), 100000 + g, 'x', 0 FROM generate_series(1, 30000) g"
+        )
+        conn.execute(
+            "INSERT INTO event (execution_id, event_id, type, time)"
+            " SELECT %s, g, 'x', 0 FROM generate_series(1, 20000) g",
+            (EXECUTION,),
+        )
+    ids = [7, 19_999, 40_000]
+    with store.transaction("t") as conn:
+        assert pg.events.known_ids(conn, EXECUTION, ids).result() == {7, 19_999}
+        assert set(pg.events.issue_times(conn, [EXECUTION], ids).result()) == {7, 19_999}
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(
+            "PREPARE probes(bigint[], bigint[]) AS "
+            + pg.events._PROBES.replace("%s", "$1", 1).replace("%s", "$2", 1)
+        )
+        doc = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probes({}, {})").format(
+                sql.Literal([EXECUTION]), sql.Literal(ids)
+            )
+        ).fetchone()
+        conn.execute("DEALLOCATE probes")
+    assert doc is not None
+    plan = doc[0][0]["Plan"]
+    assert _rows_read(plan) <= len(ids), json.dumps(plan, indent=1)

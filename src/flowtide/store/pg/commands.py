@@ -150,8 +150,8 @@ def issue(
         " o AS (INSERT INTO outbox (execution_id, command_id, subject, payload,"
         " created, published, locked_until, attempts)"
         " SELECT %s, u.command_id, %s, u.payload, %s,"
-        " CASE WHEN u.command_id = ANY(%s::bigint[]) THEN %s END,"
-        " CASE WHEN u.command_id = ANY(%s::bigint[]) THEN NULL ELSE %s END, %s"
+        " CASE WHEN u.command_id = ANY(%s::bigint[]) THEN %s::float8 END,"
+        " CASE WHEN u.command_id = ANY(%s::bigint[]) THEN NULL ELSE %s::float8 END, %s"
         " FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY"
         " AS u(command_id, payload, n) ORDER BY u.n RETURNING id, command_id)"
         f" SELECT o.id, o.command_id, ({LAST_SEQ}) FROM o",

@@ -592,13 +592,16 @@ class Stepper:
         if trace.enabled:
             trace.marks([c.command_id for c in after.out.commands], "issued")
         _count(after.pool, after.results, after.out)
-        if after.notices and self.publish is not None:
-            self.publish(after.notices)
-            # Two turns of the loop: the publish task hands the notifications to the
-            # NATS client, its flusher writes them to the socket. Without them the
-            # notifications would wait behind the caller's HTTP reply (~1 ms).
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
+        if self.publish is not None:
+            # This process publishes what it commits (the commands claimed for reporting
+            # workers have nothing to publish): no relay pass.
+            if after.notices:
+                self.publish(after.notices)
+                # Two turns of the loop: the publish task hands the notifications to the
+                # NATS client, its flusher writes them to the socket. Without them the
+                # notifications would wait behind the caller's HTTP reply (~1 ms).
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
         elif after.out.commands and self.on_outbox is not None:
             self.on_outbox()
         if after.out.finished and self.loopstate is not None:

@@ -156,12 +156,20 @@ PUBLIC_PATHS: Final = frozenset(
 )
 
 
-def caller(request: Request) -> Principal:
-    """The request's principal (a dependency for routes that scope what they do by it)."""
+def principal_of(request: Request) -> Principal:
+    """The request's principal, as the Gate authenticated it."""
     principal = request.scope.get(PRINCIPAL)
     if principal is None:  # only a public route gets here without one
         raise AuthError("authentication required", status=401)
     return principal  # type: ignore[no-any-return]
+
+
+async def caller(request: Request) -> Principal:
+    """The request's principal (a dependency for routes that scope what they do by it).
+    A coroutine, though it never waits: FastAPI runs a plain function dependency in its
+    thread pool, a thread hop on every request that names its caller (worker reports
+    included)."""
+    return principal_of(request)
 
 
 _BEARER: Final = HTTPBearer(
@@ -188,7 +196,7 @@ async def authorize(
         raise AuthError(f"{method} {path} has no access rule", status=403)
     if rule.public or (path == "/metrics" and request.scope.get(PRINCIPAL) is ANONYMOUS):
         return
-    principal = caller(request)
+    principal = principal_of(request)
     if not rule.admits(principal):
         needed = " or ".join(rule.roles)
         raise AuthError(

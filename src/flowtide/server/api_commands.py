@@ -114,11 +114,12 @@ async def post_events(
 
 @router.post(
     REPORTS_PATH,
+    response_model=dict[str, Any],
     responses=problem_responses((404, "The worker id was never registered.")),
 )
 async def post_reports(
     body: WorkerReports, who: Caller, coord: CoordinatorDep, workers: RegistryDep
-) -> dict[str, Any]:
+) -> JSONResponse:
     """Several worker reports at once (each one command's events), of any executions.
 
     `results` has one entry per report, in order: `{"code": 200, "accepted",
@@ -193,7 +194,9 @@ async def post_reports(
                 if trace.enabled:
                     trace.mark("claimed", won.command.command_id)
         reply["executions"] = {str(k): v.to_dict() for k, v in batch.executions.items()}
-    return reply
+    # JSON types only: encoded as is, not through the response model's validation (a
+    # worker's busiest request).
+    return JSONResponse(reply)
 
 
 @router.post(

@@ -52,21 +52,25 @@ class Puller:
 
         self._sub = await self.nc.subscribe(self._inbox, cb=deliver)
 
-    async def ask(self, free: int) -> None:
+    async def ask(self, free: int, *, top_up: bool = False) -> bool:
         """Ask for messages up to `free` minus what is already asked for; small top-ups
-        wait until a quarter of the slots are free, so that a busy worker keeps a few
-        requests open rather than one per finished command."""
+        wait until a quarter of the slots are free (or the caller says `top_up`), so
+        that a busy worker keeps a few requests open rather than one per finished
+        command. True when a top-up was left for later."""
         now = time.monotonic()
         if self.credit and now - self._asked_at > self.expires + 2.0:
             self.credit = 0  # every request asked for has expired by now
         want = free - self.credit
-        if want <= 0 or (self.credit and want < max(1, free // 4)):
-            return
+        if want <= 0:
+            return False
+        if self.credit and want < max(1, free // 4) and not top_up:
+            return True
 
         body = {"batch": want, "expires": int(self.expires * 1e9)}
         await self.nc.publish(self.subject, json.dumps(body).encode(), reply=self._inbox)
         self.credit += want
         self._asked_at = now
+        return False
 
     async def take(self, timeout: float) -> list[Any]:
         """The messages that arrived (at least one, or none after `timeout` seconds)."""

@@ -48,6 +48,9 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("flowtide.worker")
 
+#: Seconds a small top-up of the pull requests waits for more slots to free up.
+TOP_UP_WAIT = 0.05
+
 
 class Worker:
     """Claims and runs commands of one pool until `stop()`."""
@@ -272,11 +275,19 @@ class Worker:
 
     async def _ask(self, puller: Puller) -> None:
         """Keep pull requests open for the free slots: asks again when a slot frees up, a
-        request ends, or nothing arrived for a second."""
+        request ends, or nothing arrived for a second. A small top-up left for later is
+        asked for after TOP_UP_WAIT at the latest: a slot that runs handed-over commands
+        never frees up, and a notification nobody asked for would wait for the second."""
+        deferred = False
         while True:
             self._slot_freed.clear()
-            await puller.ask(self.concurrency - self._taken)
-            await self._slot_freed.wait()
+            deferred = await puller.ask(self.concurrency - self._taken, top_up=deferred)
+            if not deferred:
+                await self._slot_freed.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TOP_UP_WAIT):
+                    await self._slot_freed.wait()
 
     def _release(self, n: int = 1) -> None:
         self._taken -= n

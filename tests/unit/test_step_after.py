@@ -1,4 +1,5 @@
-"""What follows a committed step (`Stepper.after`): who publishes its commands."""
+"""What follows a committed step (`Stepper.after`): who publishes its commands; and what
+a step hands to the workers whose reports it takes (`Stepper._hand_over`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import asyncio
 from typing import Any
 
 from flowtide.engine.events import Command
+from flowtide.engine.state import ExecutionState
+from flowtide.ids import Snowflake
+from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.advance import Advance
-from flowtide.server.steps import After, Stepper, SubmitResult
+from flowtide.server.steps import After, Stepper, SubmitResult, Taker
 from flowtide.store.pg.outbox import OutboxRow
 
 
@@ -49,3 +53,53 @@ def test_without_publishing_the_relay_is_woken() -> None:
     stepper.on_outbox = lambda: pokes.append(1)
     _run(stepper, _after([Command(1, 7, "work")], []))
     assert pokes == [1]
+
+
+# -- what a step hands to the reporting workers (`Stepper._hand_over`) ---------------------
+
+PLAYBOOK = """
+workflow:
+  - step: work
+    tool: {kind: noop}
+"""
+
+
+def _state() -> ExecutionState:
+    return ExecutionState(parse_playbook(PLAYBOOK), 7)
+
+
+def test_each_taker_of_the_pool_gets_the_next_command_in_order() -> None:
+    stepper = Stepper(None, None, None, Snowflake(), None)  # type: ignore[arg-type]
+    state = _state()
+    before = state.event_count
+    commands = [Command(c, 7, "work", attempt=2, issued_event_id=100 + c) for c in (1, 2)]
+    results = [SubmitResult() for _ in range(4)]
+    takers = [
+        Taker("w-other-pool", "gpu"),  # another pool: nothing
+        Taker("w1", "default"),
+        None,  # did not ask
+        Taker("w2", "default"),
+    ]
+    claims = stepper._hand_over(state, "default", takers, commands, results)
+    assert results[0].handed is None and results[2].handed is None
+    first, second = results[1].handed, results[3].handed
+    assert first is not None and second is not None
+    assert (first.item.command_id, first.item.event_id, first.taken.attempt) == (1, 101, 2)
+    assert (second.item.command_id, second.item.event_id) == (2, 102)
+    # One command.claimed per command handed, for its worker, after its issue event,
+    # applied to the state (the step writes them with its events).
+    assert [(e.type, e.command_id, e.worker_id, e.parent_event_id) for e in claims] == [
+        ("command.claimed", 1, "w1", 101),
+        ("command.claimed", 2, "w2", 102),
+    ]
+    assert all(e.status == "claimed" and e.payload == {"attempt": 2} for e in claims)
+    assert state.event_count == before + 2
+
+
+def test_more_takers_than_commands_leaves_the_rest_without() -> None:
+    stepper = Stepper(None, None, None, Snowflake(), None)  # type: ignore[arg-type]
+    results = [SubmitResult(), SubmitResult()]
+    takers = [Taker("w1", "default"), Taker("w2", "default")]
+    commands = [Command(1, 7, "work", issued_event_id=101)]
+    claims = stepper._hand_over(_state(), "default", takers, commands, results)
+    assert len(claims) == 1 and results[0].handed is not None and results[1].handed is None

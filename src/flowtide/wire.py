@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from flowtide.engine.events import Command
@@ -65,8 +66,10 @@ __all__ = [
     "Report",
     "ReportResult",
     "ReportsReply",
+    "ShareCache",
     "command_filter",
     "command_subject",
+    "known_revisions",
     "pool_consumer",
     "read_reports_body",
     "reports_body",
@@ -229,15 +232,26 @@ class ClaimRequest:
 
     worker_id: str
     claims: Sequence[ClaimItem]
+    #: Execution id -> the revision of its share the worker holds (`known_revisions`).
+    known: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        body = {"worker_id": self.worker_id, "claims": [c.to_dict() for c in self.claims]}
+        body: dict[str, Any] = {
+            "worker_id": self.worker_id,
+            "claims": [c.to_dict() for c in self.claims],
+        }
+        if self.known:
+            body["known"] = dict(self.known)
         return json.dumps(body).encode()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> ClaimRequest:
         doc = json.loads(data)
-        return cls(str(doc["worker_id"]), [ClaimItem.from_dict(c) for c in doc["claims"]])
+        return cls(
+            str(doc["worker_id"]),
+            [ClaimItem.from_dict(c) for c in doc["claims"]],
+            dict(doc.get("known") or {}),
+        )
 
 
 @dataclass(slots=True)
@@ -305,27 +319,94 @@ class ClaimRefused:
 @dataclass(slots=True)
 class ExecutionShare:
     """What the commands of one execution in a claim reply share: the playbook they run,
-    the execution's context parts (`ExecutionState.context_parts`) and whether it is
-    being cancelled."""
+    the execution's context parts (`ExecutionState.context_parts`) as of `revision`
+    (`ExecutionState.context_rev`), and whether it is being cancelled.
+
+    A worker names the revisions it holds (`known` in a claim or reports request); when
+    the server's is the same, the reply carries only the revision and the cancelled flag
+    (`held`), and the worker runs the command against the share it has (`ShareCache`):
+    a loop over a long list is not sent the list again with every iteration."""
 
     playbook_text: str
     playbook_file: str | None
     context: dict[str, Any]
     cancelled: bool = False
+    revision: int = 0
+    #: Only the revision and the flag were sent: the worker holds the rest.
+    held: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        if self.held:
+            return {"revision": str(self.revision), "held": True, "cancelled": self.cancelled}
         return {
             "playbook": {"text": self.playbook_text, "file": self.playbook_file},
             "context": self.context,
             "cancelled": self.cancelled,
+            "revision": str(self.revision),
         }
+
+    def as_held(self) -> ExecutionShare:
+        """This share as sent to a worker that holds its revision."""
+        return ExecutionShare("", None, {}, self.cancelled, self.revision, held=True)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ExecutionShare:
+        revision = int(doc.get("revision") or 0)
+        cancelled = bool(doc.get("cancelled"))
+        if doc.get("held"):
+            return cls("", None, {}, cancelled, revision, held=True)
         playbook = doc["playbook"]
-        return cls(
-            playbook["text"], playbook.get("file"), doc["context"], bool(doc.get("cancelled"))
-        )
+        return cls(playbook["text"], playbook.get("file"), doc["context"], cancelled, revision)
+
+
+class ShareCache:
+    """The execution shares a worker holds, the latest revision of each (at most `size`
+    executions, the least recently used dropped first).
+
+    `known` names what a request may say it holds, and keeps those shares for the reply;
+    `resolve` turns a reply's shares into whole ones (a `held` one from what `known`
+    kept) and remembers them. Used from the worker's event loop only (not thread-safe)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._shares: OrderedDict[int, ExecutionShare] = OrderedDict()
+
+    def known(self, execution_ids: Iterable[int]) -> dict[int, ExecutionShare]:
+        """The shares held of these executions (what a request's `known` names)."""
+        out: dict[int, ExecutionShare] = {}
+        for eid in execution_ids:
+            share = self._shares.get(eid)
+            if share is not None and share.revision:
+                out[eid] = share
+        return out
+
+    def resolve(
+        self, shares: Mapping[int, ExecutionShare], kept: Mapping[int, ExecutionShare]
+    ) -> dict[int, ExecutionShare]:
+        """Whole shares for a reply's `shares` (`kept`: what `known` gave for its
+        request). Raises ValueError for a `held` share of a revision not kept (a server
+        that does not keep to the protocol)."""
+        out: dict[int, ExecutionShare] = {}
+        for eid, share in shares.items():
+            if share.held:
+                base = kept.get(eid)
+                if base is None or base.revision != share.revision:
+                    raise ValueError(
+                        f"execution {eid}: the server left out revision {share.revision}"
+                        " of its context, which this worker does not hold"
+                    )
+                share = replace(base, cancelled=share.cancelled)
+            out[eid] = share
+            self._shares[eid] = share
+            self._shares.move_to_end(eid)
+        while len(self._shares) > self.size:
+            self._shares.popitem(last=False)
+        return out
+
+
+def known_revisions(kept: Mapping[int, ExecutionShare]) -> dict[str, str]:
+    """A request's `known`: execution id -> the revision of its share the worker holds."""
+    return {str(eid): str(share.revision) for eid, share in kept.items()}
 
 
 @dataclass(slots=True)
@@ -389,12 +470,16 @@ class Report:
         return cls(int(doc["execution_id"]), list(doc["events"]), bool(doc.get("take")))
 
 
-def reports_body(worker_id: str, encoded: Sequence[bytes]) -> bytes:
-    """The body of REPORTS_PATH from reports already encoded (`Report.to_json`)."""
+def reports_body(
+    worker_id: str, encoded: Sequence[bytes], known: Mapping[str, str] | None = None
+) -> bytes:
+    """The body of REPORTS_PATH from reports already encoded (`Report.to_json`);
+    `known` as a claim's (`ClaimRequest.known`)."""
     return b"".join(
         (
             b'{"worker_id":',
             json.dumps(worker_id).encode(),
+            b',"known":' + json.dumps(dict(known)).encode() if known else b"",
             b',"reports":[',
             b",".join(encoded),
             b"]}",

@@ -485,6 +485,64 @@ def test_batch_claims_and_reports_answer_each_item_as_if_alone(stack: Stack) -> 
         client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
 
 
+def test_a_worker_is_not_sent_the_context_it_holds_again(stack: Stack) -> None:
+    """A claim or a report naming the revision of an execution's share the worker holds
+    (`known`) is answered with the revision and the cancelled flag only; a claim naming
+    another revision, or none, gets the whole share."""
+    playbook = LOOP.replace("max_in_flight: 16", "max_in_flight: 3").replace(
+        "count: 500, pause: 0.25", "count: 4, pause: 0"
+    )
+    with (
+        stack.client(timeout=30) as client,
+        stack.worker_client("t0", pool="idle") as worker,
+    ):
+        eid, issued = _waiting_commands(client, playbook, 3)
+
+        def claim(event: dict[str, Any], known: dict[str, str] | None = None) -> Any:
+            item = {k: event[k] for k in ("event_id", "command_id")}
+            body: dict[str, Any] = {"worker_id": "t0", "claims": [{**item, "execution_id": eid}]}
+            if known is not None:
+                body["known"] = known
+            r = worker.post("/api/commands/claim", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        whole = claim(issued[0])["executions"][eid]
+        revision = whole["revision"]
+        assert int(revision) > 0 and "kill_loop" in whole["playbook"]["text"]
+        held = claim(issued[1], {eid: revision})
+        assert held["results"][0]["code"] == 200
+        assert held["executions"][eid] == {"revision": revision, "held": True, "cancelled": False}
+        other = claim(issued[2], {eid: str(int(revision) + 1)})["executions"][eid]
+        assert other["context"] == whole["context"] and other["revision"] == revision
+
+        # A report that takes the next command: its share comes as held too.
+        done = _completed(eid, issued[0], "t0", Snowflake().next_id())
+        body = {
+            "worker_id": "t0",
+            "known": {eid: revision},
+            "reports": [{"execution_id": eid, "events": [done], "take": True}],
+        }
+        r = worker.post("/api/events/reports", json=body)
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert doc["results"][0]["claimed"]["element"] == 3
+        assert doc["executions"][eid] == {"revision": revision, "held": True, "cancelled": False}
+
+        # `known` is checked like any field.
+        item = {k: issued[0][k] for k in ("event_id", "command_id")}
+        r = worker.post(
+            "/api/commands/claim",
+            json={
+                "worker_id": "t0",
+                "claims": [{**item, "execution_id": eid}],
+                "known": {"not-an-id": "1"},
+            },
+        )
+        assert r.status_code == 422 and "known" in r.json()["error"]["message"]
+        client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+
+
 def test_cancel_goes_down_to_sub_playbooks(stack: Stack) -> None:
     with stack.client(timeout=30) as client:
         assert client.post("/api/catalog/register", json={"content": SLOW_CHILD}).status_code < 300

@@ -23,8 +23,10 @@ from flowtide.wire import (
     Report,
     ReportResult,
     ReportsReply,
+    ShareCache,
     command_filter,
     command_subject,
+    known_revisions,
     pool_consumer,
     read_reports_body,
     reports_body,
@@ -236,3 +238,66 @@ def test_the_worker_imports_no_server() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def _share(revision: int, cancelled: bool = False) -> ExecutionShare:
+    return ExecutionShare(
+        "apiVersion: noetl.io/v2\n",
+        "flows/a.yaml",
+        {"workload": {}, "results": {"start": {"result": list(range(50)), "tasks": None}}},
+        cancelled,
+        revision,
+    )
+
+
+def test_a_held_share_is_sent_without_playbook_or_context() -> None:
+    whole = _share(BIG + 5)
+    reply = ClaimReply([], {BIG: whole.as_held()})
+    doc = json.loads(json.dumps(reply.to_dict()))
+    assert doc["executions"][str(BIG)] == {
+        "revision": str(BIG + 5),
+        "held": True,
+        "cancelled": False,
+    }
+    back = ClaimReply.from_json(json.dumps(doc))
+    assert back.executions[BIG].held and back.executions[BIG].revision == BIG + 5
+    # A whole share says its revision too.
+    assert ExecutionShare.from_dict(json.loads(json.dumps(whole.to_dict()))) == whole
+
+
+def test_the_worker_fills_a_held_share_from_the_one_it_named() -> None:
+    cache = ShareCache()
+    assert cache.known([BIG]) == {}
+    first = cache.resolve({BIG: _share(10)}, {})
+    assert first[BIG].context["results"]["start"]["result"] == list(range(50))
+    kept = cache.known([BIG, 3])
+    assert known_revisions(kept) == {str(BIG): "10"}
+    # The server has the same revision: only the flag comes, the rest is the worker's.
+    again = cache.resolve({BIG: _share(10, cancelled=True).as_held()}, kept)
+    assert again[BIG].cancelled and again[BIG].context == first[BIG].context
+    assert again[BIG].playbook_file == "flows/a.yaml" and not again[BIG].held
+    # A newer revision replaces it.
+    cache.resolve({BIG: _share(11)}, kept)
+    assert cache.known([BIG])[BIG].revision == 11
+    # A held share of a revision the request did not name cannot be filled.
+    with pytest.raises(ValueError, match="revision 12"):
+        cache.resolve({BIG: _share(12).as_held()}, cache.known([BIG]))
+
+
+def test_the_share_cache_keeps_the_most_recently_used() -> None:
+    cache = ShareCache(size=2)
+    for eid in (1, 2, 3):
+        cache.resolve({eid: _share(eid)}, {})
+    assert set(cache.known([1, 2, 3])) == {2, 3}
+    # Revision 0 (a server that does not number them) is never named.
+    cache.resolve({4: _share(0)}, {})
+    assert set(cache.known([4])) == set()
+
+
+def test_requests_name_the_revisions_the_worker_holds() -> None:
+    request = ClaimRequest("w-1", [ClaimItem(BIG, 2, 3)], {str(BIG): "10"})
+    assert ClaimRequest.from_json(request.to_json()) == request
+    assert "known" not in json.loads(ClaimRequest("w-1", []).to_json())
+    body = json.loads(reports_body("w-1", [Report(BIG, []).to_json()], {str(BIG): "10"}))
+    assert body["known"] == {str(BIG): "10"}
+    assert "known" not in json.loads(reports_body("w-1", [Report(BIG, []).to_json()]))

@@ -123,6 +123,11 @@ class ExecutionState:
         # one is sealed, what is shown is masked. Never part of the render context.
         self.secrets: frozenset[str] = frozenset()
         self._base: dict[str, Any] | None = None
+        #: The id of the last event that changed `context_parts()` (0: none yet). The
+        #: same log gives the same revision in every process, so a worker holding the
+        #: parts of a revision need not be sent them again (`wire.ExecutionShare`).
+        self.context_rev: int = 0
+        self._applying: int = 0
 
     # -- reading -----------------------------------------------------------------------
 
@@ -165,7 +170,10 @@ class ExecutionState:
     # -- applying ----------------------------------------------------------------------
 
     def _touch(self) -> None:
+        """The context parts changed (every handler that changes what `context_parts`
+        reads calls this)."""
         self._base = None
+        self.context_rev = self._applying
 
     def apply(self, event: Event) -> None:
         """Apply one event. Events of other executions are a programming error."""
@@ -173,6 +181,7 @@ class ExecutionState:
         self.event_count += 1
         handler = _APPLY.get(event.type)
         if handler is not None:
+            self._applying = event.event_id
             handler(self, event)
 
     def _on_initialized(self, event: Event) -> None:
@@ -191,6 +200,8 @@ class ExecutionState:
         rec.error = None
         self.active.add(step)
         self.waiting.discard(step)
+        # A step entered again leaves the context until it has a result (context_parts).
+        self._touch()
 
     def _on_loop_started(self, event: Event) -> None:
         payload = event.payload or {}

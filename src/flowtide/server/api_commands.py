@@ -193,7 +193,8 @@ async def post_reports(
                 results[i]["claimed"] = won.to_dict()
                 if trace.enabled:
                     trace.mark("claimed", won.command.command_id)
-        reply["executions"] = {str(k): v.to_dict() for k, v in batch.executions.items()}
+        shares = batch.shares_for(body.known_revisions())
+        reply["executions"] = {str(k): v.to_dict() for k, v in shares.items()}
     # JSON types only: encoded as is, not through the response model's validation (a
     # worker's busiest request).
     return JSONResponse(reply)
@@ -265,8 +266,9 @@ async def claim_many(
     "iterator": ..., "element": ..., "lease": ...}` for a command won, or `{"code":
     403|404|409, "error": ...}` as `POST /api/commands/{event_id}/claim` would have
     answered (403: a command of another pool than the worker's). `executions` holds,
-    once per execution, what its commands share: `playbook`, `context`,
-    `cancelled`."""
+    once per execution, what its commands share: `playbook`, `context`, `cancelled`
+    and the context's `revision`; only `revision`, `cancelled` and `held: true` when
+    `known` names that revision (the worker holds the rest)."""
     row = await workers.require(who, body.worker_id)
     batch = await coord.claim_many(
         body.worker_id,
@@ -278,7 +280,7 @@ async def claim_many(
     ]
     if trace.enabled:
         trace.marks([r.command.command_id for r in results if isinstance(r, Claimed)], "claimed")
-    return ClaimReply(results, batch.executions).to_dict()
+    return ClaimReply(results, batch.shares_for(body.known_revisions())).to_dict()
 
 
 @router.get("/api/commands/{event_id:int}", responses=problem_responses(404))

@@ -40,6 +40,14 @@ class ClaimBatch:
     results: list[Claimed | Exception] = field(default_factory=list)
     executions: dict[int, ExecutionShare] = field(default_factory=dict)
 
+    def shares_for(self, known: Mapping[int, int]) -> dict[int, ExecutionShare]:
+        """`executions` as sent to a worker holding the revisions `known` names: the
+        shares it holds with their revision and cancelled flag only."""
+        return {
+            eid: share.as_held() if known.get(eid) == share.revision else share
+            for eid, share in self.executions.items()
+        }
+
 
 @dataclass
 class Taken:
@@ -182,7 +190,7 @@ class Claims:
             cancelled = got.stopping or snap.status in ("cancelling", "cancelled")
             if shared is None:
                 batch.executions[item.execution_id] = ExecutionShare(
-                    snap.playbook.text, snap.playbook.file, snap.parts, cancelled
+                    snap.playbook.text, snap.playbook.file, snap.parts, cancelled, snap.revision
                 )
             elif cancelled:
                 shared.cancelled = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 
 from flowtide.engine.events import Event
 from flowtide.server.fields import INTEGRAL, Id, Int, PositiveId, RequestBody
@@ -86,9 +86,25 @@ class ClaimManyItem(RequestBody):
     command_id: Id
 
 
+#: Execution id -> the revision of its context the worker holds (`wire.ExecutionShare`).
+Known = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=r"^[0-9]{1,19}$")], Id],
+    Field(
+        max_length=1000,
+        description="Execution id -> the revision of the execution's share (`executions`"
+        " in the reply) this worker holds. The reply leaves out the playbook and context"
+        " of a share whose revision is the one named (`held: true`).",
+    ),
+]
+
+
 class ClaimMany(RequestBody):
     worker_id: str = Field(min_length=1, max_length=200)
     claims: list[ClaimManyItem] = Field(min_length=1, max_length=1000)
+    known: Known = Field(default_factory=dict)
+
+    def known_revisions(self) -> dict[int, int]:
+        return {int(k): v for k, v in self.known.items()}
 
 
 class WorkerReport(RequestBody):
@@ -104,6 +120,10 @@ class WorkerReport(RequestBody):
 class WorkerReports(RequestBody):
     worker_id: str | None = None
     reports: list[WorkerReport] = Field(min_length=1, max_length=1000)
+    known: Known = Field(default_factory=dict)
+
+    def known_revisions(self) -> dict[int, int]:
+        return {int(k): v for k, v in self.known.items()}
 
 
 class CancelRequest(RequestBody):

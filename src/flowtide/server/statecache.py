@@ -149,6 +149,8 @@ class Snapshot:
     status: str
     commands: dict[int, CommandRecord]
     loops: dict[tuple[str, int], LoopRecord]
+    #: `ExecutionState.context_rev` of `parts`.
+    revision: int = 0
 
     @classmethod
     def of(cls, state: ExecutionState) -> Snapshot:
@@ -158,6 +160,7 @@ class Snapshot:
             state.status,
             dict(state.commands),
             dict(state.loops),
+            state.context_rev,
         )
 
 

@@ -19,6 +19,8 @@ from flowtide.wire import (
     ClaimRequest,
     ExecutionShare,
     Notification,
+    ShareCache,
+    known_revisions,
 )
 from flowtide.worker._api import Api
 
@@ -33,11 +35,14 @@ async def claim(
     msgs: list[Any],
     release: Callable[[int], None],
     shards: int = 1,
+    cache: ShareCache | None = None,
 ) -> list[tuple[Claimed, ExecutionShare]]:
     """Claim the notifications `msgs` and settle them (ack, nak or term): one request
     per shard of a cluster of `shards` (each to the shard that owns the executions, at
-    once); the commands won, each with what its execution's commands share.
+    once); the commands won, each with what its execution's commands share (`cache`:
+    the shares the worker holds, named in the request and kept up to date).
     `release(n)` gives back the slots of the notifications that won nothing."""
+    cache = cache if cache is not None else ShareCache()
     delivered = time.time()
     by_shard: dict[int | None, tuple[list[Notification], list[Any]]] = {}
     for msg in msgs:
@@ -57,11 +62,11 @@ async def claim(
         trace.mark("delivered", note.command_id, delivered)
     if len(by_shard) == 1:
         [(shard, (notes, kept))] = by_shard.items()
-        return await _claim(api, worker_id, notes, kept, release, shard)
+        return await _claim(api, worker_id, notes, kept, release, shard, cache)
     won: list[tuple[Claimed, ExecutionShare]] = []
     for part in await asyncio.gather(
         *(
-            _claim(api, worker_id, notes, kept, release, shard)
+            _claim(api, worker_id, notes, kept, release, shard, cache)
             for shard, (notes, kept) in by_shard.items()
         )
     ):
@@ -76,16 +81,19 @@ async def _claim(
     kept: list[Any],
     release: Callable[[int], None],
     shard: int | None,
+    cache: ShareCache,
 ) -> list[tuple[Claimed, ExecutionShare]]:
     if not notes:
         return []
-    request = ClaimRequest(worker_id, [n.claim_item() for n in notes])
+    held = cache.known({n.execution_id for n in notes})
+    request = ClaimRequest(worker_id, [n.claim_item() for n in notes], known_revisions(held))
     if trace.enabled:
         trace.marks([n.command_id for n in notes], "claim")
     try:
         r = await api.post_json(CLAIM_PATH, request.to_json(), shard=shard)
         r.raise_for_status()
         reply = ClaimReply.from_json(r.body)
+        shares = cache.resolve(reply.executions, held)
     except Exception as exc:  # noqa: BLE001 - the notifications come back later
         log.warning("claim of %d commands failed: %s", len(notes), exc)
         for msg in kept:
@@ -103,7 +111,7 @@ async def _claim(
     won = []
     for result in reply.results:
         if isinstance(result, Claimed):
-            won.append((result, reply.executions[result.command.execution_id]))
+            won.append((result, shares[result.command.execution_id]))
         else:
             release(1)
     return won

@@ -18,6 +18,8 @@ from flowtide.wire import (
     ExecutionShare,
     Report,
     ReportsReply,
+    ShareCache,
+    known_revisions,
     reports_body,
 )
 from flowtide.worker._api import Api
@@ -62,8 +64,12 @@ class Reporter:
         *,
         max_batch: int = 256,
         max_bytes: int = 4 * 1024 * 1024,
+        shares: ShareCache | None = None,
     ) -> None:
         self.worker_id = worker_id
+        #: The execution shares this worker holds (a handed command's comes with the
+        #: reply, left out when the request says the worker holds its revision).
+        self.shares = shares if shares is not None else ShareCache()
         self.patience = patience
         self.max_batch = max_batch
         # Well under the server's request cap (16 MiB by default): a batch holds reports
@@ -159,7 +165,8 @@ class Reporter:
 
     async def _post(self, client: Api, batch: list[_Pending], shard: int | None) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""
-        body = reports_body(self.worker_id, [p.raw for p in batch])
+        kept = self.shares.known({p.execution_id for p in batch})
+        body = reports_body(self.worker_id, [p.raw for p in batch], known_revisions(kept))
         if trace.enabled:
             trace.marks([p.command_id for p in batch], "report")
         try:
@@ -175,6 +182,13 @@ class Reporter:
             return None
         problem = None
         reply = ReportsReply.from_json(r.body)
+        try:
+            shares = self.shares.resolve(reply.executions, kept)
+        except ValueError as exc:
+            # Cannot happen with a server of this version: the reports were taken, the
+            # handed commands run nowhere (their leases run out and they are issued again).
+            log.error("reports reply: %s", exc)
+            shares = {}
         for p, result in zip(batch, reply.results, strict=True):
             if result.code >= 500:
                 problem = f"HTTP {result.code}: {result.message}"
@@ -183,7 +197,7 @@ class Reporter:
                 # 409: stale (the command was issued again meanwhile).
                 log.warning("report for execution %s refused: %s", p.execution_id, result.to_dict())
             claimed = result.claimed
-            share = reply.executions.get(claimed.command.execution_id) if claimed else None
+            share = shares.get(claimed.command.execution_id) if claimed else None
             if claimed is not None:
                 trace.mark("answered", claimed.command.command_id)
             p.done.set_result(

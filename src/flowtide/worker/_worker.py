@@ -34,6 +34,7 @@ from flowtide.wire import (
     RELEASE_PATH,
     Claimed,
     ExecutionShare,
+    ShareCache,
     pool_consumer,
     worker_inbox,
 )
@@ -117,7 +118,9 @@ class Worker:
         self._slot_freed = asyncio.Event()
         # Reports are retried while the server is away for up to four leases (the
         # register reply sets the lease).
-        self._reports = Reporter(self.worker_id, 120.0)
+        #: The execution shares (playbook, context) this worker holds, by revision.
+        self._shares = ShareCache()
+        self._reports = Reporter(self.worker_id, 120.0, shares=self._shares)
         self._sync = httpx.Client(
             base_url=self.server, timeout=30.0, headers=self._headers, verify=self._tls
         )
@@ -424,7 +427,9 @@ class Worker:
     async def _claim(self, msgs: list[Any], tasks: set[asyncio.Task[None]]) -> None:
         """Claim the notifications that arrived together (one request per shard), ack
         them, and start the commands won."""
-        won = await claim(self.client, self.worker_id, msgs, self._release, self.shards)
+        won = await claim(
+            self.client, self.worker_id, msgs, self._release, self.shards, self._shares
+        )
         for claimed, share in won:
             task = asyncio.create_task(self._handle(claimed, share))
             tasks.add(task)

@@ -405,3 +405,40 @@ def test_steps_read_variables_set_through_the_api(stack: Stack) -> None:
             "event_id": variables["from_playbook"]["event_id"],
             "source": "wait",
         }
+
+
+def test_summary_gives_each_step_its_status_loop_counts_and_the_graph(stack: Stack) -> None:
+    """`GET /api/executions/{id}/summary` (the UI's execution page): per step status,
+    runs, times and loop counts, the arcs taken and the playbook's layered graph, without
+    step results; a reader may read it, an unauthenticated caller may not."""
+    with stack.client(timeout=60) as client:
+        eid = _start(client, STEPS)
+        _wait(client, eid)
+        with stack.client("reader", timeout=30) as reader:
+            r = reader.get(f"/api/executions/{eid}/summary")
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert doc["execution_id"] == eid and doc["status"] == "completed"
+        assert doc["playbook"]["path"] == "tests/dist/steps"
+        assert doc["progress"] == {
+            "steps": 3,
+            "steps_finished": 3,
+            "iterations": 4,
+            "iterations_done": 4,
+            "iterations_failed": 0,
+        }
+        middle = doc["steps"]["middle"]
+        assert middle["loop"]["total"] == 4 and middle["loop"]["succeeded"] == 4
+        assert middle["started"] <= middle["ended"] and middle["duration"] >= 0
+        assert {(t["from"], t["to"]) for t in doc["taken"]} == {
+            ("start", "middle"),
+            ("middle", "finish"),
+        }
+        layers = {n["name"]: n["layer"] for n in doc["graph"]["nodes"]}
+        assert layers == {"start": 0, "middle": 1, "finish": 2}
+        assert '"i": 3' not in r.text and "done" not in json.dumps(doc["steps"]["finish"])
+
+        missing = client.get("/api/executions/12345/summary")
+        assert missing.status_code == 404
+    anonymous = httpx.get(f"{stack.url}/api/executions/{eid}/summary", timeout=10)
+    assert anonymous.status_code == 401

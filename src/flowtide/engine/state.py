@@ -25,6 +25,9 @@ class StepRecord:
     error: dict[str, Any] | None = None
     tasks: dict[str, Any] | None = None  # per-task results of a multi-task step
     outcome: str = "call.done"  # event name seen by arcs: call.done | call.error | loop.done
+    # When its last run entered and exited (event times; None: not yet).
+    started: float | None = None
+    ended: float | None = None
 
 
 @dataclass
@@ -108,6 +111,8 @@ class ExecutionState:
         self.loops: dict[tuple[str, int], LoopRecord] = {}
         self.current_loop: dict[str, int] = {}
         self.commands: dict[int, CommandRecord] = {}
+        # (from, to) -> how many times a step's exit took that arc.
+        self.taken: dict[tuple[str, str], int] = {}
         self.last_finished: str | None = None
         self.error: dict[str, Any] | None = None
         self.parent_execution_id: int | None = None
@@ -198,6 +203,7 @@ class ExecutionState:
         rec.runs += 1
         rec.status = "running"
         rec.error = None
+        rec.started, rec.ended = event.time, None
         self.active.add(step)
         self.waiting.discard(step)
         # A step entered again leaves the context until it has a result (context_parts).
@@ -344,6 +350,7 @@ class ExecutionState:
         payload = event.payload or {}
         rec = self.steps[step]
         rec.status = event.status or "completed"
+        rec.ended = event.time
         if event.error:
             rec.error = event.error
         self.active.discard(step)
@@ -351,6 +358,7 @@ class ExecutionState:
         if updates:
             self.ctx = {**self.ctx, **updates}
         for target in payload.get("next") or []:
+            self.taken[(step, target)] = self.taken.get((step, target), 0) + 1
             if len(self.playbook.upstreams.get(target, ())) > 1:
                 self.waiting.add(target)
         if rec.status == "completed":

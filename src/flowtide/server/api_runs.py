@@ -24,6 +24,8 @@ from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest
 from flowtide.store import pg
+from flowtide.ui.graph import playbook_graph
+from flowtide.ui.summary import execution_summary
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
     CHILD_RESULT_PATH,
@@ -181,6 +183,34 @@ async def get_execution(
     doc: dict[str, Any] = mask_value(execution_document(state), state.secrets)
     row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
     doc["playbook"] = row.playbook_path or row.playbook_file
+    return doc
+
+
+@router.get("/api/executions/{execution_id}/summary", responses=problem_responses(404))
+async def get_execution_summary(
+    execution_id: IdPath,
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
+) -> dict[str, Any]:
+    """An execution at a glance, for the UI: per step its status, runs, times, error and
+    loop counts (`steps`), the arcs taken (`taken`), the progress, and the playbook's
+    steps and arcs laid out in layers (`graph`). Its size follows the playbook's steps,
+    not a loop's iterations; no step results (`GET /api/executions/{id}` has them).
+    Values of the execution's secret set are masked."""
+    await workers.require_holder(who, execution_id, parent=True)
+    state = await coord.state(execution_id)
+    doc: dict[str, Any] = mask_value(execution_summary(state), state.secrets)
+    row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+    doc["playbook"] = {
+        "path": row.playbook_path,
+        "version": row.playbook_version,
+        "file": row.playbook_file,
+    }
+    doc["parent_execution_id"] = str(row.parent_execution_id) if row.parent_execution_id else None
+    doc["created"], doc["updated"] = row.created, row.updated
+    doc["graph"] = playbook_graph(state.playbook)
     return doc
 
 

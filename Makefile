@@ -1,7 +1,8 @@
 # flowtide — the two commands the README starts with:
 #   make run    install into .venv (Java too, for Spark) and run examples/quickstart.yaml and
 #               examples/spark_etl.yaml embedded
-#   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver, HAProxy, nginx) and run
+#   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver, HAProxy, nginx,
+#               Chromium) and run
 #               them all (examples/plugin's own tests too: tests/plugins installs it)
 #   make dev    install, then start the distributed stack on loopback (`flowtide dev up`)
 PYTHON ?= python3
@@ -34,6 +35,7 @@ test: install
 	@bash scripts/ensure-spark.sh
 	@bash scripts/ensure-haproxy.sh
 	@bash scripts/ensure-nginx.sh
+	@bash scripts/ensure-chromium.sh
 	$(BIN)/ruff check src tests bench examples/plugin
 	$(BIN)/ruff format --check src tests bench examples/plugin
 	$(BIN)/mypy

@@ -2,9 +2,13 @@
 
 1. `Gate`, an ASGI middleware around the whole app, authenticates every request but
    those of `PUBLIC_PATHS` (`/healthz`, `/readyz`, the OpenAPI document and its pages,
-   and `/metrics` when the server is told so): a bearer flowtide token (`flowtide.auth.tokens`) or a JWT of the
-   organisation's identity provider (`flowtide.auth.oidc`). No credential, or one that
-   does not verify: 401, before the body is read. It also caps the request body (413).
+   the web UI's page and assets, signing in to it, and `/metrics` when the server is
+   told so): a bearer flowtide token (`flowtide.auth.tokens`) or a JWT of the
+   organisation's identity provider (`flowtide.auth.oidc`), or, from a browser signed in
+   to the UI, the same token in its session cookie (`flowtide.server.ui`; a cookie alone
+   may change nothing without the `X-Flowtide-CSRF: 1` header). No credential, or one
+   that does not verify: 401, before the body is read. It also caps every request body,
+   public ones included (413).
 2. `RULES` says which roles may call each route, and `authorize`, a dependency of every
    route of the app, enforces it (403 otherwise). A route without a rule is refused, so
    a new endpoint cannot be open by mistake (a test walks the app's routes).
@@ -43,13 +47,17 @@ if TYPE_CHECKING:
     from flowtide.auth.tokens import TokenStore
 
 __all__ = [
+    "CSRF_HEADER",
     "PUBLIC_PATHS",
+    "PUBLIC_PREFIXES",
     "RULES",
+    "SESSION_COOKIE",
     "Authenticator",
     "Gate",
     "Rule",
     "authorize",
     "caller",
+    "cookie_token",
 ]
 
 log = logging.getLogger("flowtide.server.access")
@@ -88,6 +96,12 @@ OPERATOR_OR_WORKER: Final = Rule(("operator", "worker"))
 RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
+    # the web UI (flowtide.server.ui): the page and its assets, and signing in and out
+    ("GET", "/"): PUBLIC,
+    ("GET", "/ui"): PUBLIC,
+    ("GET", "/ui/{path:path}"): PUBLIC,
+    ("POST", "/api/session"): PUBLIC,
+    ("DELETE", "/api/session"): PUBLIC,
     # Public only when the server is started with --public-metrics (see Gate).
     ("GET", "/metrics"): READER,
     # executions
@@ -153,8 +167,39 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
 #: and the API's description (flowtide's API is public; its data is not). The docs page
 #: takes a token with its Authorize button.
 PUBLIC_PATHS: Final = frozenset(
-    {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    {
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        # The web UI's page and assets (no data in them), and its sign-in.
+        "/",
+        "/ui",
+        "/api/session",
+    }
 )
+#: Paths public by their prefix: the UI's page routes and assets.
+PUBLIC_PREFIXES: Final = ("/ui/",)
+#: The cookie that carries a signed-in browser's token (`flowtide.server.ui`).
+SESSION_COOKIE: Final = "flowtide_session"
+#: The header a cookie-authenticated request that changes something must carry: no
+#: other site's page can make a browser send it (the API allows no CORS).
+CSRF_HEADER: Final = "x-flowtide-csrf"
+#: Methods that change nothing (a cookie alone may call them).
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cookie_token(header: bytes | None) -> str | None:
+    """The session cookie's token in a raw Cookie header, if any."""
+    if not header:
+        return None
+    for part in header.decode("latin-1").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == SESSION_COOKIE and value:
+            return value.strip('"')
+    return None
 
 
 def principal_of(request: Request) -> Principal:
@@ -313,17 +358,36 @@ class Gate:
         self.public = PUBLIC_PATHS | ({"/metrics"} if public_metrics else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.public:
-            if scope["type"] == "http" and scope["path"] == "/metrics":
-                scope[PRINCIPAL] = ANONYMOUS
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
+        if scope["path"] in self.public or scope["path"].startswith(PUBLIC_PREFIXES):
+            if scope["path"] == "/metrics":
+                scope[PRINCIPAL] = ANONYMOUS
+            # Public, but a body is capped all the same (signing in takes one).
+            if await self._length_refused(headers, send):
+                return
+            await self.app(scope, self._capped(receive), send)
+            return
         auth = self.authenticator()
         if auth is None:  # not started (or stopping): nobody can be checked
             await _reply(send, 503, "server is starting", {})
             return
         header = headers.get(b"authorization")
+        if header is None and (token := cookie_token(headers.get(b"cookie"))) is not None:
+            # A browser signed in to the UI. What changes something must say it comes
+            # from the UI's own page (CSRF).
+            if scope["method"] not in _SAFE_METHODS and headers.get(CSRF_HEADER.encode()) != b"1":
+                await _reply(
+                    send,
+                    403,
+                    f"a request signed in by cookie must send {CSRF_HEADER}: 1"
+                    " (cross-site requests are refused)",
+                    {},
+                )
+                return
+            header = f"Bearer {token}".encode("latin-1", "replace")
         try:
             principal = await auth.authenticate(header.decode("latin-1") if header else None)
         except AuthError as exc:
@@ -331,17 +395,24 @@ class Gate:
             await _reply(send, exc.status, exc.message, extra)
             return
         scope[PRINCIPAL] = principal
-        length = headers.get(b"content-length")
-        if length is not None:
-            try:
-                size = int(length)
-            except ValueError:
-                await _reply(send, 400, "Content-Length is not a number", {})
-                return
-            if size > self.max_body:
-                await _reply(send, 413, self._too_large(), {})
-                return
+        if await self._length_refused(headers, send):
+            return
         await self.app(scope, self._capped(receive), send)
+
+    async def _length_refused(self, headers: dict[bytes, bytes], send: Send) -> bool:
+        """Answer 400 or 413 for a Content-Length that is not a number or over the cap."""
+        length = headers.get(b"content-length")
+        if length is None:
+            return False
+        try:
+            size = int(length)
+        except ValueError:
+            await _reply(send, 400, "Content-Length is not a number", {})
+            return True
+        if size > self.max_body:
+            await _reply(send, 413, self._too_large(), {})
+            return True
+        return False
 
     def _too_large(self) -> str:
         return f"request body larger than {self.max_body} bytes (the server's --max-body)"

@@ -27,6 +27,7 @@ from flowtide.server import (
     api_shards,
     api_tokens,
     api_workers,
+    ui,
 )
 from flowtide.server.access import Gate, authorize
 from flowtide.server.errors import install_error_handlers
@@ -50,6 +51,7 @@ _ROUTERS = (
     api_health.router,
     api_shards.router,
     api_executions.router,
+    ui.router,
 )
 
 
@@ -69,8 +71,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         title="flowtide",
         description="Runs NoETL-style playbooks: executions, events, commands, workers. "
         "Every endpoint but /healthz and /readyz needs `Authorization: Bearer <token>` "
-        "(a flowtide API token or a JWT of the configured identity provider); what each "
-        "role may call is in flowtide.server.access.",
+        "(a flowtide API token or a JWT of the configured identity provider), or the "
+        "session cookie `POST /api/session` sets for the web UI at /ui (then a request "
+        "that changes something also sends `X-Flowtide-CSRF: 1`); what each role may "
+        "call is in flowtide.server.access.",
         version="1",
         lifespan=lifespan,
         dependencies=[Depends(authorize)],

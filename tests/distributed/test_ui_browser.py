@@ -1,0 +1,228 @@
+"""The web UI in a real browser (Debian's Chromium, driven by Playwright) against a real
+`flowtide server` with two workers: sign in, the list and its status tabs, an execution
+advancing live to completed on its graph, a failed step in red with its error, a long
+run cancelled from the page. Each test saves a screenshot under build/screenshots/."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .stack import Stack
+from .test_faults import _wait
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
+#: How long the page may take to show what the server has (its polls are 1-2 s apart).
+SEEN = 15_000
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/ensure-chromium.sh)"
+)
+
+FLOW = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: ui_flow, path: tests/ui/flow}
+workload: {pause: 0.0, fail: false, n: 6}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'numbers': list(range(n))}", input: {n: "{{ n }}"}}
+    next:
+      arcs:
+        - {step: broken, when: "{{ fail }}"}
+        - {step: each}
+  - step: each
+    loop: {in: "{{ start.numbers }}", iterator: item, spec: {mode: parallel, max_in_flight: 2}}
+    tool:
+      kind: python
+      input: {i: "{{ item }}", pause: "{{ pause }}"}
+      code: |
+        import time
+        time.sleep(pause)
+        result = {"i": i}
+    next: [end]
+  - step: broken
+    tool: {kind: python, code: "raise ValueError('the sensor data is bad')"}
+  - step: end
+    tool: {kind: python, code: "result = {'done': True}"}
+"""
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            # No background traffic: the machine reaches only loopback and registries.
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page_as(chromium: Any, stack: Stack) -> Iterator[Any]:
+    """Open a page signed in as a role (through the login form)."""
+    contexts: list[Any] = []
+
+    def open_as(role: str) -> Any:
+        context = chromium.new_context(viewport={"width": 1400, "height": 900})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(SEEN)
+        page.goto(f"{stack.url}/ui")
+        page.get_by_test_id("login-token").fill(stack.tokens[role])
+        page.get_by_test_id("login-submit").click()
+        page.get_by_test_id("user-name").wait_for()
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+def _shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _start(stack: Stack, **workload: Any) -> str:
+    with stack.client(timeout=30) as api:
+        r = api.post("/api/execute", json={"playbook": FLOW, "payload": workload})
+        assert r.status_code == 201, r.text
+        return str(r.json()["execution_id"])
+
+
+def _node(page: Any, step: str) -> Any:
+    return page.locator(f'[data-testid="graph-node"][data-step="{step}"]')
+
+
+def test_a_bad_token_is_refused_and_the_page_holds_no_data(chromium: Any, stack: Stack) -> None:
+    context = chromium.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(SEEN)
+        page.goto(f"{stack.url}/ui/executions")
+        page.get_by_test_id("login-token").fill("ft_not-a-token")
+        page.get_by_test_id("login-submit").click()
+        page.get_by_test_id("login-error").wait_for()
+        assert page.get_by_test_id("exec-row").count() == 0
+        # The token is in an HttpOnly cookie only once it verified: none was set.
+        assert not [c for c in context.cookies() if c["name"] == "flowtide_session"]
+        _shot(page, "login")
+    finally:
+        context.close()
+
+
+def test_the_list_filters_by_status_and_opens_a_completed_run(page_as: Any, stack: Stack) -> None:
+    done = _start(stack)
+    failed = _start(stack, fail=True)
+    with stack.client(timeout=30) as api:
+        _wait(api, done)
+        _wait(api, failed)
+    page = page_as("reader")
+    page.locator(f'[data-testid="exec-row"][data-id="{done}"]').wait_for()
+    cookie = [c for c in page.context.cookies() if c["name"] == "flowtide_session"]
+    assert cookie and cookie[0]["httpOnly"] and cookie[0]["sameSite"] == "Strict"
+    _shot(page, "executions")
+    page.get_by_test_id("status-tab-failed").click()
+    page.locator(f'[data-testid="exec-row"][data-id="{failed}"]').wait_for()
+    assert page.locator(f'[data-testid="exec-row"][data-id="{done}"]').count() == 0
+    assert "status=failed" in page.url
+    page.get_by_test_id("status-tab-all").click()
+    page.locator(f'[data-testid="exec-row"][data-id="{done}"] a').first.click()
+    page.wait_for_url(re.compile(rf".*/ui/executions/{done}.*"))
+    page.locator('[data-testid="detail-status"][data-status="completed"]').wait_for()
+    for step in ("start", "each", "end"):
+        _node(page, step).and_(page.locator('[data-status="completed"]')).wait_for()
+    assert _node(page, "broken").get_attribute("data-status") == "pending"
+    taken = page.locator('[data-testid="graph-edge"][data-from="start"][data-to="each"]')
+    assert taken.get_attribute("data-taken") == "true"
+    untaken = page.locator('[data-testid="graph-edge"][data-from="start"][data-to="broken"]')
+    assert untaken.get_attribute("data-taken") == "false"
+    bar = page.get_by_test_id("progress-bar")
+    assert (bar.get_attribute("data-done"), bar.get_attribute("data-total")) == ("6", "6")
+    _shot(page, "execution-graph")
+    page.get_by_test_id("tab-events").click()
+    page.locator('[data-testid="event-row"][data-type="playbook.completed"]').wait_for()
+    _shot(page, "execution-events")
+
+
+def test_a_failed_step_is_red_with_its_error(page_as: Any, stack: Stack) -> None:
+    failed = _start(stack, fail=True)
+    with stack.client(timeout=30) as api:
+        _wait(api, failed)
+    page = page_as("reader")
+    page.goto(f"{stack.url}/ui/executions/{failed}")
+    node = _node(page, "broken")
+    node.and_(page.locator('[data-status="failed"]')).wait_for()
+    node.click()
+    error = page.get_by_test_id("step-error")
+    error.wait_for()
+    assert "the sensor data is bad" in error.inner_text()
+    assert "step=broken" in page.url
+    _shot(page, "execution-failed-step")
+
+
+def test_a_running_execution_advances_live_to_completed(page_as: Any, stack: Stack) -> None:
+    eid = _start(stack, pause=0.4, n=10)
+    page = page_as("reader")
+    page.goto(f"{stack.url}/ui/executions/{eid}")
+    page.locator('[data-testid="detail-status"][data-status="running"]').wait_for()
+    _node(page, "each").and_(page.locator('[data-status="running"]')).wait_for()
+    _shot(page, "execution-running")
+    page.locator('[data-testid="detail-status"][data-status="completed"]').wait_for(timeout=60_000)
+    bar = page.get_by_test_id("progress-bar")
+    assert (bar.get_attribute("data-done"), bar.get_attribute("data-total")) == ("10", "10")
+
+
+def test_an_operator_cancels_a_long_run_from_the_page(page_as: Any, stack: Stack) -> None:
+    eid = _start(stack, pause=0.5, n=400)
+    page = page_as("operator")
+    page.goto(f"{stack.url}/ui/executions/{eid}")
+    page.locator('[data-testid="detail-status"][data-status="running"]').wait_for()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("cancel-button").click()
+    page.locator('[data-testid="detail-status"][data-status="cancelled"]').wait_for(timeout=60_000)
+    with stack.client(timeout=30) as api:
+        deadline = time.monotonic() + 30
+        while api.get(f"/api/executions/{eid}/status").json()["status"] != "cancelled":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    _shot(page, "execution-cancelled")
+
+
+def test_a_reader_cannot_cancel(page_as: Any, stack: Stack) -> None:
+    eid = _start(stack, pause=0.5, n=40)
+    try:
+        page = page_as("reader")
+        page.goto(f"{stack.url}/ui/executions/{eid}")
+        page.locator('[data-testid="detail-status"][data-status="running"]').wait_for()
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.get_by_test_id("cancel-button").click()
+        message = page.get_by_test_id("message")
+        message.filter(has_text="operator").wait_for()
+        with stack.client(timeout=30) as api:
+            assert api.get(f"/api/executions/{eid}/status").json()["status"] == "running"
+    finally:
+        with stack.client("operator", timeout=30) as api:
+            api.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})

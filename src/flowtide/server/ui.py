@@ -15,7 +15,7 @@ and styles only: no inline script, nothing from elsewhere.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from fastapi import APIRouter, Request
 from fastapi.responses import (
@@ -91,7 +91,9 @@ async def root() -> RedirectResponse:
     return RedirectResponse("/ui", status_code=307)
 
 
-_PAGE = {200: {"content": {"text/html": {}}, "description": "The UI's page or an asset."}}
+_PAGE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/html": {}}, "description": "The UI's page or an asset."}
+}
 
 
 @router.get("/ui", response_class=HTMLResponse, responses=_PAGE)

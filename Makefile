@@ -29,6 +29,8 @@ run: install
 	$(BIN)/flowtide run examples/quickstart.yaml
 	@bash scripts/ensure-spark.sh
 	$(BIN)/flowtide run examples/spark_etl.yaml
+	@echo
+	@echo "See these runs in the web UI: $(BIN)/flowtide ui   (then open the URL it prints; Ctrl-C stops it)"
 
 test: install
 	@bash scripts/ensure-postgres.sh

@@ -8,22 +8,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from browser import SEEN_MS, chromium, needs_chromium, shot
+
 from .stack import Stack
 from .test_faults import _wait
 
-CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
-#: How long the page may take to show what the server has (its polls are 1-2 s apart).
-SEEN = 15_000
-
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/ensure-chromium.sh)"
-)
+pytestmark = needs_chromium
 
 FLOW = """
 apiVersion: noetl.io/v2
@@ -55,40 +49,21 @@ workflow:
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            # No background traffic: the machine reaches only loopback and registries.
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
+def browser() -> Iterator[Any]:
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture
-def page_as(chromium: Any, stack: Stack) -> Iterator[Any]:
+def page_as(browser: Any, stack: Stack) -> Iterator[Any]:
     """Open a page signed in as a role (through the login form)."""
     contexts: list[Any] = []
 
     def open_as(role: str) -> Any:
-        context = chromium.new_context(viewport={"width": 1400, "height": 900})
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
         contexts.append(context)
         page = context.new_page()
-        page.set_default_timeout(SEEN)
+        page.set_default_timeout(SEEN_MS)
         page.goto(f"{stack.url}/ui")
         page.get_by_test_id("login-token").fill(stack.tokens[role])
         page.get_by_test_id("login-submit").click()
@@ -98,11 +73,6 @@ def page_as(chromium: Any, stack: Stack) -> Iterator[Any]:
     yield open_as
     for context in contexts:
         context.close()
-
-
-def _shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def _start(stack: Stack, **workload: Any) -> str:
@@ -116,11 +86,11 @@ def _node(page: Any, step: str) -> Any:
     return page.locator(f'[data-testid="graph-node"][data-step="{step}"]')
 
 
-def test_a_bad_token_is_refused_and_the_page_holds_no_data(chromium: Any, stack: Stack) -> None:
-    context = chromium.new_context()
+def test_a_bad_token_is_refused_and_the_page_holds_no_data(browser: Any, stack: Stack) -> None:
+    context = browser.new_context()
     try:
         page = context.new_page()
-        page.set_default_timeout(SEEN)
+        page.set_default_timeout(SEEN_MS)
         page.goto(f"{stack.url}/ui/executions")
         page.get_by_test_id("login-token").fill("ft_not-a-token")
         page.get_by_test_id("login-submit").click()
@@ -128,7 +98,7 @@ def test_a_bad_token_is_refused_and_the_page_holds_no_data(chromium: Any, stack:
         assert page.get_by_test_id("exec-row").count() == 0
         # The token is in an HttpOnly cookie only once it verified: none was set.
         assert not [c for c in context.cookies() if c["name"] == "flowtide_session"]
-        _shot(page, "login")
+        shot(page, "login")
     finally:
         context.close()
 
@@ -143,7 +113,7 @@ def test_the_list_filters_by_status_and_opens_a_completed_run(page_as: Any, stac
     page.locator(f'[data-testid="exec-row"][data-id="{done}"]').wait_for()
     cookie = [c for c in page.context.cookies() if c["name"] == "flowtide_session"]
     assert cookie and cookie[0]["httpOnly"] and cookie[0]["sameSite"] == "Strict"
-    _shot(page, "executions")
+    shot(page, "executions")
     page.get_by_test_id("status-tab-failed").click()
     page.locator(f'[data-testid="exec-row"][data-id="{failed}"]').wait_for()
     assert page.locator(f'[data-testid="exec-row"][data-id="{done}"]').count() == 0
@@ -161,10 +131,10 @@ def test_the_list_filters_by_status_and_opens_a_completed_run(page_as: Any, stac
     assert untaken.get_attribute("data-taken") == "false"
     bar = page.get_by_test_id("progress-bar")
     assert (bar.get_attribute("data-done"), bar.get_attribute("data-total")) == ("6", "6")
-    _shot(page, "execution-graph")
+    shot(page, "execution-graph")
     page.get_by_test_id("tab-events").click()
     page.locator('[data-testid="event-row"][data-type="playbook.completed"]').wait_for()
-    _shot(page, "execution-events")
+    shot(page, "execution-events")
 
 
 def test_a_failed_step_is_red_with_its_error(page_as: Any, stack: Stack) -> None:
@@ -180,7 +150,7 @@ def test_a_failed_step_is_red_with_its_error(page_as: Any, stack: Stack) -> None
     error.wait_for()
     assert "the sensor data is bad" in error.inner_text()
     assert "step=broken" in page.url
-    _shot(page, "execution-failed-step")
+    shot(page, "execution-failed-step")
 
 
 def test_a_running_execution_advances_live_to_completed(page_as: Any, stack: Stack) -> None:
@@ -189,7 +159,7 @@ def test_a_running_execution_advances_live_to_completed(page_as: Any, stack: Sta
     page.goto(f"{stack.url}/ui/executions/{eid}")
     page.locator('[data-testid="detail-status"][data-status="running"]').wait_for()
     _node(page, "each").and_(page.locator('[data-status="running"]')).wait_for()
-    _shot(page, "execution-running")
+    shot(page, "execution-running")
     page.locator('[data-testid="detail-status"][data-status="completed"]').wait_for(timeout=60_000)
     bar = page.get_by_test_id("progress-bar")
     assert (bar.get_attribute("data-done"), bar.get_attribute("data-total")) == ("10", "10")
@@ -208,7 +178,7 @@ def test_an_operator_cancels_a_long_run_from_the_page(page_as: Any, stack: Stack
         while api.get(f"/api/executions/{eid}/status").json()["status"] != "cancelled":
             assert time.monotonic() < deadline
             time.sleep(0.2)
-    _shot(page, "execution-cancelled")
+    shot(page, "execution-cancelled")
 
 
 def test_a_reader_cannot_cancel(page_as: Any, stack: Stack) -> None:

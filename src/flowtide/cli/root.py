@@ -20,6 +20,7 @@ from flowtide.cli.run import cancel, execute, resume, run, validate
 from flowtide.cli.server import server_cmd, worker_cmd
 from flowtide.cli.shards import shards_app
 from flowtide.cli.token import token_app
+from flowtide.cli.ui import ui_cmd
 
 app = typer.Typer(
     help=(
@@ -44,6 +45,7 @@ app.command("cancel")(cancel)
 app.command("data")(data)
 app.command("prune")(prune_cmd)
 app.command("list")(list_executions)
+app.command("ui")(ui_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)
 

@@ -24,8 +24,7 @@ from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest
 from flowtide.store import pg
-from flowtide.ui.graph import playbook_graph
-from flowtide.ui.summary import execution_summary
+from flowtide.ui.summary import execution_item, summary_document
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
     CHILD_RESULT_PATH,
@@ -154,18 +153,7 @@ def _listed(
     runtime: Any, status: str | None, limit: int, before: int | None
 ) -> list[dict[str, Any]]:
     rows = runtime.store.list_executions(status=status, limit=limit, before_id=before)
-    return [
-        {
-            "execution_id": str(r.execution_id),
-            "playbook": r.playbook_path or r.playbook_file,
-            "version": r.playbook_version,
-            "status": r.status,
-            "created": r.created,
-            "updated": r.updated,
-            "parent_execution_id": str(r.parent_execution_id) if r.parent_execution_id else None,
-        }
-        for r in rows
-    ]
+    return [execution_item(r) for r in rows]
 
 
 @router.get("/api/executions/{execution_id}", responses=problem_responses(404))
@@ -201,17 +189,8 @@ async def get_execution_summary(
     Values of the execution's secret set are masked."""
     await workers.require_holder(who, execution_id, parent=True)
     state = await coord.state(execution_id)
-    doc: dict[str, Any] = mask_value(execution_summary(state), state.secrets)
     row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
-    doc["playbook"] = {
-        "path": row.playbook_path,
-        "version": row.playbook_version,
-        "file": row.playbook_file,
-    }
-    doc["parent_execution_id"] = str(row.parent_execution_id) if row.parent_execution_id else None
-    doc["created"], doc["updated"] = row.created, row.updated
-    doc["graph"] = playbook_graph(state.playbook)
-    return doc
+    return summary_document(state, row)
 
 
 @router.get(CHILD_RESULT_PATH, responses=problem_responses(404))

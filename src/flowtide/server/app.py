@@ -36,6 +36,7 @@ from flowtide.server.openapi import install_openapi
 from flowtide.server.runtime import Runtime
 from flowtide.server.schemas import ClaimRequest, PoolRegister
 from flowtide.server.settings import ServerSettings
+from flowtide.ui import pages
 from flowtide.urls import redact_url
 
 __all__ = ["ClaimRequest", "PoolRegister", "ServerSettings", "app_factory", "create_app"]
@@ -52,6 +53,7 @@ _ROUTERS = (
     api_shards.router,
     api_executions.router,
     ui.router,
+    pages.router,
 )
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from flowtide.engine.state import ExecutionState, LoopRecord
+from flowtide.redaction import mask_value
+from flowtide.store.base import ExecutionRow
+from flowtide.ui.graph import playbook_graph
 
-__all__ = ["execution_summary"]
+__all__ = ["execution_item", "execution_summary", "summary_document"]
 
 #: Step statuses that count as done in the progress.
 FINISHED = ("completed", "failed", "skipped")
@@ -69,3 +72,31 @@ def execution_summary(state: ExecutionState) -> dict[str, Any]:
         "steps": steps,
         "taken": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(state.taken.items())],
     }
+
+
+def execution_item(row: ExecutionRow) -> dict[str, Any]:
+    """An execution as the list shows it (`GET /api/executions`)."""
+    return {
+        "execution_id": str(row.execution_id),
+        "playbook": row.playbook_path or row.playbook_file,
+        "version": row.playbook_version,
+        "status": row.status,
+        "created": row.created,
+        "updated": row.updated,
+        "parent_execution_id": str(row.parent_execution_id) if row.parent_execution_id else None,
+    }
+
+
+def summary_document(state: ExecutionState, row: ExecutionRow) -> dict[str, Any]:
+    """`GET /api/executions/{id}/summary`: `execution_summary` masked with the execution's
+    secret set, with the row's playbook, parent and times, and the playbook's graph."""
+    doc: dict[str, Any] = mask_value(execution_summary(state), state.secrets)
+    doc["playbook"] = {
+        "path": row.playbook_path,
+        "version": row.playbook_version,
+        "file": row.playbook_file,
+    }
+    doc["parent_execution_id"] = str(row.parent_execution_id) if row.parent_execution_id else None
+    doc["created"], doc["updated"] = row.created, row.updated
+    doc["graph"] = playbook_graph(state.playbook)
+    return doc

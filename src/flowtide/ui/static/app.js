@@ -132,7 +132,21 @@ function onLinkClick(ev) {
   navigate(url.pathname + url.search);
 }
 
+// `flowtide ui` prints a URL whose fragment holds its token (a fragment never reaches a
+// server or its logs): sign in with it once, then drop it from the address bar.
+async function signInFromFragment() {
+  const m = location.hash.match(/^#token=([A-Za-z0-9_-]{16,200})$/);
+  if (!m) return;
+  history.replaceState(null, '', location.pathname + location.search);
+  try {
+    await api('/api/session', { method: 'POST', body: { token: m[1] }, auth: false });
+  } catch (err) {
+    message(`Sign-in with the link's token failed: ${err.message}`);
+  }
+}
+
 async function start() {
+  await signInFromFragment();
   try {
     me = await api('/api/whoami');
   } catch (err) {

@@ -1,0 +1,71 @@
+"""`flowtide ui`: the web UI over the local store (the runs of `flowtide run`)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Annotated
+
+import typer
+
+from flowtide.cli.backends import open_store
+from flowtide.cli.options import DbOpt, HomeOpt, err
+
+#: Where `flowtide ui` listens unless told otherwise.
+DEFAULT_PORT = 8080
+
+
+def ui_cmd(
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to listen on. Anything but loopback lets other machines reach the"
+            " UI (with the printed token): only on a network you trust.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
+    ] = DEFAULT_PORT,
+) -> None:
+    """Serve the web UI over the local store: the executions `flowtide run` made, their
+    graphs with each step's status, their loops' progress and their event logs, live
+    while they run.
+
+    It prints the URL to open once: the token after its `#` is made at start and is the
+    only way in (any process or web page can reach a loopback port). Stop with Ctrl-C.
+    """
+    import secrets
+
+    import uvicorn
+
+    from flowtide.ui.local import create_local_app, local_hosts
+
+    store = open_store(home, db)
+    # Bind first: a port in use is a clear error, and port 0 gets its number.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        store.close()
+        err(f"error: cannot listen on {host}:{port}: {exc.strerror or exc} (try --port)")
+        raise typer.Exit(2) from None
+    port = sock.getsockname()[1]
+    secret = secrets.token_urlsafe(32)
+    shown = f"[{host}]" if ":" in host else host
+    app = create_local_app(store, secret=secret, hosts=local_hosts(shown, port))
+    count = len(store.list_executions(limit=1000))
+    where = getattr(store, "path", None) or getattr(store, "dsn_display", "the store")
+    typer.echo(f"flowtide ui: {count if count < 1000 else '1000+'} executions in {where}")
+    typer.echo(f"open http://{shown}:{port}/ui#token={secret}")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err(f"warning: listening on {host}: other machines can reach it (the token guards it)")
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        store.close()

@@ -261,6 +261,16 @@ class StoreConformance:
         assert store.events(1, limit=0) == []
         assert len(store.events(1, after_event_id=0)) == 10
 
+    def test_events_of_some_types(self, store: Store) -> None:
+        kinds = ["step.enter", "command.started", "command.completed", "loop.item"]
+        store.append([event(1, i, kinds[i % 4]) for i in range(1, 13)])
+        wanted = {"command.completed", "step.enter"}
+        got = store.events(1, types=wanted)
+        assert [e.event_id for e in got] == [2, 4, 6, 8, 10, 12]
+        assert {e.type for e in got} == wanted
+        assert [e.event_id for e in store.events(1, types=wanted, after_event_id=8)] == [10, 12]
+        assert store.events(1, types=()) == []
+
     def test_empty_append_is_a_no_op(self, store: Store) -> None:
         store.append([])
         store.append((), commands=(), execution_updates=())

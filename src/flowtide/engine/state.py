@@ -437,3 +437,8 @@ def fold(
     for event in events:
         state.apply(event)
     return state
+
+
+#: The event types whose `apply` changes more than the state's counters (`event_count`,
+#: `last_event_id`): a reader that needs only the fold may read these alone.
+FOLDED_TYPES: frozenset[str] = frozenset(_APPLY)

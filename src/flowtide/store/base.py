@@ -312,6 +312,7 @@ class Store(Protocol):
         *,
         after_event_id: int | None = None,
         limit: int | None = None,
+        types: Collection[str] | None = None,
     ) -> list[Event]:
         """Return an execution's events in event_id order, sealed ones unsealed.
 
@@ -319,6 +320,7 @@ class Store(Protocol):
             execution_id: whose log to read.
             after_event_id: only events with a greater event_id (resume a tail).
             limit: at most this many events (>= 0); None for all.
+            types: only events of these types (None: all).
         Returns:
             The events; empty for an unknown execution.
         Raises:

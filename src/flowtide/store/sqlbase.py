@@ -305,6 +305,7 @@ class SQLStore:
         *,
         after_event_id: int | None = None,
         limit: int | None = None,
+        types: Collection[str] | None = None,
     ) -> list[Event]:
         """See `flowtide.store.base.Store.events`."""
         check_limit(limit)
@@ -313,6 +314,11 @@ class SQLStore:
         if after_event_id is not None:
             sql += " AND event_id > ?"
             params.append(after_event_id)
+        if types is not None:
+            wanted = sorted(types)
+            marks = ", ".join(["?"] * len(wanted))
+            sql += f" AND type IN ({marks})" if wanted else " AND FALSE"
+            params.extend(wanted)
         sql += " ORDER BY event_id"
         if limit is not None:
             sql += " LIMIT ?"

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from flowtide.auth.principal import Principal
-from flowtide.engine.state import ExecutionState
+from flowtide.engine.state import FOLDED_TYPES, ExecutionState
 from flowtide.errors import AuthError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import mask_value
@@ -90,7 +90,10 @@ class FoldCache:
     """Executions' states folded from the local store, caught up incrementally (thread-
     safe; its calls block on SQLite: run them in a thread).
 
-    While an execution runs, each read applies the events after the last one seen, with
+    Only the events that change the fold are read (`FOLDED_TYPES`: a loop's
+    `command.started`, `call.done` and `loop.item` are three of its five events per
+    iteration). While an execution runs, each read applies the events after the last one
+    seen, with
     an overlap of `OVERLAP_MS` of ids read again (and skipped when applied already):
     the embedded runtime writes a worker's events after it made their ids, so one can
     land behind a newer one. Once the execution has ended, its state is folded once
@@ -124,9 +127,17 @@ class FoldCache:
                 self._folded.popitem(last=False)
             return row, entry.state
 
+    def prewarm(self, count: int) -> None:
+        """Fold the `count` newest executions (a store error is left to the requests)."""
+        try:
+            for row in self.store.list_executions(limit=count):
+                self.state(row.execution_id)
+        except Exception:  # noqa: BLE001 - the same error reaches the page that asks
+            return
+
     def _catch_up(self, entry: _Folded, execution_id: int) -> None:
         horizon = max(0, entry.last_id - (OVERLAP_MS << _ID_MS_SHIFT)) if entry.last_id else None
-        events = self.store.events(execution_id, after_event_id=horizon)
+        events = self.store.events(execution_id, after_event_id=horizon, types=FOLDED_TYPES)
         for event in events:
             if event.event_id in entry.recent:
                 continue
@@ -138,7 +149,7 @@ class FoldCache:
 
     def _refold(self, entry: _Folded, execution_id: int) -> _Folded:
         state = ExecutionState(entry.state.playbook, execution_id)
-        events = self.store.events(execution_id)
+        events = self.store.events(execution_id, types=FOLDED_TYPES)
         for event in events:
             state.apply(event)
         last = events[-1].event_id if events else 0
@@ -187,10 +198,18 @@ def local_hosts(host: str, port: int) -> list[str]:
     return [f"{name}:{port}" for name in sorted(names)]
 
 
-def create_local_app(store: Store, *, secret: str, hosts: Iterable[str]) -> FastAPI:
+def create_local_app(
+    store: Store, *, secret: str, hosts: Iterable[str], prewarm: int = 4
+) -> FastAPI:
     """The `flowtide ui` app over `store`, its only token `secret`, answering only
-    requests whose Host is one of `hosts`."""
+    requests whose Host is one of `hosts`. The `prewarm` newest executions are folded in
+    a background thread from the start: the run a user just made is the one they open
+    first, and a long one takes seconds to fold."""
     folds = FoldCache(store)
+    if prewarm:
+        threading.Thread(
+            target=folds.prewarm, args=(prewarm,), name="flowtide-ui-prewarm", daemon=True
+        ).start()
     auth = LocalAuthenticator(secret, getpass.getuser())
     router = APIRouter()
 

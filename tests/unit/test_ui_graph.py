@@ -135,6 +135,20 @@ def test_the_summary_counts_steps_iterations_and_arcs_taken() -> None:
     assert "result" not in json.dumps(summary)
 
 
+def test_nothing_is_in_flight_once_the_execution_has_ended() -> None:
+    def fail_third(driver: Driver, command: object) -> dict[str, object]:
+        if getattr(command, "loop_index", None) == 2:
+            return {"type": "command.failed", "status": "error", "action": "fail"}
+        return {"result": 1}
+
+    driver = Driver(DIAMOND, respond=fail_third, pick=lambda cs: cs[-1]).run()
+    assert driver.state.status == "failed"
+    loop = driver.state.loop_of("right")
+    assert loop is not None and loop.in_flight  # the fold keeps what was open
+    right = execution_summary(driver.state)["steps"]["right"]["loop"]
+    assert right["in_flight"] == 0 and right["failed"] == 1
+
+
 def test_a_step_run_in_a_cycle_counts_its_runs_and_arcs() -> None:
     driver = Driver(CYCLE).run()
     summary = execution_summary(driver.state)

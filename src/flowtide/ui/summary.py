@@ -18,14 +18,15 @@ __all__ = ["execution_item", "execution_summary", "summary_document"]
 FINISHED = ("completed", "failed", "skipped")
 
 
-def _loop(loop: LoopRecord) -> dict[str, Any]:
+def _loop(loop: LoopRecord, ended: bool) -> dict[str, Any]:
+    # An execution that ended closed its open commands: nothing is in flight any more.
     return {
         "instance": loop.instance,
         "total": loop.size,
         "done": loop.completed,
         "succeeded": loop.success,
         "failed": loop.failed,
-        "in_flight": len(loop.in_flight),
+        "in_flight": 0 if ended else len(loop.in_flight),
         "finished": loop.finished,
         "cursor": loop.cursor,
     }
@@ -50,7 +51,7 @@ def execution_summary(state: ExecutionState) -> dict[str, Any]:
                 else None
             ),
             "error": rec.error,
-            "loop": _loop(loop) if loop is not None else None,
+            "loop": _loop(loop, state.terminal) if loop is not None else None,
         }
         steps[name] = doc
         if loop is not None:

@@ -79,7 +79,10 @@ def stack(pg_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack
     name = f"pycancel_{os.getpid()}_{next(_names)}"
     db = pg_server.create_database(name)
     nats = NatsServer.start_secured(root / "nats", pools=("default",))
-    stack = Stack(db=db, nats=nats.url, root=root, nats_users=nats.users)
+    # A lease well over the hand-back's time (up to 1 s to leave the pull loop, the 2 s
+    # grace, the release): under a loaded CI machine a 3 s lease raced it, and the command
+    # was issued again as expired rather than as released.
+    stack = Stack(db=db, nats=nats.url, root=root, nats_users=nats.users, lease=10.0)
     try:
         stack.start_server()
         stack.start_worker(concurrency=SLOTS, args=("--grace", str(GRACE)))

@@ -105,6 +105,9 @@ def test_the_local_api_answers_its_token_and_its_host_only(
         assert summary["graph"]["nodes"][0]["name"] == "start"
         failed = api.get(f"/api/executions/{ids['failed']}/summary").json()
         assert "no such sensor" in failed["steps"]["broken"]["error"]["message"]
+        timeline = api.get(f"/api/executions/{ids['failed']}/timeline").json()
+        broken = next(s for s in timeline["steps"] if s["step"] == "broken")
+        assert [c["status"] for c in broken["commands"]] == ["failed"]
         events = api.get(f"/api/executions/{ids['done']}/events", params={"limit": 3}).json()
         assert [e["type"] for e in events][0] == "playbook.initialized" and len(events) == 3
         refused = api.post(f"/api/executions/{ids['done']}/cancel", json={})

@@ -438,6 +438,18 @@ def test_summary_gives_each_step_its_status_loop_counts_and_the_graph(stack: Sta
         assert layers == {"start": 0, "middle": 1, "finish": 2}
         assert '"i": 3' not in r.text and "done" not in json.dumps(doc["steps"]["finish"])
 
+        # The timeline: each step's runs and, for so few, each command.
+        with stack.client("reader", timeout=30) as reader:
+            timeline = reader.get(f"/api/executions/{eid}/timeline").json()
+            assert reader.get(f"/api/executions/{eid}/timeline?buckets=0").status_code == 422
+        lanes = {s["step"]: s for s in timeline["steps"]}
+        assert list(lanes) == ["start", "middle", "finish"]
+        assert timeline["start"] <= timeline["end"]
+        assert [r["status"] for r in lanes["middle"]["runs"]] == ["completed"]
+        bars = lanes["middle"]["commands"]
+        assert sorted(b["loop_index"] for b in bars) == [0, 1, 2, 3]
+        assert {b["status"] for b in bars} == {"completed"} and lanes["middle"]["density"] is None
+
         missing = client.get("/api/executions/12345/summary")
         assert missing.status_code == 404
     anonymous = httpx.get(f"{stack.url}/api/executions/{eid}/summary", timeout=10)

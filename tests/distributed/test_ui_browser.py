@@ -132,6 +132,14 @@ def test_the_list_filters_by_status_and_opens_a_completed_run(page_as: Any, stac
     bar = page.get_by_test_id("progress-bar")
     assert (bar.get_attribute("data-done"), bar.get_attribute("data-total")) == ("6", "6")
     shot(page, "execution-graph")
+    page.get_by_test_id("tab-timeline").click()
+    lane = page.locator('[data-testid="timeline-lane"][data-step="each"]')
+    lane.wait_for()
+    bars = lane.locator('[data-testid="timeline-command"]')
+    assert bars.count() == 6
+    assert {bars.nth(i).get_attribute("data-status") for i in range(6)} == {"completed"}
+    assert "tab=timeline" in page.url
+    shot(page, "execution-timeline")
     page.get_by_test_id("tab-events").click()
     page.locator('[data-testid="event-row"][data-type="playbook.completed"]').wait_for()
     shot(page, "execution-events")

@@ -271,6 +271,30 @@ class StoreConformance:
         assert [e.event_id for e in store.events(1, types=wanted, after_event_id=8)] == [10, 12]
         assert store.events(1, types=()) == []
 
+    def test_events_of_some_steps_and_their_times(self, store: Store) -> None:
+        store.append(
+            [
+                event(1, 1, "command.issued", step="a", time=T0),
+                event(1, 2, "command.issued", step="b", time=T0 + 1),
+                event(1, 3, "command.completed", step="b", status="ok", time=T0 + 2),
+                event(1, 4, "command.completed", step="a", status="error", time=T0 + 3),
+                event(2, 5, "command.completed", step="a", time=T0 + 9),
+            ]
+        )
+        got = store.events(1, types={"command.completed"}, steps={"a"})
+        assert [e.event_id for e in got] == [4]
+        assert [e.event_id for e in store.events(1, steps={"a", "b"})] == [1, 2, 3, 4]
+        times = store.event_times(1, types={"command.completed"})
+        assert times == [
+            ("b", "command.completed", "ok", T0 + 2),
+            ("a", "command.completed", "error", T0 + 3),
+        ]
+        assert store.event_times(1, types={"command.issued"}, steps={"b"}) == [
+            ("b", "command.issued", None, T0 + 1)
+        ]
+        assert store.event_span(1) == (T0, T0 + 3)
+        assert store.event_span(3) is None
+
     def test_empty_append_is_a_no_op(self, store: Store) -> None:
         store.append([])
         store.append((), commands=(), execution_updates=())

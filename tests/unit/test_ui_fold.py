@@ -1,15 +1,21 @@
 """`flowtide ui`'s folded states (`flowtide.ui.local.FoldCache`): caught up from the
 local store as the log grows, a late-written event with an older id included, and folded
-again in order once the execution ends."""
+again in order once the execution ends; the timeline the UI draws
+(`flowtide.ui.timeline`) from the same store."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from flowtide.engine.state import fold
 from flowtide.store.sqlite import SQLiteStore
+from flowtide.ui import timeline
 from flowtide.ui.local import FoldCache
+from flowtide.ui.timeline import execution_timeline
 
 from .driver import EXECUTION_ID, NOW, Driver, snapshot
 
@@ -73,4 +79,52 @@ def test_a_running_execution_is_caught_up_and_an_ended_one_folded_exactly(
     assert ended is not running
     assert snapshot(ended) == snapshot(fold(driver.playbook, EXECUTION_ID, driver.log))
     assert cache.state(EXECUTION_ID)[1] is ended  # not folded again
+    store.close()
+
+
+def _stored(tmp_path: Path, driver: Driver) -> SQLiteStore:
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    store.create_execution(
+        EXECUTION_ID,
+        playbook_path="t/loop",
+        playbook_version=None,
+        playbook_file=None,
+        playbook_text=LOOP,
+        workload={},
+        created=NOW,
+    )
+    # Times a millisecond apart, in log order, so spans and buckets mean something.
+    store.append([replace(e, time=NOW + i / 1000) for i, e in enumerate(driver.log)])
+    return store
+
+
+def test_the_timeline_shows_runs_and_each_command_of_a_small_loop(tmp_path: Path) -> None:
+    driver = _run()
+    store = _stored(tmp_path, driver)
+    doc = execution_timeline(store, driver.playbook, EXECUTION_ID, "completed")
+    assert [s["step"] for s in doc["steps"]] == ["start", "each", "end"]
+    assert doc["start"] == NOW and doc["end"] == NOW + (len(driver.log) - 1) / 1000
+    each = doc["steps"][1]
+    assert each["total_commands"] == 12 and each["density"] is None
+    assert [r["status"] for r in each["runs"]] == ["completed"]
+    assert each["runs"][0]["started"] <= each["runs"][0]["ended"]
+    bars = each["commands"]
+    assert sorted(b["loop_index"] for b in bars) == list(range(12))
+    assert all(b["issued"] <= b["ended"] and b["status"] == "completed" for b in bars)
+    store.close()
+
+
+def test_a_big_loop_is_a_density_lane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "COMMANDS_SHOWN", 5)
+    driver = _run()
+    store = _stored(tmp_path, driver)
+    doc = execution_timeline(store, driver.playbook, EXECUTION_ID, "completed", buckets=10)
+    each = doc["steps"][1]
+    assert each["commands"] is None
+    lane = each["density"]
+    assert len(lane["completed"]) == 10 and sum(lane["completed"]) == 12
+    assert sum(lane["failed"]) == 0
+    assert lane["width"] == pytest.approx((doc["end"] - doc["start"]) / 10)
+    # The one-command steps keep their bars.
+    assert len(doc["steps"][0]["commands"]) == 1
     store.close()

@@ -113,6 +113,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/executions/{execution_id}/cancellation-check"): READER_OR_WORKER,
     ("GET", "/api/executions/{execution_id}/events"): READER,
     ("GET", "/api/executions/{execution_id}/summary"): READER,
+    ("GET", "/api/executions/{execution_id}/timeline"): READER,
     ("GET", "/api/executions/{execution_id}/events/stream"): READER,
     ("POST", "/api/executions/{execution_id}/finalize"): ADMIN,
     ("GET", "/api/commands/{event_id:int}"): READER,

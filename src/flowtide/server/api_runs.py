@@ -25,6 +25,7 @@ from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest
 from flowtide.store import pg
 from flowtide.ui.summary import execution_item, summary_document
+from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
     CHILD_RESULT_PATH,
@@ -191,6 +192,25 @@ async def get_execution_summary(
     state = await coord.state(execution_id)
     row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
     return summary_document(state, row)
+
+
+@router.get("/api/executions/{execution_id}/timeline", responses=problem_responses(404))
+async def get_execution_timeline(
+    execution_id: IdPath,
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
+    buckets: Annotated[int, Query(ge=1, le=MAX_BUCKETS)] = 120,
+) -> dict[str, Any]:
+    """An execution's timeline, for the UI's Gantt chart: each step's runs, and its
+    commands one by one (issued, started, ended, attempt) while it has at most 300, or
+    as a density lane (commands completed and failed per time bucket) beyond that."""
+    await workers.require_holder(who, execution_id, parent=True)
+    state = await coord.state(execution_id)
+    return await asyncio.to_thread(
+        execution_timeline, runtime.store, state.playbook, execution_id, state.status, buckets
+    )
 
 
 @router.get(CHILD_RESULT_PATH, responses=problem_responses(404))

@@ -313,6 +313,7 @@ class Store(Protocol):
         after_event_id: int | None = None,
         limit: int | None = None,
         types: Collection[str] | None = None,
+        steps: Collection[str] | None = None,
     ) -> list[Event]:
         """Return an execution's events in event_id order, sealed ones unsealed.
 
@@ -321,10 +322,30 @@ class Store(Protocol):
             after_event_id: only events with a greater event_id (resume a tail).
             limit: at most this many events (>= 0); None for all.
             types: only events of these types (None: all).
+            steps: only events of these steps (None: all).
         Returns:
             The events; empty for an unknown execution.
         Raises:
             StoreError: negative limit, or the store failed.
+        """
+        ...
+
+    def event_times(
+        self, execution_id: int, *, types: Collection[str], steps: Collection[str] | None = None
+    ) -> list[tuple[str | None, str, str | None, float]]:
+        """(step, type, status, time) of an execution's events of `types` (of `steps`), in
+        event_id order: what a timeline counts, without reading payloads.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
+    def event_span(self, execution_id: int) -> tuple[float, float] | None:
+        """(first, last) event time of an execution; None when it has no events.
+
+        Raises:
+            StoreError: the store failed.
         """
         ...
 

@@ -306,6 +306,7 @@ class SQLStore:
         after_event_id: int | None = None,
         limit: int | None = None,
         types: Collection[str] | None = None,
+        steps: Collection[str] | None = None,
     ) -> list[Event]:
         """See `flowtide.store.base.Store.events`."""
         check_limit(limit)
@@ -314,17 +315,34 @@ class SQLStore:
         if after_event_id is not None:
             sql += " AND event_id > ?"
             params.append(after_event_id)
-        if types is not None:
-            wanted = sorted(types)
-            marks = ", ".join(["?"] * len(wanted))
-            sql += f" AND type IN ({marks})" if wanted else " AND FALSE"
-            params.extend(wanted)
+        sql += _among("type", types, params) + _among("step", steps, params)
         sql += " ORDER BY event_id"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
         sealer = self.sealer
         return [event_row(r, sealer) for r in self._read("events", sql, params)]
+
+    def event_times(
+        self, execution_id: int, *, types: Collection[str], steps: Collection[str] | None = None
+    ) -> list[tuple[str | None, str, str | None, float]]:
+        """See `flowtide.store.base.Store.event_times`."""
+        params: list[Any] = [execution_id]
+        sql = "SELECT step, type, status, time FROM event WHERE execution_id = ?"
+        sql += _among("type", types, params) + _among("step", steps, params)
+        sql += " ORDER BY event_id"
+        return [(r[0], r[1], r[2], float(r[3])) for r in self._read("event_times", sql, params)]
+
+    def event_span(self, execution_id: int) -> tuple[float, float] | None:
+        """See `flowtide.store.base.Store.event_span`."""
+        rows = self._read(
+            "event_span",
+            "SELECT MIN(time), MAX(time) FROM event WHERE execution_id = ?",
+            (execution_id,),
+        )
+        if not rows or rows[0][0] is None:
+            return None
+        return float(rows[0][0]), float(rows[0][1])
 
     def count_events(self, execution_id: int) -> int:
         """See `flowtide.store.base.Store.count_events`."""
@@ -567,3 +585,14 @@ class SQLStore:
                 == 0
             ):
                 raise NotFoundError(f"credential {name!r} not found")
+
+
+def _among(column: str, values: Collection[str] | None, params: list[Any]) -> str:
+    """` AND column IN (?, ...)` for `values` (bound in `params`); nothing for None."""
+    if values is None:
+        return ""
+    wanted = sorted(values)
+    if not wanted:
+        return " AND FALSE"
+    params.extend(wanted)
+    return f" AND {column} IN ({', '.join(['?'] * len(wanted))})"

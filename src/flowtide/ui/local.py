@@ -44,6 +44,7 @@ from flowtide.store.base import ExecutionRow, Store
 from flowtide.ui import pages
 from flowtide.ui.pages import SessionRequest, clear_session_cookie, set_session_cookie
 from flowtide.ui.summary import execution_item, summary_document
+from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 
 __all__ = ["FoldCache", "LocalAuthenticator", "create_local_app"]
 
@@ -258,6 +259,17 @@ def create_local_app(
     async def get_summary(execution_id: IdPath) -> dict[str, Any]:
         row, state = await asyncio.to_thread(folds.state, execution_id)
         return summary_document(state, row)
+
+    @router.get("/api/executions/{execution_id}/timeline")
+    async def get_timeline(
+        execution_id: IdPath,
+        buckets: Annotated[int, Query(ge=1, le=MAX_BUCKETS)] = 120,
+    ) -> dict[str, Any]:
+        def build() -> dict[str, Any]:
+            row, state = folds.state(execution_id)
+            return execution_timeline(store, state.playbook, execution_id, row.status, buckets)
+
+        return await asyncio.to_thread(build)
 
     @router.get("/api/executions/{execution_id}/events")
     async def get_events(

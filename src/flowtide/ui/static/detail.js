@@ -6,6 +6,7 @@ import {
 } from './util.js';
 import { buildGraph } from './graph.js';
 import { EventLog, eventsView, eventRows } from './events.js';
+import { timelineView } from './timeline.js';
 
 const STEP_EVENTS_SHOWN = 100;
 const ZOOMS = [0.4, 0.55, 0.7, 0.85, 1, 1.25, 1.5];
@@ -18,6 +19,7 @@ export function mountDetail(root, ctx, id) {
   let step = null;
   let graph = null;
   let events = null;
+  let timeline = null;
   let zoomAt = ZOOMS.indexOf(1);
   let metaSig = '';
   let panelSig = '';
@@ -43,6 +45,7 @@ export function mountDetail(root, ctx, id) {
   }, label);
   const tabGraph = tabButton('graph', 'Graph');
   const tabEvents = tabButton('events', 'Events');
+  const tabTimeline = tabButton('timeline', 'Timeline');
 
   const zoomLabel = h('span', { class: 'muted zoom-label' });
   const zoomBtn = (label, delta, name) => {
@@ -62,6 +65,7 @@ export function mountDetail(root, ctx, id) {
       h('span', { class: 'legend' }, LEGEND.map((s) => h('span', { class: `swatch ${statusClass(s)}` }, s)))),
     h('div', { class: 'graph-layout' }, graphBox, panel));
   const eventsPane = h('div', { class: 'events-pane', role: 'tabpanel', hidden: true });
+  const timelinePane = h('div', { class: 'timeline-pane', role: 'tabpanel', hidden: true });
 
   root.append(h('section', { class: 'detail-view' },
     h('a', { href: '/ui/executions', class: 'back' }, '← Executions'),
@@ -69,18 +73,18 @@ export function mountDetail(root, ctx, id) {
       h('div', { class: 'title-row' }, h('h1', { class: 'mono exec-id' }, id), status, h('span', { class: 'spacer' }), cancelBtn),
       meta, errorBox,
       h('div', { class: 'progress-row' }, bar, barText)),
-    h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Views' }, tabGraph, tabEvents),
-    graphPane, eventsPane));
+    h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Views' }, tabGraph, tabEvents, tabTimeline),
+    graphPane, eventsPane, timelinePane));
 
   function readQuery() {
     const q = new URLSearchParams(location.search);
-    tab = q.get('tab') === 'events' ? 'events' : 'graph';
+    tab = ['events', 'timeline'].includes(q.get('tab')) ? q.get('tab') : 'graph';
     step = q.get('step') || null;
   }
 
   function writeQuery() {
     const q = new URLSearchParams(location.search);
-    if (tab === 'events') q.set('tab', 'events'); else q.set('tab', 'graph');
+    q.set('tab', tab);
     if (step) q.set('step', step); else q.delete('step');
     history.replaceState(null, '', `${location.pathname}?${q}`);
   }
@@ -89,7 +93,16 @@ export function mountDetail(root, ctx, id) {
     tabGraph.setAttribute('aria-selected', String(tab === 'graph'));
     tabEvents.setAttribute('aria-selected', String(tab === 'events'));
     graphPane.hidden = tab !== 'graph';
+    tabTimeline.setAttribute('aria-selected', String(tab === 'timeline'));
     eventsPane.hidden = tab !== 'events';
+    timelinePane.hidden = tab !== 'timeline';
+    if (tab === 'timeline') {
+      if (!timeline) {
+        timeline = timelineView(id);
+        timelinePane.append(timeline.el);
+      }
+      timeline.start();
+    } else if (timeline) timeline.stop();
     if (tab === 'events') {
       if (!events) {
         events = eventsView(log);
@@ -301,6 +314,7 @@ export function mountDetail(root, ctx, id) {
       poller.stop();
       log.stop();
       if (events) events.destroy();
+      if (timeline) timeline.destroy();
     },
   };
 }

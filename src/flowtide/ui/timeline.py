@@ -1,0 +1,135 @@
+"""An execution's timeline for the UI's Gantt chart: each step's runs, and its commands
+one by one while there are few of them, or as a density lane (commands ended per time
+bucket) when there are many, so a 100,000-iteration loop is a few hundred numbers.
+
+Built from the log without reading it whole: the steps' enter and exit events, the
+commands of the small steps, and only (step, type, time) of the big steps' outcomes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from flowtide.engine import events as ev
+from flowtide.playbook.model import Playbook
+from flowtide.store.base import Store
+
+__all__ = ["COMMANDS_SHOWN", "MAX_BUCKETS", "execution_timeline"]
+
+#: A step with more commands than this gets a density lane instead of one bar each.
+COMMANDS_SHOWN: Final = 300
+#: The most buckets a density lane may be asked for.
+MAX_BUCKETS: Final = 1000
+
+_RUN_TYPES: Final = (ev.STEP_ENTER, ev.STEP_EXIT)
+_COMMAND_TYPES: Final = (
+    ev.COMMAND_ISSUED,
+    ev.COMMAND_STARTED,
+    ev.COMMAND_COMPLETED,
+    ev.COMMAND_FAILED,
+)
+_ENDED: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+
+
+def execution_timeline(
+    store: Store, playbook: Playbook, execution_id: int, status: str, buckets: int = 120
+) -> dict[str, Any]:
+    """`start` and `end` (event times; `end` is now while the execution runs), and per
+    step of `playbook` (in its order) its `runs`, and either its `commands` (at most
+    `COMMANDS_SHOWN`) or its `density` over `buckets` buckets, with `total_commands`."""
+    buckets = max(1, min(buckets, MAX_BUCKETS))
+    span = store.event_span(execution_id)
+    running = status not in ("completed", "failed", "cancelled")
+    start, end = span if span is not None else (time.time(), time.time())
+    if running:
+        end = max(end, time.time())
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in playbook.steps}
+    for e in store.events(execution_id, types=_RUN_TYPES):
+        lane = runs.get(e.step or "")
+        if lane is None:
+            continue
+        if e.type == ev.STEP_ENTER:
+            lane.append({"started": e.time, "ended": None, "status": "running"})
+        elif lane and lane[-1]["ended"] is None:
+            lane[-1].update(ended=e.time, status=e.status or "completed")
+        else:  # exited without entering (not admitted)
+            lane.append({"started": e.time, "ended": e.time, "status": e.status or "skipped"})
+    issued: dict[str, int] = dict.fromkeys(playbook.steps, 0)
+    for step, _, _, _ in store.event_times(execution_id, types=(ev.COMMAND_ISSUED,)):
+        if step in issued:
+            issued[step] += 1
+    small = [s for s, n in issued.items() if 0 < n <= COMMANDS_SHOWN]
+    big = [s for s, n in issued.items() if n > COMMANDS_SHOWN]
+    commands = _commands(store, execution_id, small) if small else {}
+    width = max(end - start, 1e-3) / buckets
+    density = _density(store, execution_id, big, start, width, buckets) if big else {}
+    return {
+        "execution_id": str(execution_id),
+        "status": status,
+        "start": start,
+        "end": end,
+        "steps": [
+            {
+                "step": name,
+                "runs": runs[name],
+                "commands": commands.get(name, []) if issued[name] <= COMMANDS_SHOWN else None,
+                "density": density.get(name),
+                "total_commands": issued[name],
+            }
+            for name in playbook.steps
+        ],
+    }
+
+
+def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each command of `steps` with its issue, start and end (the latest attempt's
+    issue starts a new bar: a retry shows as one bar per attempt)."""
+    bars: dict[int, dict[str, Any]] = {}
+    out: dict[str, list[dict[str, Any]]] = {s: [] for s in steps}
+    for e in store.events(execution_id, types=_COMMAND_TYPES, steps=steps):
+        cid = e.command_id
+        if cid is None:
+            continue
+        payload = e.payload or {}
+        if e.type == ev.COMMAND_ISSUED:
+            bar: dict[str, Any] = {
+                "command_id": str(cid),
+                "attempt": int(payload.get("attempt") or 1),
+                "loop_index": payload.get("loop_index"),
+                "issued": e.time,
+                "started": None,
+                "ended": None,
+                "status": "issued",
+            }
+            bars[cid] = bar
+            out.setdefault(e.step or "", []).append(bar)
+            continue
+        found = bars.get(cid)
+        if found is None:
+            continue
+        bar = found
+        if e.type == ev.COMMAND_STARTED:
+            bar.update(started=e.time, status="running")
+        elif bar["ended"] is None:
+            ok = e.type == ev.COMMAND_COMPLETED and payload.get("status", "ok") == "ok"
+            bar.update(ended=e.time, status="completed" if ok else "failed")
+    return out
+
+
+def _density(
+    store: Store, execution_id: int, steps: list[str], start: float, width: float, buckets: int
+) -> dict[str, dict[str, Any]]:
+    """Commands of `steps` ended per bucket of `width` seconds from `start`."""
+    counts = {s: ([0] * buckets, [0] * buckets) for s in steps}
+    for step, type_, status, at in store.event_times(execution_id, types=_ENDED, steps=steps):
+        lane = counts.get(step or "")
+        if lane is None:
+            continue
+        i = min(buckets - 1, max(0, int((at - start) / width)))
+        ok = type_ == ev.COMMAND_COMPLETED and status in (None, "ok", "completed")
+        lane[0 if ok else 1][i] += 1
+    return {
+        s: {"width": width, "completed": done, "failed": failed}
+        for s, (done, failed) in counts.items()
+    }

@@ -147,4 +147,7 @@ def test_the_printed_url_opens_the_runs_in_a_browser(
         bar = page.get_by_test_id("progress-bar")
         assert (bar.get_attribute("data-done"), bar.get_attribute("data-total")) == ("5", "5")
         shot(page, "local-execution-graph")
+        # No workers here: embedded runs use threads.
+        page.goto(f"{ui.url}/workers")
+        page.get_by_test_id("workers-none").wait_for()
         context.close()

@@ -204,3 +204,20 @@ def test_a_reader_cannot_cancel(page_as: Any, stack: Stack) -> None:
     finally:
         with stack.client("operator", timeout=30) as api:
             api.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+
+
+def test_an_admin_sees_the_workers_and_a_reader_is_told_why_not(page_as: Any, stack: Stack) -> None:
+    page = page_as("admin")
+    page.get_by_test_id("nav-workers").click()
+    page.wait_for_url(re.compile(r".*/ui/workers$"))
+    rows = page.locator('[data-testid="worker-row"]')
+    rows.nth(1).wait_for()
+    # The stack's two workers (and any a test of this module started), all alive.
+    assert rows.count() >= 2
+    statuses = {rows.nth(i).get_attribute("data-status") for i in range(rows.count())}
+    assert statuses <= {"ready", "busy", "stopped"}, statuses
+    assert "waiting to be published" in page.get_by_test_id("outbox-pending").inner_text()
+    shot(page, "workers")
+    reader = page_as("reader")
+    reader.goto(f"{stack.url}/ui/workers")
+    reader.get_by_test_id("workers-refused").filter(has_text="admin").wait_for()

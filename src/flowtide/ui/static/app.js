@@ -3,6 +3,7 @@ import { api, setUnauthorizedHandler } from './api.js';
 import { h, message } from './util.js';
 import { mountList } from './list.js';
 import { mountDetail } from './detail.js';
+import { mountWorkers } from './workers.js';
 
 const view = document.getElementById('view');
 const userBox = document.getElementById('user');
@@ -10,6 +11,7 @@ const userName = document.getElementById('user-name');
 const userRole = document.getElementById('user-role');
 const logoutBtn = document.getElementById('logout');
 const navExecutions = document.getElementById('nav-executions');
+const navWorkers = document.getElementById('nav-workers');
 
 let me = null; // whoami, or null when logged out
 let current = null; // {key, view: {destroy(), update?()}}
@@ -27,6 +29,7 @@ function renderUser() {
   userName.textContent = me ? me.name || me.subject || '?' : '';
   userRole.textContent = me ? me.role || '' : '';
   navExecutions.hidden = !me;
+  navWorkers.hidden = !me;
 }
 
 function stopView() {
@@ -52,7 +55,9 @@ function route(force = false) {
   let mount = notFound;
   if (path === '/ui' || path === '/ui/executions') [key, mount] = ['list', () => mountList(view, ctx)];
   else if (id) [key, mount] = [`detail:${id}`, () => mountDetail(view, ctx, id)];
+  else if (path === '/ui/workers') [key, mount] = ['workers', () => mountWorkers(view)];
   navExecutions.classList.toggle('active', key === 'list');
+  navWorkers.classList.toggle('active', key === 'workers');
   if (!force && current && current.key === key && current.view.update) {
     current.view.update();
     return;

@@ -36,10 +36,18 @@ async def shard_topology(request: Request, runtime: RuntimeDep) -> dict[str, Any
             return pg.executions.count_estimate(conn)
 
     async def own_health() -> dict[str, Any]:
+        # Answered within the time the asking server waits (LIST_TIMEOUT): a database that
+        # just went down can hold a pooled connection's wait longer, and the answer would
+        # then say only that this server was slow, not why.
+        wait = LIST_TIMEOUT * 0.6
         try:
-            return {"healthy": True, "executions_estimate": await asyncio.to_thread(estimate)}
+            found = await asyncio.wait_for(asyncio.to_thread(estimate), timeout=wait)
         except StoreError as exc:
             return {"healthy": False, "error": f"shard {own}: {exc}", "executions_estimate": None}
+        except TimeoutError:
+            why = f"shard {own}: its database did not answer in {wait:g} s"
+            return {"healthy": False, "error": why, "executions_estimate": None}
+        return {"healthy": True, "executions_estimate": found}
 
     everywhere = runtime.fan_out(request)
     live, mine, (answers, missing) = await asyncio.gather(

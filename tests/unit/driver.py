@@ -18,6 +18,27 @@ from flowtide.engine.state import ExecutionState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 
+# A counting cycle: a step entered again (its result from the run before stays in the
+# context until the new run reports), an arc back to the same step, ctx set by `set` and
+# by an arc (tests of the context revision and of the UI's graph and summary).
+CYCLE = """
+workload: {limit: 3}
+workflow:
+  - step: start
+    tool: {kind: noop}
+    set: {ctx.i: 0}
+    next: [tick]
+  - step: tick
+    tool: {kind: noop}
+    set: {ctx.i: "{{ ctx.i + 1 }}"}
+    next:
+      arcs:
+        - {step: done, when: "{{ ctx.i >= limit }}", set: {ctx.last: "{{ ctx.i }}"}}
+        - {step: tick}
+  - step: done
+    tool: {kind: noop}
+"""
+
 EXECUTION_ID = 7
 FIRST_ID = 1000
 NOW = 1_700_000_000.0

@@ -11,7 +11,7 @@ import pytest
 
 from flowtide.engine.state import ExecutionState
 
-from .driver import EXECUTION_ID, Driver
+from .driver import CYCLE, EXECUTION_ID, Driver
 
 LOOP = """
 workflow:
@@ -23,26 +23,6 @@ workflow:
     tool: {kind: noop}
     next: [{step: end}]
   - step: end
-    tool: {kind: noop}
-"""
-
-# A step entered again (its result from the run before stays in the context until the
-# new run reports), ctx set by arcs, by `set` and by a tool's report.
-CYCLE = """
-workload: {limit: 3}
-workflow:
-  - step: start
-    tool: {kind: noop}
-    set: {ctx.i: 0}
-    next: [tick]
-  - step: tick
-    tool: {kind: noop}
-    set: {ctx.i: "{{ ctx.i + 1 }}"}
-    next:
-      arcs:
-        - {step: done, when: "{{ ctx.i >= limit }}", set: {ctx.last: "{{ ctx.i }}"}}
-        - {step: tick}
-  - step: done
     tool: {kind: noop}
 """
 

@@ -9,7 +9,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.ui.graph import playbook_graph
 from flowtide.ui.summary import execution_summary
 
-from .driver import Driver
+from .driver import CYCLE, Driver
 
 DIAMOND = """
 workflow:
@@ -33,24 +33,6 @@ workflow:
   - step: end
     tool: {kind: noop}
 workload: {go_left: false}
-"""
-
-CYCLE = """
-workload: {limit: 3}
-workflow:
-  - step: start
-    tool: {kind: noop}
-    set: {ctx.i: 0}
-    next: [tick]
-  - step: tick
-    tool: {kind: noop}
-    set: {ctx.i: "{{ ctx.i + 1 }}"}
-    next:
-      arcs:
-        - {step: done, when: "{{ ctx.i >= limit }}"}
-        - {step: tick}
-  - step: done
-    tool: {kind: noop}
 """
 
 

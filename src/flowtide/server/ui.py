@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from flowtide.errors import AuthError
 from flowtide.server.problems import problem_responses
 from flowtide.server.runtime import RuntimeDep
-from flowtide.ui.pages import SessionRequest, clear_session_cookie, set_session_cookie
+from flowtide.ui.pages import SessionRequest, signed_in, signed_out
 
 __all__ = ["router"]
 
@@ -29,14 +29,10 @@ async def open_session(body: SessionRequest, request: Request, runtime: RuntimeD
     if auth is None:
         raise AuthError("server is starting", status=503)
     principal = await auth.authenticate(f"Bearer {body.token}")
-    reply = JSONResponse({"name": principal.name, "role": principal.role})
-    set_session_cookie(reply, body.token, request)
-    return reply
+    return signed_in(principal, body.token, request)
 
 
 @router.delete("/api/session")
 async def close_session(request: Request) -> JSONResponse:
     """Sign a browser out (the cookie is cleared; the token itself stays valid)."""
-    reply = JSONResponse({"signed_out": True})
-    clear_session_cookie(reply, request)
-    return reply
+    return signed_out(request)

@@ -42,7 +42,7 @@ from flowtide.server.problems import error_response
 from flowtide.server.schemas import CancelRequest
 from flowtide.store.base import ExecutionRow, Store
 from flowtide.ui import pages
-from flowtide.ui.pages import SessionRequest, clear_session_cookie, set_session_cookie
+from flowtide.ui.pages import SessionRequest, signed_in, signed_out
 from flowtide.ui.summary import execution_item, summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 
@@ -224,15 +224,11 @@ def create_local_app(
     async def open_session(body: SessionRequest, request: Request) -> JSONResponse:
         """Sign the browser in with the token `flowtide ui` printed."""
         principal = await auth.authenticate(f"Bearer {body.token}")
-        reply = JSONResponse({"name": principal.name, "role": principal.role})
-        set_session_cookie(reply, body.token, request)
-        return reply
+        return signed_in(principal, body.token, request)
 
     @router.delete("/api/session")
     async def close_session(request: Request) -> JSONResponse:
-        reply = JSONResponse({"signed_out": True})
-        clear_session_cookie(reply, request)
-        return reply
+        return signed_out(request)
 
     @router.get("/api/executions")
     async def list_executions(

@@ -19,9 +19,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 from pydantic import Field
 
+from flowtide.auth.principal import Principal
 from flowtide.errors import NotFoundError
 from flowtide.server.access import SESSION_COOKIE
 from flowtide.server.fields import RequestBody
@@ -30,10 +37,10 @@ __all__ = [
     "SESSION_SECONDS",
     "STATIC_DIR",
     "SessionRequest",
-    "clear_session_cookie",
     "page_headers",
     "router",
-    "set_session_cookie",
+    "signed_in",
+    "signed_out",
 ]
 
 STATIC_DIR: Final = Path(__file__).resolve().parent / "static"
@@ -110,8 +117,10 @@ class SessionRequest(RequestBody):
     token: str = Field(min_length=1, max_length=16_384, description="An API token or a JWT.")
 
 
-def set_session_cookie(reply: Response, token: str, request: Request) -> None:
-    """Keep a verified token in the browser's session cookie."""
+def signed_in(principal: Principal, token: str, request: Request) -> JSONResponse:
+    """The reply to `POST /api/session` once `token` verified as `principal`: who it is,
+    and the token kept in the browser's session cookie."""
+    reply = JSONResponse({"name": principal.name, "role": principal.role})
     reply.set_cookie(
         SESSION_COOKIE,
         token,
@@ -121,9 +130,12 @@ def set_session_cookie(reply: Response, token: str, request: Request) -> None:
         httponly=True,
         samesite="strict",
     )
+    return reply
 
 
-def clear_session_cookie(reply: Response, request: Request) -> None:
+def signed_out(request: Request) -> JSONResponse:
+    """The reply to `DELETE /api/session`: the cookie cleared (the token stays valid)."""
+    reply = JSONResponse({"signed_out": True})
     reply.delete_cookie(
         SESSION_COOKIE,
         path="/",
@@ -131,3 +143,4 @@ def clear_session_cookie(reply: Response, request: Request) -> None:
         httponly=True,
         samesite="strict",
     )
+    return reply

@@ -45,6 +45,7 @@ async def run_to_end(
         The execution's final state.
     """
     from flowtide.credentials import CredentialVault
+    from flowtide.runlock import run_locks_for
     from flowtide.runtime.local import LocalRuntime
 
     async with LocalRuntime(
@@ -53,6 +54,7 @@ async def run_to_end(
         credentials=CredentialVault(store, home),
         listener=listener,
         data_dir=home / "data",
+        locks=run_locks_for(store, home),
     ) as runtime:
         execution_id = await start(runtime)
         with watch(execution_id) if watch is not None else contextlib.nullcontext():

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
 
 from .stack import Stack
+from .test_faults import _wait
 
 
 @contextlib.contextmanager
@@ -108,3 +110,102 @@ def test_the_page_and_its_assets_are_public_and_nothing_else_is_served(stack: St
             b"Content-Length: 67108864\r\n\r\n{}"
         )
         assert raw.recv(4096).startswith(b"HTTP/1.1 413")
+
+
+# -- the read and action endpoints the UI added -------------------------------------
+
+STEPS = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: ui_steps, path: tests/ui/steps}
+workload: {n: 3, big: 0}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'numbers': list(range(n))}", input: {n: "{{ n }}"}}
+    next: [huge]
+  - step: huge
+    # A result too large to show: the panel gets its size only.
+    tool: {kind: python, code: "result = 'x' * big", input: {big: "{{ big }}"}}
+    next: [end]
+  - step: end
+"""
+
+
+def test_step_detail_rerun_and_list_filters(stack: Stack) -> None:
+    with stack.client("operator", timeout=30) as api, stack.client("reader", timeout=30) as reader:
+        r = api.post("/api/catalog/register", json={"content": STEPS, "source_file": "steps.yaml"})
+        assert r.status_code == 201, r.text
+        r = api.post(
+            "/api/execute",
+            json={"catalog_id": "tests/ui/steps", "payload": {"n": 4, "big": 300_000}},
+        )
+        assert r.status_code == 201, r.text
+        first = r.json()["execution_id"]
+        assert _wait(api, first)["status"] == "completed"
+
+        step = reader.get(f"/api/executions/{first}/steps/start")
+        assert step.status_code == 200, step.text
+        doc = step.json()
+        assert doc["status"] == "completed" and doc["kind"] == "python" and doc["runs"] == 1
+        assert doc["result"] == {"numbers": [0, 1, 2, 3]} and not doc["result_truncated"]
+        assert doc["line"] == 7 and doc["source"].startswith("  - step: start\n")
+        assert doc["source"].rstrip().endswith("next: [huge]")  # not the next step
+        assert [c["type"] for c in doc["calls"]] == ["call.done"]
+        assert doc["calls"][0]["attempt"] == 1 and doc["spark"] is None
+        huge = reader.get(f"/api/executions/{first}/steps/huge").json()
+        assert huge["result"] is None and huge["result_truncated"] is True
+        assert huge["result_size"] > 300_000
+        missing = reader.get(f"/api/executions/{first}/steps/nope")
+        assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
+
+        # Re-run: the same catalog version and workload; an operator's right only.
+        assert reader.post(f"/api/executions/{first}/rerun", json={}).status_code == 403
+        r = api.post(f"/api/executions/{first}/rerun", json={})
+        assert r.status_code == 201, r.text
+        second = r.json()["execution_id"]
+        assert second != first and r.json()["rerun_of"] == first
+        assert _wait(api, second)["status"] == "completed"
+        again = api.get(f"/api/executions/{second}/steps/start").json()
+        assert again["result"] == {"numbers": [0, 1, 2, 3]}
+        assert api.post("/api/executions/1/rerun", json={}).status_code == 404
+
+        def ids(**params: object) -> list[str]:
+            r = reader.get("/api/executions", params=params)
+            assert r.status_code == 200, r.text
+            return [i["execution_id"] for i in r.json()["items"]]
+
+        assert ids(playbook="TESTS/UI/STEPS") == [second, first]
+        assert ids(playbook="tests/ui/steps", parent=first) == []
+        assert ids(playbook="tests/ui/steps", since=time.time() + 3600) == []
+        assert ids(playbook="tests/ui/steps", min_seconds=3600) == []
+        assert ids(playbook="tests/ui/steps", max_seconds=3600) == [second, first]
+        item = reader.get("/api/executions", params={"playbook": "tests/ui/steps"}).json()["items"][
+            0
+        ]
+        assert item["ended"] is not None and item["duration"] >= 0 and item["progress"] is None
+        bad = reader.get("/api/executions", params={"min_seconds": -1})
+        assert bad.status_code == 422
+
+
+def test_catalog_validate_marks_errors_and_the_entry_offers_its_workload(stack: Stack) -> None:
+    with stack.client("reader", timeout=30) as reader, stack.client("operator", timeout=30) as api:
+        broken = STEPS.replace("next: [huge]", "next: [nowhere]")
+        r = reader.post("/api/catalog/validate", json={"content": broken, "source_file": "b.yaml"})
+        assert r.status_code == 200, r.text
+        check = r.json()
+        assert check["valid"] is False and check["name"] is None
+        [error] = check["errors"]
+        assert error["line"] == 9 and "nowhere" in error["message"] and error["step"] == "start"
+        syntax = reader.post("/api/catalog/validate", json={"content": "a: [\n"}).json()
+        assert syntax["valid"] is False and syntax["errors"][0]["line"] is not None
+        good = reader.post("/api/catalog/validate", json={"content": STEPS}).json()
+        assert good["valid"] and good["errors"] == [] and good["workload"] == {"n": 3, "big": 0}
+        assert good["path"] == "tests/ui/steps" and good["steps"] == 3
+        too_big = reader.post("/api/catalog/validate", json={"content": "x" * 4_000_001})
+        assert too_big.status_code == 422
+        # Validating records nothing; registering is an operator's.
+        assert reader.post("/api/catalog/register", json={"content": STEPS}).status_code == 403
+        api.post("/api/catalog/register", json={"content": STEPS})
+        entry = reader.get("/api/catalog/tests/ui/steps").json()
+        assert entry["name"] == "ui_steps" and entry["workload"] == {"n": 3, "big": 0}
+        assert entry["errors"] == [] and entry["steps"] == 3

@@ -207,6 +207,37 @@ class StoreConformance:
         assert store.list_executions(limit=0) == []
         assert store.list_executions()[0] == store.get_execution(50)
 
+    def test_list_executions_filtered(self, store: Store) -> None:
+        make_execution(store, 1, playbook_path="etl/daily_load", created=T0)
+        make_execution(
+            store, 2, playbook_path=None, playbook_file="/x/Daily_Report.yaml", created=T0 + 10
+        )
+        make_execution(
+            store, 3, playbook_path="etl/50%_off", parent_execution_id=1, created=T0 + 20
+        )
+        make_execution(store, 4, playbook_path="other", parent_execution_id=1, created=T0 + 30)
+        store.update_execution(1, status="completed", updated=T0 + 100)  # lasted 100 s
+        store.update_execution(2, status="failed", updated=T0 + 11)  # 1 s
+        store.update_execution(3, status="running", updated=T0 + 21)  # running: to `now`
+
+        def ids(**kw: Any) -> list[int]:
+            return [r.execution_id for r in store.list_executions(**kw)]
+
+        assert ids(playbook="DAILY") == [2, 1]  # path or file, any case
+        assert ids(playbook="50%") == [3]  # the text's own % is not a wildcard
+        assert ids(playbook="_off") == [3]
+        assert ids(playbook="daily", status="failed") == [2]
+        assert ids(playbook="nothing") == []
+        assert ids(parent_id=1) == [4, 3]
+        assert ids(parent_id=1, before_id=4) == [3]
+        assert ids(created_since=T0 + 10) == [4, 3, 2]
+        assert ids(created_until=T0 + 20) == [2, 1]
+        assert ids(created_since=T0 + 10, created_until=T0 + 30) == [3, 2]
+        now = T0 + 1000
+        assert ids(min_seconds=50, now=now) == [4, 3, 1]  # 4 and 3 run still: ~970-980 s
+        assert ids(min_seconds=50, max_seconds=500, now=now) == [1]
+        assert ids(max_seconds=5, now=now) == [2]
+
     def test_list_executions_default_limit_is_50(self, store: Store) -> None:
         for eid in range(1, 61):
             make_execution(store, eid)
@@ -260,6 +291,18 @@ class StoreConformance:
         assert store.events(1, after_event_id=10) == []
         assert store.events(1, limit=0) == []
         assert len(store.events(1, after_event_id=0)) == 10
+
+    def test_newest_events(self, store: Store) -> None:
+        kinds = ["call.done", "loop.item"]
+        store.append([event(1, i, kinds[i % 2], step="s") for i in range(1, 11)])
+        got = store.events(1, types={"call.done"}, limit=2, newest=True)
+        assert [e.event_id for e in got] == [8, 10]  # the newest two, oldest first
+        assert [e.event_id for e in store.events(1, limit=3, newest=True)] == [8, 9, 10]
+        assert len(store.events(1, newest=True)) == 10  # no limit: the whole log
+        assert [e.event_id for e in store.events(1, after_event_id=8, limit=5, newest=True)] == [
+            9,
+            10,
+        ]
 
     def test_events_of_some_types(self, store: Store) -> None:
         kinds = ["step.enter", "command.started", "command.completed", "loop.item"]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from flowtide.cli.backends import open_store
-from flowtide.cli.options import DbOpt, HomeOpt, err
+from flowtide.cli.options import DbOpt, HomeOpt, err, home_dir
 
 #: Where `flowtide ui` listens unless told otherwise.
 DEFAULT_PORT = 8080
@@ -32,7 +32,10 @@ def ui_cmd(
 ) -> None:
     """Serve the web UI over the local store: the executions `flowtide run` made, their
     graphs with each step's status, their loops' progress and their event logs, live
-    while they run.
+    while they run; the catalog (`flowtide catalog register`) with a run form.
+
+    Runs started, re-run or resumed from the page run in this process (like `flowtide
+    run`), and stop with it: a run still going then continues with `flowtide resume`.
 
     It prints the URL to open once: the token after its `#` is made at start and is the
     only way in (any process or web page can reach a loopback port). Stop with Ctrl-C.
@@ -57,7 +60,9 @@ def ui_cmd(
     port = sock.getsockname()[1]
     secret = secrets.token_urlsafe(32)
     shown = f"[{host}]" if ":" in host else host
-    app = create_local_app(store, secret=secret, hosts=local_hosts(shown, port))
+    app = create_local_app(
+        store, secret=secret, hosts=local_hosts(shown, port), home=home_dir(home)
+    )
     count = len(store.list_executions(limit=1000))
     where = getattr(store, "path", None) or getattr(store, "dsn_display", "the store")
     typer.echo(f"flowtide ui: {count if count < 1000 else '1000+'} executions in {where}")

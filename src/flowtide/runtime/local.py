@@ -30,6 +30,7 @@ from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import visible_env
 from flowtide.redaction import remember
+from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.command import run_command
 from flowtide.runtime.pipeline import StepRunner, child_result
@@ -62,8 +63,11 @@ class LocalRuntime:
         listener: Listener | None = None,
         data_dir: Path | None = None,
         template_env: Mapping[str, str] | None = None,
+        locks: RunLocks | None = None,
     ) -> None:
         self.store = store
+        # Held for each execution this runtime runs, so no other process resumes it.
+        self.locks = locks
         # Embedded: the user's own machine, so templates see the user's environment
         # (FLOWTIDE_* names excepted; FLOWTIDE_TEMPLATE_ENV narrows it).
         self.template_env = (
@@ -130,6 +134,8 @@ class LocalRuntime:
             except asyncio.CancelledError:
                 pass
         self._pool.shutdown()
+        if self.locks is not None:
+            self.locks.release_all()
 
     # -- public API --------------------------------------------------------------------
 
@@ -159,6 +165,8 @@ class LocalRuntime:
             parent_command_id=parent_command_id,
             inherited=parent.secrets if parent is not None else frozenset(),
         )
+        if self.locks is not None:
+            self.locks.acquire(start.execution_id)
         self.store.create_execution(start.execution_id, **start.columns())
         self._register(playbook, start.execution_id)
         await self._warm(playbook)
@@ -186,6 +194,8 @@ class LocalRuntime:
         await self._warm(playbook)
         if state.terminal:
             execution.done.set()
+            if self.locks is not None:
+                self.locks.release(execution_id)
             return state
         self._abandon_children(execution_id)
         for record in list(state.commands.values()):
@@ -199,25 +209,43 @@ class LocalRuntime:
     def _abandon_children(self, execution_id: int) -> None:
         """Sub-playbook runs that were in flight when the parent stopped: the parent's
         command runs again and starts new ones, so the old ones are closed as cancelled."""
-        now = time.time()
         for row in self.store.list_executions(status="running", limit=10_000):
             if row.parent_execution_id != execution_id:
                 continue
             error = {"kind": "abandoned", "message": f"parent execution {execution_id} was resumed"}
-            event = Event(
-                event_id=self.ids.next_id(),
-                execution_id=row.execution_id,
-                type=ev.PLAYBOOK_CANCELLED,
-                status="cancelled",
-                error=error,
-                time=now,
-            )
-            self.store.append(
-                [event],
-                execution_updates=[
-                    ExecutionUpdate(row.execution_id, "cancelled", now, error=error)
-                ],
-            )
+            self._close_cancelled(row.execution_id, error)
+
+    def _close_cancelled(self, execution_id: int, error: dict[str, Any]) -> None:
+        now = time.time()
+        event = Event(
+            event_id=self.ids.next_id(),
+            execution_id=execution_id,
+            type=ev.PLAYBOOK_CANCELLED,
+            status="cancelled",
+            error=error,
+            time=now,
+        )
+        self.store.append(
+            [event],
+            execution_updates=[ExecutionUpdate(execution_id, "cancelled", now, error=error)],
+        )
+
+    def cancel_stopped(self, execution_id: int, reason: str = "cancelled by user") -> None:
+        """Close an execution that no process runs any more (its row still says running:
+        the process that ran it was stopped) as cancelled, without running anything.
+
+        Raises:
+            ExecutionBusy: a live process runs it (with `locks`): cancel it there.
+        """
+        if self.locks is not None:
+            self.locks.acquire(execution_id)
+        try:
+            row = self.store.get_execution(execution_id)
+            if row.status not in ("completed", "failed", "cancelled"):
+                self._close_cancelled(execution_id, {"kind": "cancelled", "message": reason})
+        finally:
+            if self.locks is not None:
+                self.locks.release(execution_id)
 
     async def wait(self, execution_id: int, timeout: float | None = None) -> ExecutionState:
         execution = self._executions[execution_id]
@@ -355,6 +383,8 @@ class LocalRuntime:
             if self.loopstate is not None:
                 await self.loopstate.cleanup(execution_id)
             execution.done.set()
+            if self.locks is not None:
+                self.locks.release(execution_id)
         if self.listener is not None and out.recorded:
             self.listener(out.recorded, self._states)
 

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
@@ -56,6 +56,7 @@ __all__ = [
     "Gate",
     "Rule",
     "authorize",
+    "authorizer",
     "caller",
     "cookie_token",
 ]
@@ -114,6 +115,8 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/executions/{execution_id}/events"): READER,
     ("GET", "/api/executions/{execution_id}/summary"): READER,
     ("GET", "/api/executions/{execution_id}/timeline"): READER,
+    ("GET", "/api/executions/{execution_id}/steps/{step}"): READER,
+    ("POST", "/api/executions/{execution_id}/rerun"): OPERATOR,
     ("GET", "/api/executions/{execution_id}/events/stream"): READER,
     ("POST", "/api/executions/{execution_id}/finalize"): ADMIN,
     ("GET", "/api/commands/{event_id:int}"): READER,
@@ -148,6 +151,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     # catalog
     ("POST", "/api/catalog/register"): OPERATOR,
     ("GET", "/api/catalog/list"): READER,
+    ("POST", "/api/catalog/validate"): READER,
     ("GET", "/api/catalog/{path:path}"): READER,
     # secrets and who may get in
     ("POST", "/api/credentials"): ADMIN,
@@ -226,29 +230,38 @@ _BEARER: Final = HTTPBearer(
 )
 
 
-async def authorize(
-    request: Request,
-    # Only declares the scheme in the OpenAPI document (the docs' Authorize button): the
-    # Gate has authenticated the request already.
-    _: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)] = None,
-) -> None:
-    """The app-wide dependency: the route's rule admits the caller, or 401/403."""
-    route = request.scope.get("route")
-    method = "GET" if request.method == "HEAD" else request.method
-    path = getattr(route, "path", request.url.path)
-    rule = RULES.get((method, path))
-    if rule is None:
-        # Fail closed: an endpoint nobody wrote a rule for is nobody's.
-        log.error("no access rule for %s %s: refused", method, path)
-        raise AuthError(f"{method} {path} has no access rule", status=403)
-    if rule.public or (path == "/metrics" and request.scope.get(PRINCIPAL) is ANONYMOUS):
-        return
-    principal = principal_of(request)
-    if not rule.admits(principal):
-        needed = " or ".join(rule.roles)
-        raise AuthError(
-            f"{principal.describe()} may not {method} {path} (needs {needed})", status=403
-        )
+def authorizer(rules: Mapping[tuple[str, str], Rule]) -> Callable[..., Awaitable[None]]:
+    """An app-wide dependency that admits a caller when the route's rule in `rules`
+    does (else 401/403), and refuses every route without a rule."""
+
+    async def authorize(
+        request: Request,
+        # Only declares the scheme in the OpenAPI document (the docs' Authorize button):
+        # the Gate has authenticated the request already.
+        _: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)] = None,
+    ) -> None:
+        route = request.scope.get("route")
+        method = "GET" if request.method == "HEAD" else request.method
+        path = getattr(route, "path", request.url.path)
+        rule = rules.get((method, path))
+        if rule is None:
+            # Fail closed: an endpoint nobody wrote a rule for is nobody's.
+            log.error("no access rule for %s %s: refused", method, path)
+            raise AuthError(f"{method} {path} has no access rule", status=403)
+        if rule.public or (path == "/metrics" and request.scope.get(PRINCIPAL) is ANONYMOUS):
+            return
+        principal = principal_of(request)
+        if not rule.admits(principal):
+            needed = " or ".join(rule.roles)
+            raise AuthError(
+                f"{principal.describe()} may not {method} {path} (needs {needed})", status=403
+            )
+
+    return authorize
+
+
+#: The server's app-wide dependency: the route's rule in `RULES` admits the caller.
+authorize = authorizer(RULES)
 
 
 class Authenticator:

@@ -31,11 +31,20 @@ from flowtide.redaction import weak_fields, weak_message
 from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody, Text, storable_text
 from flowtide.server.problems import error_response, field_error, problem_responses
 from flowtide.server.runtime import Runtime, RuntimeDep
+from flowtide.ui.details import check_playbook
 
 if TYPE_CHECKING:
+    from flowtide.store.base import Store
     from flowtide.store.postgres import KeychainRow
 
-__all__ = ["parse_catalog_id", "router"]
+__all__ = [
+    "catalog_entry",
+    "catalog_list",
+    "parse_catalog_id",
+    "register_text",
+    "router",
+    "validate_text",
+]
 
 _NAME: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$"
 _KIND: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
@@ -108,6 +117,26 @@ class CatalogList(BaseModel):
 
 class CatalogPlaybook(CatalogEntry):
     content: str
+    name: str | None = Field(None, description="metadata.name (null when the text is invalid).")
+    workload: dict[str, Any] | None = Field(
+        None, description="The playbook's workload defaults: what a run may override."
+    )
+    steps: int = Field(0, description="How many steps the playbook has.")
+    errors: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Why the text no longer validates (as `POST /api/catalog/validate`).",
+    )
+
+
+class PlaybookCheck(BaseModel):
+    valid: bool
+    name: str | None
+    path: Any = Field(description="metadata.path as written (null when invalid).")
+    workload: dict[str, Any] | None
+    steps: int
+    errors: list[dict[str, Any]] = Field(
+        description="message, line, column (1-based, null when unknown), step, field, expected."
+    )
 
 
 class CredentialRequest(RequestBody):
@@ -284,6 +313,74 @@ async def _resolve(runtime: Runtime, catalog_id: str) -> tuple[str, int]:
     return row.path, row.version
 
 
+async def register_text(store: Store, body: RegisterRequest) -> Registered | JSONResponse:
+    """Validate a playbook text and record it under its metadata.path (a new version
+    when the text changed, else the latest one); a 400 naming the problems when invalid.
+    The server's and `flowtide ui`'s `POST /api/catalog/register`."""
+    file = body.source_file
+    try:
+        playbook = await asyncio.to_thread(parse_playbook, body.content, file)
+    except PlaybookError as exc:
+        return _playbook_error(exc)
+    except RecursionError:  # the YAML parser recurses per nesting level
+        return _playbook_error(PlaybookError("the YAML nests too deeply", file=file, line=1))
+    path: object = playbook.path
+    problem = _catalog_path_problem(path)
+    if problem or not isinstance(path, str):
+        return _playbook_error(
+            PlaybookError(
+                problem or "metadata.path is not text",
+                file=file,
+                field="metadata.path",
+                expected="the catalog path to record, a string",
+            )
+        )
+    version = await asyncio.to_thread(
+        lambda: store.register_playbook(path, playbook.text, source_file=file, created=time.time())
+    )
+    return Registered(path=path, version=version, catalog_id=f"{path}@{version}")
+
+
+async def catalog_list(store: Store, path: str | None) -> CatalogList:
+    """The latest version of every registered path starting with `path`."""
+    rows = await asyncio.to_thread(store.catalog_entries, path)
+    return CatalogList(
+        items=[CatalogEntry(**r, catalog_id=f"{r['path']}@{r['version']}") for r in rows]
+    )
+
+
+async def catalog_entry(store: Store, path: str, version: int | None) -> CatalogPlaybook:
+    """One registered playbook with its text, workload defaults and, if the text no
+    longer validates, why. Raises NotFoundError (404) naming the path."""
+    row = await asyncio.to_thread(store.get_playbook, path, version)
+    check = await asyncio.to_thread(check_playbook, row.text, row.source_file)
+    return CatalogPlaybook(
+        path=row.path,
+        version=row.version,
+        versions=row.versions,
+        catalog_id=f"{row.path}@{row.version}",
+        source_file=row.source_file,
+        created=row.created,
+        content=row.text,
+        name=check["name"],
+        workload=check["workload"],
+        steps=check["steps"],
+        errors=check["errors"],
+    )
+
+
+async def validate_text(body: RegisterRequest) -> PlaybookCheck:
+    """`POST /api/catalog/validate` (on a server and in `flowtide ui`)."""
+    return PlaybookCheck(**await asyncio.to_thread(check_playbook, body.content, body.source_file))
+
+
+PathPrefix = Annotated[
+    Text | None, Query(max_length=4096, description="Only paths starting with this.")
+]
+CatalogVersion = Annotated[
+    int | None, Query(ge=1, le=_MAX_VERSION, description="Default: the latest.")
+]
+
 router = APIRouter()
 
 
@@ -299,46 +396,21 @@ router = APIRouter()
 async def register_playbook(body: RegisterRequest, runtime: RuntimeDep) -> Registered:
     """Validate a playbook (as `flowtide catalog register` does) and record it under
     its metadata.path: a new version when the text changed, else the latest one."""
-    file = body.source_file
-    try:
-        playbook = await asyncio.to_thread(parse_playbook, body.content, file)
-    except PlaybookError as exc:
-        return _playbook_error(exc)  # type: ignore[return-value]
-    except RecursionError:  # the YAML parser recurses per nesting level
-        return _playbook_error(  # type: ignore[return-value]
-            PlaybookError("the YAML nests too deeply", file=file, line=1)
-        )
-    path: object = playbook.path
-    problem = _catalog_path_problem(path)
-    if problem or not isinstance(path, str):
-        return _playbook_error(  # type: ignore[return-value]
-            PlaybookError(
-                problem or "metadata.path is not text",
-                file=file,
-                field="metadata.path",
-                expected="the catalog path to record, a string",
-            )
-        )
-    version = await asyncio.to_thread(
-        lambda: runtime.store.register_playbook(
-            path, playbook.text, source_file=file, created=time.time()
-        )
-    )
-    return Registered(path=path, version=version, catalog_id=f"{path}@{version}")
+    return await register_text(runtime.store, body)  # type: ignore[return-value]
+
+
+@router.post("/api/catalog/validate", tags=["catalog"])
+async def validate_playbook(body: RegisterRequest) -> PlaybookCheck:
+    """Check a playbook text as `register` would, without recording it: its name, path,
+    workload defaults and step count when valid, else every error found with its line
+    and column (for the UI's editor)."""
+    return await validate_text(body)
 
 
 @router.get("/api/catalog/list", tags=["catalog"])
-async def list_catalog(
-    runtime: RuntimeDep,
-    path: Annotated[
-        Text | None, Query(max_length=4096, description="Only paths starting with this.")
-    ] = None,
-) -> CatalogList:
+async def list_catalog(runtime: RuntimeDep, path: PathPrefix = None) -> CatalogList:
     """The latest version of every registered path (no playbook text)."""
-    rows = await asyncio.to_thread(runtime.store.catalog_entries, path)
-    return CatalogList(
-        items=[CatalogEntry(**r, catalog_id=f"{r['path']}@{r['version']}") for r in rows]
-    )
+    return await catalog_list(runtime.store, path)
 
 
 @router.get(
@@ -349,21 +421,11 @@ async def list_catalog(
 async def get_catalog_entry(
     path: Annotated[Text, PathParam(max_length=4096)],
     runtime: RuntimeDep,
-    version: Annotated[
-        int | None, Query(ge=1, le=_MAX_VERSION, description="Default: the latest.")
-    ] = None,
+    version: CatalogVersion = None,
 ) -> CatalogPlaybook:
-    """One registered playbook: metadata and its YAML text. 404 names the path."""
-    row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
-    return CatalogPlaybook(
-        path=row.path,
-        version=row.version,
-        versions=row.versions,
-        catalog_id=f"{row.path}@{row.version}",
-        source_file=row.source_file,
-        created=row.created,
-        content=row.text,
-    )
+    """One registered playbook: metadata, its YAML text, its workload defaults (what a
+    run form offers) and, if the text no longer validates, why. 404 names the path."""
+    return await catalog_entry(runtime.store, path, version)
 
 
 # -- credentials --------------------------------------------------------------------

@@ -8,6 +8,7 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Path as PathParam
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError, NotFoundError, PlaybookError, TemplateError
@@ -22,9 +23,11 @@ from flowtide.server.fields import IdPath, IdQuery, Text
 from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
-from flowtide.server.schemas import CancelRequest, ExecuteRequest
+from flowtide.server.schemas import CancelRequest, ExecuteRequest, RerunRequest
 from flowtide.store import pg
-from flowtide.ui.summary import execution_item, summary_document
+from flowtide.ui.details import CALL_TYPES, CALLS_SHOWN, step_document
+from flowtide.ui.listing import ListQuery, execution_item, list_query, listed
+from flowtide.ui.summary import summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
@@ -110,16 +113,20 @@ async def execute(
 async def list_executions(
     request: Request,
     runtime: RuntimeDep,
-    status: Annotated[Text | None, Query(max_length=64)] = None,
-    limit: Annotated[int, Query(ge=0, le=1000)] = 50,
-    before: IdQuery = None,
+    coord: CoordinatorDep,
+    q: Annotated[ListQuery, Depends(list_query)],
 ) -> dict[str, Any]:
     """Executions newest first (by id: ids are snowflakes, in creation order across
-    shards); pass `next_before` as `before` for the next page. In a cluster of several
+    shards); pass `next_before` as `before` for the next page. Filters: `status`,
+    `playbook` (text in the path or file), `parent`, `since`/`until` (creation time) and
+    `min_seconds`/`max_seconds` (duration). An item's `progress` (loop iterations done
+    of total) is there while this server holds the running execution's state, else
+    null. In a cluster of several
     shards every shard is asked at once and the pages merged: a shard that does not
     answer in time is left out and named in `unavailable_shards` (its executions come
     in a later listing, never silently skipped on a page that says it is whole)."""
-    local = asyncio.to_thread(_listed, runtime, status, limit, before)
+    limit = q.limit
+    local = asyncio.to_thread(_listed, runtime, coord, q)
     everywhere = runtime.fan_out(request)
     if everywhere is None:
         items = await local
@@ -150,11 +157,27 @@ def _next(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     return {"next_before": items[-1]["execution_id"] if len(items) == limit and items else None}
 
 
-def _listed(
-    runtime: Any, status: str | None, limit: int, before: int | None
-) -> list[dict[str, Any]]:
-    rows = runtime.store.list_executions(status=status, limit=limit, before_id=before)
-    return [execution_item(r) for r in rows]
+def _listed(runtime: Any, coord: Any, q: ListQuery) -> list[dict[str, Any]]:
+    rows = listed(runtime.store, q)
+    return [execution_item(r, _progress(coord, r)) for r in rows]
+
+
+def _progress(coord: Any, row: Any) -> dict[str, Any] | None:
+    """A running execution's loop progress from the snapshot this server last took of
+    its state (no read, no fold); None when it holds none."""
+    if row.status in TERMINAL:
+        return None
+    snap = coord.cache.snapshot(row.execution_id)
+    if snap is None:
+        return None
+    loops = list(snap.loops.values())
+    return {
+        "steps": None,
+        "steps_finished": None,
+        "iterations": sum(loop.size for loop in loops),
+        "iterations_done": sum(loop.completed for loop in loops),
+        "iterations_failed": sum(loop.failed for loop in loops),
+    }
 
 
 @router.get("/api/executions/{execution_id}", responses=problem_responses(404))
@@ -192,6 +215,71 @@ async def get_execution_summary(
     state = await coord.state(execution_id)
     row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
     return summary_document(state, row)
+
+
+@router.get(
+    "/api/executions/{execution_id}/steps/{step}",
+    responses=problem_responses((404, "No such execution, or no such step in its playbook.")),
+)
+async def get_execution_step(
+    execution_id: IdPath,
+    step: Annotated[Text, PathParam(max_length=256)],
+    who: Caller,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    workers: RegistryDep,
+) -> dict[str, Any]:
+    """One step of an execution, for the UI's step panel: status, runs, times, error
+    with the playbook's file and line, the step's YAML source, its result (null with
+    `result_truncated` past 256 KiB), its loop's counts, its newest calls, and for a
+    Spark step the Spark run (master, app id, jobs, rows written) with the dataset's
+    schema and preview rows. Values of the execution's secret set are masked."""
+    await workers.require_holder(who, execution_id, parent=True)
+    state = await coord.state(execution_id)
+    if step not in state.playbook.steps:
+        raise NotFoundError(f"execution {execution_id} has no step {step!r}")
+    calls = await asyncio.to_thread(
+        lambda: runtime.store.events(
+            execution_id, types=CALL_TYPES, steps=[step], limit=CALLS_SHOWN, newest=True
+        )
+    )
+    return step_document(state, step, calls)
+
+
+@router.post(
+    "/api/executions/{execution_id}/rerun",
+    status_code=201,
+    responses=problem_responses(
+        (400, "A sub-playbook execution (re-run its parent), or the playbook no longer loads."),
+        (404, "No such execution."),
+    ),
+)
+async def rerun(
+    execution_id: IdPath,
+    runtime: RuntimeDep,
+    coord: CoordinatorDep,
+    body: RerunRequest | None = None,
+) -> dict[str, Any]:
+    """Start a new execution of the same playbook (the same catalog version, or the same
+    inline text) with the same workload."""
+    row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+    if row.parent_execution_id is not None:
+        return error_response(  # type: ignore[return-value]
+            400,
+            f"execution {execution_id} is a sub-playbook of {row.parent_execution_id}:"
+            " re-run the parent",
+        )
+    try:
+        playbook = parse_playbook(row.playbook_text, row.playbook_file)
+        new_id = await coord.execute(
+            playbook,
+            workload=row.workload,
+            catalog_version=row.playbook_version,
+            pool=body.pool if body else "default",
+        )
+    except (PlaybookError, TemplateError) as exc:
+        return error_response(400, str(exc), field="playbook")  # type: ignore[return-value]
+    return {"execution_id": str(new_id), "status": "running", "rerun_of": str(execution_id)}
 
 
 @router.get("/api/executions/{execution_id}/timeline", responses=problem_responses(404))

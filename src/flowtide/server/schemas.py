@@ -51,6 +51,12 @@ class ExecuteRequest(RequestBody):
     parent_command_id: Id | None = None
 
 
+class RerunRequest(RequestBody):
+    pool: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Worker pool of the new run."
+    )
+
+
 class EventBody(RequestBody):
     event_id: Id
     execution_id: Id

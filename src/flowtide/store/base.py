@@ -39,6 +39,8 @@ __all__ = [
 #: Status of an execution row right after `create_execution`.
 EXECUTION_CREATED: Final = "created"
 
+#: The statuses of an execution that has ended (its log no longer grows).
+ENDED_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
 COMMAND_STATUSES: Final = frozenset({"issued", "claimed", "completed", "failed", "cancelled"})
 #: Statuses of commands a worker still has to finish (`pending_commands`).
 PENDING_COMMAND_STATUSES: Final = ("issued", "claimed")
@@ -237,6 +239,13 @@ class Store(Protocol):
         status: str | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        playbook: str | None = None,
+        parent_id: int | None = None,
+        created_since: float | None = None,
+        created_until: float | None = None,
+        min_seconds: float | None = None,
+        max_seconds: float | None = None,
+        now: float | None = None,
     ) -> list[ExecutionRow]:
         """Return executions newest first (execution_id descending).
 
@@ -244,6 +253,16 @@ class Store(Protocol):
             status: only executions with this status.
             limit: at most this many rows (>= 0).
             before_id: only executions with an id below this one (next page).
+            playbook: only executions whose playbook path or file contains this text
+                (case-insensitive for ASCII letters).
+            parent_id: only sub-playbook executions of this execution.
+            created_since: only executions created at or after this time (epoch s).
+            created_until: only executions created before this time.
+            min_seconds: only executions that lasted at least this long: from creation
+                to their last update once ended, to `now` while not ended.
+            max_seconds: only executions that lasted at most this long (as above).
+            now: the time running executions' durations are measured to (default: the
+                current time).
         Returns:
             The rows, newest first.
         Raises:
@@ -314,6 +333,7 @@ class Store(Protocol):
         limit: int | None = None,
         types: Collection[str] | None = None,
         steps: Collection[str] | None = None,
+        newest: bool = False,
     ) -> list[Event]:
         """Return an execution's events in event_id order, sealed ones unsealed.
 
@@ -323,6 +343,8 @@ class Store(Protocol):
             limit: at most this many events (>= 0); None for all.
             types: only events of these types (None: all).
             steps: only events of these steps (None: all).
+            newest: with `limit`, the newest `limit` events instead of the oldest
+                (still returned in event_id order).
         Returns:
             The events; empty for an unknown execution.
         Raises:

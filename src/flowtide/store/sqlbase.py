@@ -15,6 +15,8 @@ detection (`_is_duplicate`) and `close`. An adapter sets
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Final
@@ -23,6 +25,7 @@ from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.sealing import SEALED_PREFIX, Sealer
 from flowtide.store.base import (
+    ENDED_STATUSES,
     EXECUTION_CREATED,
     PENDING_COMMAND_STATUSES,
     UNSET,
@@ -262,6 +265,13 @@ class SQLStore:
         status: str | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        playbook: str | None = None,
+        parent_id: int | None = None,
+        created_since: float | None = None,
+        created_until: float | None = None,
+        min_seconds: float | None = None,
+        max_seconds: float | None = None,
+        now: float | None = None,
     ) -> list[ExecutionRow]:
         """See `flowtide.store.base.Store.list_executions`."""
         check_limit(limit)
@@ -273,6 +283,33 @@ class SQLStore:
         if before_id is not None:
             where.append("execution_id < ?")
             params.append(before_id)
+        if playbook:
+            # A LIKE pattern with the text's own wildcards escaped ('!' escapes).
+            pattern = "%" + re.sub(r"([!%_])", r"!\1", playbook.lower()) + "%"
+            where.append(
+                "(LOWER(COALESCE(playbook_path, '')) LIKE ? ESCAPE '!'"
+                " OR LOWER(COALESCE(playbook_file, '')) LIKE ? ESCAPE '!')"
+            )
+            params += [pattern, pattern]
+        if parent_id is not None:
+            where.append("parent_execution_id = ?")
+            params.append(parent_id)
+        if created_since is not None:
+            where.append("created >= ?")
+            params.append(created_since)
+        if created_until is not None:
+            where.append("created < ?")
+            params.append(created_until)
+        if min_seconds is not None or max_seconds is not None:
+            ended = ", ".join(f"'{s}'" for s in sorted(ENDED_STATUSES))
+            lasted = f"(CASE WHEN status IN ({ended}) THEN updated ELSE ? END) - created"
+            at = time.time() if now is None else now
+            if min_seconds is not None:
+                where.append(f"{lasted} >= ?")
+                params += [at, min_seconds]
+            if max_seconds is not None:
+                where.append(f"{lasted} <= ?")
+                params += [at, max_seconds]
         sql = f"SELECT {EXECUTION_COLUMNS} FROM execution"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -307,6 +344,7 @@ class SQLStore:
         limit: int | None = None,
         types: Collection[str] | None = None,
         steps: Collection[str] | None = None,
+        newest: bool = False,
     ) -> list[Event]:
         """See `flowtide.store.base.Store.events`."""
         check_limit(limit)
@@ -316,12 +354,16 @@ class SQLStore:
             sql += " AND event_id > ?"
             params.append(after_event_id)
         sql += _among("type", types, params) + _among("step", steps, params)
-        sql += " ORDER BY event_id"
+        backwards = newest and limit is not None
+        sql += " ORDER BY event_id DESC" if backwards else " ORDER BY event_id"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
         sealer = self.sealer
-        return [event_row(r, sealer) for r in self._read("events", sql, params)]
+        rows = self._read("events", sql, params)
+        if backwards:
+            rows.reverse()
+        return [event_row(r, sealer) for r in rows]
 
     def event_times(
         self, execution_id: int, *, types: Collection[str], steps: Collection[str] | None = None

@@ -10,50 +10,78 @@ the server's own Gate (the session cookie, the CSRF header, body caps), and it a
 only requests whose Host is the address it listens on (a page of another site that
 rebinds its DNS name to 127.0.0.1 sends its own name as Host).
 
-Folded states are cached and caught up as the log grows (`FoldCache`), so a page that
-polls a running 100,000-iteration loop reads the new events only.
+A user can also start playbooks here (a catalog entry's run form, a re-run) and
+resume an interrupted run: they run in this process, on an embedded runtime like
+`flowtide run`'s, which holds each one's run lock (`flowtide.runlock`) so no other
+process resumes it meanwhile; this process can cancel those. A run of another live
+process is its own to stop (409 naming the pid); one that no process runs any more is
+closed as cancelled.
+
+Folded states are cached and caught up as the log grows (`flowtide.ui.fold`), so a
+page that polls a running 100,000-iteration loop reads the new events only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import hmac
+import json
 import threading
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from pathlib import Path
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from flowtide.auth.principal import Principal
-from flowtide.engine.state import FOLDED_TYPES, ExecutionState
-from flowtide.errors import AuthError
+from flowtide.engine import events as ev
+from flowtide.engine.state import secret_values
+from flowtide.errors import AuthError, NotFoundError, PlaybookError, TemplateError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import mask_value
+from flowtide.runlock import ExecutionBusy, RunLocks, run_locks_for
 from flowtide.runtime.report import execution_document
-from flowtide.server.access import Authenticator, Gate, authorize
+from flowtide.server.access import OPERATOR, RULES, Authenticator, Gate, authorizer
+from flowtide.server.api_cluster import (
+    CatalogVersion,
+    PathPrefix,
+    RegisterRequest,
+    catalog_entry,
+    catalog_list,
+    parse_catalog_id,
+    register_text,
+    validate_text,
+)
 from flowtide.server.documents import event_document
 from flowtide.server.errors import install_error_handlers
-from flowtide.server.fields import IdPath, IdQuery, Text
+from flowtide.server.fields import INT64_MAX, IdPath, IdQuery, Text
 from flowtide.server.problems import error_response
-from flowtide.server.schemas import CancelRequest
-from flowtide.store.base import ExecutionRow, Store
+from flowtide.server.schemas import CancelRequest, ExecuteRequest, RerunRequest
+from flowtide.store.base import ENDED_STATUSES, Store
 from flowtide.ui import pages
+from flowtide.ui.details import CALL_TYPES, CALLS_SHOWN, step_document
+from flowtide.ui.fold import FoldCache, overlap_floor
+from flowtide.ui.listing import ListQuery, execution_item, list_query, listed
 from flowtide.ui.pages import SessionRequest, signed_in, signed_out
-from flowtide.ui.summary import execution_item, summary_document
+from flowtide.ui.summary import execution_summary, summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
+from flowtide.wire import EXECUTE_PATH
 
 __all__ = ["FoldCache", "LocalAuthenticator", "create_local_app"]
 
-#: Statuses after which an execution's log does not grow.
-TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
-#: How far back (ms of snowflake time) a catch-up reads again: an event a worker thread
-#: made just before another one may be written just after it.
-OVERLAP_MS: Final = 500
-_ID_MS_SHIFT: Final = 22
+#: How often a live event stream reads the log; a keep-alive comment after this long idle.
+STREAM_POLL: Final = 0.25
+STREAM_KEEPALIVE: Final = 15.0
+_STREAM_BATCH: Final = 500
+#: The list computes progress bars for at most this many running executions per page
+#: (each is a fold of its log; cached and caught up afterwards).
+PROGRESS_PER_PAGE: Final = 10
+#: The server's access rules, and those of the routes only `flowtide ui` has.
+LOCAL_RULES: Final = {**RULES, ("POST", "/api/executions/{execution_id}/resume"): OPERATOR}
 
 
 class LocalAuthenticator(Authenticator):
@@ -75,86 +103,6 @@ class LocalAuthenticator(Authenticator):
         ):
             raise AuthError("invalid token: open the URL `flowtide ui` printed", status=401)
         return self.principal
-
-
-@dataclass
-class _Folded:
-    playbook_text: str
-    state: ExecutionState
-    last_id: int = 0
-    #: Ids applied within the overlap window (read again, not applied again).
-    recent: set[int] = field(default_factory=set)
-    exact: bool = False
-
-
-class FoldCache:
-    """Executions' states folded from the local store, caught up incrementally (thread-
-    safe; its calls block on SQLite: run them in a thread).
-
-    Only the events that change the fold are read (`FOLDED_TYPES`: a loop's
-    `command.started`, `call.done` and `loop.item` are three of its five events per
-    iteration). While an execution runs, each read applies the events after the last one
-    seen, with
-    an overlap of `OVERLAP_MS` of ids read again (and skipped when applied already):
-    the embedded runtime writes a worker's events after it made their ids, so one can
-    land behind a newer one. Once the execution has ended, its state is folded once
-    more from the whole log in order, so what a finished run shows is exact."""
-
-    def __init__(self, store: Store, size: int = 32) -> None:
-        self.store = store
-        self.size = size
-        self._lock = threading.Lock()
-        self._folded: OrderedDict[int, _Folded] = OrderedDict()
-
-    def state(self, execution_id: int) -> tuple[ExecutionRow, ExecutionState]:
-        row = self.store.get_execution(execution_id)
-        with self._lock:
-            entry = self._folded.get(execution_id)
-            if entry is None or entry.playbook_text != row.playbook_text:
-                entry = _Folded(
-                    row.playbook_text,
-                    ExecutionState(
-                        parse_playbook(row.playbook_text, row.playbook_file), execution_id
-                    ),
-                )
-            if not entry.exact:
-                if row.status in TERMINAL:
-                    entry = self._refold(entry, execution_id)
-                else:
-                    self._catch_up(entry, execution_id)
-            self._folded[execution_id] = entry
-            self._folded.move_to_end(execution_id)
-            while len(self._folded) > self.size:
-                self._folded.popitem(last=False)
-            return row, entry.state
-
-    def prewarm(self, count: int) -> None:
-        """Fold the `count` newest executions (a store error is left to the requests)."""
-        try:
-            for row in self.store.list_executions(limit=count):
-                self.state(row.execution_id)
-        except Exception:  # noqa: BLE001 - the same error reaches the page that asks
-            return
-
-    def _catch_up(self, entry: _Folded, execution_id: int) -> None:
-        horizon = max(0, entry.last_id - (OVERLAP_MS << _ID_MS_SHIFT)) if entry.last_id else None
-        events = self.store.events(execution_id, after_event_id=horizon, types=FOLDED_TYPES)
-        for event in events:
-            if event.event_id in entry.recent:
-                continue
-            entry.state.apply(event)
-            entry.recent.add(event.event_id)
-            entry.last_id = max(entry.last_id, event.event_id)
-        floor = entry.last_id - (OVERLAP_MS << _ID_MS_SHIFT)
-        entry.recent = {i for i in entry.recent if i > floor}
-
-    def _refold(self, entry: _Folded, execution_id: int) -> _Folded:
-        state = ExecutionState(entry.state.playbook, execution_id)
-        events = self.store.events(execution_id, types=FOLDED_TYPES)
-        for event in events:
-            state.apply(event)
-        last = events[-1].event_id if events else 0
-        return _Folded(entry.playbook_text, state, last, exact=True)
 
 
 Scope = MutableMapping[str, Any]
@@ -199,26 +147,132 @@ def local_hosts(host: str, port: int) -> list[str]:
     return [f"{name}:{port}" for name in sorted(names)]
 
 
+class LocalRuns:
+    """The embedded runtime of a `flowtide ui` process: the runs started, re-run or
+    resumed from the page. Opened with the app (its lifespan), closed with it: a run
+    still going when the UI stops is left `running`, for `flowtide resume`."""
+
+    def __init__(self, store: Store, home: Path, locks: RunLocks) -> None:
+        self.store = store
+        self.home = home
+        self.locks = locks
+        self.runtime: Any = None
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        from flowtide.credentials import CredentialVault
+        from flowtide.runtime.local import LocalRuntime
+
+        async with LocalRuntime(
+            self.store,
+            credentials=CredentialVault(self.store, self.home),
+            data_dir=self.home / "data",
+            locks=self.locks,
+        ) as runtime:
+            self.runtime = runtime
+            try:
+                yield
+            finally:
+                self.runtime = None
+
+    def live(self) -> Any:
+        if self.runtime is None:
+            raise RuntimeError("the UI's runtime is not open")
+        return self.runtime
+
+    def runs(self, execution_id: int) -> bool:
+        """Whether this process runs the execution (until it ends)."""
+        return self.locks.holds(execution_id)
+
+
+def _busy(execution_id: int, pid: int | None, what: str) -> JSONResponse:
+    who = f"process {pid}" if pid else "another process"
+    return error_response(
+        409,
+        f"execution {execution_id} is running in {who} (`flowtide run`):"
+        f" {what} it there (Ctrl-C stops it; `flowtide resume` continues it)",
+    )
+
+
+async def _follow(
+    store: Store, folds: FoldCache, execution_id: int, after: int | None, secrets: frozenset[str]
+) -> AsyncIterator[str]:
+    """The server's event stream over the local store: each event once, as written. The
+    embedded runtime writes a worker's events after it made their ids, so each read
+    looks `OVERLAP_MS` back and skips the ids already sent (an event can then come after
+    one with a higher id: the stream is in write order)."""
+    loop = asyncio.get_running_loop()
+    yield "retry: 1000\n\n"
+    last_id = after or 0
+    sent: set[int] = set()
+    last_sent = loop.time()
+    while True:
+
+        def read(horizon: int | None) -> tuple[list[Any], str]:
+            status = store.get_execution(execution_id).status
+            return store.events(execution_id, after_event_id=horizon, limit=_STREAM_BATCH), status
+
+        horizon = overlap_floor(last_id) if sent else (last_id or None)
+        events, status = await asyncio.to_thread(read, horizon)
+        fresh = [e for e in events if e.event_id not in sent]
+        if fresh:
+            parts = []
+            for e in fresh:
+                if e.type == ev.SECRETS_ADDED:
+                    secrets = secrets | secret_values(e)
+                data = json.dumps(event_document(e, secrets), separators=(",", ":"))
+                parts.append(f"id: {e.event_id}\nevent: {e.type}\ndata: {data}\n\n")
+                sent.add(e.event_id)
+                last_id = max(last_id, e.event_id)
+            floor = overlap_floor(last_id)
+            sent = {i for i in sent if i >= floor}
+            yield "".join(parts)
+            last_sent = loop.time()
+        if len(events) == _STREAM_BATCH:
+            continue
+        if status in ENDED_STATUSES and not fresh:
+            row = await asyncio.to_thread(store.get_execution, execution_id)
+            end = {
+                "execution_id": str(execution_id),
+                "status": row.status,
+                "error": mask_value(row.error, secrets),
+            }
+            yield f"event: end\ndata: {json.dumps(end, separators=(',', ':'))}\n\n"
+            return
+        if loop.time() - last_sent >= STREAM_KEEPALIVE:
+            yield ": keepalive\n\n"
+            last_sent = loop.time()
+        await asyncio.sleep(STREAM_POLL)
+
+
 def create_local_app(
-    store: Store, *, secret: str, hosts: Iterable[str], prewarm: int = 4
+    store: Store,
+    *,
+    secret: str,
+    hosts: Iterable[str],
+    home: Path | None = None,
+    prewarm: int = 4,
 ) -> FastAPI:
     """The `flowtide ui` app over `store`, its only token `secret`, answering only
-    requests whose Host is one of `hosts`. The `prewarm` newest executions are folded in
-    a background thread from the start: the run a user just made is the one they open
-    first, and a long one takes seconds to fold."""
+    requests whose Host is one of `hosts`; runs started from the page use `home` (the
+    state folder: credentials key, spark data). The `prewarm` newest executions are
+    folded in a background thread from the start: the run a user just made is the one
+    they open first, and a long one takes seconds to fold."""
+    home = (home or Path(".flowtide")).absolute()
     folds = FoldCache(store)
     if prewarm:
         threading.Thread(
             target=folds.prewarm, args=(prewarm,), name="flowtide-ui-prewarm", daemon=True
         ).start()
     auth = LocalAuthenticator(secret, getpass.getuser())
+    runs = LocalRuns(store, home, run_locks_for(store, home))
     router = APIRouter()
 
     @router.get("/api/whoami")
     async def whoami() -> dict[str, Any]:
         """The local user (every right over the local store)."""
         p = auth.principal
-        return {"name": p.name, "role": p.role, "pool": p.pool, "subject": p.subject}
+        return {"name": p.name, "role": p.role, "pool": p.pool, "subject": p.subject, "local": True}
 
     @router.post("/api/session")
     async def open_session(body: SessionRequest, request: Request) -> JSONResponse:
@@ -230,18 +284,61 @@ def create_local_app(
     async def close_session(request: Request) -> JSONResponse:
         return signed_out(request)
 
+    # -- executions -------------------------------------------------------------------
+
+    @router.post(EXECUTE_PATH, status_code=201)
+    async def execute(body: ExecuteRequest) -> dict[str, Any]:
+        """Start a catalog playbook (path/version or catalog_id) or an inline one in this
+        process, with `payload` as workload overrides."""
+        given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
+        if len(given) != 1:
+            return error_response(400, "give exactly one of path, catalog_id, playbook")  # type: ignore[return-value]
+        if body.parent_execution_id is not None:
+            return error_response(  # type: ignore[return-value]
+                400, "sub-playbooks start from their parent's step", field="parent_execution_id"
+            )
+        version = body.version
+        try:
+            if body.playbook:
+                playbook = await asyncio.to_thread(parse_playbook, body.playbook, None)
+            else:
+                path = body.path or ""
+                if body.catalog_id:
+                    try:
+                        path, parsed = parse_catalog_id(body.catalog_id)
+                    except ValueError as exc:
+                        return error_response(422, f"catalog_id: {exc}", field="catalog_id")  # type: ignore[return-value]
+                    version = parsed or version
+                row = await asyncio.to_thread(store.get_playbook, path, version)
+                playbook = await asyncio.to_thread(parse_playbook, row.text, row.source_file)
+                version = row.version
+            execution_id = await runs.live().start(
+                playbook, workload=body.payload, catalog_version=None if body.playbook else version
+            )
+        except (PlaybookError, TemplateError) as exc:
+            return error_response(400, str(exc), field="playbook")  # type: ignore[return-value]
+        return {"execution_id": str(execution_id), "status": "running"}
+
     @router.get("/api/executions")
-    async def list_executions(
-        status: Annotated[Text | None, Query(max_length=64)] = None,
-        limit: Annotated[int, Query(ge=0, le=1000)] = 50,
-        before: IdQuery = None,
-    ) -> dict[str, Any]:
-        """The local store's executions newest first (keyset: `before`)."""
-        rows = await asyncio.to_thread(
-            lambda: store.list_executions(status=status, limit=limit, before_id=before)
-        )
-        items = [execution_item(r) for r in rows]
-        last = items[-1]["execution_id"] if len(items) == limit and items else None
+    async def list_executions(q: Annotated[ListQuery, Depends(list_query)]) -> dict[str, Any]:
+        """The local store's executions newest first (keyset: `before`), filtered as on
+        a server; running ones with their progress (the first `PROGRESS_PER_PAGE`)."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = listed(store, q)
+            items = []
+            running = 0
+            for row in rows:
+                progress = None
+                if row.status not in ENDED_STATUSES and running < PROGRESS_PER_PAGE:
+                    running += 1
+                    with contextlib.suppress(NotFoundError, PlaybookError):
+                        progress = execution_summary(folds.state(row.execution_id)[1])["progress"]
+                items.append(execution_item(row, progress))
+            return items
+
+        items = await asyncio.to_thread(read)
+        last = items[-1]["execution_id"] if len(items) == q.limit and items else None
         return {"items": items, "next_before": last, "unavailable_shards": []}
 
     @router.get("/api/executions/{execution_id}")
@@ -254,7 +351,24 @@ def create_local_app(
     @router.get("/api/executions/{execution_id}/summary")
     async def get_summary(execution_id: IdPath) -> dict[str, Any]:
         row, state = await asyncio.to_thread(folds.state, execution_id)
-        return summary_document(state, row)
+        doc = summary_document(state, row)
+        doc["run_here"] = runs.runs(execution_id)
+        return doc
+
+    @router.get("/api/executions/{execution_id}/steps/{step}")
+    async def get_step(
+        execution_id: IdPath, step: Annotated[Text, PathParam(max_length=256)]
+    ) -> dict[str, Any]:
+        def build() -> dict[str, Any]:
+            _, state = folds.state(execution_id)
+            if step not in state.playbook.steps:
+                raise NotFoundError(f"execution {execution_id} has no step {step!r}")
+            calls = store.events(
+                execution_id, types=CALL_TYPES, steps=[step], limit=CALLS_SHOWN, newest=True
+            )
+            return step_document(state, step, calls)
+
+        return await asyncio.to_thread(build)
 
     @router.get("/api/executions/{execution_id}/timeline")
     async def get_timeline(
@@ -280,26 +394,113 @@ def create_local_app(
         events, secrets = await asyncio.to_thread(read)
         return [event_document(e, secrets) for e in events]
 
-    @router.post("/api/executions/{execution_id}/cancel")
-    async def cancel(execution_id: IdPath, body: CancelRequest) -> JSONResponse:
-        """Refused (409): an embedded execution runs in the process that started it."""
-        row = await asyncio.to_thread(store.get_execution, execution_id)
-        if row.status in TERMINAL:
-            return error_response(409, f"execution {execution_id} is {row.status} already")
-        return error_response(
-            409,
-            f"execution {execution_id} runs in the `flowtide run` process that started it:"
-            " stop it there (Ctrl-C); `flowtide resume` continues it later",
+    @router.get("/api/executions/{execution_id}/events/stream")
+    async def stream_events(
+        execution_id: IdPath,
+        request: Request,
+        after: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+    ) -> StreamingResponse:
+        """The execution's events as Server-Sent Events, as on a server (`event: end`
+        when it has ended; `Last-Event-ID` or `?after=` resumes)."""
+        header = request.headers.get("last-event-id")
+        if header is not None:
+            if not header.isdigit() or int(header) > INT64_MAX:
+                return error_response(422, "Last-Event-ID: not an event id")  # type: ignore[return-value]
+            after = int(header)
+        _, state = await asyncio.to_thread(folds.state, execution_id)
+        return StreamingResponse(
+            _follow(store, folds, execution_id, after or None, state.secrets),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    @router.post("/api/executions/{execution_id}/cancel")
+    async def cancel(execution_id: IdPath, body: CancelRequest | None = None) -> JSONResponse:
+        """Cancel a run of this process; close one that no process runs any more as
+        cancelled; refuse (409) one that another live process runs."""
+        reason = body.reason if body else "cancelled by user"
+        row = await asyncio.to_thread(store.get_execution, execution_id)
+        if row.status in ENDED_STATUSES:
+            return error_response(409, f"execution {execution_id} is {row.status} already")
+        runtime = runs.live()
+        if runs.runs(execution_id):
+            await runtime.cancel(execution_id, reason)
+        else:
+            try:
+                await asyncio.to_thread(runtime.cancel_stopped, execution_id, reason)
+            except ExecutionBusy as exc:
+                return _busy(execution_id, exc.pid, "stop")
+        return JSONResponse({"execution_id": str(execution_id), "status": "cancelling"})
+
+    @router.post("/api/executions/{execution_id}/resume")
+    async def resume(execution_id: IdPath) -> JSONResponse:
+        """Carry on a run that stopped (its process ended before it did) in this
+        process, from its log: finished steps and iterations are kept."""
+        row = await asyncio.to_thread(store.get_execution, execution_id)
+        if row.status in ENDED_STATUSES:
+            return error_response(
+                409, f"execution {execution_id} is {row.status}: nothing to resume"
+            )
+        if runs.runs(execution_id):
+            return error_response(409, f"execution {execution_id} is running here already")
+        try:
+            await runs.live().resume(execution_id)
+        except ExecutionBusy as exc:
+            return _busy(execution_id, exc.pid, "resume")
+        return JSONResponse({"execution_id": str(execution_id), "status": "running"})
+
+    @router.post("/api/executions/{execution_id}/rerun", status_code=201)
+    async def rerun(execution_id: IdPath, body: RerunRequest | None = None) -> JSONResponse:
+        """Start the same playbook with the same workload, in this process."""
+        row = await asyncio.to_thread(store.get_execution, execution_id)
+        if row.parent_execution_id is not None:
+            return error_response(
+                400,
+                f"execution {execution_id} is a sub-playbook of {row.parent_execution_id}:"
+                " re-run the parent",
+            )
+        try:
+            playbook = await asyncio.to_thread(parse_playbook, row.playbook_text, row.playbook_file)
+            new_id = await runs.live().start(
+                playbook, workload=row.workload, catalog_version=row.playbook_version
+            )
+        except (PlaybookError, TemplateError) as exc:
+            return error_response(400, str(exc), field="playbook")
+        return JSONResponse(
+            {"execution_id": str(new_id), "status": "running", "rerun_of": str(execution_id)},
+            status_code=201,
+        )
+
+    # -- catalog --------------------------------------------------------------------
+
+    @router.post("/api/catalog/register", status_code=201)
+    async def register(body: RegisterRequest) -> Any:
+        """Validate a playbook and record it in the local catalog."""
+        return await register_text(store, body)
+
+    @router.post("/api/catalog/validate")
+    async def validate(body: RegisterRequest) -> Any:
+        return await validate_text(body)
+
+    @router.get("/api/catalog/list")
+    async def list_catalog(path: PathPrefix = None) -> Any:
+        return await catalog_list(store, path)
+
+    @router.get("/api/catalog/{path:path}")
+    async def get_catalog_entry(
+        path: Annotated[Text, PathParam(max_length=4096)], version: CatalogVersion = None
+    ) -> Any:
+        return await catalog_entry(store, path, version)
 
     app = FastAPI(
         title="flowtide ui",
         description="The web UI over the embedded store (`flowtide ui`).",
         version="1",
-        dependencies=[Depends(authorize)],
+        dependencies=[Depends(authorizer(LOCAL_RULES))],
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        lifespan=lambda _app: runs.open(),
     )
     app.add_middleware(Gate, authenticator=lambda: auth)
     app.add_middleware(HostCheck, hosts=hosts)

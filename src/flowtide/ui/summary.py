@@ -12,7 +12,7 @@ from flowtide.redaction import mask_value
 from flowtide.store.base import ExecutionRow
 from flowtide.ui.graph import playbook_graph
 
-__all__ = ["execution_item", "execution_summary", "summary_document"]
+__all__ = ["execution_summary", "summary_document"]
 
 #: Step statuses that count as done in the progress.
 FINISHED = ("completed", "failed", "skipped")
@@ -72,19 +72,6 @@ def execution_summary(state: ExecutionState) -> dict[str, Any]:
         },
         "steps": steps,
         "taken": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(state.taken.items())],
-    }
-
-
-def execution_item(row: ExecutionRow) -> dict[str, Any]:
-    """An execution as the list shows it (`GET /api/executions`)."""
-    return {
-        "execution_id": str(row.execution_id),
-        "playbook": row.playbook_path or row.playbook_file,
-        "version": row.playbook_version,
-        "status": row.status,
-        "created": row.created,
-        "updated": row.updated,
-        "parent_execution_id": str(row.parent_execution_id) if row.parent_execution_id else None,
     }
 
 

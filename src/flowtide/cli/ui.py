@@ -57,6 +57,9 @@ def ui_cmd(
         store.close()
         err(f"error: cannot listen on {host}:{port}: {exc.strerror or exc} (try --port)")
         raise typer.Exit(2) from None
+    # Listening before the URL is printed: a browser opened at once waits in the
+    # backlog while the app starts, instead of being refused.
+    sock.listen(128)
     port = sock.getsockname()[1]
     secret = secrets.token_urlsafe(32)
     shown = f"[{host}]" if ":" in host else host

@@ -178,8 +178,20 @@ class LocalRuntime:
 
         Completed steps and loop iterations are not run again; commands that were issued
         but never reported are issued to workers again (at-least-once).
+
+        Raises:
+            ExecutionBusy: another live process runs it (with `locks`).
         """
-        row = self.store.get_execution(execution_id)
+        if execution_id in self._executions:
+            return self._executions[execution_id].state
+        if self.locks is not None:
+            self.locks.acquire(execution_id)
+        try:
+            row = self.store.get_execution(execution_id)
+        except BaseException:
+            if self.locks is not None:
+                self.locks.release(execution_id)
+            raise
         playbook = parse_playbook(row.playbook_text, row.playbook_file)
         state = fold(playbook, execution_id, self.store.events(execution_id), self.template_env)
         remember(state.secrets)

@@ -200,10 +200,13 @@ async def _follow(
     """The server's event stream over the local store: each event once, as written. The
     embedded runtime writes a worker's events after it made their ids, so each read
     looks `OVERLAP_MS` back and skips the ids already sent (an event can then come after
-    one with a higher id: the stream is in write order)."""
+    one with a higher id: the stream is in write order, and a client that reconnects
+    after the highest id it saw may miss an event written late with a lower one; the
+    `end` event always comes once everything is written)."""
     loop = asyncio.get_running_loop()
     yield "retry: 1000\n\n"
-    last_id = after or 0
+    # Never before `after`: what a reconnecting client saw already.
+    start = last_id = after or 0
     sent: set[int] = set()
     last_sent = loop.time()
     while True:
@@ -212,7 +215,7 @@ async def _follow(
             status = store.get_execution(execution_id).status
             return store.events(execution_id, after_event_id=horizon, limit=_STREAM_BATCH), status
 
-        horizon = overlap_floor(last_id) if sent else (last_id or None)
+        horizon = max(overlap_floor(last_id), start) if sent else (last_id or None)
         events, status = await asyncio.to_thread(read, horizon)
         fresh = [e for e in events if e.event_id not in sent]
         if fresh:

@@ -665,15 +665,18 @@ class StoreConformance:
         )
         clean = event(1, 3, "step.enter", payload={"step": "load"})
         failed = event(1, 4, "call.error", error={"kind": "auth", "message": f"bad: {secret}"})
+        # Plain columns around the sealed ones (read back in one parse of many).
+        plain = event(1, 5, "call.error", payload={"attempt": 2}, error={"kind": "x"})
+        bare = event(1, 6, "step.exit")
         store.append(
-            [added, holds, clean, failed],
+            [added, holds, clean, failed, plain, bare],
             execution_updates=[
                 ExecutionUpdate(1, "failed", T0 + 1, result={"echo": secret}, error={"m": secret})
             ],
             secrets={1: {secret}},
         )
         # The port gives back exactly what was written ...
-        assert store.events(1) == [added, holds, clean, failed]
+        assert store.events(1) == [added, holds, clean, failed, plain, bare]
         row = store.get_execution(1)
         assert (row.result, row.error) == ({"echo": secret}, {"m": secret})
         # ... while the rows hold it only sealed.

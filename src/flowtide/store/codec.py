@@ -44,6 +44,7 @@ __all__ = [
     "encode_value",
     "event_params",
     "event_row",
+    "decode_events",
     "execution_row",
     "execution_update_params",
     "load_json",
@@ -183,6 +184,50 @@ def event_row(r: Sequence[Any], sealer: Sealer | None) -> Event:
         r[9],
         r[10],
     )
+
+
+def decode_events(rows: Sequence[Sequence[Any]], sealer: Sealer | None) -> list[Event]:
+    """`event_row` of many rows at once: their plain JSON columns are parsed in one call
+    of the C parser (for 200,000 small payloads, a quarter to half the time of one
+    `json.loads` each: the per-call overhead is gone); sealed ones are unsealed one by
+    one."""
+    texts: list[str] = []
+    for r in rows:
+        payload, error = r[5], r[6]
+        if payload is not None and not payload.startswith(SEALED_PREFIX):
+            texts.append(payload)
+        if error is not None and not error.startswith(SEALED_PREFIX):
+            texts.append(error)
+    if len(texts) < 2:
+        return [event_row(r, sealer) for r in rows]
+    values = iter(decode("[" + ",".join(texts) + "]"))
+    out = []
+    for r in rows:
+        payload, error = r[5], r[6]
+        out.append(
+            Event(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                None
+                if payload is None
+                else next(values)
+                if not payload.startswith(SEALED_PREFIX)
+                else load_json(payload, sealer, f"event {r[1]} of execution {r[0]}: payload"),
+                None
+                if error is None
+                else next(values)
+                if not error.startswith(SEALED_PREFIX)
+                else load_json(error, sealer, f"event {r[1]} of execution {r[0]}: error"),
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+            )
+        )
+    return out
 
 
 def event_params(

@@ -45,9 +45,9 @@ from flowtide.store.codec import (
     check_limit,
     command_params,
     command_row,
+    decode_events,
     encode_value,
     event_params,
-    event_row,
     execution_row,
     execution_update_params,
     update_execution_sql,
@@ -363,7 +363,7 @@ class SQLStore:
         rows = self._read("events", sql, params)
         if backwards:
             rows.reverse()
-        return [event_row(r, sealer) for r in rows]
+        return decode_events(rows, sealer)
 
     def event_times(
         self, execution_id: int, *, types: Collection[str], steps: Collection[str] | None = None

@@ -209,3 +209,44 @@ def test_catalog_validate_marks_errors_and_the_entry_offers_its_workload(stack: 
         entry = reader.get("/api/catalog/tests/ui/steps").json()
         assert entry["name"] == "ui_steps" and entry["workload"] == {"n": 3, "big": 0}
         assert entry["errors"] == [] and entry["steps"] == 3
+
+
+LONG = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: ui_long, path: tests/ui/long}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'numbers': list(range(400))}"}
+    next: [each]
+  - step: each
+    loop: {in: "{{ start.numbers }}", iterator: item, spec: {mode: parallel, max_in_flight: 2}}
+    tool: {kind: python, code: "import time; time.sleep(0.05); result = 1"}
+    next: [end]
+  - step: end
+"""
+
+
+def test_the_list_shows_a_running_loops_progress(stack: Stack) -> None:
+    with stack.client("operator", timeout=30) as api:
+        r = api.post("/api/execute", json={"playbook": LONG})
+        assert r.status_code == 201, r.text
+        eid = r.json()["execution_id"]
+        try:
+            deadline = time.monotonic() + 60
+            progress = None
+            while time.monotonic() < deadline:
+                items = api.get("/api/executions", params={"playbook": "tests/ui/long"}).json()
+                item = next(i for i in items["items"] if i["execution_id"] == eid)
+                progress = item["progress"]
+                if progress and progress["iterations_done"] > 0:
+                    break
+                time.sleep(0.2)
+            assert progress is not None, "no progress while the loop ran"
+            assert progress["iterations"] == 400 and 0 < progress["iterations_done"] < 400
+            assert item["status"] == "running" and item["ended"] is None
+        finally:
+            api.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"})
+        assert _wait(api, eid)["status"] == "cancelled"
+        done = api.get("/api/executions", params={"playbook": "tests/ui/long"}).json()["items"][0]
+        assert done["progress"] is None and done["ended"] is not None

@@ -30,15 +30,15 @@ def ui_cmd(
         typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
     ] = DEFAULT_PORT,
 ) -> None:
-    """Serve the web UI over the local store: the executions `flowtide run` made, their
-    graphs with each step's status, their loops' progress and their event logs, live
-    while they run; the catalog (`flowtide catalog register`) with a run form.
+    """Serve the web UI over the local store: the executions `flowtide run`
+    made (graphs, loop progress, timelines, event logs, live while they run)
+    and the catalog (`flowtide catalog register`) with a run form.
 
-    Runs started, re-run or resumed from the page run in this process (like `flowtide
-    run`), and stop with it: a run still going then continues with `flowtide resume`.
+    Runs started, re-run or resumed from the page run in this process, like
+    `flowtide run`, and stop with it (`flowtide resume` continues them).
 
-    It prints the URL to open once: the token after its `#` is made at start and is the
-    only way in (any process or web page can reach a loopback port). Stop with Ctrl-C.
+    It prints the URL to open once: the token after its `#` is made at start
+    and is the only way in. Stop with Ctrl-C.
     """
     import secrets
 

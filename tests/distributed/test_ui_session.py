@@ -158,6 +158,24 @@ def test_step_detail_rerun_and_list_filters(stack: Stack) -> None:
         missing = reader.get(f"/api/executions/{first}/steps/nope")
         assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
 
+        # The log from its end, paged back; one step's events.
+        every = reader.get(f"/api/executions/{first}/events").json()
+        ids = [e["event_id"] for e in every]
+        tail = reader.get(f"/api/executions/{first}/events", params={"newest": True, "limit": 3})
+        assert [e["event_id"] for e in tail.json()] == ids[-3:]
+        back = reader.get(
+            f"/api/executions/{first}/events",
+            params={"newest": True, "limit": 3, "before": ids[-3]},
+        ).json()
+        assert [e["event_id"] for e in back] == ids[-6:-3]
+        huge_events = reader.get(
+            f"/api/executions/{first}/events", params={"step": "huge", "newest": True}
+        ).json()
+        assert huge_events and {e["step"] for e in huge_events} == {"huge"}
+        assert [e["event_id"] for e in huge_events] == [
+            e["event_id"] for e in every if e["step"] == "huge"
+        ]
+
         # Re-run: the same catalog version and workload; an operator's right only.
         assert reader.post(f"/api/executions/{first}/rerun", json={}).status_code == 403
         r = api.post(f"/api/executions/{first}/rerun", json={})

@@ -303,6 +303,12 @@ class StoreConformance:
             9,
             10,
         ]
+        # Paging back from the newest: the page before the oldest one seen.
+        back = store.events(1, before_event_id=8, limit=3, newest=True)
+        assert [e.event_id for e in back] == [5, 6, 7]
+        assert [e.event_id for e in store.events(1, before_event_id=3)] == [1, 2]
+        got = store.events(1, types={"call.done"}, before_event_id=8, limit=2, newest=True)
+        assert [e.event_id for e in got] == [4, 6]
 
     def test_events_of_some_types(self, store: Store) -> None:
         kinds = ["step.enter", "command.started", "command.completed", "loop.item"]

@@ -19,14 +19,22 @@ from flowtide.server.access import caller
 from flowtide.server.api_cluster import parse_catalog_id
 from flowtide.server.coordinator import TERMINAL, ExecutionFinished
 from flowtide.server.documents import event_document
-from flowtide.server.fields import IdPath, IdQuery, Text
+from flowtide.server.fields import IdPath, Text
 from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
 from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CancelRequest, ExecuteRequest, RerunRequest
 from flowtide.store import pg
 from flowtide.ui.details import CALL_TYPES, CALLS_SHOWN, step_document
-from flowtide.ui.listing import ListQuery, execution_item, list_query, listed
+from flowtide.ui.listing import (
+    EventsQuery,
+    ListQuery,
+    events_query,
+    execution_item,
+    list_query,
+    listed,
+    read_events,
+)
 from flowtide.ui.summary import summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 from flowtide.wire import (
@@ -370,12 +378,12 @@ async def execution_events(
     execution_id: IdPath,
     runtime: RuntimeDep,
     coord: CoordinatorDep,
-    after: IdQuery = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    q: Annotated[EventsQuery, Depends(events_query)],
 ) -> list[dict[str, Any]]:
-    events = await asyncio.to_thread(
-        lambda: runtime.store.events(execution_id, after_event_id=after, limit=limit)
-    )
+    """An execution's events in log order: the oldest `limit` after `after`, or with
+    `newest` the newest ones (before `before`); `step` keeps one step's. Values of the
+    execution's secret set are masked."""
+    events = await asyncio.to_thread(read_events, runtime.store, execution_id, q)
     if not events:
         return []
     secrets = (await coord.state(execution_id)).secrets

@@ -334,6 +334,7 @@ class Store(Protocol):
         types: Collection[str] | None = None,
         steps: Collection[str] | None = None,
         newest: bool = False,
+        before_event_id: int | None = None,
     ) -> list[Event]:
         """Return an execution's events in event_id order, sealed ones unsealed.
 
@@ -345,6 +346,8 @@ class Store(Protocol):
             steps: only events of these steps (None: all).
             newest: with `limit`, the newest `limit` events instead of the oldest
                 (still returned in event_id order).
+            before_event_id: only events with a smaller event_id (page back from the
+                newest with `newest`).
         Returns:
             The events; empty for an unknown execution.
         Raises:

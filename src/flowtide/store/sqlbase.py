@@ -345,6 +345,7 @@ class SQLStore:
         types: Collection[str] | None = None,
         steps: Collection[str] | None = None,
         newest: bool = False,
+        before_event_id: int | None = None,
     ) -> list[Event]:
         """See `flowtide.store.base.Store.events`."""
         check_limit(limit)
@@ -353,6 +354,9 @@ class SQLStore:
         if after_event_id is not None:
             sql += " AND event_id > ?"
             params.append(after_event_id)
+        if before_event_id is not None:
+            sql += " AND event_id < ?"
+            params.append(before_event_id)
         sql += _among("type", types, params) + _among("step", steps, params)
         backwards = newest and limit is not None
         sql += " ORDER BY event_id DESC" if backwards else " ORDER BY event_id"

@@ -1,5 +1,6 @@
-"""`GET /api/executions`'s query (status, page, playbook, parent, time range, duration),
-the same on a server and in `flowtide ui`, and the list's items."""
+"""`GET /api/executions`'s query (status, page, playbook, parent, time range, duration)
+and `GET /api/executions/{id}/events`'s (a page from either end, one step), the same on
+a server and in `flowtide ui`, and the list's items."""
 
 from __future__ import annotations
 
@@ -9,10 +10,19 @@ from typing import Annotated, Any
 
 from fastapi import Query
 
+from flowtide.engine.events import Event
 from flowtide.server.fields import IdQuery, Text
 from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
 
-__all__ = ["ListQuery", "execution_item", "list_query", "listed"]
+__all__ = [
+    "EventsQuery",
+    "ListQuery",
+    "events_query",
+    "execution_item",
+    "list_query",
+    "listed",
+    "read_events",
+]
 
 #: Seconds: up to year 9999 (bounds that every store's REAL/DOUBLE column holds).
 _MAX_SECONDS = 253_402_300_800.0
@@ -103,3 +113,44 @@ def execution_item(
         "parent_command_id": str(row.parent_command_id) if row.parent_command_id else None,
         "progress": progress,
     }
+
+
+@dataclass(frozen=True)
+class EventsQuery:
+    after: int | None = None
+    before: int | None = None
+    limit: int = 1000
+    newest: bool = False
+    step: str | None = None
+
+
+def events_query(
+    after: Annotated[IdQuery, Query(description="Only events after this event id.")] = None,
+    before: Annotated[IdQuery, Query(description="Only events before this event id.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    newest: Annotated[
+        bool,
+        Query(
+            description="The newest `limit` events (of those `after`/`before` allow) instead "
+            "of the oldest; still in log order. A viewer opens a long log at its end and "
+            "pages back with `before`."
+        ),
+    ] = False,
+    step: Annotated[
+        Text | None, Query(max_length=256, description="Only this step's events.")
+    ] = None,
+) -> EventsQuery:
+    """The events page's query parameters (a FastAPI dependency)."""
+    return EventsQuery(after, before, limit, newest, step)
+
+
+def read_events(store: Store, execution_id: int, q: EventsQuery) -> list[Event]:
+    """The events `q` selects (blocks on the store: run it in a thread)."""
+    return store.events(
+        execution_id,
+        after_event_id=q.after,
+        before_event_id=q.before,
+        limit=q.limit,
+        newest=q.newest,
+        steps=[q.step] if q.step is not None else None,
+    )

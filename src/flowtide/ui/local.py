@@ -58,14 +58,22 @@ from flowtide.server.api_cluster import (
 )
 from flowtide.server.documents import event_document
 from flowtide.server.errors import install_error_handlers
-from flowtide.server.fields import INT64_MAX, IdPath, IdQuery, Text
+from flowtide.server.fields import INT64_MAX, IdPath, Text
 from flowtide.server.problems import error_response
 from flowtide.server.schemas import CancelRequest, ExecuteRequest, RerunRequest
 from flowtide.store.base import ENDED_STATUSES, Store
 from flowtide.ui import pages
 from flowtide.ui.details import CALL_TYPES, CALLS_SHOWN, step_document
 from flowtide.ui.fold import FoldCache, overlap_floor
-from flowtide.ui.listing import ListQuery, execution_item, list_query, listed
+from flowtide.ui.listing import (
+    EventsQuery,
+    ListQuery,
+    events_query,
+    execution_item,
+    list_query,
+    listed,
+    read_events,
+)
 from flowtide.ui.pages import SessionRequest, signed_in, signed_out
 from flowtide.ui.summary import execution_summary, summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
@@ -386,13 +394,11 @@ def create_local_app(
 
     @router.get("/api/executions/{execution_id}/events")
     async def get_events(
-        execution_id: IdPath,
-        after: IdQuery = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        execution_id: IdPath, q: Annotated[EventsQuery, Depends(events_query)]
     ) -> list[dict[str, Any]]:
         def read() -> tuple[list[Any], frozenset[str]]:
             _, state = folds.state(execution_id)
-            return store.events(execution_id, after_event_id=after, limit=limit), state.secrets
+            return read_events(store, execution_id, q), state.secrets
 
         events, secrets = await asyncio.to_thread(read)
         return [event_document(e, secrets) for e in events]

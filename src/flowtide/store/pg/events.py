@@ -11,14 +11,14 @@ rows already read.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.sealing import SEALED_PREFIX
-from flowtide.store.codec import EVENT_COLUMNS, event_row, load_json
+from flowtide.store.codec import EVENT_COLUMNS, decode_events, event_row, load_json
 from flowtide.store.pg.pending import Pending
 
 if TYPE_CHECKING:
@@ -103,16 +103,25 @@ _HORIZON: Final = (
 
 
 def since(
-    conn: psycopg.Connection, execution_id: int, seq: int, sealer: Sealer | None
+    conn: psycopg.Connection,
+    execution_id: int,
+    seq: int,
+    sealer: Sealer | None,
+    types: Collection[str] | None = None,
 ) -> Pending[list[LoggedEvent]]:
-    """What the execution's log got after `seq`, in insertion order."""
-    cur = conn.execute(
-        f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s ORDER BY seq",
-        (execution_id, seq),
-    )
+    """What the execution's log got after `seq`, in insertion order (only events of
+    `types` when given)."""
+    sql = f"SELECT {EVENT_COLUMNS}, seq FROM event WHERE execution_id = %s AND seq > %s"
+    params: list[Any] = [execution_id, seq]
+    if types is not None:
+        sql += " AND type = ANY(%s)"
+        params.append(sorted(types))
+    cur = conn.execute(sql + " ORDER BY seq", params)
 
     def read(cur: psycopg.Cursor[Any]) -> list[LoggedEvent]:
-        return [LoggedEvent(event_row(r, sealer), r[11]) for r in cur.fetchall()]
+        rows = cur.fetchall()
+        events = decode_events([r[:11] for r in rows], sealer)
+        return [LoggedEvent(e, r[11]) for e, r in zip(events, rows, strict=True)]
 
     return Pending(cur, read)
 

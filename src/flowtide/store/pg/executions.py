@@ -45,6 +45,7 @@ class PlaybookSource(NamedTuple):
 
     text: str
     file: str | None
+    status: str = "running"
 
 
 class Outcome(NamedTuple):
@@ -87,7 +88,7 @@ def read_cancel_state(conn: psycopg.Connection, execution_id: int) -> CancelStat
 
 def playbook_source(conn: psycopg.Connection, execution_id: int) -> PlaybookSource | None:
     row = conn.execute(
-        "SELECT playbook_text, playbook_file FROM execution WHERE execution_id = %s",
+        "SELECT playbook_text, playbook_file, status FROM execution WHERE execution_id = %s",
         (execution_id,),
     ).fetchone()
     return None if row is None else PlaybookSource(*row)

@@ -117,3 +117,12 @@ def test_checking_a_playbook_names_every_error_with_its_line() -> None:
     assert "nowhere" in bad["errors"][0]["message"]
     deep = check_playbook("[" * 100_000, None)
     assert not deep["valid"] and deep["errors"][0]["line"] is not None
+
+
+def test_a_checked_text_is_kept_and_each_caller_gets_its_own_copy() -> None:
+    first = check_playbook(FLOW, "kept.yaml")
+    first["workload"]["n"] = 99  # a caller changing its copy changes nobody else's
+    again = check_playbook(FLOW, "kept.yaml")
+    assert again["workload"] == {"n": 2}
+    # The file is part of the key: errors name it.
+    assert check_playbook(FLOW, "other.yaml") == again

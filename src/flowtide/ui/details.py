@@ -10,7 +10,11 @@ is a size, not a download.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -36,6 +40,8 @@ CALL_TYPES: Final = ("call.done", "call.error")
 CALLS_SHOWN: Final = 10
 #: A result larger than this (as JSON) is named by its size only.
 MAX_RESULT_BYTES: Final = 256 * 1024
+#: How many playbook texts' checks are kept (`check_playbook`).
+CHECKS_KEPT: Final = 32
 #: At most this many lines of a step's YAML source.
 MAX_SOURCE_LINES: Final = 200
 #: Payload keys of a call event that the calls table shows as columns.
@@ -197,7 +203,28 @@ def playbook_facts(playbook: Playbook) -> dict[str, Any]:
 def check_playbook(content: str, source_file: str | None) -> dict[str, Any]:
     """`POST /api/catalog/validate`: `valid`, the playbook's facts when it is, and its
     `errors` (message, line, column, step, field, expected) when not. Parses YAML: run
-    it in a thread."""
+    it in a thread. The checks of the last `CHECKS_KEPT` texts are kept (a catalog
+    version never changes, and a 3 MB playbook takes seconds to parse)."""
+    key = (hashlib.sha256(content.encode()).hexdigest(), source_file)
+    with _checks_lock:
+        found = _checks.get(key)
+        if found is not None:
+            _checks.move_to_end(key)
+            return copy.deepcopy(found)
+    checked = _check(content, source_file)
+    with _checks_lock:
+        _checks[key] = checked
+        while len(_checks) > CHECKS_KEPT:
+            _checks.popitem(last=False)
+    return copy.deepcopy(checked)
+
+
+#: (sha256 of a text, its file) -> its check (kept by digest: never the texts).
+_checks: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
+_checks_lock = threading.Lock()
+
+
+def _check(content: str, source_file: str | None) -> dict[str, Any]:
     try:
         playbook = parse_playbook(content, source_file)
     except PlaybookError as exc:

@@ -215,6 +215,7 @@ async def _follow(
     yield "retry: 1000\n\n"
     # Never before `after`: what a reconnecting client saw already.
     start = last_id = after or 0
+    cursor = after or None  # the next read's `after_event_id`
     sent: set[int] = set()
     last_sent = loop.time()
     while True:
@@ -223,8 +224,7 @@ async def _follow(
             status = store.get_execution(execution_id).status
             return store.events(execution_id, after_event_id=horizon, limit=_STREAM_BATCH), status
 
-        horizon = max(overlap_floor(last_id), start) if sent else (last_id or None)
-        events, status = await asyncio.to_thread(read, horizon)
+        events, status = await asyncio.to_thread(read, cursor)
         fresh = [e for e in events if e.event_id not in sent]
         if fresh:
             parts = []
@@ -240,7 +240,12 @@ async def _follow(
             yield "".join(parts)
             last_sent = loop.time()
         if len(events) == _STREAM_BATCH:
+            # A backlog: read on after this batch (always forward, even when the
+            # look-back window held a whole batch already sent).
+            cursor = events[-1].event_id
             continue
+        # Caught up: the next read looks back over the window for late writes.
+        cursor = max(overlap_floor(last_id), start) if last_id else None
         if status in ENDED_STATUSES and not fresh:
             row = await asyncio.to_thread(store.get_execution, execution_id)
             end = {

@@ -51,3 +51,25 @@ export async function api(path, { method = 'GET', body, auth = true } = {}) {
 }
 
 export const enc = encodeURIComponent;
+
+/**
+ * openStream(path, {signal}) → the Response of a text/event-stream GET, status 200 (its
+ * body not read yet). Throws ApiError like api(): status 0 when unreachable or aborted.
+ */
+export async function openStream(path, { signal } = {}) {
+  let res;
+  try {
+    res = await fetch(path, {
+      credentials: 'same-origin', cache: 'no-store', signal, headers: { Accept: 'text/event-stream' },
+    });
+  } catch (err) {
+    throw new ApiError(0, `Cannot reach the server (${err.message})`);
+  }
+  if (res.ok) return res;
+  let data = null;
+  try { data = JSON.parse(await res.text()); } catch { data = null; }
+  const msg = (data && data.error && data.error.message) || res.statusText || `HTTP ${res.status}`;
+  const err = new ApiError(res.status, String(msg), data);
+  if (res.status === 401) onUnauthorized(err);
+  throw err;
+}

@@ -4,6 +4,7 @@ import { h, message } from './util.js';
 import { mountList } from './list.js';
 import { mountDetail } from './detail.js';
 import { mountWorkers } from './workers.js';
+import { mountCatalogList, mountCatalogEntry } from './catalog.js';
 
 const view = document.getElementById('view');
 const userBox = document.getElementById('user');
@@ -12,6 +13,7 @@ const userRole = document.getElementById('user-role');
 const logoutBtn = document.getElementById('logout');
 const navExecutions = document.getElementById('nav-executions');
 const navWorkers = document.getElementById('nav-workers');
+const navCatalog = document.getElementById('nav-catalog');
 
 let me = null; // whoami, or null when logged out
 let current = null; // {key, view: {destroy(), update?()}}
@@ -30,6 +32,7 @@ function renderUser() {
   userRole.textContent = me ? me.role || '' : '';
   navExecutions.hidden = !me;
   navWorkers.hidden = !me;
+  navCatalog.hidden = !me;
 }
 
 function stopView() {
@@ -51,13 +54,20 @@ function route(force = false) {
   const m = path.match(/^\/ui\/executions\/([^/]+)$/);
   let id = null;
   try { id = m ? decodeURIComponent(m[1]) : null; } catch { /* a malformed id: not found */ }
+  // A catalog path has slashes: /ui/catalog/<segment>/<segment>…, each one encoded.
+  const c = path.match(/^\/ui\/catalog\/(.+)$/);
+  let catalogPath = null;
+  try { catalogPath = c ? c[1].split('/').map(decodeURIComponent).join('/') : null; } catch { /* not found */ }
   let key = 'missing';
   let mount = notFound;
   if (path === '/ui' || path === '/ui/executions') [key, mount] = ['list', () => mountList(view, ctx)];
   else if (id) [key, mount] = [`detail:${id}`, () => mountDetail(view, ctx, id)];
   else if (path === '/ui/workers') [key, mount] = ['workers', () => mountWorkers(view)];
+  else if (path === '/ui/catalog') [key, mount] = ['catalog', () => mountCatalogList(view, ctx)];
+  else if (catalogPath) [key, mount] = [`catalog:${catalogPath}`, () => mountCatalogEntry(view, ctx, catalogPath)];
   navExecutions.classList.toggle('active', key === 'list');
   navWorkers.classList.toggle('active', key === 'workers');
+  navCatalog.classList.toggle('active', key === 'catalog' || key.startsWith('catalog:'));
   if (!force && current && current.key === key && current.view.update) {
     current.view.update();
     return;

@@ -1,8 +1,10 @@
-// The executions list: status tabs, a text filter, a keyboard-driven table refreshed
-// every 2 s (page 1 only), paging to older executions and cancelling a selection.
+// The executions list: status tabs, server-side filters (playbook text, time range, minimum
+// duration, parent; all in the URL so a view can be shared), a keyboard-driven table with
+// a progress bar per run, refreshed every 2 s (page 1 only), keyset paging to older
+// executions and cancelling a selection.
 import { api, enc } from './api.js';
 import {
-  h, fill, badge, setText, relTime, absTime, duration, execLink, execPath, message, Poller,
+  h, fill, badge, setText, relTime, absTime, duration, execLink, execPath, message, statusClass, Poller,
   TERMINAL,
 } from './util.js';
 
@@ -11,10 +13,37 @@ const TABS = [
   ['failed', 'Failed'], ['cancelled', 'Cancelled'],
 ];
 const CANCELLABLE = new Set(['running', 'pending']);
+/** Time ranges: URL value, label, seconds back from now (sent as `since`). */
+const RANGES = [['', 'Any time', 0], ['1h', 'Last hour', 3600], ['24h', 'Last 24 h', 86400], ['7d', 'Last 7 days', 7 * 86400]];
+/** Minimum durations: URL and API value (`min_seconds`), label. */
+const MIN_DURATIONS = [['', 'Any duration'], ['1', 'Over 1 s'], ['60', 'Over 1 min'], ['600', 'Over 10 min']];
+const TYPE_DELAY_MS = 300;
 
 function readParams() {
   const q = new URLSearchParams(location.search);
-  return { status: q.get('status') || '', q: q.get('q') || '', before: q.get('before') || '' };
+  const pick = (name, allowed) => {
+    const v = q.get(name) || '';
+    return allowed.some(([key]) => key === v) ? v : '';
+  };
+  return {
+    status: q.get('status') || '',
+    // `q` is what older links call the playbook filter.
+    playbook: q.get('playbook') || q.get('q') || '',
+    range: pick('range', RANGES),
+    min_seconds: pick('min_seconds', MIN_DURATIONS),
+    parent: /^\d+$/.test(q.get('parent') || '') ? q.get('parent') : '',
+    before: q.get('before') || '',
+  };
+}
+
+/** The progress of a list item: {done, total, iter, failed}, or null when unknown. */
+function progressOf(it) {
+  const p = it.progress;
+  if (!p || typeof p !== 'object') return null;
+  const iter = Number(p.iterations) > 0;
+  const done = Number((iter ? p.iterations_done : p.steps_finished) || 0);
+  const total = Number((iter ? p.iterations : p.steps) || 0);
+  return { done, total, iter, failed: Number(p.iterations_failed || 0), steps: p.steps, stepsDone: p.steps_finished };
 }
 
 export function mountList(root, ctx) {
@@ -35,10 +64,33 @@ export function mountList(root, ctx) {
     onclick: () => go({ status: key === 'all' ? '' : key, before: '' }),
   }, label)]);
   const filter = h('input', {
-    type: 'search', class: 'filter', 'data-testid': 'filter-input', placeholder: 'Filter by playbook or id   /',
-    'aria-label': 'Filter executions by playbook or id', autocomplete: 'off', spellcheck: 'false',
+    type: 'search', class: 'filter', 'data-testid': 'filter-input', placeholder: 'Filter by playbook   /',
+    'aria-label': 'Filter executions by playbook path or file', autocomplete: 'off', spellcheck: 'false',
   });
-  filter.addEventListener('input', () => go({ q: filter.value }, true));
+  let typing = null;
+  filter.addEventListener('input', () => {
+    clearTimeout(typing);
+    const value = filter.value.trim();
+    typing = setTimeout(() => go({ playbook: value, before: '' }, true), TYPE_DELAY_MS);
+  });
+  filter.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter') {
+      clearTimeout(typing);
+      go({ playbook: filter.value.trim(), before: '' }, true);
+    }
+  });
+  const select = (testid, label, choices, key) => {
+    const el = h('select', { class: 'filter-select', 'data-testid': testid, 'aria-label': label },
+      choices.map(([value, text]) => h('option', { value }, text)));
+    el.addEventListener('change', () => go({ [key]: el.value, before: '' }));
+    return el;
+  };
+  const rangeSel = select('range-select', 'Created within', RANGES, 'range');
+  const minSel = select('min-duration-select', 'Minimum duration', MIN_DURATIONS, 'min_seconds');
+  const parentChip = h('button', {
+    type: 'button', class: 'chip parent-chip', 'data-testid': 'parent-filter', hidden: true,
+    title: 'Show all executions', onclick: () => go({ parent: '', before: '' }),
+  });
   const openLink = h('a', { class: 'open-link', 'data-testid': 'open-execution', hidden: true });
   const count = h('span', { class: 'muted count' });
   const cancelBtn = h('button', { type: 'button', class: 'danger', 'data-testid': 'cancel-selected', onclick: cancelSelected }, 'Cancel selected');
@@ -52,7 +104,7 @@ export function mountList(root, ctx) {
   const table = h('table', { class: 'grid exec-table' },
     h('thead', null, h('tr', null,
       h('th', { class: 'sel' }, allBox), h('th', null, 'ID'), h('th', null, 'Playbook'),
-      h('th', null, 'Status'), h('th', null, 'Created'), h('th', { class: 'num' }, 'Duration'),
+      h('th', null, 'Status'), h('th', null, 'Progress'), h('th', null, 'Created'), h('th', { class: 'num' }, 'Duration'),
       h('th', null, 'Parent'))),
     tbody);
   const empty = h('p', { class: 'empty' });
@@ -64,7 +116,7 @@ export function mountList(root, ctx) {
   root.append(h('section', { class: 'list-view' },
     h('div', { class: 'toolbar' },
       h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Status' }, tabButtons.map(([, b]) => b)),
-      filter, openLink, h('span', { class: 'spacer' }), count, cancelBtn),
+      filter, rangeSel, minSel, parentChip, openLink, h('span', { class: 'spacer' }), count, cancelBtn),
     shardBox,
     h('div', { class: 'table-wrap' }, table),
     empty,
@@ -79,11 +131,15 @@ export function mountList(root, ctx) {
     update();
   }
 
+  const FILTERS = ['status', 'playbook', 'range', 'min_seconds', 'parent', 'before'];
+
   function update() {
     const old = params;
     params = readParams();
-    if (document.activeElement !== filter) filter.value = params.q;
-    if (old.status !== params.status || old.before !== params.before) restart();
+    if (document.activeElement !== filter) filter.value = params.playbook;
+    rangeSel.value = params.range;
+    minSel.value = params.min_seconds;
+    if (FILTERS.some((k) => old[k] !== params[k])) restart();
     else render();
   }
 
@@ -102,6 +158,11 @@ export function mountList(root, ctx) {
     const mine = ++seq;
     const q = new URLSearchParams({ limit: '50' });
     if (params.status) q.set('status', params.status);
+    if (params.playbook) q.set('playbook', params.playbook);
+    const range = RANGES.find(([key]) => key === params.range);
+    if (range && range[2]) q.set('since', String(Math.floor(Date.now() / 1000) - range[2]));
+    if (params.min_seconds) q.set('min_seconds', params.min_seconds);
+    if (params.parent) q.set('parent', params.parent);
     if (params.before) q.set('before', params.before);
     try {
       const data = await api(`/api/executions?${q}`);
@@ -120,11 +181,11 @@ export function mountList(root, ctx) {
     return true;
   }
 
+  // The server filters; only the parent is checked here too (a server that ignores
+  // `parent` would otherwise list every execution as a child).
   function visible() {
-    const q = params.q.trim().toLowerCase();
-    if (!q) return items;
-    return items.filter((it) => String(it.execution_id).toLowerCase().includes(q)
-      || String(it.playbook ?? '').toLowerCase().includes(q));
+    if (!params.parent) return items;
+    return items.filter((it) => String(it.parent_execution_id ?? '') === params.parent);
   }
 
   function makeRow(id) {
@@ -134,12 +195,13 @@ export function mountList(root, ctx) {
       chrome();
     });
     const cells = {
-      playbook: h('td', { class: 'playbook' }), status: h('td'), created: h('td', { class: 'nowrap' }),
+      id: h('td', { class: 'nowrap' }), playbook: h('td', { class: 'playbook' }), status: h('td'),
+      progress: h('td', { class: 'progress-cell' }), created: h('td', { class: 'nowrap' }),
       duration: h('td', { class: 'num nowrap' }), parent: h('td'),
     };
     const tr = h('tr', { 'data-testid': 'exec-row', 'data-id': id, tabindex: -1 },
-      h('td', { class: 'sel' }, check), h('td', null, execLink(id)),
-      cells.playbook, cells.status, cells.created, cells.duration, cells.parent);
+      h('td', { class: 'sel' }, check), cells.id,
+      cells.playbook, cells.status, cells.progress, cells.created, cells.duration, cells.parent);
     tr.addEventListener('click', (ev) => {
       if (!(ev.target instanceof Element) || !ev.target.closest('a,input,button')) setCursor(id, false);
     });
@@ -150,22 +212,49 @@ export function mountList(root, ctx) {
     r.tr.dataset.status = it.status ?? '';
     r.check.checked = selected.has(r.id);
     // A run still going shows how long it has been going (updated with each refresh).
-    const end = TERMINAL.has(it.status) ? it.updated : Math.floor(Date.now() / 1000);
-    const sig = JSON.stringify([it.status, it.playbook, it.version, it.parent_execution_id, it.created, end]);
+    const end = TERMINAL.has(it.status) ? (it.ended ?? it.updated) : Math.floor(Date.now() / 1000);
+    const took = Number.isFinite(it.duration) ? it.duration : Math.max(0, end - it.created);
+    const prog = progressOf(it);
+    const parent = it.parent_execution_id != null ? String(it.parent_execution_id) : null;
+    const sig = JSON.stringify([it.status, it.playbook, it.version, parent, it.created, took, prog]);
     if (sig !== r.sig) {
       r.sig = sig;
       const c = r.cells;
+      fill(c.id, parent ? h('span', {
+        class: 'sub-marker', 'data-testid': 'sub-marker', title: `Sub-execution of ${parent}`, 'aria-label': 'Sub-execution',
+      }, '↳ ') : null, execLink(r.id));
       fill(c.playbook, h('span', null, it.playbook ?? '—'),
         it.version != null ? h('span', { class: 'muted ver' }, ` v${it.version}`) : null);
       c.playbook.title = String(it.playbook ?? '');
       c.status.replaceChildren(badge(it.status));
-      c.duration.textContent = duration(Math.max(0, end - it.created));
+      fillProgress(c.progress, it.status, prog);
+      c.duration.textContent = duration(took);
       c.created.title = absTime(it.created);
-      c.parent.replaceChildren(it.parent_execution_id != null
-        ? execLink(String(it.parent_execution_id))
+      c.parent.replaceChildren(parent != null
+        ? execLink(parent, { 'data-testid': 'row-parent-link', title: `Parent execution ${parent}` })
         : h('span', { class: 'muted' }, '—'));
     }
     setText(r.cells.created, relTime(it.created));
+  }
+
+  function fillProgress(td, status, p) {
+    if (!p) {
+      td.replaceChildren(h('span', { class: 'muted' }, '—'));
+      return;
+    }
+    const pct = p.total > 0 ? Math.min(100, (100 * p.done) / p.total) : 0;
+    const fillEl = h('div', { class: 'fill' });
+    fillEl.style.width = `${pct}%`;
+    const what = p.iter ? 'iterations' : 'steps';
+    const tip = `${p.done} of ${p.total} ${what}${p.failed ? ` · ${p.failed} failed` : ''}`
+      + `${p.iter ? ` · ${p.stepsDone ?? 0} of ${p.steps ?? 0} steps` : ''}`;
+    td.replaceChildren(
+      h('div', {
+        class: `progress mini ${statusClass(status)}`, 'data-testid': 'row-progress', role: 'progressbar',
+        'aria-label': `Progress: ${tip}`, 'aria-valuemin': 0, 'aria-valuemax': p.total, 'aria-valuenow': p.done,
+        'data-done': p.done, 'data-total': p.total, title: tip,
+      }, fillEl),
+      h('span', { class: 'progress-num', title: tip }, p.total > 0 ? `${p.done}/${p.total}` : '—'));
   }
 
   function render() {
@@ -194,7 +283,7 @@ export function mountList(root, ctx) {
     for (const [key, b] of tabButtons) {
       b.setAttribute('aria-selected', String((params.status || 'all') === key));
     }
-    const q = params.q.trim();
+    const q = params.playbook.trim();
     const digits = /^\d+$/.test(q);
     openLink.hidden = !digits;
     if (digits) {
@@ -214,7 +303,10 @@ export function mountList(root, ctx) {
     shardBox.hidden = shards.length === 0;
     setText(shardBox, shards.map((s) => `Shard ${s.shard} unavailable: ${s.error}`).join(' · '));
     empty.hidden = loaded && shown > 0;
-    setText(empty, !loaded ? 'Loading…' : items.length ? 'No execution matches the filter.' : 'No executions.');
+    parentChip.hidden = !params.parent;
+    setText(parentChip, params.parent ? `Sub-executions of ${params.parent} ×` : '');
+    const filtered = FILTERS.some((k) => k !== 'before' && params[k]);
+    setText(empty, !loaded ? 'Loading…' : filtered ? 'No execution matches the filters.' : 'No executions.');
   }
 
   function setCursor(id, scroll = true) {
@@ -295,13 +387,16 @@ export function mountList(root, ctx) {
 
   document.addEventListener('keydown', onKey);
   document.title = 'Executions · flowtide';
-  filter.value = params.q;
+  filter.value = params.playbook;
+  rangeSel.value = params.range;
+  minSel.value = params.min_seconds;
   restart();
 
   return {
     update,
     destroy() {
       dead = true;
+      clearTimeout(typing);
       if (poller) poller.stop();
       document.removeEventListener('keydown', onKey);
     },

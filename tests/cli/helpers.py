@@ -3,11 +3,14 @@ in a subprocess (`python -m flowtide.cli`) against its own FLOWTIDE_HOME."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,3 +105,58 @@ def wait_until(predicate: Any, *, timeout: float, what: str, proc: Any = None) -
 def position(events: list[dict[str, Any]], type_: str, step: str) -> int:
     """Index in `events` of the first event of `type_` for `step`."""
     return next(i for i, e in enumerate(events) if e["type"] == type_ and e["step"] == step)
+
+
+class LocalUi:
+    """A running `flowtide ui`: its page URL (…/ui), its token, and an API client."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, token: str) -> None:
+        import httpx
+
+        self.proc = proc
+        self.url = url
+        self.token = token
+        self.base = url.removesuffix("/ui")
+        # The CSRF header is what the page sends; a bearer token does not need it.
+        self.api = httpx.Client(
+            base_url=self.base,
+            headers={"authorization": f"Bearer {token}", "x-flowtide-csrf": "1"},
+            timeout=30,
+        )
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        reply = self.api.get(path, **kwargs)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def start(self, playbook: str, **payload: Any) -> str:
+        """Start an inline playbook in the UI's process; its execution id."""
+        reply = self.api.post("/api/execute", json={"playbook": playbook, "payload": payload})
+        assert reply.status_code == 201, reply.text
+        return str(reply.json()["execution_id"])
+
+    def status(self, execution_id: str) -> str:
+        return str(self.get(f"/api/executions/{execution_id}/summary")["status"])
+
+
+@contextlib.contextmanager
+def local_ui(ft: Flowtide, log: Path) -> Iterator[LocalUi]:
+    """`flowtide ui` on a free port over `ft`'s home (its output in `log`), stopped after."""
+    with open(log, "wb") as sink:
+        proc = ft.popen("ui", "--port", "0", stdout=sink, stderr=subprocess.STDOUT)
+    ui = None
+    try:
+        deadline = time.monotonic() + 30
+        found = None
+        while found is None:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            found = re.search(r"open (http://\S+/ui)#token=(\S+)", log.read_text())
+            time.sleep(0.05)
+        ui = LocalUi(proc, found[1], found[2])
+        yield ui
+    finally:
+        if ui is not None:
+            ui.api.close()
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -5,19 +5,15 @@ token and only its own Host; the page signs in with the URL's fragment."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from browser import SEEN_MS, chromium, needs_chromium, shot
 
-from .helpers import Flowtide
+from .helpers import Flowtide, LocalUi, local_ui
 
 FLOW = """
 apiVersion: noetl.io/v2
@@ -42,24 +38,8 @@ workflow:
 """
 
 
-class LocalUi:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, token: str) -> None:
-        self.proc = proc
-        self.url = url
-        self.token = token
-        self.base = url.removesuffix("/ui")
-
-    def api(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base,
-            headers={"authorization": f"Bearer {self.token}"},
-            timeout=30,
-            **kwargs,
-        )
-
-
 @pytest.fixture
-def local_ui(ft: Flowtide, tmp_path: Path) -> Iterator[tuple[LocalUi, dict[str, str]]]:
+def two_runs(ft: Flowtide, tmp_path: Path) -> Iterator[tuple[LocalUi, dict[str, str]]]:
     """Two runs (one completed, one failed) and `flowtide ui` over them."""
     playbook = tmp_path / "flow.yaml"
     playbook.write_text(FLOW)
@@ -68,53 +48,40 @@ def local_ui(ft: Flowtide, tmp_path: Path) -> Iterator[tuple[LocalUi, dict[str, 
         run = ft("run", playbook, "--payload", workload, "--json")
         assert run.returncode in (0, 1), run.stderr
         ids[name] = str(json.loads(run.stdout)["execution_id"])
-    out = tmp_path / "ui.out"
-    with open(out, "wb") as sink:
-        proc = ft.popen("ui", "--port", "0", stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        found = None
-        while found is None:
-            assert proc.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, out.read_text()
-            found = re.search(r"open (http://\S+/ui)#token=(\S+)", out.read_text())
-            time.sleep(0.1)
-        assert "2 executions in" in out.read_text()
-        yield LocalUi(proc, found[1], found[2]), ids
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with local_ui(ft, tmp_path / "ui.out") as ui:
+        assert "2 executions in" in (tmp_path / "ui.out").read_text()
+        yield ui, ids
 
 
 def test_the_local_api_answers_its_token_and_its_host_only(
-    local_ui: tuple[LocalUi, dict[str, str]],
+    two_runs: tuple[LocalUi, dict[str, str]],
 ) -> None:
-    ui, ids = local_ui
+    ui, ids = two_runs
     assert httpx.get(f"{ui.base}/api/executions", timeout=30).status_code == 401
     bad = {"authorization": "Bearer " + "x" * len(ui.token)}
     assert httpx.get(f"{ui.base}/api/executions", headers=bad, timeout=30).status_code == 401
-    with ui.api() as api:
-        items = api.get("/api/executions").json()["items"]
-        assert {i["execution_id"]: i["status"] for i in items} == {
-            ids["done"]: "completed",
-            ids["failed"]: "failed",
-        }
-        summary = api.get(f"/api/executions/{ids['done']}/summary").json()
-        assert summary["progress"]["iterations_done"] == 5
-        assert summary["steps"]["broken"]["status"] == "pending"
-        assert summary["graph"]["nodes"][0]["name"] == "start"
-        failed = api.get(f"/api/executions/{ids['failed']}/summary").json()
-        assert "no such sensor" in failed["steps"]["broken"]["error"]["message"]
-        timeline = api.get(f"/api/executions/{ids['failed']}/timeline").json()
-        broken = next(s for s in timeline["steps"] if s["step"] == "broken")
-        assert [c["status"] for c in broken["commands"]] == ["failed"]
-        events = api.get(f"/api/executions/{ids['done']}/events", params={"limit": 3}).json()
-        assert [e["type"] for e in events][0] == "playbook.initialized" and len(events) == 3
-        refused = api.post(f"/api/executions/{ids['done']}/cancel", json={})
-        assert refused.status_code == 409 and "completed already" in refused.text
-        # A page of another site rebinding its name to loopback sends its own Host.
-        rebound = api.get("/api/executions", headers={"host": "attacker.example"})
-        assert rebound.status_code == 403
+    api = ui.api
+    items = api.get("/api/executions").json()["items"]
+    assert {i["execution_id"]: i["status"] for i in items} == {
+        ids["done"]: "completed",
+        ids["failed"]: "failed",
+    }
+    summary = api.get(f"/api/executions/{ids['done']}/summary").json()
+    assert summary["progress"]["iterations_done"] == 5
+    assert summary["steps"]["broken"]["status"] == "pending"
+    assert summary["graph"]["nodes"][0]["name"] == "start"
+    failed = api.get(f"/api/executions/{ids['failed']}/summary").json()
+    assert "no such sensor" in failed["steps"]["broken"]["error"]["message"]
+    timeline = api.get(f"/api/executions/{ids['failed']}/timeline").json()
+    broken = next(s for s in timeline["steps"] if s["step"] == "broken")
+    assert [c["status"] for c in broken["commands"]] == ["failed"]
+    events = api.get(f"/api/executions/{ids['done']}/events", params={"limit": 3}).json()
+    assert [e["type"] for e in events][0] == "playbook.initialized" and len(events) == 3
+    refused = api.post(f"/api/executions/{ids['done']}/cancel", json={})
+    assert refused.status_code == 409 and "completed already" in refused.text
+    # A page of another site rebinding its name to loopback sends its own Host.
+    rebound = api.get("/api/executions", headers={"host": "attacker.example"})
+    assert rebound.status_code == 403
     page = httpx.get(ui.url, timeout=30)
     assert (
         page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
@@ -123,9 +90,9 @@ def test_the_local_api_answers_its_token_and_its_host_only(
 
 @needs_chromium
 def test_the_printed_url_opens_the_runs_in_a_browser(
-    local_ui: tuple[LocalUi, dict[str, str]],
+    two_runs: tuple[LocalUi, dict[str, str]],
 ) -> None:
-    ui, ids = local_ui
+    ui, ids = two_runs
     with chromium() as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         page = context.new_page()

@@ -6,22 +6,15 @@ and a bad edit validated shows the error on its line."""
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from browser import SEEN_MS, chromium, needs_chromium, shot
 
-from .helpers import Flowtide
-
-#: The ports these tests may listen on.
-PORTS = range(18731, 18740)
+from .helpers import Flowtide, LocalUi, local_ui
 
 FLOW = """\
 apiVersion: noetl.io/v2
@@ -47,56 +40,18 @@ workflow:
 """
 
 
-def free_port() -> int:
-    for port in PORTS:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
-
-
-class CatalogUi:
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url
-        self.token = token
-        self.base = url.removesuffix("/ui")
-
-    def get(self, path: str) -> Any:
-        reply = httpx.get(
-            f"{self.base}{path}", headers={"authorization": f"Bearer {self.token}"}, timeout=30
-        )
-        assert reply.status_code == 200, reply.text
-        return reply.json()
-
-
 @pytest.fixture
-def catalog_ui(ft: Flowtide, tmp_path: Path) -> Iterator[CatalogUi]:
+def catalog_ui(ft: Flowtide, tmp_path: Path) -> Iterator[LocalUi]:
     """The playbook registered, and `flowtide ui` over the home."""
     playbook = tmp_path / "catalog.yaml"
     playbook.write_text(FLOW)
     ft.ok("catalog", "register", playbook)
-    out = tmp_path / "ui.out"
-    with open(out, "wb") as sink:
-        proc = ft.popen("ui", "--port", free_port(), stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        found = None
-        while found is None:
-            assert proc.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, out.read_text()
-            found = re.search(r"open (http://\S+/ui)#token=(\S+)", out.read_text())
-            time.sleep(0.1)
-        yield CatalogUi(found[1], found[2])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with local_ui(ft, tmp_path / "ui.out") as ui:
+        yield ui
 
 
 @needs_chromium
-def test_the_catalog_lists_shows_runs_and_validates_a_playbook(catalog_ui: CatalogUi) -> None:
+def test_the_catalog_lists_shows_runs_and_validates_a_playbook(catalog_ui: LocalUi) -> None:
     ui = catalog_ui
     lines = FLOW.splitlines()
     with chromium() as browser:
@@ -175,7 +130,7 @@ def test_the_catalog_lists_shows_runs_and_validates_a_playbook(catalog_ui: Catal
         context.close()
 
 
-def test_the_catalog_page_is_served(catalog_ui: CatalogUi) -> None:
+def test_the_catalog_page_is_served(catalog_ui: LocalUi) -> None:
     """catalog.js ships with the page (the asset map serves shipped files only)."""
     script = httpx.get(f"{catalog_ui.url}/static/catalog.js", timeout=30)
     assert script.status_code == 200 and "mountCatalogList" in script.text

@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from browser import SEEN_MS, chromium, needs_chromium, shot
 
-from .helpers import Flowtide
+from .helpers import Flowtide, LocalUi, local_ui
 
 pytestmark = needs_chromium
-
-#: The ports this module's `flowtide ui` may listen on (the first free one is used).
-PORTS = range(18742, 18750)
 
 ALPHA = """\
 apiVersion: noetl.io/v2
@@ -98,39 +91,8 @@ workflow:
 """
 
 
-def _port() -> int:
-    for port in PORTS:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
-
-
-class Ui:
-    def __init__(self, url: str, token: str, ids: dict[str, str]) -> None:
-        self.url = url
-        self.token = token
-        self.ids = ids
-        self.api = httpx.Client(
-            base_url=url.removesuffix("/ui"),
-            headers={"authorization": f"Bearer {token}"},
-            timeout=30,
-        )
-
-    def start(self, playbook: str, **payload: Any) -> str:
-        r = self.api.post("/api/execute", json={"playbook": playbook, "payload": payload})
-        assert r.status_code == 201, r.text
-        return str(r.json()["execution_id"])
-
-    def status(self, execution_id: str) -> str:
-        return str(self.api.get(f"/api/executions/{execution_id}/summary").json()["status"])
-
-
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalUi]:
     """Runs of alpha, beta, long and a parent with two children, and `flowtide ui` over
     them."""
     root = tmp_path_factory.mktemp("ui_detail")
@@ -152,23 +114,9 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         run = ft("run", files[name], "--json")
         assert run.returncode == 0, run.stderr
         ids[name] = str(json.loads(run.stdout)["execution_id"])
-    out = root / "ui.out"
-    with open(out, "wb") as sink:
-        proc = ft.popen("ui", "--port", _port(), stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        found = None
-        while found is None:
-            assert proc.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, out.read_text()
-            found = re.search(r"open (http://\S+/ui)#token=(\S+)", out.read_text())
-            time.sleep(0.1)
-        ui = Ui(found[1], found[2], ids)
+    with local_ui(ft, root / "ui.out") as ui:
+        ui.ids = ids
         yield ui
-        ui.api.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +126,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(browser: Any, ui: Ui) -> Iterator[Any]:
+def page(browser: Any, ui: LocalUi) -> Iterator[Any]:
     """A page signed in with the URL's token, on the executions list."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
@@ -193,7 +141,7 @@ def _line(text: str, marker: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), start=1) if marker in line)
 
 
-def test_the_step_panel_shows_the_steps_result_and_source(page: Any, ui: Ui) -> None:
+def test_the_step_panel_shows_the_steps_result_and_source(page: Any, ui: LocalUi) -> None:
     page.goto(f"{ui.url}/executions/{ui.ids['alpha']}")
     page.locator('[data-testid="graph-node"][data-step="end"][data-status="completed"]').click()
     panel = page.locator('[data-testid="step-panel"][data-step="end"]')
@@ -225,7 +173,7 @@ def test_the_step_panel_shows_the_steps_result_and_source(page: Any, ui: Ui) -> 
     assert json.loads(loop.locator("pre").inner_text())["results"] == [{"i": 0}, {"i": 1}, {"i": 2}]
 
 
-def test_the_event_log_follows_a_running_execution_to_its_end(page: Any, ui: Ui) -> None:
+def test_the_event_log_follows_a_running_execution_to_its_end(page: Any, ui: LocalUi) -> None:
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     eid = ui.start(ALPHA, n=16, pause=0.15)
@@ -259,7 +207,7 @@ def test_the_event_log_follows_a_running_execution_to_its_end(page: Any, ui: Ui)
     shot(page, "local-events-ended")
 
 
-def test_a_long_log_opens_at_its_end_and_pages_back(page: Any, ui: Ui) -> None:
+def test_a_long_log_opens_at_its_end_and_pages_back(page: Any, ui: LocalUi) -> None:
     eid = ui.ids["long"]
     log = ui.api.get(f"/api/executions/{eid}/events", params={"limit": 10_000}).json()
     assert len(log) >= 2500 and log[-1]["type"] == "playbook.completed"
@@ -322,7 +270,7 @@ def test_a_long_log_opens_at_its_end_and_pages_back(page: Any, ui: Ui) -> None:
     shot(page, "local-step-events")
 
 
-def test_re_run_starts_a_new_execution_that_completes(page: Any, ui: Ui) -> None:
+def test_re_run_starts_a_new_execution_that_completes(page: Any, ui: LocalUi) -> None:
     first = ui.ids["alpha"]
     page.goto(f"{ui.url}/executions/{first}")
     page.locator('[data-testid="detail-status"][data-status="completed"]').wait_for()
@@ -342,7 +290,7 @@ def test_re_run_starts_a_new_execution_that_completes(page: Any, ui: Ui) -> None
     assert summary["progress"]["iterations_done"] == 3
 
 
-def test_sub_executions_link_to_their_parent(page: Any, ui: Ui) -> None:
+def test_sub_executions_link_to_their_parent(page: Any, ui: LocalUi) -> None:
     parent = ui.ids["parent"]
     page.goto(f"{ui.url}/executions/{parent}")
     table = page.get_by_test_id("children-table")
@@ -360,7 +308,7 @@ def test_sub_executions_link_to_their_parent(page: Any, ui: Ui) -> None:
     table.wait_for()
 
 
-def test_the_list_filters_by_the_urls_query(page: Any, ui: Ui) -> None:
+def test_the_list_filters_by_the_urls_query(page: Any, ui: LocalUi) -> None:
     page.goto(f"{ui.url}/executions?playbook=beta")
     page.locator(f'[data-testid="exec-row"][data-id="{ui.ids["beta"]}"]').wait_for()
     rows = page.get_by_test_id("exec-row")

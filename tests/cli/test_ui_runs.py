@@ -5,20 +5,18 @@ lock): it says which process to stop instead. Also the live event stream over SQ
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .helpers import Flowtide, wait_until
+from .helpers import Flowtide, local_ui, wait_until
 
 SLOW = """
 apiVersion: noetl.io/v2
@@ -41,31 +39,6 @@ workflow:
     next: [end]
   - step: end
 """
-
-
-@contextlib.contextmanager
-def local_ui(
-    ft: Flowtide, tmp_path: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
-    """`flowtide ui` on a free port, and an API client with its token."""
-    out = tmp_path / "ui.out"
-    with open(out, "wb") as sink:
-        proc = ft.popen("ui", "--port", "0", stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        wait_until(
-            lambda: re.search(r"open (http://\S+)/ui#token=(\S+)", out.read_text()) is not None,
-            timeout=30,
-            what="the UI's URL",
-            proc=proc,
-        )
-        found = re.search(r"open (http://\S+)/ui#token=(\S+)", out.read_text())
-        assert found is not None
-        headers = {"authorization": f"Bearer {found[2]}", "x-flowtide-csrf": "1"}
-        with httpx.Client(base_url=found[1], headers=headers, timeout=30) as api:
-            yield proc, api
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _status(api: httpx.Client, eid: str) -> str:
@@ -107,7 +80,8 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
         for proc in (dead, orphan):
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        with local_ui(ft, tmp_path) as (ui, api):
+        with local_ui(ft, tmp_path / "ui.out") as ui:
+            api = ui.api
             # A run another live process holds: named, not touched.
             for action in ("resume", "cancel"):
                 r = api.post(f"/api/executions/{busy_id}/{action}", json={})
@@ -123,7 +97,7 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
             assert again.status_code == 409 and "running here already" in again.text
             # ... and no other process may take it meanwhile.
             cli = ft("resume", dead_id)
-            assert cli.returncode == 2 and f"running in process {ui.pid}" in cli.stderr
+            assert cli.returncode == 2 and f"running in process {ui.proc.pid}" in cli.stderr
             _wait_status(api, dead_id, "completed")
             loop = api.get(f"/api/executions/{dead_id}/steps/each").json()["loop"]
             assert loop["done"] == 40 and loop["failed"] == 0

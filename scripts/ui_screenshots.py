@@ -52,8 +52,13 @@ def main() -> None:
         cli = [sys.executable, "-m", "flowtide.cli"]
         failing = Path(tmp) / "sensors.yaml"
         failing.write_text(FAILING)
+        subprocess.run([*cli, "catalog", "register", str(ROOT / "examples")], env=env, check=True)
         ids = {}
-        for name, path in (("quickstart", ROOT / "examples/quickstart.yaml"), ("failed", failing)):
+        for name, path in (
+            ("quickstart", ROOT / "examples/quickstart.yaml"),
+            ("failed", failing),
+            ("spark", ROOT / "examples/spark_etl.yaml"),
+        ):
             run = subprocess.run(
                 [*cli, "run", str(path), "--json"], capture_output=True, text=True, env=env
             )
@@ -83,6 +88,13 @@ def main() -> None:
                 page.goto(f"{url}/executions/{ids['quickstart']}?tab=events")
                 page.get_by_test_id("event-row").first.wait_for()
                 page.screenshot(path=str(DOCS / "ui-events.png"), animations="disabled")
+                page.goto(f"{url}/executions/{ids['spark']}?step=summary")
+                page.get_by_test_id("spark-preview").wait_for()
+                page.get_by_test_id("spark-panel").scroll_into_view_if_needed()
+                page.screenshot(path=str(DOCS / "ui-spark-step.png"), animations="disabled")
+                page.goto(f"{url}/catalog/examples/quickstart")
+                page.locator('[data-testid="yaml-line-1"]').wait_for()
+                page.screenshot(path=str(DOCS / "ui-catalog.png"), animations="disabled")
         finally:
             ui.terminate()
             ui.wait(timeout=30)

@@ -238,6 +238,18 @@ export function mountList(root, ctx) {
   }
 
   function fillProgress(td, status, p) {
+    if (!p && status === 'completed') {
+      // An ended run's counts are not in the list (its page has them): all of it ran.
+      const fillEl = h('div', { class: 'fill' });
+      fillEl.style.width = '100%';
+      td.replaceChildren(
+        h('div', {
+          class: `progress mini ${statusClass(status)}`, 'data-testid': 'row-progress', role: 'progressbar',
+          'aria-label': 'Progress: completed', title: 'completed', 'data-done': 'all',
+        }, fillEl),
+        h('span', { class: 'progress-num muted' }, 'done'));
+      return;
+    }
     if (!p) {
       td.replaceChildren(h('span', { class: 'muted' }, '—'));
       return;

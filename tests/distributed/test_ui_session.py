@@ -221,6 +221,10 @@ def test_catalog_validate_marks_errors_and_the_entry_offers_its_workload(stack: 
         assert good["path"] == "tests/ui/steps" and good["steps"] == 3
         too_big = reader.post("/api/catalog/validate", json={"content": "x" * 4_000_001})
         assert too_big.status_code == 422
+        # A path whose URL would name another one is refused.
+        dotted = STEPS.replace("path: tests/ui/steps", "path: tests/../api/tokens")
+        r = api.post("/api/catalog/register", json={"content": dotted})
+        assert r.status_code == 400 and "'..' segment" in r.json()["error"]["message"]
         # Validating records nothing; registering is an operator's.
         assert reader.post("/api/catalog/register", json={"content": STEPS}).status_code == 403
         api.post("/api/catalog/register", json={"content": STEPS})

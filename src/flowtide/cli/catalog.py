@@ -43,6 +43,7 @@ def catalog_register(
 
     from flowtide.errors import PlaybookError
     from flowtide.playbook.loader import load_playbook
+    from flowtide.store.base import catalog_path_problem
 
     files: list[Path] = []
     for p in paths:
@@ -64,9 +65,10 @@ def catalog_register(
             bad += 1
             err(f"skipped: {exc}")
             continue
-        if not playbook.path:
+        problem = catalog_path_problem(playbook.path)
+        if problem:
             bad += 1
-            err(f"skipped: {file}: playbook has no metadata.path")
+            err(f"skipped: {file}: {problem}")
             continue
         if api is not None:
             doc = remote_or_exit(partial(api.register_playbook, playbook.text))

@@ -28,9 +28,10 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from flowtide.errors import CredentialError, PlaybookError, PlaybookErrors
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import weak_fields, weak_message
-from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody, Text, storable_text
+from flowtide.server.fields import INT64_MAX, PositiveId, RequestBody, Text
 from flowtide.server.problems import error_response, field_error, problem_responses
 from flowtide.server.runtime import Runtime, RuntimeDep
+from flowtide.store.base import catalog_path_problem
 from flowtide.ui.details import check_playbook
 
 if TYPE_CHECKING:
@@ -293,19 +294,6 @@ def _playbook_error(exc: PlaybookError) -> JSONResponse:
     return error_response(400, str(exc), field="content", fields=fields)
 
 
-def _catalog_path_problem(path: object) -> str | None:
-    # The loader lets any YAML value through as metadata.path; the store keys by text.
-    if not path:
-        return "playbook has no metadata.path"
-    if not isinstance(path, str):
-        return "metadata.path is not text"
-    try:
-        storable_text(path)
-    except ValueError as exc:
-        return f"metadata.path {exc}"
-    return None
-
-
 async def _resolve(runtime: Runtime, catalog_id: str) -> tuple[str, int]:
     """(path, version) of an existing catalog entry; NotFoundError (404) naming it."""
     path, version = parse_catalog_id(catalog_id)
@@ -325,7 +313,7 @@ async def register_text(store: Store, body: RegisterRequest) -> Registered | JSO
     except RecursionError:  # the YAML parser recurses per nesting level
         return _playbook_error(PlaybookError("the YAML nests too deeply", file=file, line=1))
     path: object = playbook.path
-    problem = _catalog_path_problem(path)
+    problem = catalog_path_problem(path)
     if problem or not isinstance(path, str):
         return _playbook_error(
             PlaybookError(

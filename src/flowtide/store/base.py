@@ -24,6 +24,7 @@ from flowtide.engine.events import Command, Event
 
 __all__ = [
     "COMMAND_STATUSES",
+    "ENDED_STATUSES",
     "EXECUTION_CREATED",
     "PENDING_COMMAND_STATUSES",
     "UNSET",
@@ -34,6 +35,7 @@ __all__ = [
     "ExecutionUpdate",
     "Store",
     "Unset",
+    "catalog_path_problem",
 ]
 
 #: Status of an execution row right after `create_execution`.
@@ -56,6 +58,25 @@ class Unset(enum.Enum):
 
 
 UNSET: Final = Unset.UNSET
+
+
+def catalog_path_problem(path: object) -> str | None:
+    """Why `path` (a playbook's metadata.path) cannot be a catalog key, or None."""
+    # The loader lets any YAML value through as metadata.path; the store keys by text.
+    if not path:
+        return "playbook has no metadata.path"
+    if not isinstance(path, str):
+        return "metadata.path is not text"
+    if "\x00" in path:
+        return "metadata.path must not contain NUL characters"
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "metadata.path must be valid Unicode (no lone surrogates)"
+    if any(part in (".", "..") for part in path.split("/")):
+        # A URL with such a path (the UI's /ui/catalog/<path>) would name another one.
+        return "metadata.path has a '.' or '..' segment"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ def catalog_register(
             err(f"skipped: {exc}")
             continue
         problem = catalog_path_problem(playbook.path)
-        if problem:
+        if problem or not isinstance(playbook.path, str):
             bad += 1
             err(f"skipped: {file}: {problem}")
             continue

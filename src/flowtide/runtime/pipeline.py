@@ -7,6 +7,7 @@ NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,8 @@ from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
+#: How much of a failed call's rendered input its event keeps (`shown_input`).
+INPUT_SHOWN_BYTES = 4 * 1024
 #: Largest result recorded in events, as JSON (FLOWTIDE_MAX_RESULT_BYTES): results travel
 #: in events (to the server in a worker's report, into the event log). A bigger one is
 #: stored by reference (`flowtide.artifacts`); one that cannot be is a
@@ -38,6 +41,17 @@ MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 *
 MAX_STORED_RESULT_BYTES = int(
     os.environ.get("FLOWTIDE_MAX_STORED_RESULT_BYTES") or 512 * 1024 * 1024
 )
+
+
+def shown_input(value: Any) -> Any:
+    """A failed call's rendered input as its `call.error` event keeps it: the value when
+    its JSON is at most `INPUT_SHOWN_BYTES`, else its size and top-level keys (never a
+    cut text: a secret cut in two would no longer be masked)."""
+    text = json.dumps(value, default=str, separators=(",", ":"))
+    if len(text) <= INPUT_SHOWN_BYTES:
+        return json.loads(text)
+    keys = [str(k) for k in list(value)[:50]] if isinstance(value, dict) else None
+    return {"truncated": True, "bytes": len(text.encode()), "keys": keys}
 
 
 def _json_result(result: Any) -> Any:
@@ -414,6 +428,7 @@ class StepRunner:
                 )
                 error: dict[str, Any] | None = None
                 result: Any = None
+                tool_input: Any = None
                 try:
                     effective, config, tool_input = self._resolve(task, scope, step)
                     if effective is not task:
@@ -440,6 +455,10 @@ class StepRunner:
                 except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
                     status, error = "error", _error_dict(exc)
                 duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+                if status == "error" and tool_input is not None:
+                    # What the failed call was given, for whoever debugs it (masked
+                    # where shown, sealed at rest like any value of the secret set).
+                    tctx.call_meta["input"] = shown_input(tool_input)
                 # Nothing is scrubbed here: a later task, policy or step reads the result
                 # exactly as the tool returned it (a password `demo` must not turn
                 # `demographics` into `***graphics`). The values are reported instead.

@@ -490,6 +490,16 @@ class Store(Protocol):
         """
         ...
 
+    def catalog_entries(self, prefix: str | None = None) -> list[dict[str, Any]]:
+        """The latest version of every path starting with `prefix` (all when None or
+        empty), without the playbook text: path, version, versions, source_file and
+        created; ordered by path.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
     # -- credentials (cluster-wide; values arrive encrypted) -------------------------
 
     def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:

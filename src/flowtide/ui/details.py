@@ -104,14 +104,12 @@ def _call(event: Event) -> dict[str, Any]:
 
 
 def _spark(calls: Sequence[Event], result: Any) -> dict[str, Any] | None:
-    meta = next(
-        (
-            e.payload["spark"]
-            for e in reversed(calls)
-            if isinstance((e.payload or {}).get("spark"), dict)
-        ),
-        None,
-    )
+    meta = None
+    for event in reversed(calls):
+        found = (event.payload or {}).get("spark")
+        if isinstance(found, dict):
+            meta = found
+            break
     if meta is None:
         return None
     doc: dict[str, Any] = {key: meta.get(key) for key in _SPARK_META}

@@ -217,7 +217,7 @@ export function mountDetail(root, ctx, id) {
     rerunBtn.title = sub ? 'A sub-execution is started by its parent: re-run the parent'
       : 'Start this playbook again with the same workload';
     // `flowtide ui` only; not for a run this process is running already (`run_here`).
-    resumeBtn.hidden = !(me.local && !['completed', 'cancelled'].includes(s.status) && s.run_here !== true);
+    resumeBtn.hidden = !(me.local && !['completed', 'failed', 'cancelled'].includes(s.status) && s.run_here !== true);
     if (!graph && s.graph && Array.isArray(s.graph.nodes)) {
       graph = buildGraph(s.graph, selectStep);
       graphBox.replaceChildren(graph.el);

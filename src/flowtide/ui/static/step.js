@@ -162,5 +162,18 @@ export function stepDetailParts(doc, open) {
   if (calls.length) {
     parts.push(h('h3', null, `Last calls (${calls.length})`), callsTable(calls));
   }
+  // The newest failed call's rendered input (kept by the worker for failed calls only).
+  const failed = calls.find((c) => c.meta && c.meta.input !== undefined);
+  if (failed) {
+    const input = failed.meta.input;
+    const big = input && typeof input === 'object' && input.truncated === true;
+    parts.push(h('h3', null, 'Input of the failed call'),
+      big
+        ? h('p', { class: 'muted small', 'data-testid': 'step-input', 'data-truncated': 'true' },
+          `input too large to keep: ${bytes(input.bytes)}${Array.isArray(input.keys) ? ` · keys: ${input.keys.join(', ')}` : ''}`)
+        : foldable(open, 'input', true, { class: 'result', 'data-testid': 'step-input' },
+          `Attempt ${failed.attempt ?? '?'} of ${failed.task ?? 'the task'}`,
+          h('pre', { class: 'json' }, JSON.stringify(input, null, 2))));
+  }
   return parts;
 }

@@ -229,8 +229,9 @@ def test_embedded(tmp_path: Path, pg_secret: dict[str, Any], echo: str, nats: Na
         rows = [repr(conn.execute(f"SELECT * FROM {t}").fetchall()) for t in tables]
     assert "event" in tables
     _assert_hidden("the SQLite store", "\n".join(rows))
-    for path in home.glob("flowtide.db*"):
-        assert SECRET.encode() not in path.read_bytes(), path
+    for path in home.glob("flowtide.db*"):  # the file, its WAL, the run locks
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            assert SECRET.encode() not in file.read_bytes(), file
     _assert_hidden("NATS (KV and everything else)", tap.text())
     assert any(s.startswith("$KV.") for s, _ in tap.messages)  # the tap saw the loop state
 

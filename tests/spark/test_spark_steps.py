@@ -432,7 +432,7 @@ def test_jdbc_round_trip_through_postgres(run_playbook: Runner, pg_server: Any) 
     # to the execution's secret set reads back intact, the store's bytes never show it.
     added = [e for e in result.events if e["type"] == "secrets.added"]
     assert added and pg_server.password in added[0]["payload"]["values"]
-    stored = b"".join(p.read_bytes() for p in result.home.glob("flowtide.db*"))
+    stored = b"".join(p.read_bytes() for p in result.home.glob("flowtide.db*") if p.is_file())
     assert pg_server.password.encode() not in stored
     assert pg_server.password not in json.dumps(result.doc)
 

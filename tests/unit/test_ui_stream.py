@@ -10,8 +10,7 @@ from pathlib import Path
 from flowtide.engine.events import Event
 from flowtide.store.base import ExecutionUpdate
 from flowtide.store.sqlite import SQLiteStore
-from flowtide.ui.fold import FoldCache
-from flowtide.ui.local import _follow
+from flowtide.ui.local import follow_events
 
 EID = 7
 #: Snowflake ids: 2,000 events within the same millisecond (a fast loop's burst), far
@@ -22,7 +21,7 @@ BASE = 1_000_000 << 22
 def _collect(store: SQLiteStore, after: int | None) -> str:
     async def run() -> str:
         out = []
-        async for chunk in _follow(store, FoldCache(store), EID, after, frozenset()):
+        async for chunk in follow_events(store, EID, after, frozenset()):
             out.append(chunk)
         return "".join(out)
 

@@ -79,7 +79,7 @@ from flowtide.ui.summary import execution_summary, summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 from flowtide.wire import EXECUTE_PATH
 
-__all__ = ["FoldCache", "LocalAuthenticator", "create_local_app"]
+__all__ = ["FoldCache", "LocalAuthenticator", "create_local_app", "follow_events"]
 
 #: How often a live event stream reads the log; a keep-alive comment after this long idle.
 STREAM_POLL: Final = 0.25
@@ -202,8 +202,8 @@ def _busy(execution_id: int, pid: int | None, what: str) -> JSONResponse:
     )
 
 
-async def _follow(
-    store: Store, folds: FoldCache, execution_id: int, after: int | None, secrets: frozenset[str]
+async def follow_events(
+    store: Store, execution_id: int, after: int | None, secrets: frozenset[str]
 ) -> AsyncIterator[str]:
     """The server's event stream over the local store: each event once, as written. The
     embedded runtime writes a worker's events after it made their ids, so each read
@@ -423,7 +423,7 @@ def create_local_app(
             after = int(header)
         _, state = await asyncio.to_thread(folds.state, execution_id)
         return StreamingResponse(
-            _follow(store, folds, execution_id, after or None, state.secrets),
+            follow_events(store, execution_id, after or None, state.secrets),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ async def run_to_end(
     from flowtide.credentials import CredentialVault
     from flowtide.runlock import run_locks_for
     from flowtide.runtime.local import LocalRuntime
+    from flowtide.ui.summary import keep_summary
 
     async with LocalRuntime(
         store,
@@ -55,6 +57,8 @@ async def run_to_end(
         listener=listener,
         data_dir=home / "data",
         locks=run_locks_for(store, home),
+        # What the UI shows of the run at a glance, kept as it ends.
+        on_finished=partial(keep_summary, store),
     ) as runtime:
         execution_id = await start(runtime)
         with watch(execution_id) if watch is not None else contextlib.nullcontext():

@@ -5,6 +5,7 @@ token and only its own Host; the page signs in with the URL's fragment."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def two_runs(ft: Flowtide, tmp_path: Path) -> Iterator[tuple[LocalUi, dict[str, 
 
 
 def test_the_local_api_answers_its_token_and_its_host_only(
-    two_runs: tuple[LocalUi, dict[str, str]],
+    two_runs: tuple[LocalUi, dict[str, str]], ft: Flowtide
 ) -> None:
     ui, ids = two_runs
     assert httpx.get(f"{ui.base}/api/executions", timeout=30).status_code == 401
@@ -77,6 +78,13 @@ def test_the_local_api_answers_its_token_and_its_host_only(
     assert [c["status"] for c in broken["commands"]] == ["failed"]
     events = api.get(f"/api/executions/{ids['done']}/events", params={"limit": 3}).json()
     assert [e["type"] for e in events][0] == "playbook.initialized" and len(events) == 3
+    # `flowtide run` kept each run's summary as it ended; the page reads it as it would
+    # the one folded from the log.
+    with sqlite3.connect(ft.home / "flowtide.db") as db:
+        kept = {str(r[0]) for r in db.execute("SELECT execution_id FROM execution_summary")}
+        assert kept == set(ids.values())
+        db.execute("DELETE FROM execution_summary")
+    assert api.get(f"/api/executions/{ids['done']}/summary").json() == summary
     refused = api.post(f"/api/executions/{ids['done']}/cancel", json={})
     assert refused.status_code == 409 and "completed already" in refused.text
     # A page of another site rebinding its name to loopback sends its own Host.

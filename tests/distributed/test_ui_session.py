@@ -11,6 +11,9 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import psycopg
+
+from flowtide.ui.summary import SUMMARY_FORMAT
 
 from .stack import Stack
 from .test_faults import _wait
@@ -142,6 +145,17 @@ def test_step_detail_rerun_and_list_filters(stack: Stack) -> None:
         assert r.status_code == 201, r.text
         first = r.json()["execution_id"]
         assert _wait(api, first)["status"] == "completed"
+
+        # Its summary was kept as it ended, and reads as the one folded from the log.
+        with psycopg.connect(stack.db) as conn:
+            kept = conn.execute(
+                "SELECT format FROM execution_summary WHERE execution_id = %s", (int(first),)
+            ).fetchone()
+            assert kept == (SUMMARY_FORMAT,)
+            from_kept = reader.get(f"/api/executions/{first}/summary").json()
+            conn.execute("DELETE FROM execution_summary WHERE execution_id = %s", (int(first),))
+        assert reader.get(f"/api/executions/{first}/summary").json() == from_kept
+        assert from_kept["progress"]["steps_finished"] == 3
 
         step = reader.get(f"/api/executions/{first}/steps/start")
         assert step.status_code == 200, step.text

@@ -238,6 +238,17 @@ class StoreConformance:
         assert ids(min_seconds=50, max_seconds=500, now=now) == [1]
         assert ids(max_seconds=5, now=now) == [2]
 
+    def test_a_summary_is_kept_replaced_and_read_back(self, store: Store) -> None:
+        make_execution(store, 1)
+        assert store.get_summary(1) is None
+        store.put_summary(1, {"status": "running", "steps": {"a": {"runs": 1}}}, format=1)
+        store.put_summary(1, {"status": "completed", "note": "ü ✓"}, format=2)
+        assert store.get_summary(1) == (2, {"status": "completed", "note": "ü ✓"})
+        assert store.get_summary(2) is None
+        with pytest.raises(StoreError):
+            store.put_summary(1, {"bad": {1, 2}}, format=1)  # not JSON
+        assert store.get_summary(1) == (2, {"status": "completed", "note": "ü ✓"})
+
     def test_list_executions_default_limit_is_50(self, store: Store) -> None:
         for eid in range(1, 61):
             make_execution(store, eid)

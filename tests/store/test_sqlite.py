@@ -61,8 +61,9 @@ def test_creates_parent_dirs_wal_and_schema_version(tmp_path: Path) -> None:
     raw = _raw(path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        versions = raw.execute("SELECT version FROM schema_version").fetchall()
-        assert versions == [(SCHEMA_VERSION,)]
+        versions = raw.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        # Version 1, then each migration, as a file made by an older flowtide gets them.
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     finally:
         raw.close()
 
@@ -94,9 +95,35 @@ def test_reopening_does_not_reapply_the_schema(tmp_path: Path) -> None:
         SQLiteStore(path).close()
     raw = _raw(path)
     try:
-        assert raw.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 1
+        assert raw.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         raw.close()
+
+
+def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with SQLiteStore(path) as store:
+        store.create_execution(
+            1,
+            playbook_path=None,
+            playbook_version=None,
+            playbook_file=None,
+            playbook_text="workflow: []\n",
+            workload={},
+            parent_execution_id=None,
+            parent_command_id=None,
+            created=1.0,
+        )
+    raw = _raw(path)  # back to what flowtide with schema version 1 wrote
+    raw.execute("DROP TABLE execution_summary")
+    raw.execute("DELETE FROM schema_version WHERE version > 1")
+    raw.commit()
+    raw.close()
+    with SQLiteStore(path) as store:
+        assert store.get_execution(1).playbook_text == "workflow: []\n"
+        assert store.get_summary(1) is None
+        store.put_summary(1, {"status": "completed"}, format=1)
+        assert store.get_summary(1) == (1, {"status": "completed"})
 
 
 def test_not_a_database(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ acted on.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -40,6 +41,8 @@ from flowtide.tools.registry import cancel_running, warm_tools
 
 Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class _Execution:
@@ -64,8 +67,12 @@ class LocalRuntime:
         data_dir: Path | None = None,
         template_env: Mapping[str, str] | None = None,
         locks: RunLocks | None = None,
+        on_finished: Callable[[ExecutionState], None] | None = None,
     ) -> None:
         self.store = store
+        # Called with each execution's final state once it is written (e.g. to keep the
+        # UI's summary of it); an error there is logged, never raised.
+        self.on_finished = on_finished
         # Held for each execution this runtime runs, so no other process resumes it.
         self.locks = locks
         # Embedded: the user's own machine, so templates see the user's environment
@@ -394,6 +401,11 @@ class LocalRuntime:
             # `wait` returns would cancel a cleanup still waiting on a remote KV.
             if self.loopstate is not None:
                 await self.loopstate.cleanup(execution_id)
+            if self.on_finished is not None:
+                try:
+                    self.on_finished(execution.state)
+                except Exception:  # noqa: BLE001 - a hook must not break the engine loop
+                    log.exception("execution %s: on_finished failed", execution_id)
             execution.done.set()
             if self.locks is not None:
                 self.locks.release(execution_id)

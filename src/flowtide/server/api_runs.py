@@ -35,7 +35,7 @@ from flowtide.ui.listing import (
     listed,
     read_events,
 )
-from flowtide.ui.summary import summary_document
+from flowtide.ui.summary import kept_summary, summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
@@ -220,6 +220,11 @@ async def get_execution_summary(
     not a loop's iterations; no step results (`GET /api/executions/{id}` has them).
     Values of the execution's secret set are masked."""
     await workers.require_holder(who, execution_id, parent=True)
+    row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
+    # An ended execution's summary as kept when it ended: no fold of its log.
+    kept = await asyncio.to_thread(kept_summary, runtime.store, row)
+    if kept is not None:
+        return kept
     state = await coord.state(execution_id)
     row = await asyncio.to_thread(runtime.store.get_execution, execution_id)
     return summary_document(state, row)

@@ -23,6 +23,7 @@ loop state of a finished execution) runs once the lock is let go.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from flowtide import trace
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
-from flowtide.errors import NotFoundError
+from flowtide.errors import NotFoundError, StoreError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.runtime.advance import Advance, Advancer
@@ -44,16 +45,19 @@ from flowtide.server.stale import disjoint_events, drop_stale, reported_commands
 from flowtide.server.statecache import CachedState, StateCache, apply_logged
 from flowtide.store import pg
 from flowtide.store.base import CommandUpdate
-from flowtide.store.codec import command_params, event_params
+from flowtide.store.codec import command_params, encode_value, event_params
 from flowtide.store.pg.commands import Holder
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
+from flowtide.ui.summary import SUMMARY_FORMAT, kept_part
 from flowtide.wire import ClaimItem, Notification, command_subject
 
 if TYPE_CHECKING:
     import psycopg
 
 __all__ = ["After", "Handed", "Prepare", "Stepper", "SubmitResult", "Taker", "command_subject"]
+
+log = logging.getLogger(__name__)
 
 #: Runs first in a step's transaction, on its connection (a check or a write of the
 #: caller's); raising rolls the step back.
@@ -508,6 +512,7 @@ class Stepper:
         ]
         subject = command_subject(cached.pool, execution_id, self.shard)
         payloads = [Notification.of(c).to_json() for c in commands]
+        summary = _summary_text(state) if state.terminal and not commands else None
         issued: pg.Pending[pg.commands.Issued] | None = None
         last_seq: pg.Pending[int] | None = None
         # One round trip for all of it (the statements run in order on the server).
@@ -546,6 +551,9 @@ class Stepper:
                 if state.terminal:
                     # Nothing runs any more: open commands are closed with the execution.
                     pg.commands.close_open(conn, execution_id, now)
+                if summary is not None:
+                    # What the UI shows of it at a glance, kept with its end.
+                    pg.executions.put_summary(conn, execution_id, SUMMARY_FORMAT, summary)
                 last_seq = pg.events.last_seq(conn, execution_id)
             # The COMMIT is queued behind the writes and goes with the pipeline's sync:
             # one round trip for the whole step, the commit's wait included.
@@ -606,6 +614,16 @@ class Stepper:
             self.on_outbox()
         if after.out.finished and self.loopstate is not None:
             await self.loopstate.cleanup(after.execution_id)
+
+
+def _summary_text(state: ExecutionState) -> str | None:
+    """The JSON of an ended execution's kept summary part; None (logged) if it cannot be
+    written (the summary is an optimisation of reads: the step goes on without it)."""
+    try:
+        return encode_value(kept_part(state), f"execution {state.execution_id}: summary")
+    except StoreError as exc:
+        log.warning("execution %s: summary not kept: %s", state.execution_id, exc)
+        return None
 
 
 def _reported(group: list[_Report]) -> list[int]:

@@ -490,6 +490,23 @@ class Store(Protocol):
         """
         ...
 
+    def put_summary(self, execution_id: int, doc: dict[str, Any], *, format: int) -> None:
+        """Keep what the UI shows of an ended execution at a glance (replacing any kept
+        before): a document already masked, of shape `format`.
+
+        Raises:
+            StoreError: the store failed, or `doc` is not JSON.
+        """
+        ...
+
+    def get_summary(self, execution_id: int) -> tuple[int, dict[str, Any]] | None:
+        """(format, document) kept by `put_summary`, or None.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        ...
+
     def catalog_entries(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """The latest version of every path starting with `prefix` (all when None or
         empty), without the playbook text: path, version, versions, source_file and

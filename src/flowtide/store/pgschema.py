@@ -189,6 +189,19 @@ SHARD: Final = Component(
             "CREATE INDEX execution_parent ON execution (parent_execution_id)"
             " WHERE parent_execution_id IS NOT NULL",
         ),
+        # What the UI shows of an ended execution at a glance (per-step status, runs,
+        # loop counts), written when it ends: opening a 100,000-iteration run's page
+        # then reads one row instead of folding its log. `format` names the document's
+        # shape; a reader that knows another one folds the log instead.
+        6: (
+            """
+            CREATE TABLE execution_summary (
+                execution_id bigint PRIMARY KEY,
+                format       integer NOT NULL,
+                doc          text NOT NULL
+            )
+            """,
+        ),
     },
 )
 

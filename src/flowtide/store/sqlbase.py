@@ -45,6 +45,7 @@ from flowtide.store.codec import (
     check_limit,
     command_params,
     command_row,
+    decode,
     decode_events,
     encode_value,
     event_params,
@@ -53,7 +54,13 @@ from flowtide.store.codec import (
     update_execution_sql,
 )
 
-__all__ = ["INSERT_EVENT", "UPSERT_COMMAND", "SQLStore"]
+__all__ = ["INSERT_EVENT", "PUT_SUMMARY", "UPSERT_COMMAND", "SQLStore"]
+
+#: Keep an ended execution's summary (`Store.put_summary`), replacing an older one.
+PUT_SUMMARY: Final = (
+    "INSERT INTO execution_summary (execution_id, format, doc) VALUES (?, ?, ?)"
+    " ON CONFLICT (execution_id) DO UPDATE SET format = excluded.format, doc = excluded.doc"
+)
 
 INSERT_EVENT: Final = (
     "INSERT INTO event (execution_id, event_id, type, step, status, payload, error,"
@@ -498,6 +505,23 @@ class SQLStore:
             "cluster",
         )
         return [catalog_row(r) for r in rows]
+
+    def put_summary(self, execution_id: int, doc: dict[str, Any], *, format: int) -> None:
+        """See `flowtide.store.base.Store.put_summary`."""
+        text = encode_value(doc, f"execution {execution_id}: summary")
+        with self.transaction("put_summary") as conn:
+            conn.execute(self._sql(PUT_SUMMARY), (execution_id, format, text))
+
+    def get_summary(self, execution_id: int) -> tuple[int, dict[str, Any]] | None:
+        """See `flowtide.store.base.Store.get_summary`."""
+        rows = self._read(
+            "get_summary",
+            "SELECT format, doc FROM execution_summary WHERE execution_id = ?",
+            (execution_id,),
+        )
+        if not rows:
+            return None
+        return int(rows[0][0]), decode(rows[0][1])
 
     def catalog_entries(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """The latest version of every catalog path starting with `prefix` (all when None

@@ -32,7 +32,7 @@ from flowtide.store.sqlbase import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 # Driver-level failures translated to StoreError. sqlite3 raises OverflowError for integers
 # beyond 64 bits and UnicodeEncodeError (a ValueError) for strings it cannot encode.
@@ -119,7 +119,20 @@ _SCHEMA_V1: Final = (
 )
 
 # Migrations from version N to N + 1, applied in order on open. Empty while at version 1.
-_MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {}
+# Version n -> the statements that bring a file from version n to n + 1.
+_MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
+    # What the UI shows of an ended execution at a glance, written when it ends (see
+    # the PostgreSQL schema's shard version 6).
+    1: (
+        """
+        CREATE TABLE execution_summary (
+            execution_id INTEGER PRIMARY KEY,
+            format       INTEGER NOT NULL,
+            doc          TEXT NOT NULL
+        )
+        """,
+    ),
+}
 
 
 class SQLiteStore(SQLStore):

@@ -78,9 +78,13 @@ class FoldCache:
             return row, entry.state
 
     def prewarm(self, count: int) -> None:
-        """Fold the `count` newest executions (a store error is left to the requests)."""
+        """Fold the `count` newest executions, but not an ended one whose summary was
+        kept (its page opens from that; a fold would only compete with it for the CPU).
+        A store error is left to the requests."""
         try:
             for row in self.store.list_executions(limit=count):
+                if row.status in ENDED_STATUSES and self.store.get_summary(row.execution_id):
+                    continue
                 self.state(row.execution_id)
         except Exception:  # noqa: BLE001 - the same error reaches the page that asks
             return

@@ -30,6 +30,7 @@ import hmac
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -75,7 +76,7 @@ from flowtide.ui.listing import (
     read_events,
 )
 from flowtide.ui.pages import SessionRequest, signed_in, signed_out
-from flowtide.ui.summary import execution_summary, summary_document
+from flowtide.ui.summary import execution_summary, keep_summary, kept_summary, summary_document
 from flowtide.ui.timeline import MAX_BUCKETS, execution_timeline
 from flowtide.wire import EXECUTE_PATH
 
@@ -176,6 +177,7 @@ class LocalRuns:
             credentials=CredentialVault(self.store, self.home),
             data_dir=self.home / "data",
             locks=self.locks,
+            on_finished=partial(keep_summary, self.store),
         ) as runtime:
             self.runtime = runtime
             try:
@@ -366,8 +368,16 @@ def create_local_app(
 
     @router.get("/api/executions/{execution_id}/summary")
     async def get_summary(execution_id: IdPath) -> dict[str, Any]:
-        row, state = await asyncio.to_thread(folds.state, execution_id)
-        doc = summary_document(state, row)
+        def build() -> dict[str, Any]:
+            row = store.get_execution(execution_id)
+            # An ended run's summary as kept when it ended: no fold of its log.
+            doc = kept_summary(store, row)
+            if doc is None:
+                row, state = folds.state(execution_id)
+                doc = summary_document(state, row)
+            return doc
+
+        doc = await asyncio.to_thread(build)
         doc["run_here"] = runs.runs(execution_id)
         return doc
 

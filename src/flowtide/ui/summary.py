@@ -5,14 +5,32 @@ document grows with the playbook's steps, never with a loop's iterations or resu
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Final
 
 from flowtide.engine.state import ExecutionState, LoopRecord
+from flowtide.errors import StoreError
+from flowtide.playbook.loader import parse_playbook
+from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
-from flowtide.store.base import ExecutionRow
+from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
 from flowtide.ui.graph import playbook_graph
 
-__all__ = ["execution_summary", "summary_document"]
+__all__ = [
+    "SUMMARY_FORMAT",
+    "execution_summary",
+    "keep_summary",
+    "kept_part",
+    "kept_summary",
+    "summary_document",
+    "summary_of",
+]
+
+log = logging.getLogger(__name__)
+
+#: The shape of the kept summary part; bump it when `execution_summary` changes shape
+#: (kept ones of another shape are then ignored and the log folded instead).
+SUMMARY_FORMAT: Final = 1
 
 #: Step statuses that count as done in the progress.
 FINISHED = ("completed", "failed", "skipped")
@@ -75,10 +93,18 @@ def execution_summary(state: ExecutionState) -> dict[str, Any]:
     }
 
 
-def summary_document(state: ExecutionState, row: ExecutionRow) -> dict[str, Any]:
-    """`GET /api/executions/{id}/summary`: `execution_summary` masked with the execution's
-    secret set, with the row's playbook, parent and times, and the playbook's graph."""
-    doc: dict[str, Any] = mask_value(execution_summary(state), state.secrets)
+def kept_part(state: ExecutionState) -> dict[str, Any]:
+    """The part of the summary the state gives (`execution_summary`, masked with the
+    execution's secret set): what is kept when an execution ends (`Store.put_summary`,
+    shape `SUMMARY_FORMAT`)."""
+    part: dict[str, Any] = mask_value(execution_summary(state), state.secrets)
+    return part
+
+
+def summary_of(part: dict[str, Any], row: ExecutionRow, playbook: Playbook) -> dict[str, Any]:
+    """`GET /api/executions/{id}/summary` from its state's part, the execution's row
+    (playbook, parent, times) and its playbook (the graph)."""
+    doc = dict(part)
     doc["playbook"] = {
         "path": row.playbook_path,
         "version": row.playbook_version,
@@ -86,5 +112,31 @@ def summary_document(state: ExecutionState, row: ExecutionRow) -> dict[str, Any]
     }
     doc["parent_execution_id"] = str(row.parent_execution_id) if row.parent_execution_id else None
     doc["created"], doc["updated"] = row.created, row.updated
-    doc["graph"] = playbook_graph(state.playbook)
+    doc["graph"] = playbook_graph(playbook)
     return doc
+
+
+def summary_document(state: ExecutionState, row: ExecutionRow) -> dict[str, Any]:
+    """`GET /api/executions/{id}/summary` of a folded state."""
+    return summary_of(kept_part(state), row, state.playbook)
+
+
+def kept_summary(store: Store, row: ExecutionRow) -> dict[str, Any] | None:
+    """The summary of an ended execution from the part kept when it ended, without
+    folding its log; None when it is running or nothing (of this shape) was kept. Blocks
+    on the store: run it in a thread."""
+    if row.status not in ENDED_STATUSES:
+        return None
+    kept = store.get_summary(row.execution_id)
+    if kept is None or kept[0] != SUMMARY_FORMAT:
+        return None
+    return summary_of(kept[1], row, parse_playbook(row.playbook_text, row.playbook_file))
+
+
+def keep_summary(store: Store, state: ExecutionState) -> None:
+    """Keep an ended execution's summary part (an optimisation of reads: a failure is
+    logged, never raised)."""
+    try:
+        store.put_summary(state.execution_id, kept_part(state), format=SUMMARY_FORMAT)
+    except StoreError as exc:
+        log.warning("execution %s: summary not kept: %s", state.execution_id, exc)

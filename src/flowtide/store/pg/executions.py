@@ -158,3 +158,13 @@ def count_estimate(conn: psycopg.Connection) -> int | None:
         "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass('execution')"
     ).fetchone()
     return None if row is None or row[0] is None or int(row[0]) < 0 else int(row[0])
+
+
+def put_summary(conn: psycopg.Connection, execution_id: int, format: int, doc: str) -> None:
+    """Keep an ended execution's summary (`Store.put_summary`), in the caller's
+    transaction: `doc` is its JSON text."""
+    conn.execute(
+        "INSERT INTO execution_summary (execution_id, format, doc) VALUES (%s, %s, %s)"
+        " ON CONFLICT (execution_id) DO UPDATE SET format = excluded.format, doc = excluded.doc",
+        (execution_id, format, doc),
+    )

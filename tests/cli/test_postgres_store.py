@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from flowtide.store import pgschema
+
 from .helpers import PLAYBOOKS, Flowtide, describe
 
 
@@ -21,20 +23,21 @@ def _strip_ids(doc: dict) -> dict:  # type: ignore[type-arg]
 
 
 def test_db_status_and_upgrade(ft: Flowtide, pg_db: str) -> None:
+    shard, cluster = pgschema.SHARD.latest, pgschema.CLUSTER.latest
     before = ft("db", "status", "--db", pg_db)
     assert before.returncode == 1, describe(before)
-    assert "shard: version 0 (needs upgrade to 5)" in before.stdout
+    assert f"shard: version 0 (needs upgrade to {shard})" in before.stdout
 
     up = ft.ok("db", "upgrade", "--db", pg_db)
-    assert "shard: version 5 (upgraded 0 -> 5)" in up.stdout
-    assert "cluster: version 7 (upgraded 0 -> 7)" in up.stdout
+    assert f"shard: version {shard} (upgraded 0 -> {shard})" in up.stdout
+    assert f"cluster: version {cluster} (upgraded 0 -> {cluster})" in up.stdout
     # The password never shows.
     assert pg_db.split(":")[2].split("@")[0] not in up.stdout
 
     again = json.loads(ft.ok("db", "upgrade", "--db", pg_db, "--json").stdout)
     assert {(r["component"], r["from"], r["version"]) for r in again} == {
-        ("shard", 5, 5),
-        ("cluster", 7, 7),
+        ("shard", shard, shard),
+        ("cluster", cluster, cluster),
     }
     ft.ok("db", "status", "--db", pg_db)
 

@@ -35,6 +35,8 @@ from flowtide.store.base import catalog_path_problem
 from flowtide.ui.details import check_playbook
 
 if TYPE_CHECKING:
+    from flowtide.playbook.model import Playbook
+    from flowtide.server.schemas import ExecuteRequest
     from flowtide.store.base import Store
     from flowtide.store.postgres import KeychainRow
 
@@ -43,6 +45,7 @@ __all__ = [
     "catalog_list",
     "parse_catalog_id",
     "register_text",
+    "requested_playbook",
     "router",
     "validate_text",
 ]
@@ -299,6 +302,33 @@ async def _resolve(runtime: Runtime, catalog_id: str) -> tuple[str, int]:
     path, version = parse_catalog_id(catalog_id)
     row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
     return row.path, row.version
+
+
+async def requested_playbook(
+    store: Store, body: ExecuteRequest
+) -> tuple[Playbook, int | None] | JSONResponse:
+    """The playbook a `POST /api/execute` names (a catalog path and version, a catalog id,
+    or inline text; parsed in a thread) and its catalog version (None when inline), or
+    the 400/422 reply when it names none, several, or an ill-formed catalog id.
+
+    Raises:
+        PlaybookError: the text is not a valid playbook.
+        NotFoundError: no such catalog path or version (404).
+    """
+    given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
+    if len(given) != 1:
+        return error_response(400, "give exactly one of path, catalog_id, playbook")
+    if body.playbook:
+        return await asyncio.to_thread(parse_playbook, body.playbook, None), None
+    path, version = body.path or "", body.version
+    if body.catalog_id:
+        try:
+            path, parsed = parse_catalog_id(body.catalog_id)
+        except ValueError as exc:
+            return error_response(422, f"catalog_id: {exc}", field="catalog_id")
+        version = parsed or version
+    row = await asyncio.to_thread(store.get_playbook, path, version)
+    return await asyncio.to_thread(parse_playbook, row.text, row.source_file), row.version
 
 
 async def register_text(store: Store, body: RegisterRequest) -> Registered | JSONResponse:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError, NotFoundError, PlaybookError, TemplateError
@@ -16,7 +17,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import mask_value
 from flowtide.runtime.report import execution_document
 from flowtide.server.access import caller
-from flowtide.server.api_cluster import parse_catalog_id
+from flowtide.server.api_cluster import requested_playbook
 from flowtide.server.coordinator import TERMINAL, ExecutionFinished
 from flowtide.server.documents import event_document
 from flowtide.server.fields import IdPath, Text
@@ -81,28 +82,15 @@ async def execute(
         if who.pool is not None and body.pool != who.pool:
             raise AuthError(f"{who.describe()} serves pool {who.pool!r}, not {body.pool!r}")
         await workers.require_holder(who, body.parent_execution_id)
-    given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
-    if len(given) != 1:
-        return error_response(400, "give exactly one of path, catalog_id, playbook")  # type: ignore[return-value]
-    version = body.version
     try:
-        if body.playbook:
-            playbook = parse_playbook(body.playbook, None)
-        else:
-            path = body.path or ""
-            if body.catalog_id:
-                try:
-                    path, parsed = parse_catalog_id(body.catalog_id)
-                except ValueError as exc:
-                    return error_response(422, f"catalog_id: {exc}", field="catalog_id")  # type: ignore[return-value]
-                version = parsed or version
-            row = await asyncio.to_thread(runtime.store.get_playbook, path, version)
-            playbook = parse_playbook(row.text, row.source_file)
-            version = row.version
+        requested = await requested_playbook(runtime.store, body)
+        if isinstance(requested, JSONResponse):
+            return requested  # type: ignore[return-value]
+        playbook, version = requested
         execution_id = await coord.execute(
             playbook,
             workload=body.payload,
-            catalog_version=version if not body.playbook else None,
+            catalog_version=version,
             parent_execution_id=body.parent_execution_id,
             parent_command_id=body.parent_command_id,
             pool=body.pool,

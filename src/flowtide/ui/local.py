@@ -53,8 +53,8 @@ from flowtide.server.api_cluster import (
     RegisterRequest,
     catalog_entry,
     catalog_list,
-    parse_catalog_id,
     register_text,
+    requested_playbook,
     validate_text,
 )
 from flowtide.server.documents import event_document
@@ -308,30 +308,17 @@ def create_local_app(
     async def execute(body: ExecuteRequest) -> dict[str, Any]:
         """Start a catalog playbook (path/version or catalog_id) or an inline one in this
         process, with `payload` as workload overrides."""
-        given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
-        if len(given) != 1:
-            return error_response(400, "give exactly one of path, catalog_id, playbook")  # type: ignore[return-value]
         if body.parent_execution_id is not None:
             return error_response(  # type: ignore[return-value]
                 400, "sub-playbooks start from their parent's step", field="parent_execution_id"
             )
-        version = body.version
         try:
-            if body.playbook:
-                playbook = await asyncio.to_thread(parse_playbook, body.playbook, None)
-            else:
-                path = body.path or ""
-                if body.catalog_id:
-                    try:
-                        path, parsed = parse_catalog_id(body.catalog_id)
-                    except ValueError as exc:
-                        return error_response(422, f"catalog_id: {exc}", field="catalog_id")  # type: ignore[return-value]
-                    version = parsed or version
-                row = await asyncio.to_thread(store.get_playbook, path, version)
-                playbook = await asyncio.to_thread(parse_playbook, row.text, row.source_file)
-                version = row.version
+            requested = await requested_playbook(store, body)
+            if isinstance(requested, JSONResponse):
+                return requested  # type: ignore[return-value]
+            playbook, version = requested
             execution_id = await runs.live().start(
-                playbook, workload=body.payload, catalog_version=None if body.playbook else version
+                playbook, workload=body.payload, catalog_version=version
             )
         except (PlaybookError, TemplateError) as exc:
             return error_response(400, str(exc), field="playbook")  # type: ignore[return-value]

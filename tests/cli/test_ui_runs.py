@@ -72,7 +72,8 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
     ft: Flowtide, tmp_path: Path
 ) -> None:
     busy, busy_id = _start_cli_run(ft, tmp_path, "busy", n=1000, pause=0.05)
-    dead, dead_id = _start_cli_run(ft, tmp_path, "dead", n=40, pause=0.3)
+    # Long enough (9 s) to be still running when killed on a slow machine.
+    dead, dead_id = _start_cli_run(ft, tmp_path, "dead", n=60, pause=0.3)
     orphan, orphan_id = _start_cli_run(ft, tmp_path, "orphan", n=1000, pause=0.05)
     try:
         # Two runs lose their process (as a closed terminal or a crash would).
@@ -100,7 +101,7 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
             assert cli.returncode == 2 and f"running in process {ui.proc.pid}" in cli.stderr
             _wait_status(api, dead_id, "completed")
             loop = api.get(f"/api/executions/{dead_id}/steps/each").json()["loop"]
-            assert loop["done"] == 40 and loop["failed"] == 0
+            assert loop["done"] == 60 and loop["failed"] == 0
 
             # A run nobody runs any more: closed as cancelled, nothing run.
             r = api.post(f"/api/executions/{orphan_id}/cancel", json={"reason": "abandoned"})
@@ -139,7 +140,7 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
             assert r.status_code == 201, r.text
             rerun = r.json()["execution_id"]
             _wait_status(api, rerun, "completed")
-            assert api.get(f"/api/executions/{rerun}/steps/each").json()["loop"]["total"] == 40
+            assert api.get(f"/api/executions/{rerun}/steps/each").json()["loop"]["total"] == 60
 
             # The live stream of an ended run: every event once, then `end`.
             with api.stream("GET", f"/api/executions/{rerun}/events/stream") as stream:

@@ -252,9 +252,9 @@ def child_embedded(n: int, max_in_flight: int) -> dict[str, Any]:
     import asyncio
 
     from flowtide.credentials import CredentialVault
+    from flowtide.documents.execution import intact as execution_document
     from flowtide.playbook.loader import load_playbook
     from flowtide.runtime.local import LocalRuntime
-    from flowtide.runtime.report import execution_document
     from flowtide.store.sqlite import SQLiteStore
 
     with tempfile.TemporaryDirectory(prefix="flowtide-bench-dist-emb-") as tmp:

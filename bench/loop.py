@@ -197,9 +197,9 @@ def child_embedded(
     import asyncio
 
     from flowtide.credentials import CredentialVault
+    from flowtide.documents.execution import intact as execution_document
     from flowtide.playbook.loader import load_playbook
     from flowtide.runtime.local import LocalRuntime
-    from flowtide.runtime.report import execution_document
     from flowtide.store.sqlite import SQLiteStore
 
     import_s = time.perf_counter() - t_import

@@ -46,9 +46,9 @@ async def run_to_end(
         The execution's final state.
     """
     from flowtide.credentials import CredentialVault
+    from flowtide.documents.summary import keep_summary
     from flowtide.runlock import run_locks_for
     from flowtide.runtime.local import LocalRuntime
-    from flowtide.ui.summary import keep_summary
 
     async with LocalRuntime(
         store,
@@ -85,8 +85,8 @@ def run(
         PlaybookError: the playbook is invalid (nothing ran).
         TemplateError: the workload does not render (nothing ran).
     """
+    from flowtide.documents.execution import intact
     from flowtide.playbook.loader import load_playbook
-    from flowtide.runtime.report import execution_document
     from flowtide.store.sqlite import SQLiteStore
 
     loaded = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
@@ -97,6 +97,6 @@ def run(
         return await runtime.start(loaded, workload=dict(workload or {}))
 
     try:
-        return execution_document(asyncio.run(run_to_end(store, home_path, start)))
+        return dict(intact(asyncio.run(run_to_end(store, home_path, start))))
     finally:
         store.close()

@@ -17,18 +17,19 @@
     ├── KVError              key-value port errors (see flowtide.kv)
     ├── PostgresSetupError   a local PostgreSQL cluster cannot be set up (flowtide.dev)
     ├── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
-    └── KVUnavailable        a KV bucket cannot be opened as given (flowtide.kv.errors)
+    ├── KVUnavailable        a KV bucket cannot be opened as given (flowtide.kv.errors)
+    └── RequestError         an API route refuses a request (status; flowtide.web.problems)
 
 Errors carry their data as attributes; the message is for people.
 Nothing above an adapter sees a psycopg, sqlite3, httpx or duckdb exception.
 
-Each error meets its HTTP status in one place (`flowtide.server.errors.problem`) and
+Each error meets its HTTP status in one place (`flowtide.web.errors.problem`) and
 its exit status in one place (`exit_code` below).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 #: Exit statuses of the `flowtide` command: done (a run that completed), failed (a run
 #: that failed, or a server or service that failed us), invalid (the input was refused).
@@ -38,11 +39,20 @@ EXIT_INVALID: Final = 2
 
 
 class FlowtideError(Exception):
-    """Root of every error flowtide raises on purpose."""
+    """Root of every error flowtide raises on purpose.
+
+    `refused`: the input was refused (a playbook, a template, a name that does not
+    exist...), not a failure of a run or a service: `exit_code` gives EXIT_INVALID. A
+    class says so of itself and its subclasses, so this module never has to import the
+    packages that raise them (the KV port's errors)."""
+
+    refused: ClassVar[bool] = False
 
 
 class PlaybookError(FlowtideError):
     """A playbook failed to load or validate. Nothing has run."""
+
+    refused = True
 
     def __init__(
         self,
@@ -121,6 +131,8 @@ class PlaybookErrors(PlaybookError):
 class TemplateError(FlowtideError):
     """A template failed to render: names the step, the expression and the missing name."""
 
+    refused = True
+
     def __init__(
         self,
         message: str,
@@ -185,6 +197,8 @@ class MachineLeaseExpired(StoreError):
 
 class NotFoundError(StoreError):
     """No such execution, playbook version or credential."""
+
+    refused = True
 
 
 class CredentialError(FlowtideError):
@@ -268,24 +282,7 @@ def exit_code(exc: BaseException) -> int:
     input was refused (a playbook, a template, a request the server answered 4xx, an id,
     key or bucket that does not exist, a KV that cannot be opened as given), EXIT_FAILED
     otherwise."""
-    # The KV package imports this module: its errors are looked up when needed.
-    from flowtide.kv.errors import (
-        BucketNotFoundError,
-        InvalidKeyError,
-        KeyNotFoundError,
-        KVUnavailable,
-    )
-
-    refused = (
-        PlaybookError,
-        TemplateError,
-        NotFoundError,
-        InvalidKeyError,
-        KeyNotFoundError,
-        BucketNotFoundError,
-        KVUnavailable,
-    )
-    if isinstance(exc, refused):
+    if isinstance(exc, FlowtideError) and exc.refused:
         return EXIT_INVALID
     if isinstance(exc, ServerError) and 400 <= exc.status < 500:
         return EXIT_INVALID

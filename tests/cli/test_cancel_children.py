@@ -64,7 +64,7 @@ workflow:
 
 
 def test_cancel_kills_sleeping_python_steps_in_child_processes(tmp_path: Path) -> None:
-    from flowtide.runtime.report import execution_document
+    from flowtide.documents.execution import intact as execution_document
     from flowtide.tools.python_pool import Isolation
     from flowtide.tools.registry import get_tool
     from pyuser import PYTHON_USER

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from flowtide.auth.principal import outranks
-from flowtide.server.access import PUBLIC_PATHS, RULES
+from flowtide.web.access import PUBLIC_PATHS, RULES
 
 from .stack import Stack
 from .test_faults import ONE_STEP, _events, _wait, _waiting_commands

@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import BaseSchema, Case
 
-from flowtide.server.access import RULES
+from flowtide.web.access import RULES
 
 from .stack import Stack
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import psycopg
 
-from flowtide.ui.summary import SUMMARY_FORMAT
+from flowtide.documents.summary import SUMMARY_FORMAT
 
 from .stack import Stack
 from .test_faults import _wait

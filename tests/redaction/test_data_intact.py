@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from flowtide.credentials import MASTER_KEY_ENV, CredentialVault
+from flowtide.documents.execution import intact as execution_document
 from flowtide.playbook.loader import parse_playbook
 from flowtide.redaction import mask_value
 from flowtide.runtime.local import LocalRuntime
-from flowtide.runtime.report import execution_document
 from flowtide.store.sqlite import SQLiteStore
 
 PLAYBOOK = """\

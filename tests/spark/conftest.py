@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from flowtide.credentials import CredentialVault
+from flowtide.documents.execution import intact as execution_document
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.local import LocalRuntime
-from flowtide.runtime.report import execution_document
 from flowtide.store.sqlite import SQLiteStore
 
 HEADER = """\

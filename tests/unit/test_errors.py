@@ -96,7 +96,7 @@ def test_the_errors_that_were_outside_are_in_it() -> None:
 def test_the_http_status_of_each_error(
     exc: BaseException, expected: tuple[int, str, dict[str, object]]
 ) -> None:
-    from flowtide.server.errors import problem
+    from flowtide.web.errors import problem
 
     assert problem(exc) == expected
 

@@ -1,7 +1,9 @@
 """The package's import graph, read from the source (nothing is imported): no cycle among
 flowtide's modules at module level, and imports point inward only (DESIGN.md, "Layers"):
 the engine and the playbook DSL import no runtime, server or worker module, the store no
-server module, the server and the worker meet only in `flowtide.wire` (ARCHITECTURE.md).
+server module, the server and the worker meet only in `flowtide.wire`, the read side
+(`documents`, `web`) sits below the runtimes and the UI never imports the server
+(ARCHITECTURE.md).
 
 Module level means what runs when a module is imported: imports inside functions (the
 lazy imports of heavy dependencies) and under `if TYPE_CHECKING:` are not part of a
@@ -22,6 +24,18 @@ import flowtide
 ROOT = Path(flowtide.__file__).resolve().parent
 PACKAGE = "flowtide"
 
+#: Every front door and runtime: what the read side sits below.
+_ABOVE_THE_READ_SIDE = (
+    "flowtide.runtime",
+    "flowtide.server",
+    "flowtide.worker",
+    "flowtide.ui",
+    "flowtide.cli",
+    "flowtide.client",
+    "flowtide.dev",
+    "flowtide.embedded",
+)
+
 #: module prefix -> the prefixes it must never import.
 LAYERS: dict[str, tuple[str, ...]] = {
     "flowtide.engine": (
@@ -38,14 +52,47 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowtide.cli",
         "flowtide.client",
     ),
-    "flowtide.store": ("flowtide.server", "flowtide.worker", "flowtide.cli"),
+    "flowtide.store": (
+        "flowtide.server",
+        "flowtide.worker",
+        "flowtide.cli",
+        "flowtide.documents",
+        "flowtide.web",
+        "flowtide.ui",
+    ),
+    # The read models: below every app that shows them, and no HTTP in them.
+    "flowtide.documents": (*_ABOVE_THE_READ_SIDE, "flowtide.web", "flowtide.tools"),
+    # The HTTP edge both apps mount: it knows neither.
+    "flowtide.web": _ABOVE_THE_READ_SIDE,
+    # `flowtide ui` is wired from the read side and the embedded runtime, never from
+    # the server's modules (which import only its page: see below).
+    "flowtide.ui": ("flowtide.server", "flowtide.worker", "flowtide.cli"),
     # The server and the worker meet only in the wire contract, which imports neither.
     "flowtide.wire": ("flowtide.server", "flowtide.worker", "flowtide.runtime", "flowtide.cli"),
     "flowtide.worker": ("flowtide.server", "flowtide.cli"),
     "flowtide.server": ("flowtide.worker", "flowtide.cli", "flowtide.runtime.local"),
     # What runs commands is shared by both sides and knows neither.
-    "flowtide.runtime": ("flowtide.server", "flowtide.worker", "flowtide.cli"),
+    "flowtide.runtime": (
+        "flowtide.server",
+        "flowtide.worker",
+        "flowtide.cli",
+        "flowtide.web",
+        "flowtide.ui",
+    ),
 }
+
+#: What the read models may import: the engine, the playbook, the store port (not an
+#: adapter), ids, errors, redaction and JSON values.
+DOCUMENTS_MAY_IMPORT = (
+    "flowtide.documents",
+    "flowtide.engine",
+    "flowtide.playbook",
+    "flowtide.store.base",
+    "flowtide.ids",
+    "flowtide.errors",
+    "flowtide.redaction",
+    "flowtide.jsonvalues",
+)
 
 
 @dataclass(frozen=True)
@@ -227,6 +274,44 @@ def test_imports_point_inward(layer: str) -> None:
         if any(i.target == b or i.target.startswith(b + ".") for b in banned)
     ]
     assert not found, "upward imports:\n" + "\n".join(found)
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_read_models_import_only_the_core() -> None:
+    found = [
+        f"{MODULES[m].relative_to(ROOT.parent)}:{i.line} imports {i.target}"
+        for m in MODULES
+        if _within(m, ("flowtide.documents",))
+        for i in imports_of(m)
+        if not _within(i.target, DOCUMENTS_MAY_IMPORT)
+    ]
+    assert not found, "flowtide.documents imports beyond the core:\n" + "\n".join(found)
+
+
+def test_the_server_imports_of_the_ui_only_its_page() -> None:
+    # The server mounts the page; what the page reads is flowtide.documents and
+    # flowtide.web, below both apps.
+    found = [
+        f"{MODULES[m].relative_to(ROOT.parent)}:{i.line} imports {i.target}"
+        for m in MODULES
+        if _within(m, ("flowtide.server",))
+        for i in imports_of(m)
+        if _within(i.target, ("flowtide.ui",))
+        and i.target not in ("flowtide.ui", "flowtide.ui.pages")
+    ]
+    assert not found, "the server imports the UI beyond its page:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_at_all_even_through_late_imports() -> None:
+    # Late imports (inside functions) keep heavy dependencies off start-up; they must
+    # not hide a cycle between two modules either (the one that was between `errors`
+    # and `kv.errors` was hidden so).
+    graph = _graph(late=True)
+    cycles = [" -> ".join(_path(graph, c)) for c in _cycles(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
 def test_the_playbook_knows_tool_kinds_not_their_runners() -> None:

@@ -15,11 +15,11 @@ import pytest
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from flowtide.server.access import RULES
-from flowtide.server.api_executions import VariableBody
+from flowtide.server.api_vars import VariableBody
 from flowtide.server.app import ClaimRequest, PoolRegister, ServerSettings, create_app
-from flowtide.server.fields import INT64_MAX, id_pattern
-from flowtide.server.openapi import (
+from flowtide.web.access import RULES
+from flowtide.web.fields import INT64_MAX, id_pattern
+from flowtide.web.openapi import (
     _as_integer,
     _exact_integers,
     _not_nullable,

@@ -1,12 +1,13 @@
-"""A step's detail for the UI (`flowtide.ui.details`): its YAML source cut at the next
+"""A step's detail for the UI (`flowtide.documents.step`): its YAML source cut at the next
 step, its result or only its size, its newest calls, the Spark run and dataset of a
 Spark step, masking; and the catalog editor's check of a playbook text."""
 
 from __future__ import annotations
 
+from flowtide.documents.checks import check_playbook
+from flowtide.documents.step import MAX_RESULT_BYTES, step_document, step_source
 from flowtide.engine.events import Event
 from flowtide.playbook.loader import parse_playbook
-from flowtide.ui.details import MAX_RESULT_BYTES, check_playbook, step_document, step_source
 
 from .driver import Driver
 

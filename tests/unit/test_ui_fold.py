@@ -1,7 +1,7 @@
 """`flowtide ui`'s folded states (`flowtide.ui.local.FoldCache`): caught up from the
 local store as the log grows, a late-written event with an older id included, and folded
 again in order once the execution ends; the timeline the UI draws
-(`flowtide.ui.timeline`) from the same store."""
+(`flowtide.documents.timeline`) from the same store."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from flowtide.documents import timeline
+from flowtide.documents.timeline import execution_timeline
 from flowtide.engine.state import fold
 from flowtide.store.sqlite import SQLiteStore
-from flowtide.ui import timeline
-from flowtide.ui.local import FoldCache
-from flowtide.ui.timeline import execution_timeline
+from flowtide.ui.fold import FoldCache
 
 from .driver import EXECUTION_ID, NOW, Driver, snapshot
 

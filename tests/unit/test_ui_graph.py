@@ -1,13 +1,13 @@
-"""The playbook graph the UI draws (`flowtide.ui.graph`) and the execution summary
-(`flowtide.ui.summary`): pure functions of the playbook and the folded state."""
+"""The playbook graph the UI draws (`flowtide.documents.graph`) and the execution summary
+(`flowtide.documents.summary`): pure functions of the playbook and the folded state."""
 
 from __future__ import annotations
 
 import json
 
+from flowtide.documents.graph import playbook_graph
+from flowtide.documents.summary import execution_summary
 from flowtide.playbook.loader import parse_playbook
-from flowtide.ui.graph import playbook_graph
-from flowtide.ui.summary import execution_summary
 
 from .driver import CYCLE, Driver
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from flowtide.engine.events import Event
 from flowtide.store.base import ExecutionUpdate
 from flowtide.store.sqlite import SQLiteStore
-from flowtide.ui.local import follow_events
+from flowtide.ui.reads import follow_events
 
 EID = 7
 #: Snowflake ids: 2,000 events within the same millisecond (a fast loop's burst), far

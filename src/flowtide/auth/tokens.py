@@ -37,7 +37,7 @@ __all__ = [
     "parse_token",
 ]
 
-#: The roles a token (or a JWT) can carry; see flowtide.server.access for what each may do.
+#: The roles a token (or a JWT) can carry; see flowtide.web.access for what each may do.
 ROLES: Final = ("reader", "operator", "admin", "worker")
 PREFIX: Final = "ftk_"
 _ID_BYTES: Final = 8  # 13 base32 characters, 12 kept: 60 bits, unique by the primary key

@@ -38,12 +38,11 @@ def status(
             doc = remote_or_exit(lambda: api.execution(execution_id))
         label = doc.pop("playbook", None)
     else:
-        from flowtide.redaction import mask_value
-        from flowtide.runtime.report import execution_document
+        from flowtide.documents.execution import shown
 
         store = open_store(home, db)
         row, state = folded(store, execution_id)
-        doc = mask_value(execution_document(state), state.secrets)
+        doc = dict(shown(state))
         if not state.terminal:
             doc["status"] = "running" if row.status == "running" else row.status
         store.close()

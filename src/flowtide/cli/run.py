@@ -280,11 +280,11 @@ def _execute(
 
         set_master(spark_master)
 
+    from flowtide.documents.execution import error_location, shown
     from flowtide.embedded import run_to_end
     from flowtide.errors import FlowtideError, PlaybookError, TemplateError
     from flowtide.kv import KVError
-    from flowtide.redaction import install_log_masking, mask_value
-    from flowtide.runtime.report import error_location, execution_document
+    from flowtide.redaction import install_log_masking
 
     install_log_masking()
     store = open_store(home, db)
@@ -363,7 +363,7 @@ def _execute(
     finally:
         store.close()
     # Printed, not used: values of the execution's secret set are masked.
-    doc: dict[str, Any] = mask_value(execution_document(state), state.secrets)
+    doc: dict[str, Any] = dict(shown(state))
     if as_json:
         print_json(doc)
     else:

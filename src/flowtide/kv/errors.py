@@ -33,6 +33,8 @@ class KVError(FlowtideError):
 class BucketNotFoundError(KVError):
     """The bucket does not exist (destroyed, or never created)."""
 
+    refused = True
+
     def __init__(self, bucket: str) -> None:
         super().__init__(f"bucket {bucket!r} not found", bucket=bucket)
 
@@ -42,6 +44,8 @@ class KeyNotFoundError(KVError):
 
     `operation` is the marker's operation when the newest message is a delete or purge.
     """
+
+    refused = True
 
     def __init__(
         self,
@@ -96,6 +100,8 @@ class InvalidKeyError(KVError):
     (None for a bucket name, which is in `bucket`).
     """
 
+    refused = True
+
     def __init__(
         self,
         value: str,
@@ -128,3 +134,5 @@ class ValueTooLargeError(KVError):
 class KVUnavailable(FlowtideError):
     """A bucket could not be opened (bad URL or bucket name, server unreachable or
     refusing); the message names the URL without its secret."""
+
+    refused = True

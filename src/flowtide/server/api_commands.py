@@ -15,16 +15,15 @@ from flowtide import trace
 from flowtide.auth.principal import Principal
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError
-from flowtide.server.access import caller
 from flowtide.server.coordinator import WORKER_EVENTS, Coordinator, SubmitResult
-from flowtide.server.documents import refused_stale, submit_document
-from flowtide.server.errors import batch_item
-from flowtide.server.fields import INT64_MAX, IdPath
-from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import ClaimMany, ClaimRequest, EventBatch, EventBody, WorkerReports
 from flowtide.server.steps import Handed, Taker
-from flowtide.server.workers import WorkerRegistry
+from flowtide.server.worker_registry import WorkerRegistry
+from flowtide.web.access import caller
+from flowtide.web.errors import batch_item
+from flowtide.web.fields import INT64_MAX, IdPath
+from flowtide.web.problems import error_response, problem_responses
 from flowtide.wire import (
     CLAIM_PATH,
     REPORTS_PATH,
@@ -83,8 +82,8 @@ async def _submit_batch(
     if problem is not None:
         return error_response(422, problem["message"], fields=[problem])  # type: ignore[return-value]
     result = await coord.submit(body.execution_id, events)
-    doc = submit_document(result)
-    if refused_stale(result):
+    doc = result.reply()
+    if result.all_stale:
         return JSONResponse({"error": {"status": 409, "message": "stale report"}, **doc}, 409)  # type: ignore[return-value]
     return doc
 
@@ -177,8 +176,8 @@ async def post_reports(
     for (_, indexes), got in zip(groups, outcomes, strict=True):
         for i, outcome in zip(indexes, got, strict=True):
             if isinstance(outcome, SubmitResult):
-                code = 409 if refused_stale(outcome) else 200
-                doc = ReportResult(code, **submit_document(outcome)).to_dict()
+                code = 409 if outcome.all_stale else 200
+                doc = ReportResult(code, **outcome.reply()).to_dict()
                 if outcome.handed is not None:
                     handed.append((i, outcome.handed))
             else:

@@ -1,4 +1,4 @@
-"""The API tokens endpoints (admin only, see flowtide.server.access): create, list,
+"""The API tokens endpoints (admin only, see flowtide.web.access): create, list,
 revoke. A created token's text is in the creation's reply, and nowhere else, ever."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 
 from flowtide.auth.tokens import TokenRecord, TokenStore
 from flowtide.errors import FlowtideError
-from flowtide.server.fields import RequestBody, Text
-from flowtide.server.problems import field_error, problem_responses
 from flowtide.server.runtime import RuntimeDep
+from flowtide.web.fields import RequestBody, Text
+from flowtide.web.problems import field_error, problem_responses
 
 __all__ = ["router"]
 

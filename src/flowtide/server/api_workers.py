@@ -13,11 +13,11 @@ from fastapi import APIRouter, Depends, Request
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError, CredentialError, NotFoundError
-from flowtide.server.access import caller
 from flowtide.server.outbox import ensure_consumer
-from flowtide.server.problems import error_response, problem_responses
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CommandRelease, CredentialGrant, Heartbeat, PoolRegister
+from flowtide.web.access import caller
+from flowtide.web.problems import error_response, problem_responses
 from flowtide.wire import (
     CREDENTIALS_PATH,
     DEREGISTER_PATH,
@@ -185,9 +185,3 @@ async def pools(runtime: RuntimeDep, workers: RegistryDep) -> dict[str, Any]:
             }
         )
     return {"pools": [{"pool": k, "workers": v} for k, v in out.items()]}
-
-
-@router.get("/api/whoami")
-async def whoami(who: Caller) -> dict[str, Any]:
-    """The caller as the server authenticated it: name, role and pool."""
-    return {"name": who.name, "role": who.role, "pool": who.pool, "subject": who.subject}

@@ -1,11 +1,13 @@
 """The HTTP API (FastAPI). Stateless: state lives in PostgreSQL (event log, commands,
 outbox) and the KV (loop state); any process of any server answers any request.
 
-This module composes the app: the routers (one module each, `api_*`), authentication
-and authorisation (`flowtide.server.access`), the error handlers
-(`flowtide.server.errors`) and the OpenAPI document (`flowtide.server.openapi`). What a
-server process holds while it runs is its `Runtime` (`flowtide.server.runtime`), which
-the routes reach through FastAPI dependencies. Configuration comes from
+This module composes the app: the routers that `flowtide ui` serves too (the executions
+API, the catalog, the browser session: `flowtide.web`, over this server's read port
+`flowtide.server.reads`), the server's own (one module each, `api_*`), the UI's page
+(`flowtide.ui.pages`), authentication and authorisation (`flowtide.web.access`), the
+error handlers (`flowtide.web.errors`) and the OpenAPI document (`flowtide.web.openapi`).
+What a server process holds while it runs is its `Runtime` (`flowtide.server.runtime`),
+which the routes reach through FastAPI dependencies. Configuration comes from
 `ServerSettings` (the `flowtide server` command fills it from flags and FLOWTIDE_*
 variables, so `uvicorn --workers N` processes share it).
 """
@@ -18,41 +20,44 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI
 
 from flowtide.server import (
-    api_cluster,
     api_commands,
+    api_credentials,
     api_executions,
     api_health,
     api_outbox,
-    api_runs,
     api_shards,
     api_tokens,
+    api_vars,
     api_workers,
-    ui,
 )
-from flowtide.server.access import Gate, authorize
-from flowtide.server.errors import install_error_handlers
 from flowtide.server.forwarding import Forwarder
-from flowtide.server.openapi import install_openapi
+from flowtide.server.reads import ServerReads
 from flowtide.server.runtime import Runtime
 from flowtide.server.schemas import ClaimRequest, PoolRegister
 from flowtide.server.settings import ServerSettings
 from flowtide.ui import pages
 from flowtide.urls import redact_url
+from flowtide.web import catalog, executions, session
+from flowtide.web.access import Gate, authorize
+from flowtide.web.errors import install_error_handlers
+from flowtide.web.openapi import install_openapi
 
 __all__ = ["ClaimRequest", "PoolRegister", "ServerSettings", "app_factory", "create_app"]
 
 #: In the order their routes appear in the OpenAPI document.
 _ROUTERS = (
-    api_cluster.router,
+    catalog.router,
+    api_credentials.router,
     api_tokens.router,
-    api_runs.router,
+    executions.router,
+    api_executions.router,
     api_commands.router,
     api_workers.router,
     api_outbox.router,
     api_health.router,
     api_shards.router,
-    api_executions.router,
-    ui.router,
+    api_vars.router,
+    session.router,
     pages.router,
 )
 
@@ -76,7 +81,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         "(a flowtide API token or a JWT of the configured identity provider), or the "
         "session cookie `POST /api/session` sets for the web UI at /ui (then a request "
         "that changes something also sends `X-Flowtide-CSRF: 1`); what each role may "
-        "call is in flowtide.server.access.",
+        "call is in flowtide.web.access.",
         version="1",
         lifespan=lifespan,
         dependencies=[Depends(authorize)],
@@ -96,6 +101,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     install_openapi(app, public_metrics=runtime.settings.public_metrics)
 
     app.state.runtime = runtime
+    app.state.reads = ServerReads(runtime)
+    app.state.authenticator = lambda: runtime.auth
     app.state.describe = lambda: {
         "db": runtime.store.dsn_display if runtime.store is not None else None,
         "nats": redact_url(runtime.settings.nats) if runtime.settings.nats else None,

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.errors import FlowtideError, StoreError
 from flowtide.server import metrics
-from flowtide.server.access import BodyTooLarge, error_body
 from flowtide.sharding import shard_for
+from flowtide.web.access import BodyTooLarge, error_body
 from flowtide.wire import EXECUTION_HEADER, FORWARDED_HEADER, SHARD_HEADER
 
 if TYPE_CHECKING:

@@ -25,17 +25,17 @@ from flowtide.ids import default_generator
 from flowtide.machines import MachineLease, holder_name
 from flowtide.redaction import install_log_masking
 from flowtide.server import metrics
-from flowtide.server.access import Authenticator
 from flowtide.server.coordinator import Coordinator
-from flowtide.server.errors import serving_shard
 from flowtide.server.forwarding import Peers, forwarded
 from flowtide.server.outbox import OutboxRelay, OutboxStore
-from flowtide.server.problems import error_response
 from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
 from flowtide.server.vault import ServerVault, server_home
-from flowtide.server.workers import WorkerRegistry
+from flowtide.server.worker_registry import WorkerRegistry
 from flowtide.sharding import shard_for
+from flowtide.web.access import Authenticator
+from flowtide.web.errors import serving_shard
+from flowtide.web.problems import error_response
 from flowtide.wire import FORWARDED_HEADER
 
 __all__ = [

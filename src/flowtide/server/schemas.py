@@ -1,22 +1,21 @@
-"""The request and response bodies of the API's core routes (executions, worker events,
-claims, the worker pool, the outbox, readiness).
+"""The request and response bodies of the server's own routes (worker events, claims,
+the worker pool, the outbox, readiness). Those that `flowtide ui` accepts too (starting,
+cancelling, re-running executions; the catalog's) are in `flowtide.web.bodies`.
 
-Bodies are strict (`flowtide.server.fields.RequestBody`); the routes of the catalog, the
-keychain, tokens and execution variables keep theirs beside them.
+Bodies are strict (`flowtide.web.fields.RequestBody`); the routes of the keychain,
+tokens and execution variables keep theirs beside them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StringConstraints
 
 from flowtide.engine.events import Event
-from flowtide.server.fields import INTEGRAL, Id, Int, PositiveId, RequestBody
+from flowtide.web.fields import INT32_MAX, INTEGRAL, Id, Int, PositiveId, RequestBody
 
 __all__ = [
-    "INT32_MAX",
-    "CancelRequest",
     "ClaimMany",
     "ClaimManyItem",
     "ClaimRequest",
@@ -24,7 +23,6 @@ __all__ = [
     "CredentialGrant",
     "EventBatch",
     "EventBody",
-    "ExecuteRequest",
     "Heartbeat",
     "OutboxClaim",
     "OutboxMark",
@@ -33,28 +31,6 @@ __all__ = [
     "WorkerReport",
     "WorkerReports",
 ]
-
-#: PostgreSQL `integer` columns a request writes (worker.pid, worker.running).
-INT32_MAX: Final = 2**31 - 1
-
-
-class ExecuteRequest(RequestBody):
-    path: str | None = Field(None, description="Catalog path of the playbook.")
-    version: Annotated[int, Field(ge=1, le=INT32_MAX), INTEGRAL] | None = Field(
-        None, description="Catalog version (default: latest)."
-    )
-    catalog_id: str | None = Field(None, description="`path@version` or `path`.")
-    playbook: str | None = Field(None, max_length=4_000_000, description="Inline playbook YAML.")
-    payload: dict[str, Any] = Field(default_factory=dict, description="Workload overrides.")
-    pool: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    parent_execution_id: Id | None = None
-    parent_command_id: Id | None = None
-
-
-class RerunRequest(RequestBody):
-    pool: str = Field(
-        "default", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Worker pool of the new run."
-    )
 
 
 class EventBody(RequestBody):
@@ -130,10 +106,6 @@ class WorkerReports(RequestBody):
 
     def known_revisions(self) -> dict[int, int]:
         return {int(k): v for k, v in self.known.items()}
-
-
-class CancelRequest(RequestBody):
-    reason: str = Field("cancelled by user", max_length=1000)
 
 
 class PoolRegister(RequestBody):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from flowtide.auth.oidc import JwtSettings, parse_role_map
 from flowtide.errors import FlowtideError
 from flowtide.natsauth import NatsAuth
-from flowtide.server.access import DEFAULT_MAX_BODY
+from flowtide.web.access import DEFAULT_MAX_BODY
 
 __all__ = ["DEFAULT_STATE_CACHE_MB", "ServerSettings", "state_cache_bytes"]
 

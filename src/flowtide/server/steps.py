@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flowtide import trace
+from flowtide.documents.summary import SUMMARY_FORMAT, kept_part
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
@@ -49,7 +50,6 @@ from flowtide.store.codec import command_params, encode_value, event_params
 from flowtide.store.pg.commands import Holder
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
-from flowtide.ui.summary import SUMMARY_FORMAT, kept_part
 from flowtide.wire import ClaimItem, Notification, command_subject
 
 if TYPE_CHECKING:
@@ -91,6 +91,20 @@ class SubmitResult:
     status: str = ""
     #: A command the step issued and claimed for the reporting worker (its `Taker`).
     handed: Handed | None = None
+
+    def reply(self) -> dict[str, Any]:
+        """What a worker report's reply says of it (single or in a batch)."""
+        return {
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "stale": self.stale,
+            "status": self.status,
+        }
+
+    @property
+    def all_stale(self) -> bool:
+        """Every reported command was stale: the report is answered 409."""
+        return bool(self.stale and not self.accepted)
 
 
 class After(NamedTuple):

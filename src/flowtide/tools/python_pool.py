@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowtide.errors import ToolError
-from flowtide.tools.python_child import frame_body, read_frame, write_frame
+from flowtide.tools.python_frames import frame_body, read_frame, write_frame
 
 __all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation", "child_environment", "resolve_user"]
 

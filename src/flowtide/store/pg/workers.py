@@ -1,5 +1,5 @@
 """Statements on the `worker` table of the cluster database (see `flowtide.store.pg` and
-`flowtide.server.workers`)."""
+`flowtide.server.worker_registry`)."""
 
 from __future__ import annotations
 

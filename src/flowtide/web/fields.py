@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "INT32_MAX",
     "INT64_MAX",
     "INTEGRAL",
     "Id",
@@ -41,6 +42,8 @@ __all__ = [
 
 #: Ids are PostgreSQL bigints.
 INT64_MAX: Final = 2**63 - 1
+#: PostgreSQL `integer` columns a request writes (a catalog version, worker.pid).
+INT32_MAX: Final = 2**31 - 1
 #: Every integer up to this is exact as a double (what `3.0` in JSON is parsed into).
 _EXACT: Final = 2**53
 

@@ -9,9 +9,9 @@ FastAPI's own document falls short in four ways, each mended here:
    (`_exact_integers`).
 2. What the Gate and `authorize` answer is not in it: every operation that needs a
    credential documents 401 (with its `WWW-Authenticate` header) and 403; public ones
-   declare no security. The rules are read from `flowtide.server.access.RULES`, so a new
+   declare no security. The rules are read from `flowtide.web.access.RULES`, so a new
    route documents them without anyone remembering to.
-3. Errors are `ErrorDocument`s (flowtide.server.problems), not FastAPI's
+3. Errors are `ErrorDocument`s (flowtide.web.problems), not FastAPI's
    `HTTPValidationError`; a body may be refused as unparsable (400) or too large (413).
 4. An optional parameter (`x: int | None = None`) is written as nullable, but a query or
    header cannot carry a null: left out is how it is not given (`_not_nullable`).
@@ -30,9 +30,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.routing import compile_path
 
-from flowtide.server.access import RULES
-from flowtide.server.fields import INT64_MAX
-from flowtide.server.problems import ErrorDocument, problem_responses
+from flowtide.web.access import RULES
+from flowtide.web.fields import INT64_MAX
+from flowtide.web.problems import ErrorDocument, problem_responses
 
 __all__ = ["documented_methods", "install_openapi", "openapi_document"]
 

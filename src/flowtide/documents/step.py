@@ -1,7 +1,6 @@
-"""Documents the UI reads beyond the summary, the same on a server and in `flowtide ui`:
-one step's detail (`GET /api/executions/{id}/steps/{step}`), a playbook text checked
-for the catalog editor and run form (`POST /api/catalog/validate`), and the facts of a
-registered playbook.
+"""One step of an execution (`GET /api/executions/{id}/steps/{step}`, the UI's step
+panel): status, times, error with the playbook's line, its YAML source, its result, its
+loop's counts, its newest calls and, for a Spark step, the Spark run and the dataset.
 
 Everything shown is masked with the execution's secret set, and a result is sent only
 when it is small enough to show (`MAX_RESULT_BYTES`): a loop's list of 100,000 results
@@ -10,18 +9,14 @@ is a size, not a download.
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
+from typing_extensions import TypedDict
+
 from flowtide.engine.events import Event
 from flowtide.engine.state import ExecutionState
-from flowtide.errors import PlaybookError, PlaybookErrors
-from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
 
@@ -29,8 +24,7 @@ __all__ = [
     "CALL_TYPES",
     "CALLS_SHOWN",
     "MAX_RESULT_BYTES",
-    "check_playbook",
-    "playbook_facts",
+    "StepDocument",
     "step_document",
     "step_source",
 ]
@@ -40,12 +34,8 @@ CALL_TYPES: Final = ("call.done", "call.error")
 CALLS_SHOWN: Final = 10
 #: A result larger than this (as JSON) is named by its size only.
 MAX_RESULT_BYTES: Final = 256 * 1024
-#: How many playbook texts' checks are kept (`check_playbook`).
-CHECKS_KEPT: Final = 32
 #: At most this many lines of a step's YAML source.
 MAX_SOURCE_LINES: Final = 200
-#: Payload keys of a call event that the calls table shows as columns.
-_CALL_FIELDS: Final = ("task", "attempt", "duration_ms")
 #: Spark meta keys the Spark panel shows (from `flowtide.tools.spark`'s call meta).
 _SPARK_META: Final = (
     "master",
@@ -58,6 +48,70 @@ _SPARK_META: Final = (
     "uri",
     "duration_ms",
 )
+
+
+class CallDocument(TypedDict):
+    """One call of the step's tool: a `call.done` or `call.error` event."""
+
+    event_id: str
+    type: str
+    time: float
+    task: Any
+    attempt: Any
+    duration_ms: Any
+    error: dict[str, Any] | None
+    #: The rest of the event's payload (its result, a failed call's input...).
+    meta: dict[str, Any]
+
+
+class SparkRun(TypedDict):
+    """A Spark step's run (from its newest call) and the dataset it wrote."""
+
+    master: Any
+    mode: Any
+    app_id: Any
+    version: Any
+    ui_url: Any
+    jobs: Any
+    rows_written: Any
+    uri: Any
+    duration_ms: Any
+    format: Any
+    row_count: Any
+    schema: list[Any]
+    preview: list[Any]
+
+
+class StepLoop(TypedDict):
+    total: int
+    done: int
+    succeeded: int
+    failed: int
+    in_flight: int
+    finished: bool
+
+
+class StepDocument(TypedDict):
+    execution_id: str
+    step: str
+    kind: str | None
+    status: str
+    runs: int
+    started: float | None
+    ended: float | None
+    duration: float | None
+    error: dict[str, Any] | None
+    file: str | None
+    line: int | None
+    #: The step's YAML (its `- step:` line and the lines under it).
+    source: str
+    #: Null when larger than `MAX_RESULT_BYTES` (`result_truncated`).
+    result: Any
+    result_truncated: bool
+    result_size: int
+    loop: StepLoop | None
+    calls: list[CallDocument]
+    spark: SparkRun | None
 
 
 def step_source(playbook: Playbook, step: str) -> tuple[int | None, str]:
@@ -90,20 +144,21 @@ def _sized(value: Any) -> tuple[Any, bool, int]:
     return (None, True, size) if size > MAX_RESULT_BYTES else (value, False, size)
 
 
-def _call(event: Event) -> dict[str, Any]:
+def _call(event: Event) -> CallDocument:
     payload = dict(event.payload or {})
-    doc = {name: payload.pop(name, None) for name in _CALL_FIELDS}
     return {
         "event_id": str(event.event_id),
         "type": event.type,
         "time": event.time,
-        **doc,
+        "task": payload.pop("task", None),
+        "attempt": payload.pop("attempt", None),
+        "duration_ms": payload.pop("duration_ms", None),
         "error": event.error,
         "meta": payload,
     }
 
 
-def _spark(calls: Sequence[Event], result: Any) -> dict[str, Any] | None:
+def _spark(calls: Sequence[Event], result: Any) -> SparkRun | None:
     meta = None
     for event in reversed(calls):
         found = (event.payload or {}).get("spark")
@@ -120,10 +175,11 @@ def _spark(calls: Sequence[Event], result: Any) -> dict[str, Any] | None:
     doc["schema"] = schema if isinstance(schema, list) else []
     preview = ref.get("preview")
     doc["preview"] = preview if isinstance(preview, list) else []
-    return doc
+    run: SparkRun = doc  # type: ignore[assignment]
+    return run
 
 
-def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> dict[str, Any]:
+def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> StepDocument:
     """One step of an execution: status, times, error, its YAML source, its result (when
     small enough), its loop's counts, its newest calls (`calls`: its `CALL_TYPES`
     events, oldest first) and, for a Spark step, the Spark run and the written dataset.
@@ -136,7 +192,7 @@ def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> d
     line, source = step_source(state.playbook, step)
     loop = state.loop_of(step)
     result, truncated, size = _sized(rec.result)
-    doc: dict[str, Any] = {
+    doc: StepDocument = {
         "execution_id": str(state.execution_id),
         "step": step,
         "kind": definition.tasks[0].kind if definition.tasks else None,
@@ -169,79 +225,5 @@ def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> d
         "calls": [_call(e) for e in reversed(calls[-CALLS_SHOWN:])],
         "spark": _spark(calls, rec.result),
     }
-    masked: dict[str, Any] = mask_value(doc, state.secrets)
+    masked: StepDocument = mask_value(doc, state.secrets)
     return masked
-
-
-def _error_items(exc: PlaybookError) -> list[dict[str, Any]]:
-    errors = exc.errors if isinstance(exc, PlaybookErrors) else [exc]
-    return [
-        {
-            "message": e.message,
-            "line": e.line,
-            "column": e.column,
-            "step": e.step,
-            "field": e.field,
-            "expected": e.expected,
-        }
-        for e in errors
-    ]
-
-
-def playbook_facts(playbook: Playbook) -> dict[str, Any]:
-    """What the catalog page and the run form show of a valid playbook."""
-    return {
-        "name": playbook.name,
-        "path": playbook.path,
-        "workload": playbook.workload,
-        "steps": len(playbook.steps),
-    }
-
-
-def check_playbook(content: str, source_file: str | None) -> dict[str, Any]:
-    """`POST /api/catalog/validate`: `valid`, the playbook's facts when it is, and its
-    `errors` (message, line, column, step, field, expected) when not. Parses YAML: run
-    it in a thread. The checks of the last `CHECKS_KEPT` texts are kept (a catalog
-    version never changes, and a 3 MB playbook takes seconds to parse)."""
-    key = (hashlib.sha256(content.encode()).hexdigest(), source_file)
-    with _checks_lock:
-        found = _checks.get(key)
-        if found is not None:
-            _checks.move_to_end(key)
-            return copy.deepcopy(found)
-    checked = _check(content, source_file)
-    with _checks_lock:
-        _checks[key] = checked
-        while len(_checks) > CHECKS_KEPT:
-            _checks.popitem(last=False)
-    return copy.deepcopy(checked)
-
-
-#: (sha256 of a text, its file) -> its check (kept by digest: never the texts).
-_checks: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
-_checks_lock = threading.Lock()
-
-
-def _check(content: str, source_file: str | None) -> dict[str, Any]:
-    try:
-        playbook = parse_playbook(content, source_file)
-    except PlaybookError as exc:
-        return {
-            "valid": False,
-            "name": None,
-            "path": None,
-            "workload": None,
-            "steps": 0,
-            "errors": _error_items(exc),
-        }
-    except RecursionError:  # the YAML parser recurses per nesting level
-        error = PlaybookError("the YAML nests too deeply", file=source_file, line=1)
-        return {
-            "valid": False,
-            "name": None,
-            "path": None,
-            "workload": None,
-            "steps": 0,
-            "errors": _error_items(error),
-        }
-    return {"valid": True, **playbook_facts(playbook), "errors": []}

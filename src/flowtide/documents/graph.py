@@ -12,9 +12,53 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import TypedDict
+
 from flowtide.playbook.model import Playbook, Step
 
-__all__ = ["playbook_graph"]
+__all__ = ["Graph", "GraphEdge", "GraphNode", "playbook_graph"]
+
+
+class NodeLoop(TypedDict):
+    mode: str
+    iterator: str
+
+
+class GraphNode(TypedDict):
+    """A step, and where it is drawn: its `layer` (left to right) and `position` in it."""
+
+    name: str
+    #: The tool's kind; `pipeline` for several tasks, `noop` for none.
+    kind: str
+    loop: NodeLoop | None
+    line: int | None
+    desc: str | None
+    layer: int
+    position: int
+    entry: bool
+
+
+#: An arc between two steps (`from` is a Python keyword, hence the functional form).
+GraphEdge = TypedDict(
+    "GraphEdge",
+    {
+        "from": str,
+        "to": str,
+        "when": str | None,
+        "mode": str,
+        "line": int | None,
+        #: The arc closes a cycle (drawn back, left out of the layering).
+        "back": bool,
+    },
+)
+
+
+class Graph(TypedDict):
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    #: How many steps each layer holds.
+    layers: list[int]
+
 
 #: Sweeps of the ordering heuristic (each one down and one up).
 SWEEPS = 4
@@ -113,13 +157,13 @@ def _order(
     return pos
 
 
-def playbook_graph(playbook: Playbook) -> dict[str, Any]:
+def playbook_graph(playbook: Playbook) -> Graph:
     """`nodes` (each step: `name`, `kind`, `loop`, `line`, `desc`, `layer`, `position`)
     and `edges` (each arc: `from`, `to`, `when`, `mode`, `line`, `back` when it closes
     a cycle), plus `layers`: how many steps each layer holds."""
     names = list(playbook.steps)
     out: dict[str, list[str]] = {n: [] for n in names}
-    edges: list[dict[str, Any]] = []
+    edges: list[GraphEdge] = []
     for name, step in playbook.steps.items():
         for arc in step.next.arcs:
             if arc.step not in out:
@@ -132,6 +176,7 @@ def playbook_graph(playbook: Playbook) -> dict[str, Any]:
                     "when": _when(arc.when),
                     "mode": step.next.mode,
                     "line": arc.line,
+                    "back": False,
                 }
             )
     back = _back_edges(names, out, playbook.entry) if names else set()
@@ -143,9 +188,9 @@ def playbook_graph(playbook: Playbook) -> dict[str, Any]:
     position = _order(names, layer, forward)
     for e in edges:
         e["back"] = (e["from"], e["to"]) in back
-    nodes = []
+    nodes: list[GraphNode] = []
     for name, step in playbook.steps.items():
-        loop = None
+        loop: NodeLoop | None = None
         if step.loop is not None:
             loop = {"mode": step.loop.mode, "iterator": step.loop.iterator}
         nodes.append(

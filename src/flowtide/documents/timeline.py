@@ -9,13 +9,24 @@ commands of the small steps, and only (step, type, time) of the big steps' outco
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Final
+
+from typing_extensions import TypedDict
 
 from flowtide.engine import events as ev
 from flowtide.playbook.model import Playbook
 from flowtide.store.base import Store
 
-__all__ = ["COMMANDS_SHOWN", "MAX_BUCKETS", "execution_timeline"]
+__all__ = [
+    "COMMANDS_SHOWN",
+    "MAX_BUCKETS",
+    "CommandBar",
+    "Density",
+    "RunBar",
+    "TimelineDocument",
+    "TimelineStep",
+    "execution_timeline",
+]
 
 #: A step with more commands than this gets a density lane instead of one bar each.
 COMMANDS_SHOWN: Final = 300
@@ -32,9 +43,57 @@ _COMMAND_TYPES: Final = (
 _ENDED: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
 
 
+class RunBar(TypedDict):
+    """One run of a step: from its `step.enter` to its `step.exit`."""
+
+    started: float
+    ended: float | None
+    status: str
+
+
+class CommandBar(TypedDict):
+    """One attempt of a command: issued, started, ended."""
+
+    command_id: str
+    attempt: int
+    loop_index: int | None
+    issued: float
+    started: float | None
+    ended: float | None
+    #: issued, running, completed or failed.
+    status: str
+
+
+class Density(TypedDict):
+    """A big step's commands ended per time bucket of `width` seconds."""
+
+    width: float
+    completed: list[int]
+    failed: list[int]
+
+
+class TimelineStep(TypedDict):
+    step: str
+    runs: list[RunBar]
+    #: One bar per command while the step has at most `COMMANDS_SHOWN`, else null.
+    commands: list[CommandBar] | None
+    #: The density lane of a step with more commands, else null.
+    density: Density | None
+    total_commands: int
+
+
+class TimelineDocument(TypedDict):
+    execution_id: str
+    status: str
+    start: float
+    #: Now while the execution runs.
+    end: float
+    steps: list[TimelineStep]
+
+
 def execution_timeline(
     store: Store, playbook: Playbook, execution_id: int, status: str, buckets: int = 120
-) -> dict[str, Any]:
+) -> TimelineDocument:
     """`start` and `end` (event times; `end` is now while the execution runs), and per
     step of `playbook` (in its order) its `runs`, and either its `commands` (at most
     `COMMANDS_SHOWN`) or its `density` over `buckets` buckets, with `total_commands`."""
@@ -44,7 +103,7 @@ def execution_timeline(
     start, end = span if span is not None else (time.time(), time.time())
     if running:
         end = max(end, time.time())
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in playbook.steps}
+    runs: dict[str, list[RunBar]] = {name: [] for name in playbook.steps}
     for e in store.events(execution_id, types=_RUN_TYPES):
         lane = runs.get(e.step or "")
         if lane is None:
@@ -52,7 +111,8 @@ def execution_timeline(
         if e.type == ev.STEP_ENTER:
             lane.append({"started": e.time, "ended": None, "status": "running"})
         elif lane and lane[-1]["ended"] is None:
-            lane[-1].update(ended=e.time, status=e.status or "completed")
+            lane[-1]["ended"] = e.time
+            lane[-1]["status"] = e.status or "completed"
         else:  # exited without entering (not admitted)
             lane.append({"started": e.time, "ended": e.time, "status": e.status or "skipped"})
     issued: dict[str, int] = dict.fromkeys(playbook.steps, 0)
@@ -82,18 +142,18 @@ def execution_timeline(
     }
 
 
-def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, list[dict[str, Any]]]:
+def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, list[CommandBar]]:
     """Each command of `steps` with its issue, start and end (the latest attempt's
     issue starts a new bar: a retry shows as one bar per attempt)."""
-    bars: dict[int, dict[str, Any]] = {}
-    out: dict[str, list[dict[str, Any]]] = {s: [] for s in steps}
+    bars: dict[int, CommandBar] = {}
+    out: dict[str, list[CommandBar]] = {s: [] for s in steps}
     for e in store.events(execution_id, types=_COMMAND_TYPES, steps=steps):
         cid = e.command_id
         if cid is None:
             continue
         payload = e.payload or {}
         if e.type == ev.COMMAND_ISSUED:
-            bar: dict[str, Any] = {
+            bar: CommandBar = {
                 "command_id": str(cid),
                 "attempt": int(payload.get("attempt") or 1),
                 "loop_index": payload.get("loop_index"),
@@ -110,16 +170,16 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
             continue
         bar = found
         if e.type == ev.COMMAND_STARTED:
-            bar.update(started=e.time, status="running")
+            bar["started"], bar["status"] = e.time, "running"
         elif bar["ended"] is None:
             ok = e.type == ev.COMMAND_COMPLETED and payload.get("status", "ok") == "ok"
-            bar.update(ended=e.time, status="completed" if ok else "failed")
+            bar["ended"], bar["status"] = e.time, "completed" if ok else "failed"
     return out
 
 
 def _density(
     store: Store, execution_id: int, steps: list[str], start: float, width: float, buckets: int
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Density]:
     """Commands of `steps` ended per bucket of `width` seconds from `start`."""
     counts = {s: ([0] * buckets, [0] * buckets) for s in steps}
     for step, type_, status, at in store.event_times(execution_id, types=_ENDED, steps=steps):

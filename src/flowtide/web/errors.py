@@ -23,8 +23,8 @@ from flowtide.errors import (
     StoreError,
 )
 from flowtide.redaction import known, mask_text
-from flowtide.server.openapi import documented_methods
-from flowtide.server.problems import error_response
+from flowtide.web.openapi import documented_methods
+from flowtide.web.problems import RequestError, error_response
 
 __all__ = ["batch_item", "install_error_handlers", "problem"]
 
@@ -47,6 +47,7 @@ def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
     carries besides). A route that says more (a field, its own words) keeps the status
     it gives here.
 
+        RequestError         its `status` (a route's own refusal)
         AuthError            401 or 403 (its `status`)
         NotFoundError        404
         ClaimConflict        409, with `holder`
@@ -55,6 +56,8 @@ def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
         other FlowtideError  422
         anything else        500
     """
+    if isinstance(exc, RequestError):
+        return exc.status, exc.message, dict(exc.extra)
     if isinstance(exc, AuthError):
         return exc.status, exc.message, {}
     if isinstance(exc, NotFoundError):
@@ -130,5 +133,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _bad_request)
     # (A NotFoundError is a StoreError: the handler of its own class is the one taken.)
-    for error in (NotFoundError, ClaimConflict, StoreError):
+    for error in (RequestError, NotFoundError, ClaimConflict, ExecutionFinished, StoreError):
         app.add_exception_handler(error, _problem)

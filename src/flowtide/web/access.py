@@ -14,7 +14,7 @@
    a new endpoint cannot be open by mistake (a test walks the app's routes).
 3. What a rule cannot say alone, the route checks with the caller (`caller`): a worker
    reports, claims and heartbeats only as a worker id its own credential registered
-   (`flowtide.server.workers`), and reads or starts executions only through the
+   (`flowtide.server.worker_registry`), and reads or starts executions only through the
    commands it holds.
 
 Roles: `reader` < `operator` < `admin` (each may do what the one before may); `worker`
@@ -61,7 +61,7 @@ __all__ = [
     "cookie_token",
 ]
 
-log = logging.getLogger("flowtide.server.access")
+log = logging.getLogger("flowtide.web.access")
 
 #: Where a request's principal is kept in the ASGI scope.
 PRINCIPAL: Final = "flowtide.principal"

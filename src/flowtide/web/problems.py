@@ -1,5 +1,8 @@
 """The API's error replies: `{"error": {"status", "message", ...}}`, one format for all,
-and its description in the OpenAPI document (`ErrorDocument`, `problem_responses`)."""
+and its description in the OpenAPI document (`ErrorDocument`, `problem_responses`).
+
+A route refuses a request by raising `RequestError` (its status, message and the members
+the document carries besides); the app's handler answers it (`flowtide.web.errors`)."""
 
 from __future__ import annotations
 
@@ -8,14 +11,33 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowtide.errors import FlowtideError
 from flowtide.redaction import known, mask_text
 
 __all__ = [
     "ErrorDocument",
+    "RequestError",
     "error_response",
     "field_error",
     "problem_responses",
 ]
+
+
+class RequestError(FlowtideError):
+    """A route's refusal of a request: the HTTP `status`, the `message` and what the
+    error document carries besides (`extra`: a `field`, `fields`, `execution_status`...).
+    Raised, never returned."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = extra
+
+    @classmethod
+    def of_field(cls, field: str, message: str, status: int = 422) -> RequestError:
+        """About one field of the request, named in `fields` too."""
+        return cls(status, f"{field}: {message}", fields=[{"field": field, "message": message}])
 
 
 class FieldProblem(BaseModel):

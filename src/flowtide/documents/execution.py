@@ -1,0 +1,134 @@
+"""An execution's document: what `flowtide run --json`, `flowtide status`, the API
+(`GET /api/executions/{id}`) and `flowtide.run()` say of an execution.
+
+Two views of one document, and masking in one place: `shown` (values of the execution's
+secret set replaced by `***`) for everything a person or a program reads, `intact` for
+the code that uses the data (a parent step reading its sub-playbook's result, the
+embedded API's caller).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import TypedDict
+
+from flowtide.engine.state import ExecutionState
+from flowtide.redaction import mask_value
+
+__all__ = [
+    "ChildResult",
+    "ExecutionDocument",
+    "ExecutionError",
+    "StepView",
+    "child_result",
+    "error_location",
+    "intact",
+    "shown",
+    "step_view",
+]
+
+
+class StepView(TypedDict):
+    """One step of an execution document."""
+
+    #: pending, running, completed, failed, skipped, cancelled.
+    status: str
+    runs: int
+    result: Any
+    error: dict[str, Any] | None
+
+
+class ExecutionError(TypedDict):
+    """Why an execution failed or was cancelled."""
+
+    step: str | None
+    kind: str
+    message: Any
+
+
+class ExecutionDocument(TypedDict):
+    execution_id: str
+    #: running, completed, failed or cancelled.
+    status: str
+    result: Any
+    steps: dict[str, StepView]
+    error: ExecutionError | None
+
+
+class ShownExecution(ExecutionDocument, total=False):
+    """`GET /api/executions/{id}`: the document and the playbook's path or file."""
+
+    playbook: str | None
+
+
+class ChildResult(TypedDict):
+    """What a worker running a `playbook` step reads of the sub-playbook it started."""
+
+    execution_id: str
+    status: str
+    error: ExecutionError | None
+    result: Any
+    steps: dict[str, Any]
+
+
+def step_view(state: ExecutionState) -> dict[str, StepView]:
+    steps: dict[str, StepView] = {}
+    for name, rec in state.steps.items():
+        status = rec.status
+        if rec.runs == 0:
+            status = "skipped" if state.terminal else "pending"
+        elif status == "running" and state.terminal:
+            # Stopped with its execution (a cancel, or another branch failing it): no
+            # step.exit will ever come.
+            status = "cancelled"
+        steps[name] = {"status": status, "runs": rec.runs, "result": rec.result, "error": rec.error}
+    return steps
+
+
+def error_location(state: ExecutionState) -> str | None:
+    """`file:line` of the step an execution failed in, when known."""
+    err = state.error or {}
+    if err.get("line") is None:
+        return None
+    return f"{state.playbook.file or '<playbook>'}:{err['line']}"
+
+
+def intact(state: ExecutionState) -> ExecutionDocument:
+    """The execution's document with its data as it is (for code that uses the data,
+    never for display)."""
+    error: ExecutionError | None = None
+    if state.status in ("failed", "cancelled"):
+        err = state.error or {}
+        error = {
+            "step": err.get("step"),
+            "kind": err.get("kind", state.status),
+            "message": err.get("message", state.status),
+        }
+    return {
+        "execution_id": str(state.execution_id),
+        "status": state.status if state.terminal else "running",
+        "result": state.result(),
+        "steps": step_view(state),
+        "error": error,
+    }
+
+
+def shown(state: ExecutionState) -> ExecutionDocument:
+    """The execution's document as people and programs read it: values of its secret
+    set masked (`***`)."""
+    doc: ExecutionDocument = mask_value(intact(state), state.secrets)
+    return doc
+
+
+def child_result(state: ExecutionState) -> ChildResult:
+    """A sub-playbook's outcome for the parent step waiting on it: intact (the step uses
+    the data)."""
+    doc = intact(state)
+    return {
+        "execution_id": doc["execution_id"],
+        "status": doc["status"],
+        "error": doc["error"],
+        "result": doc["result"],
+        "steps": {name: step["result"] for name, step in doc["steps"].items()},
+    }

@@ -1,0 +1,236 @@
+"""An execution at a glance, from its folded state: per step its status, runs, times and
+loop counts; the arcs taken; the progress. The size of this document grows with the
+playbook's steps, never with a loop's iterations or results (a 100,000-iteration loop is
+three numbers here).
+
+An ended execution's summary is kept as it ends (`kept_part`, in the format
+`SUMMARY_FORMAT`: the embedded runtime's `on_finished` hook, the server's step that ends
+it), so its page never folds its log again (`kept_summary`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, NotRequired, cast
+
+from typing_extensions import TypedDict
+
+from flowtide.documents.graph import Graph, playbook_graph
+from flowtide.engine.state import ExecutionState, LoopRecord, StepRecord
+from flowtide.errors import StoreError
+from flowtide.playbook.loader import parse_playbook
+from flowtide.playbook.model import Playbook
+from flowtide.redaction import mask_value
+from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
+
+__all__ = [
+    "SUMMARY_FORMAT",
+    "Progress",
+    "SummaryDocument",
+    "SummaryPart",
+    "execution_summary",
+    "keep_summary",
+    "kept_part",
+    "kept_summary",
+    "progress_of",
+    "summary_document",
+    "summary_of",
+]
+
+log = logging.getLogger(__name__)
+
+#: The shape of the kept summary part; bump it when `execution_summary` changes shape
+#: (kept ones of another shape are then ignored and the log folded instead).
+SUMMARY_FORMAT: Final = 1
+
+#: Step statuses that count as done in the progress.
+FINISHED = ("completed", "failed", "skipped")
+
+
+class Progress(TypedDict):
+    """How far an execution is: steps finished of its steps (null where only the loops
+    are known: a server's list), loop iterations done (and failed) of their total."""
+
+    steps: int | None
+    steps_finished: int | None
+    iterations: int
+    iterations_done: int
+    iterations_failed: int
+
+
+class LoopSummary(TypedDict):
+    """A step's latest loop."""
+
+    instance: int
+    total: int
+    done: int
+    succeeded: int
+    failed: int
+    in_flight: int
+    finished: bool
+    cursor: Any
+
+
+class StepSummary(TypedDict):
+    status: str
+    runs: int
+    started: float | None
+    ended: float | None
+    duration: float | None
+    error: dict[str, Any] | None
+    loop: LoopSummary | None
+
+
+#: An arc a step's exit took, with how many times (`from` is a Python keyword).
+Taken = TypedDict("Taken", {"from": str, "to": str, "count": int})
+
+
+class SummaryPart(TypedDict):
+    """What the state gives of the summary: the part kept when an execution ends."""
+
+    execution_id: str
+    status: str
+    error: dict[str, Any] | None
+    progress: Progress
+    steps: dict[str, StepSummary]
+    taken: list[Taken]
+
+
+class PlaybookRef(TypedDict):
+    path: str | None
+    version: int | None
+    file: str | None
+
+
+class SummaryDocument(SummaryPart):
+    """`GET /api/executions/{id}/summary`."""
+
+    playbook: PlaybookRef
+    parent_execution_id: str | None
+    created: float
+    updated: float
+    graph: Graph
+    #: `flowtide ui` only: it runs the execution in its own process (it may cancel it
+    #: there, and resumes only one that no process runs).
+    run_here: NotRequired[bool]
+
+
+def progress_of(
+    loops: Iterable[LoopRecord], steps: Mapping[str, StepRecord] | None = None
+) -> Progress:
+    """The progress of an execution's loops and, when given, its steps."""
+    iterations = done = failed = 0
+    for loop in loops:
+        iterations += loop.size
+        done += loop.completed
+        failed += loop.failed
+    return {
+        "steps": len(steps) if steps is not None else None,
+        "steps_finished": (
+            sum(1 for rec in steps.values() if rec.status in FINISHED)
+            if steps is not None
+            else None
+        ),
+        "iterations": iterations,
+        "iterations_done": done,
+        "iterations_failed": failed,
+    }
+
+
+def _loop(loop: LoopRecord, ended: bool) -> LoopSummary:
+    # An execution that ended closed its open commands: nothing is in flight any more.
+    return {
+        "instance": loop.instance,
+        "total": loop.size,
+        "done": loop.completed,
+        "succeeded": loop.success,
+        "failed": loop.failed,
+        "in_flight": 0 if ended else len(loop.in_flight),
+        "finished": loop.finished,
+        "cursor": loop.cursor,
+    }
+
+
+def execution_summary(state: ExecutionState) -> SummaryPart:
+    """`status`, `progress` (steps and loop iterations done of total), `steps` (per step:
+    `status`, `runs`, `started`, `ended`, `duration`, `error`, `loop` for its latest
+    loop) and `taken` (the arcs a step's exit took, with how many times)."""
+    steps: dict[str, StepSummary] = {}
+    latest: list[LoopRecord] = []
+    for name, rec in state.steps.items():
+        loop = state.loop_of(name)
+        steps[name] = {
+            "status": rec.status,
+            "runs": rec.runs,
+            "started": rec.started,
+            "ended": rec.ended,
+            "duration": (
+                rec.ended - rec.started
+                if rec.started is not None and rec.ended is not None
+                else None
+            ),
+            "error": rec.error,
+            "loop": _loop(loop, state.terminal) if loop is not None else None,
+        }
+        if loop is not None:
+            latest.append(loop)
+    return {
+        "execution_id": str(state.execution_id),
+        "status": state.status,
+        "error": state.error,
+        "progress": progress_of(latest, state.steps),
+        "steps": steps,
+        "taken": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(state.taken.items())],
+    }
+
+
+def kept_part(state: ExecutionState) -> SummaryPart:
+    """The part of the summary the state gives (`execution_summary`, masked with the
+    execution's secret set): what is kept when an execution ends (`Store.put_summary`,
+    shape `SUMMARY_FORMAT`)."""
+    part: SummaryPart = mask_value(execution_summary(state), state.secrets)
+    return part
+
+
+def summary_of(part: SummaryPart, row: ExecutionRow, playbook: Playbook) -> SummaryDocument:
+    """`GET /api/executions/{id}/summary` from its state's part, the execution's row
+    (playbook, parent, times) and its playbook (the graph)."""
+    return {
+        **part,
+        "playbook": {
+            "path": row.playbook_path,
+            "version": row.playbook_version,
+            "file": row.playbook_file,
+        },
+        "parent_execution_id": (str(row.parent_execution_id) if row.parent_execution_id else None),
+        "created": row.created,
+        "updated": row.updated,
+        "graph": playbook_graph(playbook),
+    }
+
+
+def summary_document(state: ExecutionState, row: ExecutionRow) -> SummaryDocument:
+    """`GET /api/executions/{id}/summary` of a folded state."""
+    return summary_of(kept_part(state), row, state.playbook)
+
+
+def kept_summary(store: Store, row: ExecutionRow) -> SummaryDocument | None:
+    """The summary of an ended execution from the part kept when it ended, without
+    folding its log; None when it is running or nothing (of this shape) was kept. Blocks
+    on the store: run it in a thread."""
+    if row.status not in ENDED_STATUSES:
+        return None
+    kept = store.get_summary(row.execution_id)
+    if kept is None or kept[0] != SUMMARY_FORMAT:
+        return None
+    part = cast(SummaryPart, kept[1])  # stored by `keep_summary` in this shape
+    return summary_of(part, row, parse_playbook(row.playbook_text, row.playbook_file))
+
+
+def keep_summary(store: Store, state: ExecutionState) -> None:
+    """Keep an ended execution's summary part (an optimisation of reads: a failure is
+    logged, never raised)."""
+    try:
+        store.put_summary(state.execution_id, dict(kept_part(state)), format=SUMMARY_FORMAT)
+    except StoreError as exc:
+        log.warning("execution %s: summary not kept: %s", state.execution_id, exc)

@@ -15,6 +15,7 @@ in child processes: `python_pool`, `python_child`); `postgres_sql`, `postgres_pa
 `postgres_conn`; `nats_conn` (credentials, the loop NATS calls run on, pooled
 connections); `transfer_io` (a transfer's readers and writers), `transfer_spark` (a
 transfer on Spark). `shell` and `script` run programs through `process` (process group,
-timeout, capped output, the python steps' user). `artifact` reads and writes what
+timeout, capped output, the python steps' user). `script_source` reads a task's
+`script:` field (a file or inline code) for python, postgres and `script` tasks. `artifact` reads and writes what
 `flowtide.artifacts` stores.
 """

@@ -13,7 +13,7 @@ import pytest
 
 from flowtide.errors import PlaybookErrors, ToolError
 from flowtide.playbook import parse_playbook
-from flowtide.tools import transfer_io
+from flowtide.tools import transfer_sources, transfer_targets
 from flowtide.tools.transfer import TransferTool, endpoint_type
 
 pytestmark = pytest.mark.postgres
@@ -277,20 +277,20 @@ def test_memory_holds_one_chunk(
     """Bounded memory by design: the source is a server-side cursor read chunk_size rows
     at a time, and each chunk is written before the next is fetched."""
     events: list[tuple[str, int]] = []
-    real_write = transfer_io.FileWriter.write
+    real_write = transfer_targets.FileWriter.write
 
     def write(self: Any, rows: list[list[Any]]) -> None:
         events.append(("write", len(rows)))
         real_write(self, rows)
 
-    real_records = transfer_io.as_records
+    real_records = transfer_sources.as_records
 
     def counted(columns: Any, batch: Any) -> Any:
         events.append(("fetch", len(batch)))
         return real_records(columns, batch)
 
-    monkeypatch.setattr(transfer_io.FileWriter, "write", write)
-    monkeypatch.setattr(transfer_io, "as_records", counted)
+    monkeypatch.setattr(transfer_targets.FileWriter, "write", write)
+    monkeypatch.setattr(transfer_sources, "as_records", counted)
     run(
         {
             "source": {

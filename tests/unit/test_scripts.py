@@ -1,4 +1,4 @@
-"""`script:` files, one rule for every tool that takes them (`flowtide.tools.scripts`)."""
+"""`script:` files, one rule for every tool that takes them (`flowtide.tools.script_source`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flowtide.errors import ToolError
-from flowtide.tools.scripts import load_script
+from flowtide.tools.script_source import load_script
 
 
 def test_a_relative_uri_is_found_in_the_playbooks_folder(tmp_path: Path) -> None:

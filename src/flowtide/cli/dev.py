@@ -11,7 +11,8 @@ import typer
 from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, err, home_dir
 
 if TYPE_CHECKING:
-    from flowtide.dev.stack import Component, DevStack
+    from flowtide.dev.stack import DevStack
+    from flowtide.dev.status import Component
 
 dev_app = typer.Typer(
     help=(

@@ -37,17 +37,16 @@ reach each process as FLOWTIDE_NATS_USER/FLOWTIDE_NATS_PASSWORD in its environme
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import secrets
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowtide.dev import status as stack_status
+from flowtide.dev.config import assign_shard_ports, load_config, save_config
+from flowtide.dev.layout import PgPart, ServerPart, StackLayout, pg_role, server_role
 from flowtide.dev.nats import (
     SERVER_USER,
     NatsUser,
@@ -57,96 +56,18 @@ from flowtide.dev.nats import (
     worker_user_name,
     write_nats_config,
 )
-from flowtide.dev.postgres import LocalPostgres, PostgresSetupError
-from flowtide.dev.processes import DevStackError, Processes, need_port, port_free, tcp_ok
-from flowtide.dev.tls import LocalCA
-from flowtide.errors import FlowtideError
+from flowtide.dev.postgres import PostgresSetupError
+from flowtide.dev.processes import DevStackError, Processes, need_port
+from flowtide.dev.status import Component, worker_state
+from flowtide.dev.tokens import ensure_tokens
 from flowtide.natsauth import ENV_CA as ENV_NATS_CA
 
-__all__ = ["Component", "DevStack", "DevStackError", "PgPart", "ServerPart", "StackConfig"]
+__all__ = ["DevStack", "DevStackError"]
 
-DATABASE = "flowtide"
-#: With --shards N > 1: the cluster database, and shard i's database.
-CLUSTER_DATABASE = "flowtide_cluster"
-SHARD_DATABASE = "flowtide_shard_{}"
 #: The loop-state bucket the server uses (its --kv-bucket default).
 KV_BUCKET = "flowtide_state"
 #: Seconds a server of several shards has to stop on SIGTERM before a SIGINT (down).
 _SERVER_FORCE_AFTER = 8.0
-
-
-@dataclass
-class StackConfig:
-    """What `up` chose, kept in stack.json so that the next `up` reuses it."""
-
-    server_port: int = 8082
-    nats_port: int = 4222
-    pg_port: int = 55432
-    pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
-    workers: int = 2
-    pool: str = "default"
-    concurrency: int = 8
-    lease: float = 30.0
-    #: Where the workers run: relative paths in playbooks (a python step's script file)
-    #: resolve against it, as an embedded run resolves them against its current
-    #: directory. The current directory of the first `up` unless given.
-    workdir: str | None = None
-    #: NATS user name -> password (flowtide.dev.nats.flowtide_users).
-    nats_passwords: dict[str, str] = field(default_factory=dict)
-    #: Every part over TLS with certificates of the stack's own CA (flowtide.dev.tls): the API
-    #: (mutual: clients show a certificate too), nats-server and PostgreSQL.
-    tls: bool = True
-    #: Shards of the cluster (flowtide.topology); fixed once the stack has data.
-    shards: int = 1
-    #: With shards > 1: the port of each shard's PostgreSQL server (pg_port is the
-    #: cluster database's) and of each shard's flowtide server (the first is
-    #: server_port), chosen on the first `up`: the ports after pg_port / server_port,
-    #: or free ones where those are taken.
-    shard_pg_ports: list[int] = field(default_factory=list)
-    shard_server_ports: list[int] = field(default_factory=list)
-    pids: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class Component:
-    """One part of the stack as `status` sees it."""
-
-    name: str
-    state: str  # running | stopped | unhealthy
-    pid: int | None
-    url: str | None
-    log: str
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class PgPart:
-    """One PostgreSQL server of the stack and the database it holds for flowtide."""
-
-    name: str  # postgres | postgres-<i>
-    pg: LocalPostgres
-    database: str
-    #: The shard whose database this is; None for the cluster database's server (shards
-    #: > 1). With one shard, `postgres` holds both.
-    shard: int | None
-
-    @property
-    def url(self) -> str:
-        return self.pg.url(self.database)
-
-
-@dataclass(frozen=True)
-class ServerPart:
-    """One `flowtide server` of the stack: `server` with one shard, else `server-<i>`."""
-
-    name: str
-    shard: int
-    port: int
-    url: str
-
 
 Progress = Callable[[str], None]
 
@@ -155,14 +76,14 @@ def _quiet(_: str) -> None:
     pass
 
 
-class DevStack:
-    """The dev stack kept under `home`/dev."""
+class DevStack(StackLayout):
+    """The dev stack kept under `home`/dev: its layout (`StackLayout`), and the processes
+    that `up` starts and `down` stops."""
 
     def __init__(self, home: Path) -> None:
         self.home = Path(home).absolute()
-        self.dir = self.home / "dev"
-        self.state_path = self.dir / "stack.json"
-        self.config = self._load()
+        self.state_path = self.home / "dev" / "stack.json"
+        super().__init__(self.home / "dev", load_config(self.state_path))
         self.procs = Processes(
             pids=self.config.pids,
             logs=self.dir / "logs",
@@ -172,157 +93,14 @@ class DevStack:
             probes={"postgres": lambda: self.postgres.is_running()},
         )
         # A stack.json of shards > 1 without its ports (written by hand, or cut short).
-        self._assign_shard_ports()
+        assign_shard_ports(self.config)
 
-    # -- addresses -----------------------------------------------------------------------
-
-    def _url(self, port: int) -> str:
-        scheme = "https" if self.config.tls else "http"
-        return f"{scheme}://127.0.0.1:{port}"
-
-    @property
-    def server_url(self) -> str:
-        """Shard 0's server (the only one with one shard): the URL `up` prints, whose
-        token and CA the CLI finds on its own."""
-        return self._url(self.config.server_port)
-
-    def servers(self) -> list[ServerPart]:
-        """The stack's flowtide servers, one per shard."""
-        c = self.config
-        if c.shards == 1:
-            return [ServerPart("server", 0, c.server_port, self.server_url)]
-        return [
-            ServerPart(f"server-{i}", i, port, self._url(port))
-            for i, port in enumerate(c.shard_server_ports)
-        ]
-
-    @property
-    def ca(self) -> LocalCA:
-        return LocalCA(self.dir / "tls")
-
-    def _admin_tls(self) -> Any:
-        """What an httpx client verifies with: the stack's CA and the admin's client
-        certificate with TLS on, else the default."""
-        if not self.config.tls:
-            return True
-        from flowtide.tls import ClientTls
-
-        cert, key = self.ca.cert("admin")
-        return ClientTls(str(self.ca.ca), str(cert), str(key)).context()
-
-    def admin_client(self, *, timeout: float = 60.0) -> Any:
-        """An httpx.Client on the server as the stack's admin: its token and, with TLS
-        on, its client certificate (for benchmarks and scripts; close it after use)."""
-        import httpx
-
-        return httpx.Client(
-            base_url=self.server_url,
-            headers=self.admin_headers(),
-            verify=self._admin_tls(),
-            timeout=timeout,
-        )
-
-    def _http_get(self, path: str, *, base: str | None = None, **headers: str) -> Any:
-        """GET on a server (shard 0's unless `base`) as the stack's admin (its client
-        certificate with TLS on)."""
-        import httpx
-
-        return httpx.get(
-            f"{base or self.server_url}{path}",
-            headers=headers,
-            timeout=2,
-            verify=self._admin_tls(),
-        )
-
-    def _http_ok(self, path: str, *, base: str | None = None) -> bool:
-        import httpx
-
-        try:
-            return bool(self._http_get(path, base=base).status_code == 200)
-        except httpx.HTTPError:
-            return False
-
-    @property
-    def nats_url(self) -> str:
-        scheme = "tls" if self.config.tls else "nats"
-        return f"{scheme}://127.0.0.1:{self.config.nats_port}"
-
-    @property
-    def db_url(self) -> str:
-        """The event store's URL, with its password (for processes, never for printing);
-        with shards, the cluster database's."""
-        return self.pg_parts()[0].url
-
-    @property
-    def shard_urls(self) -> list[str]:
-        """Each shard's database URL, with its password (shard i's at index i)."""
-        return [p.url for p in self.pg_parts() if p.shard is not None]
-
-    def _local_postgres(self, folder: str, port: int) -> LocalPostgres:
-        tls = None
-        if self.config.tls:
-            cert, key = self.ca.cert("server")
-            tls = (cert, key, self.ca.ca)
-        return LocalPostgres(
-            self.dir / folder, port=port, password=self.config.pg_password, tls=tls
-        )
-
-    @property
-    def postgres(self) -> LocalPostgres:
-        """The PostgreSQL server in pg/: the only one with one shard, else the cluster
-        database's."""
-        return self._local_postgres("pg", self.config.pg_port)
-
-    def pg_parts(self) -> list[PgPart]:
-        """The stack's PostgreSQL servers: `postgres` first (the cluster database's), then
-        one per shard with shards > 1."""
-        c = self.config
-        if c.shards == 1:
-            return [PgPart("postgres", self.postgres, DATABASE, 0)]
-        return [PgPart("postgres", self.postgres, CLUSTER_DATABASE, None)] + [
-            PgPart(
-                f"postgres-{i}",
-                self._local_postgres(f"pg-{i}", port),
-                SHARD_DATABASE.format(i),
-                i,
-            )
-            for i, port in enumerate(c.shard_pg_ports)
-        ]
-
-    def _has_data(self) -> bool:
-        """Whether any PostgreSQL cluster of this stack was created (whatever its N)."""
-        return any(
-            (folder / "data" / "PG_VERSION").is_file()
-            for folder in [self.dir / "pg", *self.dir.glob("pg-*")]
-        )
-
-    def _assign_shard_ports(self) -> None:
-        """With shards > 1, the ports of the shards' PostgreSQL servers and flowtide
-        servers that are not chosen yet: the ones after pg_port / server_port, or free
-        ones where those are taken (the choice is kept in stack.json)."""
-        c = self.config
-        if c.shards == 1:
-            c.shard_pg_ports, c.shard_server_ports = [], []
-            return
-        if c.shard_server_ports[:1] != [c.server_port]:
-            c.shard_server_ports = []
-        taken = {c.server_port, c.nats_port, c.pg_port, *c.shard_pg_ports, *c.shard_server_ports}
-        if len(c.shard_pg_ports) != c.shards:
-            c.shard_pg_ports = _pick_ports(c.pg_port + 1, c.shards, taken)
-            taken |= set(c.shard_pg_ports)
-        if len(c.shard_server_ports) != c.shards:
-            c.shard_server_ports = [
-                c.server_port,
-                *_pick_ports(c.server_port + 1, c.shards - 1, taken),
-            ]
+    def _save(self) -> None:
+        save_config(self.state_path, self.config)
 
     def _nats_tls(self) -> dict[str, str]:
         """The environment that makes a process verify the stack's nats-server."""
         return {ENV_NATS_CA: str(self.ca.ca)} if self.config.tls else {}
-
-    @property
-    def nats_config_path(self) -> Path:
-        return self.dir / "nats.conf"
 
     def nats_users(self) -> dict[str, NatsUser]:
         """The NATS users of the stack by name: `server` and `worker-<pool>`."""
@@ -332,22 +110,6 @@ class DevStack:
             self.config.nats_passwords = passwords
             self._save()
         return {u.name: u for u in flowtide_users(passwords, pools, KV_BUCKET)}
-
-    # -- state file ----------------------------------------------------------------------
-
-    def _load(self) -> StackConfig:
-        try:
-            doc = json.loads(self.state_path.read_text())
-        except FileNotFoundError:
-            return StackConfig()
-        except (OSError, ValueError) as exc:
-            raise DevStackError(f"{self.state_path}: unreadable ({exc}); remove it") from None
-        known = set(StackConfig.__dataclass_fields__)
-        return StackConfig(**{k: v for k, v in doc.items() if k in known})
-
-    def _save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        _write_private(self.state_path, asdict(self.config))
 
     # -- up ------------------------------------------------------------------------------
 
@@ -376,7 +138,7 @@ class DevStack:
         if shards is not None and shards != c.shards:
             if shards < 1:
                 raise DevStackError(f"--shards {shards}: a cluster has 1 shard or more")
-            if self._has_data():
+            if self.has_data():
                 raise DevStackError(
                     f"this dev stack has {c.shards} shard{'s' if c.shards != 1 else ''}"
                     f" ({self.state_path}) and cannot become one of {shards}: flowtide does"
@@ -421,14 +183,14 @@ class DevStack:
                 setattr(c, attr, value)
                 if attr == "pg_port":
                     c.shard_pg_ports = []
-        self._assign_shard_ports()
+        assign_shard_ports(self.config)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self._save()
         if c.tls:
             self.ca.ensure()
         self._up_postgres(progress, timeout)
-        self._ensure_tokens(progress)
+        ensure_tokens(self, progress)
         self._up_nats(progress, timeout)
         self._up_servers(progress, timeout)
         self._up_workers(progress, timeout)
@@ -443,13 +205,13 @@ class DevStack:
         parts = self.pg_parts()
         for part in parts:
             if not part.pg.is_running():
-                what = "PostgreSQL" + (_pg_role(part) if len(parts) > 1 else "")
+                what = "PostgreSQL" + (pg_role(part) if len(parts) > 1 else "")
                 need_port(part.pg.port, what, "--pg-port")
 
         def one(part: PgPart) -> list[str]:
             lines = []
             pg = part.pg
-            what = _pg_role(part) if len(parts) > 1 else ""
+            what = pg_role(part) if len(parts) > 1 else ""
             try:
                 if pg.init():
                     lines.append(f"{part.name}: created the cluster in {pg.datadir}")
@@ -478,72 +240,6 @@ class DevStack:
                 self.config.pids[part.name] = pid
         if errors:
             raise errors[0]
-
-    @property
-    def tokens_path(self) -> Path:
-        return self.dir / "tokens.json"
-
-    def tokens(self) -> dict[str, Any]:
-        """{"server_url", "admin", "workers": {pool: token}} (empty before the first up)."""
-        try:
-            doc = json.loads(self.tokens_path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
-
-    def _ensure_tokens(self, progress: Progress) -> None:
-        """An admin token and a worker token for the stack's pool, kept in tokens.json
-        (mode 0600); the ones of an earlier `up` are reused while the database takes them.
-        With shards they live in the cluster database (opening it with shard 0's brings
-        both schemas up to date; each server upgrades its own shard's)."""
-        from flowtide.auth.tokens import TokenStore
-        from flowtide.errors import AuthError
-        from flowtide.store.postgres import PostgresStore
-
-        pool = self.config.pool
-        doc = self.tokens()
-        shard0 = self.shard_urls[0]
-        cluster = None if shard0 == self.db_url else self.db_url
-        try:
-            with PostgresStore(shard0, cluster_dsn=cluster, max_size=2) as store:
-                tokens = TokenStore(store)
-
-                def usable(text: object) -> bool:
-                    try:
-                        return isinstance(text, str) and bool(tokens.verify(text))
-                    except AuthError:
-                        return False
-
-                admin = doc.get("admin")
-                workers = dict(doc.get("workers") or {})
-                if not usable(admin):
-                    admin = self._new_token(tokens, "admin", "dev-admin", None)
-                    progress("tokens: created an admin token")
-                if not usable(workers.get(pool)):
-                    workers[pool] = self._new_token(tokens, "worker", f"dev-worker-{pool}", pool)
-                    progress(f"tokens: created a worker token for pool {pool}")
-        except FlowtideError as exc:
-            raise DevStackError(f"tokens: {exc}") from None
-        doc = {"server_url": self.server_url, "admin": admin, "workers": workers}
-        if self.config.shards > 1:
-            # The CLI finds the token of `server_url` on its own (flowtide.auth.login);
-            # the other shards' servers take the same token.
-            doc["server_urls"] = [s.url for s in self.servers()]
-        _write_private(self.tokens_path, doc)
-
-    @staticmethod
-    def _new_token(tokens: Any, role: str, name: str, pool: str | None) -> str:
-        from flowtide.errors import NotFoundError
-
-        # A token of this name from an earlier stack (its text lost): replaced.
-        with contextlib.suppress(NotFoundError):
-            tokens.revoke(name)
-        text, _ = tokens.create(role=role, name=name, pool=pool)
-        return str(text)
-
-    def admin_headers(self) -> dict[str, str]:
-        token = self.tokens().get("admin")
-        return {"authorization": f"Bearer {token}"} if token else {}
 
     def _up_nats(self, progress: Progress, timeout: float) -> None:
         if self.procs.alive("nats"):
@@ -595,17 +291,17 @@ class DevStack:
             if self.procs.alive(server.name):
                 progress(f"{server.name}: already running (pid {c.pids[server.name]})")
                 continue
-            need_port(server.port, f"the flowtide server{_server_role(server, c.shards)}", "--port")
+            need_port(server.port, f"the flowtide server{server_role(server, c.shards)}", "--port")
             todo.append(server)
         for server in todo:
             self.procs.spawn(server.name, self._server_argv(server), env=self._server_env())
         for server in todo:
 
             def ready(server: ServerPart = server) -> bool:
-                return self._http_ok("/readyz", base=server.url)
+                return self.http_ok("/readyz", base=server.url)
 
             self.procs.wait(server.name, ready, timeout)
-            progress(f"{server.name}: started on {server.url}{_server_role(server, c.shards)}")
+            progress(f"{server.name}: started on {server.url}{server_role(server, c.shards)}")
 
     def _server_argv(self, server: ServerPart) -> list[str]:
         argv = [
@@ -681,7 +377,7 @@ class DevStack:
                 *self._flowtide(),
                 "worker",
                 "--server",
-                self._worker_server(name).url,
+                self.worker_server(name).url,
                 "--nats",
                 self.nats_url,
                 "--pool",
@@ -709,17 +405,11 @@ class DevStack:
         for name in started:
 
             def registered(name: str = name) -> bool:
-                return self._worker_state(name) == "ready"
+                return worker_state(self, name) == "ready"
 
             self.procs.wait(name, registered, timeout)
-            via = f", via {self._worker_server(name).name}" if self.config.shards > 1 else ""
+            via = f", via {self.worker_server(name).name}" if self.config.shards > 1 else ""
             progress(f"{name}: started (pool {self.config.pool}{via})")
-
-    def _worker_server(self, name: str) -> ServerPart:
-        """The server worker `name` registers with: spread over the shards' servers (any
-        of them takes a worker's claims and reports for every shard and forwards them)."""
-        servers = self.servers()
-        return servers[int(name.split("-")[1]) % len(servers)]
 
     # -- down ----------------------------------------------------------------------------
 
@@ -760,79 +450,7 @@ class DevStack:
 
     def status(self) -> list[Component]:
         """Each part: running (and healthy), unhealthy (alive, not answering) or stopped."""
-        out = []
-        shards = self.config.shards
-        for part in self.pg_parts():
-            pg_pid = part.pg.pid() if part.pg.is_running() else None
-            out.append(
-                Component(
-                    part.name,
-                    "running" if pg_pid else "stopped",
-                    pg_pid,
-                    _redacted(part.url),
-                    str(part.pg.log_path),
-                    _pg_role(part).strip(" ()") if shards > 1 else "",
-                )
-            )
-        nats_state = "stopped"
-        if self.procs.alive("nats"):
-            nats_state = "running" if tcp_ok(self.config.nats_port) else "unhealthy"
-        out.append(
-            Component(
-                "nats",
-                nats_state,
-                self.procs.pid("nats"),
-                self.nats_url,
-                str(self.procs.log("nats")),
-                f"users {', '.join(sorted(self.config.nats_passwords))}"
-                if self.config.nats_passwords
-                else "",
-            )
-        )
-        answering = []
-        for server in self.servers():
-            state = "stopped"
-            if self.procs.alive(server.name):
-                state = "running" if self._http_ok("/readyz", base=server.url) else "unhealthy"
-            if state == "running":
-                answering.append(server.url)
-            out.append(
-                Component(
-                    server.name,
-                    state,
-                    self.procs.pid(server.name),
-                    server.url,
-                    str(self.procs.log(server.name)),
-                    _server_role(server, shards).strip(" ()"),
-                )
-            )
-        # What the servers know of the workers (the cluster database's: any server).
-        pools = self._pools(answering[0]) if answering else None
-        names = sorted(
-            {n for n in self.config.pids if n.startswith("worker-")}
-            | {f"worker-{i}" for i in range(self.config.workers)},
-            key=lambda n: int(n.split("-")[1]),
-        )
-        for name in names:
-            state = "stopped"
-            detail = ""
-            if self.procs.alive(name):
-                registered = self._worker_state(name, pools) if pools is not None else None
-                state = "running" if registered == "ready" else "unhealthy"
-                detail = (
-                    f"pool {self.config.pool}, {self.config.concurrency} at once,"
-                    f" in {self.config.workdir or self.dir}"
-                )
-                if shards > 1:
-                    detail += f", via {self._worker_server(name).name}"
-                if registered and registered != "ready":
-                    detail += f", server says {registered}"
-            out.append(
-                Component(
-                    name, state, self.procs.pid(name), None, str(self.procs.log(name)), detail
-                )
-            )
-        return out
+        return stack_status.components(self, self.procs)
 
     def running(self) -> list[str]:
         """The parts of the stack that run now (by their processes alone, no request)."""
@@ -843,43 +461,7 @@ class DevStack:
         """Per shard, its PostgreSQL server (port, database, up or not) and its flowtide
         server (URL, up or not), and the cluster database's server; from `components`
         (what `status` returned)."""
-        found = {c.name: c for c in components}
-
-        def state(name: str) -> dict[str, Any]:
-            part = found.get(name)
-            running = part is not None and part.state == "running"
-            return {
-                "name": name,
-                "state": part.state if part is not None else "stopped",
-                "up": running,
-                "pid": part.pid if part is not None else None,
-            }
-
-        parts = self.pg_parts()
-        shards = []
-        for server in self.servers():
-            pg = next(p for p in parts if p.shard == server.shard)
-            shards.append(
-                {
-                    "shard": server.shard,
-                    "postgres": {
-                        **state(pg.name),
-                        "port": pg.pg.port,
-                        "database": pg.database,
-                    },
-                    "server": {**state(server.name), "url": server.url, "port": server.port},
-                }
-            )
-        cluster = parts[0]
-        return {
-            "count": self.config.shards,
-            "cluster_database": {
-                **state(cluster.name),
-                "port": cluster.pg.port,
-                "database": cluster.database,
-            },
-            "shards": shards,
-        }
+        return stack_status.shard_status(self, components)
 
     # -- processes -----------------------------------------------------------------------
 
@@ -910,70 +492,3 @@ class DevStack:
             "FLOWTIDE_CLIENT_CERT": str(cert),
             "FLOWTIDE_CLIENT_KEY": str(key),
         }
-
-    def _pools(self, base: str | None = None) -> list[Any] | None:
-        """The worker pools as the server at `base` (shard 0's) lists them, None when it
-        does not answer."""
-        import httpx
-
-        try:
-            doc = self._http_get("/api/worker/pools", base=base, **self.admin_headers()).json()
-            return list(doc["pools"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return None
-
-    def _worker_state(self, name: str, pools: list[Any] | None = None) -> str | None:
-        """The server's word on worker `name`: ready, lost, stopped, or None (unknown)."""
-        if pools is None:
-            pools = self._pools(self._worker_server(name).url)
-            if pools is None:
-                return None
-        pid = self.config.pids.get(name)
-        for pool in pools:
-            for w in pool["workers"]:
-                if w["worker_id"] == f"dev-{name}" and w["pid"] == pid:
-                    return str(w["status"])
-        return None
-
-
-def _pg_role(part: PgPart) -> str:
-    """What a PostgreSQL server of a sharded stack holds: " (cluster database)" or
-    " (shard i)"."""
-    return " (cluster database)" if part.shard is None else f" (shard {part.shard})"
-
-
-def _server_role(server: ServerPart, shards: int) -> str:
-    return f" (shard {server.shard})" if shards > 1 else ""
-
-
-def _pick_ports(first: int, count: int, taken: set[int]) -> list[int]:
-    """`count` ports for new listeners: first, first+1, ... where free, else whatever free
-    port the system hands out; none of them in `taken`."""
-    from flowtide.dev.postgres import free_port
-
-    out: list[int] = []
-    candidate = first
-    while len(out) < count:
-        port = candidate
-        candidate += 1
-        if port > 65535 or port in taken or port in out or not port_free(port):
-            port = free_port()
-            while port in taken or port in out:
-                port = free_port()
-        out.append(port)
-    return out
-
-
-def _redacted(url: str) -> str:
-    from flowtide.urls import redact_url
-
-    return redact_url(url)
-
-
-def _write_private(path: Path, doc: dict[str, Any]) -> None:
-    """`doc` as JSON in `path`, readable by this user only, replaced in one step."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(doc, handle, indent=2)
-    os.replace(tmp, path)

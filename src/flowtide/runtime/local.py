@@ -35,7 +35,7 @@ from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.command import run_command
 from flowtide.runtime.pipeline import StepRunner, child_result
-from flowtide.runtime.workers import WorkerPool
+from flowtide.runtime.threads import WorkerPool
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
 

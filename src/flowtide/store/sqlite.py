@@ -28,7 +28,7 @@ from flowtide.sealing import Sealer
 from flowtide.store.base import (
     COMMAND_STATUSES,
 )
-from flowtide.store.sqlbase import INSERT_EVENT, UPSERT_COMMAND, SQLStore
+from flowtide.store.sql import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 

@@ -8,13 +8,16 @@ from a plugin (the `flowtide.tools` entry point group), and is what the loader a
 check and its runner both read (the nats operations) is declared in `builtin`.
 
 `base` is what every tool gets (`ToolContext`: the execution and step, credentials,
-the render context, a timeout, where secrets it touched are noted). A tool turns a rendered task config into a JSON-ready result
-(`flowtide.jsonvalues`) or raises `ToolError`. The large ones keep their parts beside
-them: `python_code`, `python_namespace`, `python_output`, `python_run` (and python steps
-in child processes: `python_pool`, `python_child`); `postgres_sql`, `postgres_params`,
-`postgres_conn`; `nats_conn` (credentials, the loop NATS calls run on, pooled
-connections); `transfer_io` (a transfer's readers and writers), `transfer_spark` (a
-transfer on Spark). `shell` and `script` run programs through `process` (process group,
-timeout, capped output, the python steps' user). `artifact` reads and writes what
+the render context, a timeout, where secrets it touched are noted). A tool turns a
+rendered task config into a JSON-ready result (`flowtide.jsonvalues`) or raises
+`ToolError`. The large ones keep their parts beside them: `python_code`,
+`python_namespace`, `python_output`, `python_run` (and python steps in child processes:
+`python_pool`, `python_child`); `postgres_sql`, `postgres_params`, `postgres_conn`;
+`nats_conn` (credentials, the loop NATS calls run on, pooled connections);
+`transfer_sources` (a transfer's readers), `transfer_targets` (its writers),
+`transfer_ends` (what both ends share), `transfer_spark` (a transfer on Spark). `shell`
+and `script` run programs through `process` (process group, timeout, capped output, the
+python steps' user). `script_source` reads a task's `script:` field (a file or inline
+code) for python, postgres and `script` tasks. `artifact` reads and writes what
 `flowtide.artifacts` stores.
 """

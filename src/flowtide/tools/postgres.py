@@ -43,7 +43,7 @@ from flowtide.tools.postgres_conn import (
 from flowtide.tools.postgres_conn import pool_count as pool_count
 from flowtide.tools.postgres_params import _bind, read_params
 from flowtide.tools.postgres_sql import mask_sql, split_sql
-from flowtide.tools.scripts import load_script
+from flowtide.tools.script_source import load_script
 
 if TYPE_CHECKING:
     import psycopg
@@ -102,7 +102,7 @@ def _statement_error(
 def _statements_from(config: Mapping[str, Any], ctx: ToolContext) -> list[str]:
     source = None
     if config.get("script") not in (None, ""):
-        # `script:` before `command:`, as NoETL reads them (`flowtide.tools.scripts`).
+        # `script:` before `command:`, as NoETL reads them (`flowtide.tools.script_source`).
         source, _ = load_script(
             config["script"], ctx.base_dir, tool="postgres", step=ctx.step, kind="config_error"
         )

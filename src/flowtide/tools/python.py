@@ -75,7 +75,7 @@ from flowtide.tools.python_namespace import _invalid, _json_result, _load_libs, 
 from flowtide.tools.python_output import _Capture, _ensure_routing
 from flowtide.tools.python_pool import ChildPool, Isolation
 from flowtide.tools.python_run import _run_here, _run_with_timeout
-from flowtide.tools.scripts import load_script
+from flowtide.tools.script_source import load_script
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",

@@ -41,7 +41,7 @@ from typing import Any
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, seconds
 from flowtide.tools.process import RunsPrograms, start_error, stopped_error
-from flowtide.tools.scripts import script_path
+from flowtide.tools.script_source import script_path
 from flowtide.tools.shell import last_line, launch_of
 
 __all__ = ["DEFAULT_TIMEOUT", "ScriptTool"]

@@ -28,7 +28,8 @@ The result (no credential, no DSN in it)::
      "columns": [...], "records_fetched": 100}
 
 `data` is the result itself (NoETL's Python executor nested these fields under `data`).
-The rows travel one chunk at a time (`flowtide.tools.transfer_io`): memory holds one
+The rows travel one chunk at a time (read by `flowtide.tools.transfer_sources`,
+written by `flowtide.tools.transfer_targets`): memory holds one
 chunk, except an http source, whose response is one JSON document. A PostgreSQL target
 is written in one transaction (a failed transfer leaves the table as it was).
 """
@@ -225,7 +226,8 @@ class TransferTool:
 
     @staticmethod
     def _pipe(plan: Plan, ctx: ToolContext, meta: dict[str, Any]) -> dict[str, Any]:
-        from flowtide.tools import transfer_io as io
+        from flowtide.tools import transfer_sources as sources
+        from flowtide.tools import transfer_targets as targets
 
         source, source_type, target, target_type = (
             plan.source,
@@ -235,24 +237,24 @@ class TransferTool:
         )
         mapping, chunk_size = plan.mapping, plan.chunk_size
 
-        writer_class: type[io.Writer]
+        writer_class: type[targets.Writer]
         if target_type == "postgres":
-            writer_class = io.PostgresWriter
+            writer_class = targets.PostgresWriter
         elif target_type == "duckdb":
-            writer_class = io.DuckDBWriter
+            writer_class = targets.DuckDBWriter
         else:
-            writer_class = io.FileWriter
+            writer_class = targets.FileWriter
         writer = writer_class(target, ctx, plan.mode)
-        if isinstance(writer, io.FileWriter):
+        if isinstance(writer, targets.FileWriter):
             writer.fmt = target_type
         if source_type == "http":
-            opened = io.read_http(source, ctx, chunk_size)
+            opened = sources.read_http(source, ctx, chunk_size)
         elif source_type == "postgres":
-            opened = io.read_postgres(source, ctx, chunk_size)
+            opened = sources.read_postgres(source, ctx, chunk_size)
         elif source_type == "duckdb":
-            opened = io.read_duckdb(source, ctx, chunk_size)
+            opened = sources.read_duckdb(source, ctx, chunk_size)
         else:
-            opened = io.read_file(source, source_type, ctx, chunk_size)
+            opened = sources.read_file(source, source_type, ctx, chunk_size)
 
         rows = chunks = 0
         columns: list[str] | None = None

@@ -55,7 +55,7 @@ def _input(
     source: Mapping[str, Any], source_type: str, chunk_size: int, ctx: ToolContext
 ) -> tuple[Any, int | None]:
     if source_type == "http":
-        from flowtide.tools.transfer_io import read_http
+        from flowtide.tools.transfer_sources import read_http
 
         with read_http(source, ctx, chunk_size) as src:
             records = [record for chunk in src.chunks for record in chunk]

@@ -70,7 +70,9 @@ Modules, each importing only those listed before it:
 - `consumers`: what a handle shares with its watchers: state checks, stream API requests,
   ordered push consumers and snapshot scans.
 - `watcher`: `NatsWatcher`.
-- `bucket`: `NatsKeyValue` and `open_nats`.
+- `reads`: a handle's reads (Direct Get, the stream leader, get_last_many's paging).
+- `bucket`: `NatsKeyValue` (the writes and their compare-and-set errors, watch, status,
+  destroy, close) and `open_nats`.
 """
 
 # The public names, and (imported `as` themselves) the private ones that

@@ -1,4 +1,6 @@
-"""`script:` sources, for the tools that take their code from one (python, postgres).
+"""Where a task's `script:` field takes its code from (a file or inline code), for every
+kind that takes one: python, postgres, and the `script` kind (whose runner is
+`flowtide.tools.script`).
 
 Shapes (every template already rendered): `{uri|path, source: {type: file}}`,
 `{type: file, path|uri}`, `{source: {type: inline, code}}`, `{type: inline, code}`, or a

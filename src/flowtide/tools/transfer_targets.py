@@ -1,11 +1,5 @@
-"""The ends of a `transfer`: readers that yield a source's rows a chunk at a time, and
-writers that take them a chunk at a time, so a transfer holds one chunk in memory
-whatever the size of the data (an HTTP source is the exception: one response, parsed
-whole, as NoETL reads it).
-
-Readers: `http` (one request through the http tool: its auth, headers, errors),
-`postgres` (a server-side cursor, `fetchmany(chunk_size)`), `duckdb` (`fetchmany`) and
-files (`parquet`, `csv`, `json`: DuckDB's readers, `fetchmany`).
+"""The target end of a `transfer`: writers that take its rows a chunk at a time, so a
+transfer holds one chunk in memory whatever the size of the data.
 
 Writers: `postgres` (COPY per chunk; `upsert` and a custom `query` by executemany; every
 value sent as text that the server parses as the column's type, which is NoETL's
@@ -13,7 +7,8 @@ value sent as text that the server parses as the column's type, which is NoETL's
 first chunk when it does not exist) and files (chunks streamed to a JSON-lines file
 beside the target, which DuckDB then turns into parquet or csv, or which becomes the
 json target itself). Identifiers are quoted (psycopg.sql for PostgreSQL), values are
-always bound, never pasted.
+always bound, never pasted. The source end is `transfer_sources`; what both share,
+`transfer_ends`.
 """
 
 from __future__ import annotations
@@ -22,301 +17,24 @@ import contextlib
 import math
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowtide.errors import ToolError
 from flowtide.jsonvalues import dumps, to_json
-from flowtide.tools import files
-from flowtide.tools.base import ToolContext, redact
+from flowtide.tools.base import ToolContext
+from flowtide.tools.transfer_ends import (
+    duckdb_path,
+    pg_connection,
+    resolve_file,
+    split_table,
+    sql_error,
+    statement_timeout,
+)
 
 if TYPE_CHECKING:
     import psycopg
-
-FILE_TYPES = ("parquet", "csv", "json")
-_READ_FUNCTIONS = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}
-
-Chunks = Iterator[list[dict[str, Any]]]
-
-
-@dataclass
-class Source:
-    """An open source: its columns when known before the first row (SQL and files; an
-    HTTP source's come from its first record) and its rows, a chunk at a time."""
-
-    columns: list[str] | None
-    chunks: Chunks
-    fetched: int | None = None  # records an HTTP response held
-
-
-# ---------------------------------------------------------------------------------------
-# Shared helpers
-# ---------------------------------------------------------------------------------------
-
-
-def resolve_file(path: Any, ctx: ToolContext) -> Path:
-    if not isinstance(path, str) or not path:
-        raise ToolError("a file end of a transfer needs `path`", kind="config_error")
-    text = path.removeprefix("file://")
-    p = Path(text).expanduser()
-    p = p if p.is_absolute() else Path(ctx.base_dir) / p
-    return files.check(p, what=f"step '{ctx.step}', transfer file")
-
-
-def split_table(name: Any) -> tuple[str, ...]:
-    """`schema.table` (either part may be "quoted") as its parts, unquoted."""
-    if not isinstance(name, str) or not name.strip():
-        raise ToolError("the transfer target needs `table`", kind="config_error")
-    parts: list[str] = []
-    current: list[str] = []
-    quoted = False
-    text = name.strip()
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == '"':
-            if quoted and i + 1 < len(text) and text[i + 1] == '"':
-                current.append('"')
-                i += 2
-                continue
-            quoted = not quoted
-        elif ch == "." and not quoted:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-        i += 1
-    parts.append("".join(current))
-    if quoted or any(not p for p in parts) or len(parts) > 3:
-        raise ToolError(f"invalid table name {name!r}", kind="config_error")
-    return tuple(parts)
-
-
-def _sql_error(exc: Exception, what: str, ctx: ToolContext) -> ToolError:
-    sqlstate = getattr(exc, "sqlstate", None)
-    message = redact(str(exc).strip() or type(exc).__name__, ctx.secrets)
-    state = sqlstate or ""
-    if state.startswith(("08", "57P")):
-        return ToolError(f"{what}: {message}", kind="connection", retryable=True, code=sqlstate)
-    if state == "57014":
-        return ToolError(f"{what}: {message}", kind="timeout", retryable=True, code=sqlstate)
-    return ToolError(
-        f"{what}: {message}",
-        kind="sql_error",
-        code=sqlstate or type(exc).__name__,
-        retryable=state in ("40001", "40P01"),
-    )
-
-
-def as_records(columns: list[str], batch: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
-    """Rows of a SQL source as records, values as the driver gave them (a Decimal stays
-    exact on its way to another database; file targets convert to JSON themselves)."""
-    return [dict(zip(columns, row, strict=True)) for row in batch]
-
-
-def _chunked(rows: Sequence[Any], size: int) -> Chunks:
-    for start in range(0, len(rows), size):
-        yield list(rows[start : start + size])
-
-
-# ---------------------------------------------------------------------------------------
-# Readers
-# ---------------------------------------------------------------------------------------
-
-
-def _data_path(data: Any, path: Any) -> Any:
-    """NoETL's `data_path`: dotted keys into the response body."""
-    if not path:
-        return data
-    for part in str(path).split("."):
-        if isinstance(data, Mapping):
-            if part not in data:
-                raise ToolError(
-                    f"transfer source `data_path` {path!r}: no '{part}' in the response",
-                    kind="config_error",
-                )
-            data = data[part]
-        else:
-            break  # NoETL: a list reached before the path ends is the data
-    return data
-
-
-@contextlib.contextmanager
-def read_http(spec: Mapping[str, Any], ctx: ToolContext, chunk_size: int) -> Iterator[Source]:
-    from flowtide.tools.http import HttpTool
-
-    request = {
-        k: spec[k]
-        for k in (
-            "url",
-            "endpoint",
-            "method",
-            "headers",
-            "params",
-            "auth",
-            "json",
-            "payload",
-            "body",
-            "data",
-            "timeout",
-            "verify_ssl",
-            "follow_redirects",
-        )
-        if k in spec
-    }
-    response = HttpTool().run({"kind": "http", **request}, ctx)
-    data = _data_path(response.get("data"), spec.get("data_path"))
-    rows = data if isinstance(data, list) else [data]
-    bad = next((i for i, r in enumerate(rows) if not isinstance(r, Mapping)), None)
-    if bad is not None:
-        raise ToolError(
-            f"transfer http source: record {bad} is {type(rows[bad]).__name__}, not an "
-            "object (set `data_path` to the list of records in the response)",
-            kind="config_error",
-        )
-    yield Source(None, _chunked(rows, chunk_size), fetched=len(rows))
-
-
-def _pg_connection(spec: Mapping[str, Any], ctx: ToolContext) -> tuple[Any, Any]:
-    """(pool, connection) for one end, through the postgres tool's conninfo, credential
-    resolution and pools."""
-    from flowtide.tools.postgres_conn import (
-        _build_conninfo,
-        _checkout,
-        _connection_source,
-        _pool_for,
-    )
-
-    conninfo = _build_conninfo(_connection_source(spec, ctx), ctx)
-    pool = _pool_for(conninfo, {}, ctx)
-    return pool, _checkout(pool, ctx)
-
-
-def _statement_timeout(cursor: Any, ctx: ToolContext) -> None:
-    if ctx.timeout:
-        cursor.execute(
-            "SELECT set_config('statement_timeout', %s, true)",
-            (str(max(1, int(ctx.timeout * 1000))),),
-        )
-
-
-def _query_and_params(spec: Mapping[str, Any], ctx: ToolContext, tool: str) -> tuple[str, Any]:
-    from flowtide.tools.postgres_params import read_params
-
-    query = spec.get("query") or spec.get("command") or spec.get("sql")
-    if not isinstance(query, str) or not query.strip():
-        raise ToolError(f"a {tool} transfer source needs `query`", kind="config_error")
-    return query.strip().rstrip(";"), read_params(spec, f"transfer source ({tool})", ctx.step)
-
-
-@contextlib.contextmanager
-def read_postgres(spec: Mapping[str, Any], ctx: ToolContext, chunk_size: int) -> Iterator[Source]:
-    import psycopg
-
-    from flowtide.tools.postgres_params import _bind
-
-    query, params = _query_and_params(spec, ctx, "postgres")
-    ((statement, args),) = _bind([query], params, ctx.step)
-    pool, conn = _pg_connection(spec, ctx)
-    try:
-        with conn.cursor() as setup:
-            _statement_timeout(setup, ctx)
-        # A named cursor lives on the server: rows come chunk_size at a time.
-        with conn.cursor(name=f"flowtide_transfer_{uuid.uuid4().hex[:12]}") as cursor:
-            cursor.itersize = chunk_size
-            try:
-                cursor.execute(statement.encode(conn.info.encoding), args)
-            except psycopg.Error as exc:
-                raise _sql_error(exc, "transfer source query failed", ctx) from None
-            columns = [c.name for c in cursor.description or []]
-
-            def chunks() -> Chunks:
-                while True:
-                    try:
-                        batch = cursor.fetchmany(chunk_size)
-                    except psycopg.Error as exc:
-                        raise _sql_error(exc, "transfer source query failed", ctx) from None
-                    if not batch:
-                        return
-                    yield as_records(columns, batch)
-
-            yield Source(columns, chunks())
-    finally:
-        with contextlib.suppress(Exception):
-            conn.rollback()
-        pool.putconn(conn)
-
-
-def _duckdb_path(spec: Mapping[str, Any], ctx: ToolContext) -> str:
-    from flowtide.tools.duckdb import _database_path
-
-    return _database_path({"database": spec.get("database") or spec.get("connection")}, ctx)
-
-
-def _duck_rows(
-    cursor: Any, chunk_size: int, what: str, ctx: ToolContext
-) -> tuple[list[str], Chunks]:
-    columns = [d[0] for d in cursor.description or []]
-
-    def chunks() -> Chunks:
-        while True:
-            try:
-                batch = cursor.fetchmany(chunk_size)
-            except Exception as exc:  # duckdb raises several classes
-                raise _sql_error(exc, what, ctx) from None
-            if not batch:
-                return
-            yield as_records(columns, batch)
-
-    return columns, chunks()
-
-
-@contextlib.contextmanager
-def read_duckdb(spec: Mapping[str, Any], ctx: ToolContext, chunk_size: int) -> Iterator[Source]:
-    from flowtide.tools.duckdb import connect
-
-    query, params = _query_and_params(spec, ctx, "duckdb")
-    # The playbook's SQL: a connection confined like a duckdb step's.
-    connection = connect(_duckdb_path(spec, ctx), read_only=False)
-    try:
-        try:
-            cursor = connection.execute(query, params)
-        except Exception as exc:
-            raise _sql_error(exc, "transfer source query failed", ctx) from None
-        columns, chunks = _duck_rows(cursor, chunk_size, "transfer source query failed", ctx)
-        yield Source(columns, chunks)
-    finally:
-        connection.close()
-
-
-@contextlib.contextmanager
-def read_file(
-    spec: Mapping[str, Any], fmt: str, ctx: ToolContext, chunk_size: int
-) -> Iterator[Source]:
-    import duckdb
-
-    path = resolve_file(spec.get("path") or spec.get("uri"), ctx)
-    if not path.exists():
-        raise ToolError(f"transfer source file {path} does not exist", kind="config_error")
-    connection = duckdb.connect()
-    try:
-        try:
-            cursor = connection.execute(
-                f"SELECT * FROM {_READ_FUNCTIONS[fmt]}($path)", {"path": str(path)}
-            )
-        except Exception as exc:
-            raise _sql_error(exc, f"cannot read {fmt} file {path}", ctx) from None
-        columns, chunks = _duck_rows(cursor, chunk_size, f"cannot read {path}", ctx)
-        yield Source(columns, chunks)
-    finally:
-        connection.close()
-
-
-# ---------------------------------------------------------------------------------------
-# Writers
-# ---------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -380,7 +98,7 @@ class PostgresWriter(Writer):
         from psycopg import sql
         from psycopg.adapt import PyFormat, Transformer
 
-        self.pool, self.conn = _pg_connection(self.spec, self.ctx)
+        self.pool, self.conn = pg_connection(self.spec, self.ctx)
         self.columns = columns
         custom = self.spec.get("query")
         self.custom = custom.strip() if isinstance(custom, str) and custom.strip() else None
@@ -388,7 +106,7 @@ class PostgresWriter(Writer):
         self.dump = lambda v: tx.get_dumper(v, PyFormat.TEXT).dump(v)
         try:
             with self.conn.cursor() as cur:
-                _statement_timeout(cur, self.ctx)
+                statement_timeout(cur, self.ctx)
                 if self.custom is not None:
                     self.categories = ["X"] * len(columns)
                     return
@@ -406,7 +124,7 @@ class PostgresWriter(Writer):
                 if self.mode == "replace":
                     cur.execute(sql.SQL("TRUNCATE TABLE {}").format(self.table))
         except psycopg.Error as exc:
-            raise _sql_error(exc, "transfer target", self.ctx) from None
+            raise sql_error(exc, "transfer target", self.ctx) from None
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
         marks = sql.SQL(", ").join(sql.Placeholder() * len(columns))
         self.copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(self.table, cols)
@@ -461,7 +179,7 @@ class PostgresWriter(Writer):
                         for row in texts:
                             copy.write_row(row)
         except psycopg.Error as exc:
-            raise _sql_error(exc, "transfer target write failed", self.ctx) from None
+            raise sql_error(exc, "transfer target write failed", self.ctx) from None
 
     def close(self, ok: bool) -> None:
         if self.conn is None:
@@ -473,7 +191,7 @@ class PostgresWriter(Writer):
                 try:
                     self.conn.commit()
                 except psycopg.Error as exc:
-                    raise _sql_error(exc, "transfer target commit failed", self.ctx) from None
+                    raise sql_error(exc, "transfer target commit failed", self.ctx) from None
             else:
                 with contextlib.suppress(Exception):
                     self.conn.rollback()
@@ -518,7 +236,7 @@ class DuckDBWriter(Writer):
 
         self.columns = columns
         self.table = ".".join(_duck_ident(p) for p in split_table(self.spec.get("table")))
-        self.connection = connect(_duckdb_path(self.spec, self.ctx))
+        self.connection = connect(duckdb_path(self.spec, self.ctx))
         self.connection.execute("BEGIN TRANSACTION")
         self.ready = False
 
@@ -565,7 +283,7 @@ class DuckDBWriter(Writer):
         except ToolError:
             raise
         except Exception as exc:
-            raise _sql_error(exc, "transfer target write failed", self.ctx) from None
+            raise sql_error(exc, "transfer target write failed", self.ctx) from None
 
     def close(self, ok: bool) -> None:
         if self.connection is None:
@@ -577,7 +295,7 @@ class DuckDBWriter(Writer):
             self.connection.execute("COMMIT" if ok else "ROLLBACK")
         except Exception as exc:
             if ok:
-                raise _sql_error(exc, "transfer target commit failed", self.ctx) from None
+                raise sql_error(exc, "transfer target commit failed", self.ctx) from None
         finally:
             self.connection.close()
             self.connection = None
@@ -657,7 +375,7 @@ class FileWriter(Writer):
         except Exception as exc:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(out)
-            raise _sql_error(exc, f"cannot write {self.fmt} file {self.path}", self.ctx) from None
+            raise sql_error(exc, f"cannot write {self.fmt} file {self.path}", self.ctx) from None
         finally:
             con.close()
         if appending:

@@ -1,35 +1,21 @@
-"""Port methods whose SQL is the same on SQLite and PostgreSQL, written once.
-
-An adapter subclasses `SQLStore` and provides `transaction(op, part)` (one write
-transaction on a connection whose `execute` returns a cursor), `_query(op, sql, params,
-part)` (one read), and `PARAM`, its driver's placeholder. The SQL here is written with
-`?` and turned into the adapter's placeholder once per statement (`_sql`). `part` says
-which database a statement belongs to: "shard" (per-execution tables) or "cluster"
-(catalog, credentials); a single-database adapter ignores it.
-
-What differs between the adapters stays in them: opening and migrating, `write_batch`
-(how a prepared batch reaches the database inside `append`'s transaction), duplicate
-detection (`_is_duplicate`) and `close`. An adapter sets
-`sealer`, the `flowtide.sealing.Sealer` its JSON columns are sealed and unsealed with.
+"""The executions, their events and commands, and the summaries kept of ended ones: the
+shard part of `SQLStore`, written once for SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Final
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final
 
 from flowtide.engine.events import Event
 from flowtide.errors import NotFoundError, StoreError
-from flowtide.sealing import SEALED_PREFIX, Sealer
 from flowtide.store.base import (
     ENDED_STATUSES,
     EXECUTION_CREATED,
     PENDING_COMMAND_STATUSES,
     UNSET,
-    CatalogRow,
     CommandRow,
     CommandUpdate,
     ExecutionRow,
@@ -37,11 +23,9 @@ from flowtide.store.base import (
     Unset,
 )
 from flowtide.store.codec import (
-    CATALOG_FIELDS,
     COMMAND_COLUMNS,
     EVENT_COLUMNS,
     EXECUTION_COLUMNS,
-    catalog_row,
     check_limit,
     command_params,
     command_row,
@@ -53,8 +37,7 @@ from flowtide.store.codec import (
     execution_update_params,
     update_execution_sql,
 )
-
-__all__ = ["INSERT_EVENT", "PUT_SUMMARY", "UPSERT_COMMAND", "SQLStore"]
+from flowtide.store.sql.adapter import SQLAdapter
 
 #: Keep an ended execution's summary (`Store.put_summary`), replacing an older one.
 PUT_SUMMARY: Final = (
@@ -90,75 +73,13 @@ _PENDING_COMMANDS: Final = (
     f" AND status IN ({', '.join(repr(s) for s in PENDING_COMMAND_STATUSES)})"
     " ORDER BY command_id"
 )
-_CATALOG_COLUMNS: Final = (
-    f"{CATALOG_FIELDS}, (SELECT COUNT(*) FROM catalog n WHERE n.path = c.path)"
-)
 _UPDATE_EXECUTION: Final = {
     (r, e): update_execution_sql(r, e, "?") for r in (False, True) for e in (False, True)
 }
 
 
-class SQLStore:
-    """The shared half of the SQL adapters (see the module docstring)."""
-
-    #: The driver's placeholder for `?`.
-    PARAM: ClassVar[str] = "?"
-    _converted: ClassVar[dict[str, str]]
-    #: Seals JSON columns that hold a secret, unseals them on read.
-    sealer: Sealer
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._converted = {}
-
-    @classmethod
-    def _sql(cls, text: str) -> str:
-        """`text` with the driver's placeholders (statements here contain no other `?`)."""
-        if cls.PARAM == "?":
-            return text
-        out = cls._converted.get(text)
-        if out is None:
-            out = cls._converted[text] = text.replace("?", cls.PARAM)
-        return out
-
-    # -- what the adapter provides -----------------------------------------------------
-
-    def transaction(self, op: str, part: str = "shard") -> AbstractContextManager[Any]:
-        raise NotImplementedError
-
-    def _query(
-        self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
-    ) -> list[Any]:
-        raise NotImplementedError
-
-    @classmethod
-    def write_batch(
-        cls,
-        conn: Any,
-        event_rows: list[tuple[Any, ...]],
-        command_rows: list[tuple[Any, ...]],
-        updates: list[tuple[int, str, tuple[Any, ...]]],
-    ) -> None:
-        """Write `append`'s prepared rows inside the caller's transaction on `conn`:
-        events (`event_params`), command upserts (`command_params`) and execution updates
-        as (execution_id, sql, params) from `execution_update`. NotFoundError when an
-        update finds no execution row."""
-        raise NotImplementedError
-
-    def _lock_catalog_path(self, conn: Any, path: str) -> None:
-        """Serialise registrations of `path` inside the transaction (a no-op where the
-        database already serialises every writer)."""
-
-    # -- shared ------------------------------------------------------------------------
-
-    def _read(
-        self, op: str, sql: str, params: Sequence[Any] = (), part: str = "shard"
-    ) -> list[Any]:
-        return self._query(op, self._sql(sql), params, part)
-
-    def _is_duplicate(self, error: BaseException | None) -> bool:
-        """Whether the database error under a StoreError is a primary-key violation."""
-        raise NotImplementedError
+class ExecutionTables(SQLAdapter):
+    """Executions, events, commands and summaries (the shard part)."""
 
     def append(
         self,
@@ -420,92 +341,6 @@ class SQLStore:
             raise NotFoundError(f"command {command_id} not found")
         return command_row(rows[0])
 
-    # -- catalog (cluster) -------------------------------------------------------------
-
-    def register_playbook(
-        self,
-        path: str,
-        text: str,
-        *,
-        source_file: str | None,
-        created: float,
-        version: int | None = None,
-    ) -> int:
-        """See `flowtide.store.base.Store.register_playbook`."""
-        if version is not None and version < 1:
-            raise StoreError(f"playbook {path!r}: version must be >= 1, got {version}")
-        sql = self._sql
-        with self.transaction("register_playbook", "cluster") as conn:
-            self._lock_catalog_path(conn, path)
-            if version is None:
-                latest = conn.execute(
-                    sql(
-                        "SELECT version, content FROM catalog WHERE path = ?"
-                        " ORDER BY version DESC LIMIT 1"
-                    ),
-                    (path,),
-                ).fetchone()
-                if latest is not None and latest[1] == text:
-                    return int(latest[0])
-                version = 1 if latest is None else int(latest[0]) + 1
-            else:
-                existing = conn.execute(
-                    sql("SELECT content FROM catalog WHERE path = ? AND version = ?"),
-                    (path, version),
-                ).fetchone()
-                if existing is not None:
-                    if existing[0] == text:
-                        return version
-                    raise StoreError(
-                        f"playbook {path!r} version {version} is already registered "
-                        "with different content"
-                    )
-            conn.execute(
-                sql(
-                    "INSERT INTO catalog (path, version, content, source_file, created)"
-                    " VALUES (?, ?, ?, ?, ?)"
-                ),
-                (path, version, text, source_file, created),
-            )
-            return version
-
-    def get_playbook(self, path: str, version: int | None = None) -> CatalogRow:
-        """See `flowtide.store.base.Store.get_playbook`."""
-        if version is None:
-            rows = self._read(
-                "get_playbook",
-                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = ?"
-                " ORDER BY c.version DESC LIMIT 1",
-                (path,),
-                "cluster",
-            )
-            if not rows:
-                raise NotFoundError(f"playbook {path!r} not found in the catalog")
-        else:
-            rows = self._read(
-                "get_playbook",
-                f"SELECT {_CATALOG_COLUMNS} FROM catalog c WHERE c.path = ? AND c.version = ?",
-                (path, version),
-                "cluster",
-            )
-            if not rows:
-                raise NotFoundError(f"playbook {path!r} version {version} not found")
-        return catalog_row(rows[0])
-
-    def list_playbooks(self) -> list[CatalogRow]:
-        """See `flowtide.store.base.Store.list_playbooks`."""
-        rows = self._read(
-            "list_playbooks",
-            f"SELECT {CATALOG_FIELDS}, m.n"
-            " FROM catalog c JOIN ("
-            "SELECT path, MAX(version) AS v, COUNT(*) AS n FROM catalog GROUP BY path"
-            ") m ON c.path = m.path AND c.version = m.v"
-            " ORDER BY c.path",
-            (),
-            "cluster",
-        )
-        return [catalog_row(r) for r in rows]
-
     def put_summary(self, execution_id: int, doc: dict[str, Any], *, format: int) -> None:
         """See `flowtide.store.base.Store.put_summary`."""
         text = encode_value(doc, f"execution {execution_id}: summary")
@@ -522,139 +357,6 @@ class SQLStore:
         if not rows:
             return None
         return int(rows[0][0]), decode(rows[0][1])
-
-    def catalog_entries(self, prefix: str | None = None) -> list[dict[str, Any]]:
-        """The latest version of every catalog path starting with `prefix` (all when None
-        or empty), without the playbook text: path, version, versions (how many are
-        registered), source_file and created; ordered by path."""
-        where = ""
-        params: tuple[str, ...] = ()
-        if prefix:
-            # substr/length rather than LIKE: no wildcards to escape, and SQLite's LIKE
-            # ignores case.
-            where = " WHERE substr(path, 1, length(CAST(? AS text))) = CAST(? AS text)"
-            params = (prefix, prefix)
-        rows = self._read(
-            "catalog_entries",
-            "SELECT c.path, c.version, m.n, c.source_file, c.created"
-            " FROM catalog c JOIN ("
-            f"SELECT path, MAX(version) AS v, COUNT(*) AS n FROM catalog{where} GROUP BY path"
-            ") m ON c.path = m.path AND c.version = m.v"
-            " ORDER BY c.path",
-            params,
-            "cluster",
-        )
-        return [
-            {
-                "path": r[0],
-                "version": int(r[1]),
-                "versions": int(r[2]),
-                "source_file": r[3],
-                "created": r[4],
-            }
-            for r in rows
-        ]
-
-    # -- credentials (cluster) ---------------------------------------------------------
-
-    #: Tables whose `ciphertext` the credential master key sealed (cluster part).
-    SEALED_TABLES: tuple[str, ...] = ("credential",)
-    #: JSON text columns sealed when they hold a secret (flowtide.sealing; shard part).
-    SEALED_JSON: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("event", "payload"),
-        ("event", "error"),
-        ("execution", "workload"),
-        ("execution", "result"),
-        ("execution", "error"),
-    )
-
-    def reseal(self, reseal: Callable[[bytes], bytes]) -> int:
-        """See `flowtide.store.base.Store.reseal`: one transaction per part (shard, then
-        cluster), so each database changes all of its values or none."""
-        count = 0
-        with self.transaction("reseal sealed values", "shard") as conn:
-            for table, column in self.SEALED_JSON:
-                rows = conn.execute(
-                    self._sql(f"SELECT {column} FROM {table} WHERE {column} LIKE ?"),
-                    (SEALED_PREFIX + "%",),
-                ).fetchall()
-                for (old,) in rows:
-                    conn.execute(
-                        self._sql(f"UPDATE {table} SET {column} = ? WHERE {column} = ?"),
-                        (Sealer.reseal_text(old, reseal), old),
-                    )
-                    count += 1
-        with self.transaction("reseal credentials", "cluster") as conn:
-            for table in self.SEALED_TABLES:
-                rows = conn.execute(f"SELECT ciphertext FROM {table}").fetchall()
-                for (old,) in rows:
-                    conn.execute(
-                        self._sql(f"UPDATE {table} SET ciphertext = ? WHERE ciphertext = ?"),
-                        (reseal(bytes(old)), bytes(old)),
-                    )
-                    count += 1
-        return count
-
-    def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:
-        """See `flowtide.store.base.Store.put_credential`."""
-        with self.transaction("put_credential", "cluster") as conn:
-            conn.execute(
-                self._sql(
-                    "INSERT INTO credential (name, kind, ciphertext, created, updated)"
-                    " VALUES (?, ?, ?, ?, ?)"
-                    " ON CONFLICT (name) DO UPDATE SET kind = excluded.kind,"
-                    " ciphertext = excluded.ciphertext, updated = excluded.updated"
-                ),
-                (name, kind, bytes(ciphertext), updated, updated),
-            )
-
-    def get_credential(self, name: str) -> tuple[str, bytes]:
-        """See `flowtide.store.base.Store.get_credential`."""
-        rows = self._read(
-            "get_credential",
-            "SELECT kind, ciphertext FROM credential WHERE name = ?",
-            (name,),
-            "cluster",
-        )
-        if not rows:
-            raise NotFoundError(f"credential {name!r} not found")
-        return rows[0][0], bytes(rows[0][1])
-
-    def list_credentials(self) -> list[dict[str, Any]]:
-        """See `flowtide.store.base.Store.list_credentials`."""
-        rows = self._read(
-            "list_credentials",
-            "SELECT name, kind, created, updated FROM credential ORDER BY name",
-            (),
-            "cluster",
-        )
-        return [{"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]} for r in rows]
-
-    def credential_info(self, name: str) -> dict[str, Any]:
-        """Credential `name`'s name, kind, created and updated (never its ciphertext).
-
-        Raises:
-            NotFoundError: no such credential.
-        """
-        rows = self._read(
-            "credential_info",
-            "SELECT name, kind, created, updated FROM credential WHERE name = ?",
-            (name,),
-            "cluster",
-        )
-        if not rows:
-            raise NotFoundError(f"credential {name!r} not found")
-        r = rows[0]
-        return {"name": r[0], "kind": r[1], "created": r[2], "updated": r[3]}
-
-    def delete_credential(self, name: str) -> None:
-        """See `flowtide.store.base.Store.delete_credential`."""
-        with self.transaction("delete_credential", "cluster") as conn:
-            if (
-                conn.execute(self._sql("DELETE FROM credential WHERE name = ?"), (name,)).rowcount
-                == 0
-            ):
-                raise NotFoundError(f"credential {name!r} not found")
 
 
 def _among(column: str, values: Collection[str] | None, params: list[Any]) -> str:

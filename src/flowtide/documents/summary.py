@@ -195,8 +195,13 @@ def kept_part(state: ExecutionState) -> SummaryPart:
 def summary_of(part: SummaryPart, row: ExecutionRow, playbook: Playbook) -> SummaryDocument:
     """`GET /api/executions/{id}/summary` from its state's part, the execution's row
     (playbook, parent, times) and its playbook (the graph)."""
-    return {
-        **part,
+    doc: SummaryDocument = {
+        "execution_id": part["execution_id"],
+        "status": part["status"],
+        "error": part["error"],
+        "progress": part["progress"],
+        "steps": part["steps"],
+        "taken": part["taken"],
         "playbook": {
             "path": row.playbook_path,
             "version": row.playbook_version,
@@ -207,6 +212,7 @@ def summary_of(part: SummaryPart, row: ExecutionRow, playbook: Playbook) -> Summ
         "updated": row.updated,
         "graph": playbook_graph(playbook),
     }
+    return doc
 
 
 def summary_document(state: ExecutionState, row: ExecutionRow) -> SummaryDocument:

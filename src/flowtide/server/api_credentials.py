@@ -32,7 +32,7 @@ from flowtide.web.fields import INT64_MAX, PositiveId, RequestBody, Text
 from flowtide.web.problems import RequestError, problem_responses
 
 if TYPE_CHECKING:
-    from flowtide.store.postgres import KeychainRow
+    from flowtide.store.pgkeychain import KeychainRow
 
 __all__ = ["router"]
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.sealing import Sealer
 from flowtide.store import pgschema
-from flowtide.store.pgkeychain import KeychainRow, KeychainTables
+from flowtide.store.pgkeychain import KeychainTables
 from flowtide.store.sql import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 from flowtide.urls import redact_url, scrub_url
 
@@ -36,8 +36,7 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-# KeychainRow is defined in `pgkeychain`; `flowtide.server` reads it from here.
-__all__ = ["KeychainRow", "PostgresStore", "display_dsn", "is_postgres_url"]
+__all__ = ["PostgresStore", "display_dsn", "is_postgres_url"]
 
 #: Seconds a caller waits for a pooled connection before its call fails (503).
 _POOL_WAIT: Final = 10.0

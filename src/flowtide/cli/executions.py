@@ -99,25 +99,18 @@ def events(
             return
         log = [Event.from_dict(doc) for doc in docs]
     else:
-        from flowtide.engine.events import SECRETS_ADDED
-        from flowtide.engine.state import secret_values
-        from flowtide.redaction import mask_event_doc
+        from flowtide.documents.events import event_document, log_secrets
 
         store = open_store(home, db)
         execution_or_exit(store, execution_id)
         log = store.events(execution_id)
         store.close()
-        secrets = frozenset().union(*(secret_values(e) for e in log if e.type == SECRETS_ADDED))
-        docs = [mask_event_doc(e.to_dict(), secrets) for e in log]
+        secrets = log_secrets(log)
+        docs = [event_document(e, secrets) for e in log]
         if as_json:
-            print_json(
-                [
-                    doc | {"event_id": str(e.event_id), "execution_id": str(e.execution_id)}
-                    for doc, e in zip(docs, log, strict=True)
-                ]
-            )
+            print_json(docs)
             return
-        log = [Event.from_dict(doc) for doc in docs]
+        log = [Event.from_dict(dict(doc)) for doc in docs]
     for e in log:
         _print_event(e)
 
@@ -159,22 +152,13 @@ def list_executions(
             ts = datetime.datetime.fromtimestamp(item["created"]).strftime("%Y-%m-%d %H:%M:%S")
             typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<10} {item['playbook']}")
         return
+    from flowtide.documents.listing import execution_item
+
     store = open_store(home, db)
     rows = store.list_executions(status=status_filter, limit=limit)
     store.close()
     if as_json:
-        print_json(
-            [
-                {
-                    "execution_id": str(r.execution_id),
-                    "status": r.status,
-                    "playbook": r.playbook_path,
-                    "created": r.created,
-                    "updated": r.updated,
-                }
-                for r in rows
-            ]
-        )
+        print_json([execution_item(r) for r in rows])
         return
     for r in rows:
         ts = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,7 +1,7 @@
 """The embedded runtime's threads that run commands: tools block, so `runtime.local`
 hands each command to one of these rather than running it on its engine loop. Not the
 distributed runtime's worker processes (`flowtide.worker`) nor the server's registry of
-them (`server.workers`).
+them (`server.worker_registry`).
 
 Long-lived threads reading one queue: no Future and no Condition per command (the
 standard ThreadPoolExecutor costs ~20 µs per submit on the engine's hot path). The pool

@@ -1,5 +1,6 @@
-"""The step transaction: an execution advanced by one engine step inside PostgreSQL, and
-group commit of the worker reports that queue up behind it.
+"""The step transaction: an execution advanced by one engine step inside PostgreSQL
+(the worker reports that queue up behind it are taken together: `flowtide.server.
+group_commit`).
 
 A step holds the execution's lock in this process (`StateCache.lock`) and, in the
 database, its row lock. In one round trip it takes the row lock, reads what other
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -40,6 +41,7 @@ from flowtide.loopstate import LoopState
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.server import metrics
 from flowtide.server.claims import Taken
+from flowtide.server.group_commit import GroupCommit
 from flowtide.server.leases import reissue_events
 from flowtide.server.outbox import OUTBOX_HOLD
 from flowtide.server.stale import disjoint_events, drop_stale, reported_commands, settle
@@ -120,16 +122,6 @@ class After(NamedTuple):
 
 
 @dataclass
-class _Report:
-    """One `submit_many` report waiting for the step that takes it."""
-
-    events: list[Event]
-    result: asyncio.Future[SubmitResult]
-    #: The reporting worker, when it takes a next command in the slot it frees.
-    taker: Taker | None = None
-
-
-@dataclass
 class _Loaded:
     """What a step read under the execution's row lock."""
 
@@ -141,8 +133,9 @@ class _Loaded:
     current: dict[int, Holder]
 
 
-class Stepper:
-    """Runs steps, one execution at a time per process (see the module's docstring)."""
+class Stepper(GroupCommit):
+    """Runs steps, one execution at a time per process (see the module's docstring);
+    worker reports queue up behind them (`GroupCommit`)."""
 
     def __init__(
         self,
@@ -169,9 +162,7 @@ class Stepper:
         self._slots = asyncio.Semaphore(step_slots)
         #: The lease (seconds) of a command claimed for a reporting worker.
         self.lease = 30.0
-        #: Reports waiting for their execution's lock, taken together by the first of
-        #: them to get it (group commit).
-        self._queued: dict[int, list[_Report]] = {}
+        GroupCommit.__init__(self)
         #: Called after a commit that added outbox rows (the relay's wake-up).
         self.on_outbox: Callable[[], None] | None = None
         #: When set, called after a commit with the outbox rows it added, to publish them
@@ -208,86 +199,6 @@ class Stepper:
             )
         await self.after(after)
         return results[0]
-
-    # -- group commit --------------------------------------------------------------------
-
-    async def submit_many(
-        self,
-        execution_id: int,
-        reports: Sequence[Sequence[Event]],
-        takers: Sequence[Taker | None] | None = None,
-    ) -> list[SubmitResult | Exception]:
-        """Worker reports of one execution, each judged as if it came alone after the ones
-        before it; in the place of each, its result or the error it got.
-
-        Group commit: reports that queue up behind a step of their execution are taken by
-        whichever of them gets the lock first, in one transaction.
-        """
-        loop = asyncio.get_running_loop()
-        takers = takers or [None] * len(reports)
-        mine = [
-            _Report(list(events), loop.create_future(), taker)
-            for events, taker in zip(reports, takers, strict=True)
-        ]
-        self._queued.setdefault(execution_id, []).extend(mine)
-        afters: list[After] = []
-        async with self.cache.lock(execution_id):
-            if not all(r.result.done() for r in mine):
-                group = self._queued.pop(execution_id, [])
-                # Cannot happen: a leader settles all it takes.
-                group += [r for r in mine if not r.result.done() and r not in group]
-                afters = await self._take_reports(execution_id, group)
-        for after in afters:
-            await self.after(after)
-        out: list[SubmitResult | Exception] = []
-        for r in mine:
-            exc = r.result.exception()
-            out.append(exc if isinstance(exc, Exception) else r.result.result())
-        return out
-
-    async def _take_reports(self, execution_id: int, group: list[_Report]) -> list[After]:
-        """Advance `group` in one step and settle each report (the caller holds the lock
-        and runs `after` on what this returns once it let go).
-
-        When the step fails and there was more than one report, each is tried alone, so
-        one bad report does not fail the others."""
-        afters: list[After] = []
-        if trace.enabled:
-            trace.marks(_reported(group), "locked")
-        try:
-            try:
-                results, after = await self._step_locked(
-                    execution_id,
-                    [r.events for r in group],
-                    check_workers=True,
-                    takers=[r.taker for r in group],
-                )
-                if trace.enabled:
-                    trace.marks(_reported(group), "took")
-            except Exception as exc:
-                if len(group) == 1:
-                    group[0].result.set_exception(exc)
-                    return afters
-                for r in group:
-                    try:
-                        results, after = await self._step_locked(
-                            execution_id, [r.events], check_workers=True, takers=[r.taker]
-                        )
-                    except Exception as one:
-                        r.result.set_exception(one)
-                    else:
-                        r.result.set_result(results[0])
-                        afters.append(after)
-                return afters
-            for r, result in zip(group, results, strict=True):
-                r.result.set_result(result)
-            afters.append(after)
-            return afters
-        finally:
-            # Cancelled midway: what is not settled goes back for its own caller to take.
-            unsettled = [r for r in group if not r.result.done()]
-            if unsettled:
-                self._queued[execution_id] = unsettled + self._queued.get(execution_id, [])
 
     # -- the transaction -----------------------------------------------------------------
 
@@ -638,16 +549,6 @@ def _summary_text(state: ExecutionState) -> str | None:
     except StoreError as exc:
         log.warning("execution %s: summary not kept: %s", state.execution_id, exc)
         return None
-
-
-def _reported(group: list[_Report]) -> list[int]:
-    """The commands whose outcome the reports of `group` carry (for the trace)."""
-    return [
-        e.command_id
-        for r in group
-        for e in r.events
-        if e.command_id is not None and e.type in (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
-    ]
 
 
 def _count(pool: str, results: list[SubmitResult], out: Advance) -> None:

@@ -5,7 +5,7 @@
    the web UI's page and assets, signing in to it, and `/metrics` when the server is
    told so): a bearer flowtide token (`flowtide.auth.tokens`) or a JWT of the
    organisation's identity provider (`flowtide.auth.oidc`), or, from a browser signed in
-   to the UI, the same token in its session cookie (`flowtide.server.ui`; a cookie alone
+   to the UI, the same token in its session cookie (`flowtide.web.session`; a cookie alone
    may change nothing without the `X-Flowtide-CSRF: 1` header). No credential, or one
    that does not verify: 401, before the body is read. It also caps every request body,
    public ones included (413).
@@ -97,7 +97,7 @@ OPERATOR_OR_WORKER: Final = Rule(("operator", "worker"))
 RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
-    # the web UI (flowtide.server.ui): the page and its assets, and signing in and out
+    # the web UI (flowtide.ui.pages, flowtide.web.session): the page and its assets, signing in and out
     ("GET", "/"): PUBLIC,
     ("GET", "/ui"): PUBLIC,
     ("GET", "/ui/{path:path}"): PUBLIC,
@@ -187,7 +187,7 @@ PUBLIC_PATHS: Final = frozenset(
 )
 #: Paths public by their prefix: the UI's page routes and assets.
 PUBLIC_PREFIXES: Final = ("/ui/",)
-#: The cookie that carries a signed-in browser's token (`flowtide.server.ui`).
+#: The cookie that carries a signed-in browser's token (`flowtide.web.session`).
 SESSION_COOKIE: Final = "flowtide_session"
 #: The header a cookie-authenticated request that changes something must carry: no
 #: other site's page can make a browser send it (the API allows no CORS).

@@ -23,7 +23,7 @@ from flowtide.server.worker_registry import WorkerRegistry
 from flowtide.web.access import caller
 from flowtide.web.errors import batch_item
 from flowtide.web.fields import INT64_MAX, IdPath
-from flowtide.web.problems import error_response, problem_responses
+from flowtide.web.problems import RequestError, problem_responses
 from flowtide.wire import (
     CLAIM_PATH,
     REPORTS_PATH,
@@ -76,11 +76,11 @@ async def _submit_batch(
         if e.execution_id != body.execution_id:
             field = f"events.{i}.execution_id"
             message = f"{field}: {e.execution_id} is not the batch's {body.execution_id}"
-            return error_response(422, message, fields=[{"field": field, "message": message}])  # type: ignore[return-value]
+            raise RequestError(422, message, fields=[{"field": field, "message": message}])
     worker_id = await workers.acting(who, body.worker_id)
     events, problem = worker_events(body.events, worker_id, "events")
     if problem is not None:
-        return error_response(422, problem["message"], fields=[problem])  # type: ignore[return-value]
+        raise RequestError(422, problem["message"], fields=[problem])
     result = await coord.submit(body.execution_id, events)
     doc = result.reply()
     if result.all_stale:

@@ -13,7 +13,7 @@ from flowtide.auth.tokens import TokenRecord, TokenStore
 from flowtide.errors import FlowtideError
 from flowtide.server.runtime import RuntimeDep
 from flowtide.web.fields import RequestBody, Text
-from flowtide.web.problems import field_error, problem_responses
+from flowtide.web.problems import RequestError, problem_responses
 
 __all__ = ["router"]
 
@@ -78,7 +78,7 @@ async def create_token(body: TokenRequest, runtime: RuntimeDep) -> CreatedToken:
     except FlowtideError as exc:
         # check_fields and the name check say "field: message".
         field, _, message = str(exc).partition(": ")
-        return field_error(field, message)  # type: ignore[return-value]
+        raise RequestError.of_field(field, message) from None
     return CreatedToken(**record.to_dict(), token=text)
 
 

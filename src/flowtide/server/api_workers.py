@@ -17,7 +17,7 @@ from flowtide.server.outbox import ensure_consumer
 from flowtide.server.runtime import CoordinatorDep, RegistryDep, RuntimeDep
 from flowtide.server.schemas import CommandRelease, CredentialGrant, Heartbeat, PoolRegister
 from flowtide.web.access import caller
-from flowtide.web.problems import error_response, problem_responses
+from flowtide.web.problems import RequestError, problem_responses
 from flowtide.wire import (
     CREDENTIALS_PATH,
     DEREGISTER_PATH,
@@ -58,11 +58,11 @@ async def register_worker(
         try:
             await ensure_consumer(runtime.nc.jetstream(), body.pool)
         except Exception as exc:  # noqa: BLE001 - nats-py's errors, told as a 503
-            return error_response(  # type: ignore[return-value]
+            raise RequestError(
                 503,
                 f"cannot create the NATS consumer of pool {body.pool!r}: "
                 f"{str(exc) or type(exc).__name__}",
-            )
+            ) from None
     machine = await workers.lease_machine(body.worker_id)
     shards = runtime.topology.count if runtime.topology is not None else 1
     return {
@@ -155,7 +155,7 @@ async def worker_credential(
     except CredentialError as exc:
         if exc.missing:
             raise NotFoundError(f"credential {body.name!r} not found") from None
-        return error_response(503, f"credential vault unavailable: {exc}")  # type: ignore[return-value]
+        raise RequestError(503, f"credential vault unavailable: {exc}") from None
     log.info(
         "credential %r given to worker %s for command %s of execution %s",
         body.name,

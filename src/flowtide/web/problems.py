@@ -18,7 +18,6 @@ __all__ = [
     "ErrorDocument",
     "RequestError",
     "error_response",
-    "field_error",
     "problem_responses",
 ]
 
@@ -97,10 +96,3 @@ def error_response(status: int, message: str, **extra: Any) -> JSONResponse:
     # this process knows.
     message = mask_text(message, known())
     return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
-
-
-def field_error(field: str, message: str, status: int = 422) -> JSONResponse:
-    """An error about one field of the request, named in `fields` too."""
-    return error_response(
-        status, f"{field}: {message}", fields=[{"field": field, "message": message}]
-    )

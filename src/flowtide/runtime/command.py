@@ -11,7 +11,8 @@ from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
-from flowtide.runtime.pipeline import Outcome, StepRunner, crashed
+from flowtide.runtime.outcome import Outcome, crashed
+from flowtide.runtime.pipeline import StepRunner
 
 __all__ = ["outcome_events", "run_command"]
 

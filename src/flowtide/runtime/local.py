@@ -34,10 +34,11 @@ from flowtide.redaction import remember
 from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.command import run_command
-from flowtide.runtime.pipeline import StepRunner, child_result
+from flowtide.runtime.pipeline import StepRunner
 from flowtide.runtime.threads import WorkerPool
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
+from flowtide.tools.subplaybook import child_result
 
 Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
 

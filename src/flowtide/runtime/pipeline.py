@@ -1,8 +1,12 @@
 """Run one step: its task(s), with policies, retries and task-level `set`.
 
-This is the worker side (`flowtide.runtime.command` runs a whole command with it). It renders each task against the execution's context
-snapshot plus the pipeline's own variables, calls the tool, evaluates the policy on
-NoETL's `output` envelope and returns an `Outcome` the engine turns into events.
+This is the worker side (`flowtide.runtime.command` runs a whole command with it).
+`StepRunner.run` orchestrates: each task rendered against the execution's context
+snapshot plus the pipeline's own variables (`flowtide.runtime.rendering`), called, its
+call recorded (`flowtide.runtime.outcome`), then what its policy decides on NoETL's
+`output` envelope (`flowtide.engine.policy.next_action`) carried out. The `Outcome` it
+returns, its results over the inline limit stored by reference (`_recorded`), is what
+the engine turns into events. A cursor loop's claim query runs here too (`claim`).
 """
 
 from __future__ import annotations
@@ -11,20 +15,27 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flowtide import artifacts
-from flowtide.engine.context import envelope, iteration_scope, layered, plain, result_view
-from flowtide.engine.decide import render_set
-from flowtide.engine.policy import retry_delay, select_rule
-from flowtide.errors import FlowtideError, TemplateError, ToolError
+from flowtide.engine.context import envelope, layered, plain, result_view
+from flowtide.engine.policy import Action, next_action
+from flowtide.errors import TemplateError, ToolError
 from flowtide.jsonvalues import dumps, to_json
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
 from flowtide.redaction import remember
-from flowtide.tools import kinds
+from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
+from flowtide.runtime.rendering import (
+    apply_set,
+    own_result,
+    pipeline_locals,
+    prepare,
+    task_layers,
+    timeout,
+)
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
@@ -119,176 +130,24 @@ def _recorded(
     return store(value, text)
 
 
-@dataclass
-class Call:
-    """One attempt of one task (becomes a call.done / call.error event)."""
-
-    task: str
-    attempt: int
-    ok: bool
-    duration_ms: float
-    started: float
-    error: dict[str, Any] | None = None
-    stdout: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)  # the tool's call_meta
+_CONTINUE = Action("continue")
 
 
 @dataclass
-class Outcome:
+class _Made:
+    """What one attempt of a task made, and the scopes its policy and `set` read."""
+
     status: str  # ok | error
     result: Any
-    action: str = "continue"  # continue | break | fail | jump
-    error: dict[str, Any] | None = None
-    jump_to: str | None = None
-    ctx: dict[str, Any] = field(default_factory=dict)
-    tasks: dict[str, Any] | None = None
-    calls: list[Call] = field(default_factory=list)
-    started: float = 0.0
-    #: Values the tools touched (passwords, tokens, DSNs). The results, errors and
-    #: output above hold them as the tools saw them: they join the execution's secret
-    #: set (a `secrets.added` event), which seals them at rest and masks them on display.
-    secrets: set[str] = field(default_factory=set)
-
-
-def _error_dict(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, ToolError):
-        return exc.to_dict()
-    if isinstance(exc, TemplateError):
-        return {
-            "kind": "template_error",
-            "retryable": False,
-            "code": None,
-            "message": str(exc),
-            "http_status": None,
-            "status": None,
-            "missing": exc.missing,
-        }
-    if isinstance(exc, FlowtideError):
-        return {
-            "kind": "error",
-            "retryable": False,
-            "code": type(exc).__name__,
-            "message": str(exc),
-            "http_status": None,
-            "status": None,
-        }
-    return {
-        "kind": "internal_error",
-        "retryable": False,
-        "code": type(exc).__name__,
-        "message": f"{type(exc).__name__}: {exc}",
-        "http_status": None,
-        "status": None,
-    }
-
-
-def crashed(exc: BaseException) -> Outcome:
-    """The outcome of a command whose run raised (a runtime bug): a failed command,
-    never a lost one."""
-    return Outcome(
-        "error",
-        None,
-        action="fail",
-        error={"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
-        started=time.time(),
-    )
-
-
-def child_result(
-    path: str,
-    child_id: int | str,
-    status: str,
-    error: Mapping[str, Any] | None,
-    results: Mapping[str, Any],
-    final: Any,
-    return_step: str | None,
-) -> Any:
-    """What a `playbook` step returns once its child execution ended: the child's result,
-    or `return_step`'s (`results` maps step names to results).
-
-    Raises:
-        ToolError: the child did not complete, or has no `return_step`.
-    """
-    if status != "completed":
-        err = dict(error or {})
-        raise ToolError(
-            f"sub-playbook '{path}' (execution {child_id}) {status}: {err.get('message', '')}",
-            kind="playbook_error",
-            data={"execution_id": child_id, "error": err},
-        )
-    if return_step:
-        if return_step not in results:
-            raise ToolError(
-                f"sub-playbook '{path}' has no step '{return_step}'", kind="config_error"
-            )
-        return results[return_step]
-    return final
-
-
-def pipeline_locals(
-    last_output: Mapping[str, Any] | None, prev_result: Any
-) -> list[dict[str, Any]]:
-    """What a task's own fields see of the calls made before it in the same command:
-    `output`, the envelope of the most recent call (the previous task's, or this task's
-    previous attempt on a retry), and `_prev`, the last successful result. Nothing before
-    the first call, so a first task's `output` is whatever the context has.
-
-    NoETL: `noetl/worker/task_sequence_executor.py` keeps the last call's outcome and
-    result in its `TaskSequenceContext` (`update_success`/`update_error`) and renders each
-    task's config with them (`render_ctx = {**base_context, **ctx.results,
-    **task_seq_dict}`); the cursor loop runs its tasks through the same executor
-    (`noetl/worker/cursor_worker.py`). `batch_execution/frame_heartbeat_regression`'s
-    `mark_done` writes `{{ output.data | tojson }}`, the HTTP task's result before it.
-    """
-    if last_output is None:
-        return []
-    return [{"output": last_output, "_prev": prev_result}]
-
-
-def own_result(name: str, status: str, view: Any, output: Any) -> dict[str, Any]:
-    """The names a task's policy rules and `set` see after its call: `output` (the
-    envelope for rules, the raw result for a task `set`), `result`, and the task's own
-    name bound to the result it just made, when it made one: for a single-tool step that
-    name is the step's, so `then.set: {ctx.total: "{{ update_progress.total }}"}` in step
-    `update_progress` reads the result the rule is judging.
-
-    NoETL: `TaskSequenceContext.update_success` records `results[task_name]` before the
-    rules are evaluated, and the rules render with the task results at the root of their
-    context (`noetl/worker/task_sequence_executor.py`); the server likewise marks a step
-    completed before its `set` renders, "set templates like {{ fetch_with_limit... }} need
-    the step result" (`noetl/core/dsl/engine/executor/events.py`).
-    """
-    names = {name: view} if status == "ok" else {}
-    return {**names, "output": output, "result": view}
-
-
-def _rendered_config(task: Task, scope: Mapping[str, Any], step: Step) -> dict[str, Any]:
-    """`task`'s config rendered against `scope`, but the fields its kind renders itself
-    (`ToolSpec.unrendered`), which stay as written."""
-    spec = kinds.find(task.kind)
-    unrendered = spec.unrendered if spec is not None else ()
-    return {
-        k: (
-            v
-            if k in unrendered
-            else _render_code(v, scope)
-            if k == "code"
-            else render(v, scope, step=step.name, field=k)
-        )
-        for k, v in task.config.items()
-    }
-
-
-def _render_code(code: Any, scope: Mapping[str, Any]) -> Any:
-    """Jinja inside python `code` is rendered when it can be; code that merely contains
-    `{{` (f-string escapes, dict literals) runs as written."""
-    if not isinstance(code, str) or ("{{" not in code and "{%" not in code):
-        return code
-    try:
-        rendered = render(code, scope)
-    except TemplateError:
-        return code
-    return rendered if isinstance(rendered, str) else code
+    error: dict[str, Any] | None
+    #: NoETL's envelope of the call, which the policy judges (`output`).
+    output: dict[str, Any]
+    #: The result as templates read it (`result_view`).
+    view: Any
+    #: The scope the task's fields rendered against.
+    scope: Mapping[str, Any]
+    #: `scope` with the task's own result (`own_result`): what its rules and `then.set` see.
+    policy_scope: Mapping[str, Any]
 
 
 class StepRunner:
@@ -338,24 +197,6 @@ class StepRunner:
             attempt=attempt,
         )
 
-    def _resolve(
-        self, task: Task, scope: Mapping[str, Any], step: Step
-    ) -> tuple[Task, dict[str, Any], dict[str, Any] | None]:
-        """Rendered (config, input) of `task`, following `kind: workbook` to its action."""
-        raw_input = task.input
-        rendered_input = (
-            render(raw_input, scope, step=step.name, field="input")
-            if raw_input is not None
-            else None
-        )
-        if task.kind == "workbook":
-            action = self.playbook.workbook[str(task.config.get("name"))]
-            defaults = action.input or {}
-            merged = {**defaults, **(rendered_input or {})}
-            inner_scope = layered(merged, scope)
-            return action, _rendered_config(action, inner_scope, step), merged
-        return task, _rendered_config(task, scope, step), rendered_input
-
     def run(
         self,
         step: Step,
@@ -369,215 +210,202 @@ class StepRunner:
         cancelled: Callable[[], bool] | None = None,
         credentials: Any = None,
     ) -> Outcome:
-        """Run one command of `step`. `credentials`: this command's resolver, when the
-        runner's own is not the one (a distributed worker asks per command)."""
-        started = time.time()
+        """Run one command of `step`: each task rendered, called (again while its policy
+        says retry), recorded, then what its policy decided (`next_action`) carried out.
+        `credentials`: this command's resolver, when the runner's own is not the one (a
+        distributed worker asks per command)."""
+        record = Record(time.time())
         ctx_local = dict(ctx)
-        ctx_updates: dict[str, Any] = {}
         pipe: dict[str, Any] = {}
         iter_extra: dict[str, Any] = {}
-        results: dict[str, Any] = {}
-        calls: list[Call] = []
-        last_result: Any = None
         # The pipeline's most recent call: its `output` envelope and, of the calls that
         # succeeded, the last result (`_prev`); see `pipeline_locals`.
         last_output: dict[str, Any] | None = None
         prev_result: Any = None
-        last_status = "ok"
-        last_error: dict[str, Any] | None = None
-        action = "continue"
-        jump_to: str | None = None
+        made: _Made | None = None
+        action = _CONTINUE
         names = [t.name for t in step.tasks]
-        touched: set[str] = set()
         i = 0
         jumps = 0
         while i < len(step.tasks):
             if cancelled is not None and cancelled():
-                return Outcome(
-                    "error",
-                    None,
-                    action="fail",
-                    error={"kind": "cancelled", "message": "execution cancelled"},
-                    ctx=ctx_updates,
-                    calls=calls,
-                    started=started,
-                    secrets=touched,
-                )
+                return record.failed({"kind": "cancelled", "message": "execution cancelled"})
             task = step.tasks[i]
-            layers: list[Mapping[str, Any]] = [pipe]
-            if iterator is not None and index is not None:
-                layers.append(iteration_scope(iterator, element, index, iter_extra))
-            layers.append({"ctx": ctx_local, "vars": ctx_local})
-            layers.append(base)
-            secrets: set[str] = set()
+            layers = task_layers(
+                pipe,
+                ctx_local,
+                base,
+                iterator=iterator,
+                element=element,
+                index=index,
+                iter_extra=iter_extra,
+            )
             attempt = 0
             while True:
                 attempt += 1
                 scope = layered(*(pipeline_locals(last_output, prev_result)), *layers)
-                t0 = time.perf_counter()
-                tctx = self._tool_context(
-                    execution_id,
+                made = self._call(
                     step,
-                    task.name,
+                    task,
                     scope,
-                    secrets,
-                    cancelled,
-                    index,
+                    record,
+                    execution_id=execution_id,
+                    attempt=attempt,
+                    iterator=iterator,
+                    element=element,
+                    index=index,
+                    cancelled=cancelled,
+                    credentials=credentials,
+                )
+                last_output = made.output
+                if made.status == "ok":
+                    prev_result = made.view
+                action = next_action(
+                    task.policy,
+                    made.output,
+                    made.policy_scope,
                     attempt,
-                    credentials,
+                    step=step.name,
+                    cancelled=cancelled,
                 )
-                error: dict[str, Any] | None = None
-                result: Any = None
-                tool_input: Any = None
-                try:
-                    effective, config, tool_input = self._resolve(task, scope, step)
-                    if effective is not task:
-                        # A workbook action's templates see its inputs over the scope.
-                        tctx.render_context = layered(tool_input or {}, scope)
-                    if effective.kind == "python" and iterator is not None:
-                        # Python code inside a loop sees the element by its iterator name
-                        # and `loop_index`, as templates do; explicit inputs win.
-                        tool_input = {iterator: element, "loop_index": index, **(tool_input or {})}
-                    if tool_input is not None:
-                        config = {**config, "input": tool_input}
-                    tctx.timeout = _timeout(config)
-                    if effective.kind == "playbook":
-                        result = self._run_playbook(config, tctx)
-                    else:
-                        result = get_tool(effective.kind).run(config, tctx)
-                    result = _json_result(result)
-                    status = "ok"
-                except ToolError as exc:
-                    status, error = "error", _error_dict(exc)
-                    result = exc.data
-                except TemplateError as exc:
-                    status, error = "error", _error_dict(exc)
-                except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
-                    status, error = "error", _error_dict(exc)
-                duration_ms = round((time.perf_counter() - t0) * 1000, 3)
-                if status == "error" and tool_input is not None:
-                    # What the failed call was given, for whoever debugs it (masked
-                    # where shown, sealed at rest like any value of the secret set).
-                    tctx.call_meta["input"] = shown_input(tool_input)
-                # Nothing is scrubbed here: a later task, policy or step reads the result
-                # exactly as the tool returned it (a password `demo` must not turn
-                # `demographics` into `***graphics`). The values are reported instead.
-                if secrets:
-                    touched |= secrets
-                    remember(secrets)
-                out_text = "".join(tctx.stdout)
-                calls.append(
-                    Call(
-                        task.name,
-                        attempt,
-                        status == "ok",
-                        duration_ms,
-                        time.time(),
-                        error,
-                        out_text[:STDOUT_LIMIT] or None,
-                        dict(tctx.call_meta),
-                    )
-                )
-                output = envelope(
-                    status, result if status == "ok" else result, error, attempt, duration_ms
-                )
-                last_output = output
-                view = result_view(result)
-                if status == "ok":
-                    prev_result = view
-                policy_scope = layered(own_result(task.name, status, view, output), scope)
-                try:
-                    rule = select_rule(task.policy, output, policy_scope, step=step.name)
-                except TemplateError as exc:
-                    if status == "ok":
-                        status, error = "error", _error_dict(exc)
-                    rule = select_rule(None, {"status": status}, policy_scope, step=step.name)
-                if rule.do == "retry" and status == "error":
-                    if attempt < rule.attempts and not (cancelled is not None and cancelled()):
-                        self.sleep(retry_delay(rule, attempt))
-                        continue
-                    # retries exhausted: the error stands and fails the step
-                    rule_do = "fail"
-                elif rule.do == "retry":
-                    rule_do = "continue"  # a retry rule matching a success: nothing to retry
-                else:
-                    rule_do = rule.do
-                break
+                if action.do != "retry":
+                    break
+                self.sleep(action.delay)
+            if action.broken is not None and made.status == "ok":
+                made.status, made.error = "error", error_dict(action.broken)
             # policy `then.set` sees the envelope; task-level `set` sees the raw result
             try:
-                if rule.set:
-                    self._apply_set(
-                        rule.set, policy_scope, ctx_local, ctx_updates, iter_extra, pipe, step
+                if action.set:
+                    apply_set(
+                        action.set, made.policy_scope, ctx_local, record.ctx, iter_extra, pipe, step
                     )
-                    ctx_local = {**ctx_local, **ctx_updates}
+                    ctx_local = {**ctx_local, **record.ctx}
                 if task.set:
-                    set_scope = layered(own_result(task.name, status, view, result), scope)
-                    self._apply_set(
-                        task.set, set_scope, ctx_local, ctx_updates, iter_extra, pipe, step
+                    set_scope = layered(
+                        own_result(task.name, made.status, made.view, made.result), made.scope
                     )
-                    ctx_local = {**ctx_local, **ctx_updates}
+                    apply_set(task.set, set_scope, ctx_local, record.ctx, iter_extra, pipe, step)
+                    ctx_local = {**ctx_local, **record.ctx}
             except TemplateError as exc:
-                return Outcome(
-                    "error",
-                    None,
-                    action="fail",
-                    error=_error_dict(exc),
-                    ctx=ctx_updates,
-                    calls=calls,
-                    started=started,
-                    secrets=touched,
+                return record.failed(error_dict(exc))
+            record.results[task.name] = made.result
+            pipe[task.name] = result_view(made.result)
+            if action.do == "fail":
+                error = made.error or {
+                    "kind": "policy",
+                    "message": f"policy failed task '{task.name}'",
+                }
+                tasks = record.results if step.pipeline else None
+                failed = record.outcome(
+                    "error", plain(made.result), action="fail", error=error, tasks=tasks
                 )
-            results[task.name] = result
-            pipe[task.name] = result_view(result)
-            last_result, last_status, last_error = result, status, error
-            if rule_do == "fail":
-                return self._by_reference(
-                    step,
-                    execution_id,
-                    Outcome(
-                        "error",
-                        plain(result),
-                        action="fail",
-                        error=error
-                        or {"kind": "policy", "message": f"policy failed task '{task.name}'"},
-                        ctx=ctx_updates,
-                        tasks=results if step.pipeline else None,
-                        calls=calls,
-                        started=started,
-                        secrets=touched,
-                    ),
-                )
-            if rule_do == "break":
-                action = "break"
+                return self._by_reference(step, execution_id, failed)
+            if action.do == "break":
                 break
-            if rule_do == "jump":
-                target = rule.to or ""
+            if action.do == "jump":
+                target = action.to or ""
                 if target in names and jumps < 10_000:
-                    jumps += 1
+                    jumps += 1  # to a task of this pipeline
                     i = names.index(target)
                     continue
-                action, jump_to = "jump", target
-                break
+                break  # out of the step, to the step `target`
             i += 1
-        if last_status == "error" and last_result is None:
-            last_result = {"status": "error", "error": last_error}
-        return self._by_reference(
-            step,
-            execution_id,
-            Outcome(
-                last_status,
-                plain(last_result),
-                action=action,
-                error=last_error,
-                jump_to=jump_to,
-                ctx=ctx_updates,
-                tasks={k: plain(v) for k, v in results.items()}
-                if step.pipeline and len(step.tasks) > 1
-                else None,
-                calls=calls,
-                started=started,
-                secrets=touched,
-            ),
+        return self._by_reference(step, execution_id, self._finished(step, record, made, action))
+
+    def _call(
+        self,
+        step: Step,
+        task: Task,
+        scope: Mapping[str, Any],
+        record: Record,
+        *,
+        execution_id: int,
+        attempt: int,
+        iterator: str | None,
+        element: Any,
+        index: int | None,
+        cancelled: Callable[[], bool] | None,
+        credentials: Any,
+    ) -> _Made:
+        """One attempt of `task`: rendered, run by its kind's runner (or its
+        `ToolSpec.call`), its `Call` and the secrets it touched recorded."""
+        secrets: set[str] = set()
+        tctx = self._tool_context(
+            execution_id, step, task.name, scope, secrets, cancelled, index, attempt, credentials
+        )
+        t0 = time.perf_counter()
+        error: dict[str, Any] | None = None
+        result: Any = None
+        tool_input: Any = None
+        try:
+            call = prepare(
+                task, scope, step, self.playbook, iterator=iterator, element=element, index=index
+            )
+            tool_input = call.input
+            if call.render_context is not None:
+                tctx.render_context = call.render_context
+            tctx.timeout = timeout(call.config)
+            if call.spec is not None and call.spec.call is not None:
+                result = call.spec.invoke(call.config, tctx)
+            else:
+                result = get_tool(call.kind).run(call.config, tctx)
+            result = _json_result(result)
+            status = "ok"
+        except ToolError as exc:
+            status, error = "error", error_dict(exc)
+            result = exc.data
+        except TemplateError as exc:
+            status, error = "error", error_dict(exc)
+        except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
+            status, error = "error", error_dict(exc)
+        duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+        if status == "error" and tool_input is not None:
+            # What the failed call was given, for whoever debugs it (masked where shown,
+            # sealed at rest like any value of the secret set).
+            tctx.call_meta["input"] = shown_input(tool_input)
+        # Nothing is scrubbed here: a later task, policy or step reads the result exactly
+        # as the tool returned it (a password `demo` must not turn `demographics` into
+        # `***graphics`). The values are reported instead.
+        if secrets:
+            record.secrets |= secrets
+            remember(secrets)
+        out_text = "".join(tctx.stdout)
+        record.calls.append(
+            Call(
+                task.name,
+                attempt,
+                status == "ok",
+                duration_ms,
+                time.time(),
+                error,
+                out_text[:STDOUT_LIMIT] or None,
+                dict(tctx.call_meta),
+            )
+        )
+        output = envelope(status, result, error, attempt, duration_ms)
+        view = result_view(result)
+        policy_scope = layered(own_result(task.name, status, view, output), scope)
+        return _Made(status, result, error, output, view, scope, policy_scope)
+
+    @staticmethod
+    def _finished(step: Step, record: Record, last: _Made | None, action: Action) -> Outcome:
+        """The outcome of a command whose tasks ran to the end, a `break` or a `jump` out
+        of the step: the last task's status, result and error."""
+        status, result, error = "ok", None, None
+        if last is not None:
+            status, result, error = last.status, last.result, last.error
+        if status == "error" and result is None:
+            result = {"status": "error", "error": error}
+        jump = action.do == "jump"
+        return record.outcome(
+            status,
+            plain(result),
+            action=action.do if action.do in ("break", "jump") else "continue",
+            error=error,
+            jump_to=(action.to or "") if jump else None,
+            tasks={k: plain(v) for k, v in record.results.items()}
+            if step.pipeline and len(step.tasks) > 1
+            else None,
         )
 
     def _by_reference(self, step: Step, execution_id: int, outcome: Outcome) -> Outcome:
@@ -614,7 +442,7 @@ class StepRunner:
                 else outcome.tasks
             )
         except ToolError as exc:
-            outcome.status, outcome.action, outcome.error = "error", "fail", _error_dict(exc)
+            outcome.status, outcome.action, outcome.error = "error", "fail", error_dict(exc)
             outcome.result = None
             outcome.tasks = None
             return outcome
@@ -654,12 +482,12 @@ class StepRunner:
                 for k, v in cursor.config.items()
             }
             config["command"] = config.pop("claim")
-            tctx.timeout = _timeout(config)
+            tctx.timeout = timeout(config)
             raw = get_tool(cursor.kind).run(config, tctx)
             rows = list(raw.get("rows") or []) if isinstance(raw, Mapping) else []
             result = {"rows": rows, "row_count": len(rows)}
         except Exception as exc:  # noqa: BLE001 - a failed claim fails the loop, not the worker
-            error = _error_dict(exc)
+            error = error_dict(exc)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         remember(secrets)
         call = Call(cursor.name, 1, error is None, duration_ms, time.time(), error)
@@ -674,53 +502,3 @@ class StepRunner:
                 secrets=secrets,
             )
         return Outcome("ok", result, calls=[call], started=started, secrets=secrets)
-
-    def _apply_set(
-        self,
-        spec: Mapping[str, Any],
-        scope: Mapping[str, Any],
-        ctx_local: dict[str, Any],
-        ctx_updates: dict[str, Any],
-        iter_extra: dict[str, Any],
-        pipe: dict[str, Any],
-        step: Step,
-    ) -> None:
-        for key, raw in spec.items():
-            value = plain(render(raw, scope, step=step.name, field=f"set.{key}"))
-            if key.startswith("ctx.") or key.startswith("vars."):
-                ctx_updates.update(
-                    render_set(
-                        {key: value},
-                        scope,
-                        {**ctx_local, **ctx_updates},
-                        step=step.name,
-                        field="set",
-                    )
-                )
-            elif key.startswith("iter."):
-                iter_extra[key[5:]] = value
-            else:
-                pipe[key] = value
-
-    def _run_playbook(self, config: dict[str, Any], tctx: ToolContext) -> Any:
-        if self.run_playbook is None:
-            raise ToolError("sub-playbooks are not available in this runtime", kind="config_error")
-        path = config.get("path")
-        if not path:
-            raise ToolError("playbook tool needs 'path'", kind="config_error")
-        child_input = config.get("input") or config.get("payload") or {}
-        return self.run_playbook(
-            path=str(path),
-            workload=dict(child_input),
-            return_step=config.get("return_step"),
-            parent_execution_id=tctx.execution_id,
-            base_dir=tctx.base_dir,
-        )
-
-
-def _timeout(config: Mapping[str, Any]) -> float | None:
-    value = config.get("timeout")
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None

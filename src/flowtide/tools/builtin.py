@@ -323,6 +323,11 @@ def _check_artifact(t: TaskCheck) -> None:
     _check_choice(t, action, _ARTIFACT_ACTIONS, t.at("action"), "artifact action")
 
 
+def _workbook_action(config: Mapping[str, Any], playbook: Any) -> Any:
+    """The workbook action a `workbook` task names (the loader checked that it exists)."""
+    return playbook.workbook[str(config.get("name"))]
+
+
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "python",
@@ -330,6 +335,7 @@ SPECS: tuple[ToolSpec, ...] = (
         requires=("code", "script"),
         requires_text="'code' (inline Python) or 'script' (a file)",
         check=_check_python,
+        loop_input=True,
         result="what main() returns (or `result`), JSON-ready",
         doc="Python code, in-process or in a child process",
     ),
@@ -371,6 +377,7 @@ SPECS: tuple[ToolSpec, ...] = (
         None,
         requires=("path",),
         requires_text="'path' (catalog path of the sub-playbook)",
+        call="flowtide.tools.subplaybook:call",
         result="the sub-playbook's result",
         doc="a sub-playbook (run by the runtime)",
     ),
@@ -379,6 +386,7 @@ SPECS: tuple[ToolSpec, ...] = (
         None,
         requires=("name",),
         requires_text="'name' of a workbook action",
+        delegate=_workbook_action,
         result="the action's result",
         doc="an action of the playbook's workbook (run by the runtime)",
     ),

@@ -21,7 +21,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 #: The entry point group a plugin registers its kinds in: `<kind> = "<module>:<ToolSpec>"`.
 ENTRY_POINT_GROUP = "flowtide.tools"
@@ -95,7 +95,10 @@ class ToolSpec:
     `runner`: a `"module:attribute"` reference, imported when a task of the kind first
     runs (keep heavy imports out of `flowtide validate`), or the class / factory itself;
     called with no arguments it gives the one shared runner of the process. None: the
-    runtime runs the kind itself (`playbook`, `workbook`).
+    runtime runs the kind itself, as `call` or `delegate` says (`playbook`, `workbook`).
+
+    What the runtime does differently for a kind is said here, never by its name in the
+    runtime: `call`, `delegate`, `loop_input`.
     """
 
     kind: str
@@ -114,6 +117,19 @@ class ToolSpec:
     #: renders them itself against `ToolContext.render_context` (the shell tool passes
     #: the values of its commands' templates as environment variables, never as code).
     unrendered: tuple[str, ...] = ()
+    #: How the runtime calls a kind without a runner: a function `(config, ctx) ->
+    #: result` given the rendered config and the `ToolContext`, like a runner's `run`, or
+    #: its `"module:attribute"` reference (`invoke` calls it; `playbook`: a sub-playbook,
+    #: through `ToolContext.run_playbook`).
+    call: str | Callable[[dict[str, Any], Any], Any] | None = None
+    #: A kind whose task stands for another: `delegate(config, playbook)` gives the task
+    #: run in its place (fields as written), whose `input` holds the defaults of the
+    #: rendered input and whose templates see that input over the scope (`workbook`: an
+    #: action of the playbook's workbook).
+    delegate: Callable[[Mapping[str, Any], Any], Any] | None = None
+    #: Inside a loop, the runner's `input` gets the element by the loop's iterator name
+    #: and `loop_index` (explicit inputs win): code reads them as names, as templates do.
+    loop_input: bool = False
     #: What `run` returns (the result a later step reads), for the docs.
     result: str = ""
     #: One line: what the kind does.
@@ -132,13 +148,36 @@ class ToolSpec:
         """
         if self.runner is None:
             raise LookupError(f"kind '{self.kind}' is run by the runtime, not by a tool")
-        factory: Any = self.runner
-        if isinstance(factory, str):
-            module_name, _, attribute = factory.partition(":")
-            factory = getattr(importlib.import_module(module_name), attribute, None)
-        if not callable(factory):
-            raise LookupError(f"runner '{self.runner}' of kind '{self.kind}' is not callable")
-        return factory()
+        return _callable(self.runner, f"runner '{self.runner}' of kind '{self.kind}'")()
+
+    def invoke(self, config: dict[str, Any], ctx: Any) -> Any:
+        """Run one task of a kind the runtime calls itself, through `call` (importing
+        its module when `call` is a reference).
+
+        Raises:
+            ImportError: its module is not installed.
+            LookupError: `call` is None, or its reference names nothing.
+            flowtide.errors.ToolError: the call failed.
+        """
+        if self.call is None:
+            raise LookupError(f"kind '{self.kind}' has no call")
+        return _callable(self.call, f"call '{self.call}' of kind '{self.kind}'")(config, ctx)
+
+
+def _callable(reference: str | Callable[..., Any], what: str) -> Callable[..., Any]:
+    """The function or class `reference` is, or names as `"module:attribute"`.
+
+    Raises:
+        ImportError: its module (or a library it imports) is not installed.
+        LookupError: the reference names nothing callable.
+    """
+    target: Any = reference
+    if isinstance(target, str):
+        module_name, _, attribute = target.partition(":")
+        target = getattr(importlib.import_module(module_name), attribute, None)
+    if not callable(target):
+        raise LookupError(f"{what} is not callable")
+    return cast("Callable[..., Any]", target)
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:

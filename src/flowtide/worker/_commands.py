@@ -18,8 +18,9 @@ from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.command import run_command
-from flowtide.runtime.pipeline import StepRunner, child_result
+from flowtide.runtime.pipeline import StepRunner
 from flowtide.tools.registry import cancel_running
+from flowtide.tools.subplaybook import child_result
 from flowtide.wire import (
     CANCELLATION_CHECK_PATH,
     CHILD_RESULT_PATH,

@@ -1,7 +1,7 @@
 """NoETL's template rules, checked against its source (cited where each rule is made):
 `execution_id` as a digit string (`flowtide.engine.context.execution_ids`), what a task
 of a pipeline sees of the calls before it, and what a task's policy sees of its own
-result (`flowtide.runtime.pipeline.pipeline_locals`, `own_result`)."""
+result (`flowtide.runtime.rendering.pipeline_locals`, `own_result`)."""
 
 from __future__ import annotations
 

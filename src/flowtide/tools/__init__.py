@@ -4,8 +4,9 @@ What a kind is: a `ToolSpec` (`spec`): its fields, checks, runner and result. Th
 built-in kinds' specs are in `builtin`; `kinds` knows every kind by name, built in or
 from a plugin (the `flowtide.tools` entry point group), and is what the loader asks;
 `registry` keeps one runner per kind, made on first use (`get_tool`, `warm_tools`,
-`cancel_running`). Each built-in runner is a module of its own; a table that a kind's
-check and its runner both read (the nats operations) is declared in `builtin`.
+`cancel_running`). Each built-in runner is a module of its own (`playbook`, which the
+runtime runs, has its call in `subplaybook`); a table that a kind's check and its
+runner both read (the nats operations) is declared in `builtin`.
 
 `base` is what every tool gets (`ToolContext`: the execution and step, credentials,
 the render context, a timeout, where secrets it touched are noted). A tool turns a

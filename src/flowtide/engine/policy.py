@@ -99,6 +99,10 @@ def next_action(
         rule = select_rule(policy, output, context, step=step)
     except TemplateError as exc:
         return Action("fail", broken=exc)
+    if rule is _DEFAULT_OK:  # the common case (a loop's items), made once
+        return _CONTINUE
+    if rule is _DEFAULT_ERROR:
+        return _FAIL
     if rule.do == "retry":
         if output.get("status") == "ok":
             return Action("continue", set=rule.set)  # a success: nothing to retry
@@ -108,6 +112,8 @@ def next_action(
     return Action(_do(rule.do), to=rule.to, set=rule.set)
 
 
+_CONTINUE = Action("continue")
+_FAIL = Action("fail")
 _FOLLOWS: dict[str, Do] = {"continue": "continue", "jump": "jump", "break": "break", "fail": "fail"}
 
 

@@ -44,7 +44,7 @@ class Outcome:
     secrets: set[str] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """What a command has made so far: the outcome's parts, filled as its tasks run."""
 
@@ -60,28 +60,29 @@ class Record:
         self,
         status: str,
         result: Any,
-        *,
         action: str,
         error: dict[str, Any] | None,
         jump_to: str | None = None,
         tasks: dict[str, Any] | None = None,
     ) -> Outcome:
+        """The command's outcome, with what it made so far. (Positional: made once per
+        command, a loop's item included.)"""
         return Outcome(
             status,
             result,
-            action=action,
-            error=error,
-            jump_to=jump_to,
-            ctx=self.ctx,
-            tasks=tasks,
-            calls=self.calls,
-            started=self.started,
-            secrets=self.secrets,
+            action,
+            error,
+            jump_to,
+            self.ctx,
+            tasks,
+            self.calls,
+            self.started,
+            self.secrets,
         )
 
     def failed(self, error: dict[str, Any]) -> Outcome:
         """The command fails with `error` before its tasks made a result."""
-        return self.outcome("error", None, action="fail", error=error)
+        return self.outcome("error", None, "fail", error)
 
 
 def error_dict(exc: BaseException) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def _recorded(
 _CONTINUE = Action("continue")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Made:
     """What one attempt of a task made, and the scopes its policy and `set` read."""
 
@@ -168,6 +168,7 @@ class StepRunner:
         self.credentials = credentials
         self.run_playbook = run_playbook
         self.sleep = sleep
+        self._output_specs: dict[str, artifacts.OutputSpec] = {}
 
     def _tool_context(
         self,
@@ -231,15 +232,7 @@ class StepRunner:
             if cancelled is not None and cancelled():
                 return record.failed({"kind": "cancelled", "message": "execution cancelled"})
             task = step.tasks[i]
-            layers = task_layers(
-                pipe,
-                ctx_local,
-                base,
-                iterator=iterator,
-                element=element,
-                index=index,
-                iter_extra=iter_extra,
-            )
+            layers = task_layers(pipe, ctx_local, base, iterator, element, index, iter_extra)
             attempt = 0
             while True:
                 attempt += 1
@@ -249,13 +242,13 @@ class StepRunner:
                     task,
                     scope,
                     record,
-                    execution_id=execution_id,
-                    attempt=attempt,
-                    iterator=iterator,
-                    element=element,
-                    index=index,
-                    cancelled=cancelled,
-                    credentials=credentials,
+                    execution_id,
+                    attempt,
+                    iterator,
+                    element,
+                    index,
+                    cancelled,
+                    credentials,
                 )
                 last_output = made.output
                 if made.status == "ok":
@@ -296,9 +289,7 @@ class StepRunner:
                     "message": f"policy failed task '{task.name}'",
                 }
                 tasks = record.results if step.pipeline else None
-                failed = record.outcome(
-                    "error", plain(made.result), action="fail", error=error, tasks=tasks
-                )
+                failed = record.outcome("error", plain(made.result), "fail", error, None, tasks)
                 return self._by_reference(step, execution_id, failed)
             if action.do == "break":
                 break
@@ -318,7 +309,6 @@ class StepRunner:
         task: Task,
         scope: Mapping[str, Any],
         record: Record,
-        *,
         execution_id: int,
         attempt: int,
         iterator: str | None,
@@ -338,9 +328,7 @@ class StepRunner:
         result: Any = None
         tool_input: Any = None
         try:
-            call = prepare(
-                task, scope, step, self.playbook, iterator=iterator, element=element, index=index
-            )
+            call = prepare(task, scope, step, self.playbook, iterator, element, index)
             tool_input = call.input
             if call.render_context is not None:
                 tctx.render_context = call.render_context
@@ -396,24 +384,22 @@ class StepRunner:
             status, result, error = last.status, last.result, last.error
         if status == "error" and result is None:
             result = {"status": "error", "error": error}
-        jump = action.do == "jump"
-        return record.outcome(
-            status,
-            plain(result),
-            action=action.do if action.do in ("break", "jump") else "continue",
-            error=error,
-            jump_to=(action.to or "") if jump else None,
-            tasks={k: plain(v) for k, v in record.results.items()}
+        tasks = (
+            {k: plain(v) for k, v in record.results.items()}
             if step.pipeline and len(step.tasks) > 1
-            else None,
+            else None
         )
+        if action.do == "break":
+            return record.outcome(status, plain(result), "break", error, None, tasks)
+        if action.do == "jump":  # out of the step
+            return record.outcome(status, plain(result), "jump", error, action.to or "", tasks)
+        return record.outcome(status, plain(result), "continue", error, None, tasks)
 
     def _by_reference(self, step: Step, execution_id: int, outcome: Outcome) -> Outcome:
         """`outcome` with its results over the inline limit stored by reference
         (`_recorded`); a result that cannot be recorded fails the step."""
-        last = step.tasks[-1].config if step.tasks else {}
         try:
-            spec = artifacts.output_spec(step.output, last.get("output"), last.get("output_select"))
+            spec = self._output_spec(step)
 
             def store(value: Any, text: str) -> dict[str, Any]:
                 return artifacts.externalize(
@@ -448,6 +434,20 @@ class StepRunner:
             return outcome
         outcome.result, outcome.tasks = result, tasks
         return outcome
+
+    def _output_spec(self, step: Step) -> artifacts.OutputSpec:
+        """`step`'s output settings (`artifacts.output_spec`), read once per step: they are
+        the playbook's, as written.
+
+        Raises:
+            ToolError: config_error, a shape `output_spec` refuses (asked again next time).
+        """
+        spec = self._output_specs.get(step.name)
+        if spec is None:
+            last = step.tasks[-1].config if step.tasks else {}
+            spec = artifacts.output_spec(step.output, last.get("output"), last.get("output_select"))
+            self._output_specs[step.name] = spec
+        return spec
 
     def claim(
         self,

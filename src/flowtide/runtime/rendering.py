@@ -8,8 +8,7 @@ execution's context, the loop's element, the calls made before it in the same co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from flowtide.engine.context import iteration_scope, layered, plain
 from flowtide.engine.decide import render_set
@@ -24,7 +23,6 @@ def task_layers(
     pipe: Mapping[str, Any],
     ctx: Mapping[str, Any],
     base: Mapping[str, Any],
-    *,
     iterator: str | None,
     element: Any,
     index: int | None,
@@ -78,8 +76,7 @@ def own_result(name: str, status: str, view: Any, output: Any) -> dict[str, Any]
     return {**names, "output": output, "result": view}
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """A task's call, ready for its runner."""
 
     kind: str
@@ -98,7 +95,6 @@ def prepare(
     scope: Mapping[str, Any],
     step: Step,
     playbook: Playbook,
-    *,
     iterator: str | None = None,
     element: Any = None,
     index: int | None = None,

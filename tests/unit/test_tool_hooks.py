@@ -6,6 +6,7 @@ the same way, through a real entry point (`importlib.metadata`)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import flowtide.runtime
 from flowtide.engine.context import base_context
 from flowtide.errors import ToolError
 from flowtide.playbook.loader import parse_playbook
@@ -208,3 +210,24 @@ def test_a_plugin_kind_may_delegate_to_another_task() -> None:
     )
     # the action runs under the step's task name
     assert outcome.result == {"said": "HEY WORLD", "input": {"greeting": "hey"}, "task": "start"}
+
+
+def test_the_runtime_names_no_kind() -> None:
+    # `task.kind == "python"` in the runtime is what the hooks replace: a kind's special
+    # case belongs on its ToolSpec, where a plugin can declare it too.
+    found = []
+    for path in Path(flowtide.runtime.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            reads_kind = any(isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides)
+            names = [
+                s.value
+                for side in sides
+                for s in ast.walk(side)
+                if isinstance(s, ast.Constant) and s.value in kinds.BUILTIN
+            ]
+            if reads_kind and names:
+                found.append(f"{path.name}:{node.lineno} compares a kind with {names}")
+    assert not found

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_overloads, get_type_hints
 
 import pytest
 
 import flowtide
 from flowtide.engine import events as ev
-from flowtide.engine.events import PAYLOADS, Event
+from flowtide.engine.events import PAYLOADS, Event, NoPayload, payload_of
 from flowtide.engine.start import start_execution
 from flowtide.playbook.loader import parse_playbook
 from flowtide.server.leases import reissue_events
@@ -41,6 +41,15 @@ def test_every_event_type_has_a_payload_type() -> None:
         if name.isupper() and isinstance(value, str) and "." in value
     }
     assert names == set(PAYLOADS)
+
+
+def test_payload_of_reads_each_type_as_payloads_says() -> None:
+    typed: dict[str, Any] = {}
+    for overload in get_overloads(payload_of):
+        hints = get_type_hints(overload)
+        for name in get_args(hints["kind"]):
+            typed[name] = hints["return"]
+    assert typed == {name: kind for name, kind in PAYLOADS.items() if kind is not NoPayload}
 
 
 @pytest.mark.parametrize(

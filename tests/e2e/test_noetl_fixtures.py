@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import NOETL_E2E
+from payloads import check_payloads
 
 PLAYBOOKS = NOETL_E2E / "playbooks"
 
@@ -50,6 +51,8 @@ def run_json(
         f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     )
     doc = json.loads(proc.stdout)
+    # Every payload the run wrote is what its event type's TypedDict says.
+    check_payloads(events_of(doc["execution_id"], home))
     return doc
 
 

@@ -17,6 +17,7 @@ from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
+from payloads import check_payloads
 
 # A counting cycle: a step entered again (its result from the run before stays in the
 # context until the new run reports), an arc back to the same step, ctx set by `set` and
@@ -146,6 +147,8 @@ class Driver:
             self.state.apply(current)
             recorded.append(current)
             new_events, commands = decide(self.state, current, NOW, self.new_id)
+            # What the engine writes is what its payload types say (tests/payloads.py).
+            check_payloads(new_events)
             pending.extendleft(reversed(new_events))
             for command in commands:
                 self.outstanding.append(command)

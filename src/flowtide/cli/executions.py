@@ -3,7 +3,7 @@ store or (with --server) a flowtide server."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from flowtide.cli.options import (
     ServerOpt,
     print_json,
 )
+
+if TYPE_CHECKING:
+    from flowtide.engine.events import Event
 
 
 def status(
@@ -115,17 +118,20 @@ def events(
         _print_event(e)
 
 
-def _print_event(e: Any) -> None:
+def _print_event(e: Event) -> None:
     import datetime
+
+    from flowtide.engine import events as ev
 
     ts = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S.%f")[:-3]
     extra = ""
+    payload = ev.payload_fields(e)
     if e.error:
         extra = f" error={e.error.get('kind')}: {str(e.error.get('message'))[:100]}"
-    elif e.payload and e.type in ("loop.item", "command.issued") and "loop_index" in e.payload:
-        extra = f" index={e.payload.get('loop_index')}"
-    elif e.type == "loop.item":
-        extra = f" index={(e.payload or {}).get('index')}"
+    elif e.type in (ev.LOOP_ITEM, ev.COMMAND_ISSUED) and "loop_index" in payload:
+        extra = f" index={payload.get('loop_index')}"
+    elif e.type == ev.LOOP_ITEM:
+        extra = f" index={ev.payload_of(e, ev.LOOP_ITEM).get('index')}"
     elif e.worker_id:
         extra = f" worker={e.worker_id}"
     typer.echo(f"{ts} {e.type:<20} {e.step or '':<24} {e.status or '':<10}{extra}")

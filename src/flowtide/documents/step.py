@@ -15,7 +15,8 @@ from typing import Any, Final
 
 from typing_extensions import TypedDict
 
-from flowtide.engine.events import Event
+from flowtide.engine import events as ev
+from flowtide.engine.events import Event, payload_of
 from flowtide.engine.state import ExecutionState
 from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 #: The events that record one call of a step's tool (newest `CALLS_SHOWN` are shown).
-CALL_TYPES: Final = ("call.done", "call.error")
+CALL_TYPES: Final = (ev.CALL_DONE, ev.CALL_ERROR)
 CALLS_SHOWN: Final = 10
 #: A result larger than this (as JSON) is named by its size only.
 MAX_RESULT_BYTES: Final = 256 * 1024
@@ -145,7 +146,7 @@ def _sized(value: Any) -> tuple[Any, bool, int]:
 
 
 def _call(event: Event) -> CallDocument:
-    payload = dict(event.payload or {})
+    payload: dict[str, Any] = dict(payload_of(event, ev.CALL_DONE))  # or call.error
     return {
         "event_id": str(event.event_id),
         "type": event.type,
@@ -161,7 +162,7 @@ def _call(event: Event) -> CallDocument:
 def _spark(calls: Sequence[Event], result: Any) -> SparkRun | None:
     meta = None
     for event in reversed(calls):
-        found = (event.payload or {}).get("spark")
+        found = payload_of(event, ev.CALL_DONE).get("spark")
         if isinstance(found, dict):
             meta = found
             break

@@ -14,6 +14,7 @@ from typing import Final
 from typing_extensions import TypedDict
 
 from flowtide.engine import events as ev
+from flowtide.engine.events import payload_of
 from flowtide.playbook.model import Playbook
 from flowtide.store.base import Store
 
@@ -151,12 +152,12 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
         cid = e.command_id
         if cid is None:
             continue
-        payload = e.payload or {}
         if e.type == ev.COMMAND_ISSUED:
+            issued = payload_of(e, ev.COMMAND_ISSUED)
             bar: CommandBar = {
                 "command_id": str(cid),
-                "attempt": int(payload.get("attempt") or 1),
-                "loop_index": payload.get("loop_index"),
+                "attempt": int(issued.get("attempt") or 1),
+                "loop_index": issued.get("loop_index"),
                 "issued": e.time,
                 "started": None,
                 "ended": None,
@@ -172,7 +173,10 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
         if e.type == ev.COMMAND_STARTED:
             bar["started"], bar["status"] = e.time, "running"
         elif bar["ended"] is None:
-            ok = e.type == ev.COMMAND_COMPLETED and payload.get("status", "ok") == "ok"
+            ok = (
+                e.type == ev.COMMAND_COMPLETED
+                and payload_of(e, ev.COMMAND_COMPLETED).get("status", "ok") == "ok"
+            )
             bar["ended"], bar["status"] = e.time, "completed" if ok else "failed"
     return out
 

@@ -14,7 +14,19 @@ from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.context import envelope, layered, plain, result_view
-from flowtide.engine.events import Command, Event
+from flowtide.engine.events import (
+    Command,
+    CommandIssuedPayload,
+    Event,
+    EventPayload,
+    LoopClaimedPayload,
+    LoopDonePayload,
+    LoopItemPayload,
+    LoopStartedPayload,
+    PlaybookCompletedPayload,
+    StepExitPayload,
+    payload_of,
+)
 from flowtide.engine.state import ExecutionState, LoopRecord
 from flowtide.errors import TemplateError
 from flowtide.playbook.model import Step
@@ -41,7 +53,7 @@ class _Out:
         step: str | None = None,
         *,
         status: str | None = None,
-        payload: dict[str, Any] | None = None,
+        payload: EventPayload | None = None,
         error: dict[str, Any] | None = None,
         command_id: int | None = None,
     ) -> Event:
@@ -70,7 +82,7 @@ class _Out:
         cursor: bool = False,
     ) -> None:
         command_id = self.new_id()
-        payload: dict[str, Any] = {"command_id": command_id, "attempt": attempt}
+        payload: CommandIssuedPayload = {"command_id": command_id, "attempt": attempt}
         if cursor:
             payload["loop_instance"] = instance
             payload["cursor"] = True
@@ -186,7 +198,8 @@ def _exit(
     state = out.state
     rec = state.steps[step.name]
     if status != "completed":
-        out.emit(ev.STEP_EXIT, step.name, status="failed", error=error, payload={"next": []})
+        nowhere: StepExitPayload = {"next": []}
+        out.emit(ev.STEP_EXIT, step.name, status="failed", error=error, payload=nowhere)
         return
     raw = rec.result
     if rec.outcome == ev.CALL_ERROR:
@@ -238,15 +251,12 @@ def _exit(
                         if step.next.mode == "exclusive":
                             break
     except TemplateError as exc:
+        failed: StepExitPayload = {"next": []}
         out.emit(
-            ev.STEP_EXIT,
-            step.name,
-            status="failed",
-            error=_template_error(exc),
-            payload={"next": []},
+            ev.STEP_EXIT, step.name, status="failed", error=_template_error(exc), payload=failed
         )
         return
-    payload: dict[str, Any] = {"next": targets}
+    payload: StepExitPayload = {"next": targets}
     if updates:
         payload["set"] = updates
     out.emit(ev.STEP_EXIT, step.name, status="completed", payload=payload)
@@ -273,9 +283,8 @@ def _enter_step(out: _Out, name: str) -> None:
             _exit(out, step, "failed", _template_error(exc))
             return
         if not admitted:
-            out.emit(
-                ev.STEP_EXIT, name, status="skipped", payload={"next": [], "reason": "not admitted"}
-            )
+            skipped: StepExitPayload = {"next": [], "reason": "not admitted"}
+            out.emit(ev.STEP_EXIT, name, status="skipped", payload=skipped)
             return
     if step.loop is not None:
         base = state.context()
@@ -296,7 +305,7 @@ def _enter_step(out: _Out, name: str) -> None:
                 out, step, "failed", {"kind": "loop_error", "message": str(exc), "retryable": False}
             )
             return
-        payload: dict[str, Any] = {
+        payload: LoopStartedPayload = {
             "instance": state.steps[name].runs,
             "iterator": step.loop.iterator,
             "mode": step.loop.mode,
@@ -305,9 +314,9 @@ def _enter_step(out: _Out, name: str) -> None:
             "collection": [plain(x) for x in collection],
         }
         if cursor:
-            payload.update(
-                cursor=True, process=step.loop.frame_process, max_rows=step.loop.frame_max_rows
-            )
+            payload["cursor"] = True
+            payload["process"] = step.loop.frame_process
+            payload["max_rows"] = step.loop.frame_max_rows
         out.emit(ev.LOOP_STARTED, name, payload=payload)
         return
     if not step.tasks:
@@ -333,13 +342,12 @@ def _maybe_finish(out: _Out, entering: set[str] | None = None) -> None:
     if released or entering:
         return
     if not state.active and not state.waiting and not state.commands:
-        result = state.result()
+        completed: PlaybookCompletedPayload = {
+            "last_step": state.last_finished,
+            "result": state.result(),
+        }
         out.emit(ev.WORKFLOW_COMPLETED, status="completed")
-        out.emit(
-            ev.PLAYBOOK_COMPLETED,
-            status="completed",
-            payload={"last_step": state.last_finished, "result": result},
-        )
+        out.emit(ev.PLAYBOOK_COMPLETED, status="completed", payload=completed)
 
 
 def _fail(out: _Out, step: str | None, error: dict[str, Any] | None) -> None:
@@ -381,15 +389,11 @@ def _advance_loop(out: _Out, name: str) -> None:
 
 
 def _loop_done(out: _Out, name: str, loop: LoopRecord) -> None:
-    out.emit(
-        ev.LOOP_DONE,
-        name,
-        status="completed",
-        payload={
-            "instance": loop.instance,
-            "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
-        },
-    )
+    done: LoopDonePayload = {
+        "instance": loop.instance,
+        "stats": {"total": loop.size, "success": loop.success, "failed": loop.failed},
+    }
+    out.emit(ev.LOOP_DONE, name, status="completed", payload=done)
 
 
 def _advance_cursor(out: _Out, name: str) -> None:
@@ -466,7 +470,7 @@ def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) ->
             _fail(out, event.step, event.error)
         else:
             entering: list[str] = []
-            for target in (event.payload or {}).get("next") or []:
+            for target in payload_of(event, ev.STEP_EXIT).get("next") or []:
                 if len(state.playbook.upstreams.get(target, ())) > 1:
                     continue  # fan-in: entered by _maybe_finish once its upstreams settle
                 if target in state.active or target in entering:
@@ -481,7 +485,7 @@ def _on_command_result(out: _Out, event: Event) -> None:
     state = out.state
     if not state.last_report_counted:
         return  # apply ignored it (late or duplicate): nothing follows from it
-    payload = event.payload or {}
+    payload = payload_of(event, ev.COMMAND_COMPLETED)  # or command.failed: the same
     index = payload.get("loop_index")
     step = state.playbook.steps.get(event.step or "")
     if step is None:
@@ -493,28 +497,23 @@ def _on_command_result(out: _Out, event: Event) -> None:
             _advance_loop(out, step.name)  # the claim failed: so does the step
             return
         rows = _rows_of(payload.get("result"))
+        claimed: LoopClaimedPayload = {
+            "instance": claim.loop_instance,
+            "rows": rows,
+            "count": len(rows),
+            "exhausted": not rows,
+        }
         out.emit(
-            ev.LOOP_CLAIMED,
-            step.name,
-            status="ok",
-            payload={
-                "instance": claim.loop_instance,
-                "rows": rows,
-                "count": len(rows),
-                "exhausted": not rows,
-            },
-            command_id=event.command_id,
+            ev.LOOP_CLAIMED, step.name, status="ok", payload=claimed, command_id=event.command_id
         )
         return
     if index is not None:
+        item: LoopItemPayload = {"instance": payload.get("loop_instance"), "index": index}
         out.emit(
             ev.LOOP_ITEM,
             step.name,
             status=payload.get("status", "ok"),
-            payload={
-                "instance": payload.get("loop_instance"),
-                "index": index,
-            },
+            payload=item,
             command_id=event.command_id,
         )
         return

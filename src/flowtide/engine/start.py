@@ -15,7 +15,7 @@ from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.context import NO_ENV, execution_ids
-from flowtide.engine.events import Event
+from flowtide.engine.events import Event, InitializedPayload, SecretsAddedPayload
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
 
@@ -75,27 +75,29 @@ def initialized_event(
     now: float,
     parent_execution_id: int | None = None,
     parent_command_id: int | None = None,
-    **extra: Any,
+    pool: str | None = None,
 ) -> Event:
-    """The `playbook.initialized` event that starts an execution (`extra` joins its
-    payload, e.g. the server's worker pool)."""
+    """The `playbook.initialized` event that starts an execution (with the workers'
+    `pool` that runs its commands, when there is one: the server's executions)."""
+    payload: InitializedPayload = {
+        "workload": workload,
+        "playbook": {
+            "name": playbook.name,
+            "path": playbook.path,
+            "version": playbook.version,
+            "file": playbook.file,
+        },
+        "parent_execution_id": parent_execution_id,
+        "parent_command_id": parent_command_id,
+    }
+    if pool is not None:
+        payload["pool"] = pool
     return Event(
         event_id=event_id,
         execution_id=execution_id,
         type=ev.PLAYBOOK_INITIALIZED,
         status="running",
-        payload={
-            "workload": workload,
-            "playbook": {
-                "name": playbook.name,
-                "path": playbook.path,
-                "version": playbook.version,
-                "file": playbook.file,
-            },
-            "parent_execution_id": parent_execution_id,
-            "parent_command_id": parent_command_id,
-            **extra,
-        },
+        payload=payload,
         time=now,
     )
 
@@ -111,12 +113,16 @@ def inherited_secrets_event(
     """The `secrets.added` that gives a sub-playbook execution its parent's secret set
     (its workload comes from the parent's data): it goes before `playbook.initialized`,
     in the same batch."""
+    payload: SecretsAddedPayload = {
+        "values": sorted(secrets),
+        "parent_execution_id": parent_execution_id,
+    }
     return Event(
         event_id=event_id,
         execution_id=execution_id,
         type=ev.SECRETS_ADDED,
         status="ok",
-        payload={"values": sorted(secrets), "parent_execution_id": parent_execution_id},
+        payload=payload,
         time=now,
     )
 
@@ -178,7 +184,6 @@ def start_execution(
     if execution_id is None:
         execution_id = next_id()
     workload = render_workload(playbook, execution_id, overrides, env)
-    extra = {} if pool is None else {"pool": pool}
     first = initialized_event(
         playbook,
         execution_id,
@@ -187,7 +192,7 @@ def start_execution(
         now=now,
         parent_execution_id=parent_execution_id,
         parent_command_id=parent_command_id,
-        **extra,
+        pool=pool,
     )
     events = [first]
     if inherited and parent_execution_id is not None:

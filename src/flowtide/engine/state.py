@@ -13,7 +13,7 @@ from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.context import NO_ENV, base_context, result_view
-from flowtide.engine.events import Command, Event
+from flowtide.engine.events import Command, Event, payload_of
 from flowtide.playbook.model import Playbook
 
 
@@ -190,7 +190,7 @@ class ExecutionState:
             handler(self, event)
 
     def _on_initialized(self, event: Event) -> None:
-        payload = event.payload or {}
+        payload = payload_of(event, ev.PLAYBOOK_INITIALIZED)
         self.workload = dict(payload.get("workload") or {})
         self.parent_execution_id = payload.get("parent_execution_id")
         self.parent_command_id = payload.get("parent_command_id")
@@ -210,7 +210,7 @@ class ExecutionState:
         self._touch()
 
     def _on_loop_started(self, event: Event) -> None:
-        payload = event.payload or {}
+        payload = payload_of(event, ev.LOOP_STARTED)
         step = event.step or ""
         instance = int(payload["instance"])
         collection = list(payload.get("collection") or [])
@@ -228,7 +228,7 @@ class ExecutionState:
         self.current_loop[step] = instance
 
     def _on_loop_claimed(self, event: Event) -> None:
-        payload = event.payload or {}
+        payload = payload_of(event, ev.LOOP_CLAIMED)
         loop = self.loops.get((event.step or "", int(payload.get("instance") or 0)))
         if loop is None:
             return
@@ -242,7 +242,7 @@ class ExecutionState:
             loop.exhausted = True
 
     def _on_command_issued(self, event: Event) -> None:
-        payload = event.payload or {}
+        payload = payload_of(event, ev.COMMAND_ISSUED)
         cid = int(event.command_id or payload["command_id"])
         instance = payload.get("loop_instance")
         index = payload.get("loop_index")
@@ -272,7 +272,8 @@ class ExecutionState:
         self.last_report = cmd
         if cmd is None:
             return  # a duplicate or late report: the first one counted
-        payload = event.payload or {}
+        # command.completed or command.failed: the same payload
+        payload = payload_of(event, ev.COMMAND_COMPLETED)
         status = payload.get("status", "ok" if event.type == ev.COMMAND_COMPLETED else "error")
         result = payload.get("result")
         if cmd.cursor:
@@ -335,7 +336,7 @@ class ExecutionState:
         rec.outcome = ev.LOOP_DONE
 
     def _on_ctx_updated(self, event: Event) -> None:
-        payload = event.payload or {}
+        payload = payload_of(event, ev.CTX_UPDATED)
         updates = payload.get("set") or {}
         removed = [name for name in payload.get("unset") or () if name in self.ctx]
         if updates or removed:
@@ -347,7 +348,7 @@ class ExecutionState:
 
     def _on_step_exit(self, event: Event) -> None:
         step = event.step or ""
-        payload = event.payload or {}
+        payload = payload_of(event, ev.STEP_EXIT)
         rec = self.steps[step]
         rec.status = event.status or "completed"
         rec.ended = event.time
@@ -388,7 +389,7 @@ class ExecutionState:
 
 def secret_values(event: Event) -> frozenset[str]:
     """The values a `secrets.added` event adds to its execution's secret set."""
-    values = (event.payload or {}).get("values") or ()
+    values = payload_of(event, ev.SECRETS_ADDED).get("values") or ()
     return frozenset(v for v in values if isinstance(v, str) and v)
 
 

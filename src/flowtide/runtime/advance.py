@@ -19,7 +19,7 @@ from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.decide import decide
-from flowtide.engine.events import Command, Event
+from flowtide.engine.events import Command, Event, payload_of
 from flowtide.engine.state import ExecutionState, secret_values
 from flowtide.loopstate import LoopState
 from flowtide.redaction import remember
@@ -163,7 +163,7 @@ class Advancer:
                         record.step,
                         record.loop_instance or 0,
                         record.loop_index,
-                        (event.payload or {}).get("status", "ok"),
+                        payload_of(event, ev.COMMAND_COMPLETED).get("status", "ok"),
                         event.command_id,
                     ),
                 )
@@ -187,11 +187,11 @@ class Advancer:
                     record.step,
                     record.loop_instance or 0,
                     record.loop_index,
-                    (event.payload or {}).get("status", "ok"),
+                    payload_of(event, ev.COMMAND_COMPLETED).get("status", "ok"),
                     event.command_id,
                 )
         elif event.type == ev.LOOP_DONE and self.loopstate is not None:
-            instance = (event.payload or {}).get("instance", 0)
+            instance = payload_of(event, ev.LOOP_DONE).get("instance", 0)
             claimed = await self.loopstate.claim_done(
                 state.execution_id, event.step or "", instance
             )
@@ -199,7 +199,7 @@ class Advancer:
                 await self.loopstate.drop_loop(state.execution_id, event.step or "", instance)
             return claimed
         elif event.type == ev.LOOP_STARTED and self.loopstate is not None:
-            payload = event.payload or {}
+            payload = payload_of(event, ev.LOOP_STARTED)
             await self.loopstate.start(
                 state.execution_id,
                 event.step or "",

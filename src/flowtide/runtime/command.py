@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from flowtide.engine import events as ev
-from flowtide.engine.events import Command, Event
+from flowtide.engine.events import (
+    CallPayload,
+    Command,
+    CommandRef,
+    CommandResultPayload,
+    Event,
+)
 from flowtide.runtime.outcome import Outcome, crashed
 from flowtide.runtime.pipeline import StepRunner
 
@@ -65,7 +71,7 @@ def outcome_events(
     the tools touched secrets, a call.done or call.error per tool call, then
     command.completed (or command.failed when the step's policy says fail)."""
     eid = command.execution_id
-    base: dict[str, Any] = {"attempt": command.attempt}
+    base: CommandRef = {"attempt": command.attempt}
     if command.extra.get("cursor"):
         base["loop_instance"] = command.loop_instance
         base["cursor"] = True
@@ -79,7 +85,7 @@ def outcome_events(
             type=ev.COMMAND_STARTED,
             step=command.step,
             status="running",
-            payload=dict(base),
+            payload=base.copy(),
             parent_event_id=command.issued_event_id,
             command_id=command.command_id,
             worker_id=worker,
@@ -104,7 +110,7 @@ def outcome_events(
             )
         )
     for call in outcome.calls:
-        payload: dict[str, Any] = {
+        payload: CallPayload = {
             "task": call.task,
             "attempt": call.attempt,
             "duration_ms": call.duration_ms,
@@ -112,7 +118,8 @@ def outcome_events(
         if call.stdout:
             payload["stdout"] = call.stdout
         if call.meta:
-            payload.update(call.meta)
+            # What the tool recorded: `CallMeta`'s keys (a plugin's tool may add others).
+            payload.update(cast(CallPayload, call.meta))
         out.append(
             Event(
                 event_id=new_id(),
@@ -128,14 +135,17 @@ def outcome_events(
                 time=call.started,
             )
         )
-    payload = dict(base)
-    payload.update({"status": outcome.status, "result": outcome.result, "action": outcome.action})
+    # The command's keys first, then the outcome's (the order they are stored in).
+    result = cast(CommandResultPayload, base.copy())
+    result["status"] = outcome.status
+    result["result"] = outcome.result
+    result["action"] = outcome.action
     if outcome.jump_to:
-        payload["jump_to"] = outcome.jump_to
+        result["jump_to"] = outcome.jump_to
     if outcome.ctx:
-        payload["ctx"] = outcome.ctx
+        result["ctx"] = outcome.ctx
     if outcome.tasks:
-        payload["tasks"] = outcome.tasks
+        result["tasks"] = outcome.tasks
     completed = outcome.action != "fail"
     out.append(
         Event(
@@ -144,7 +154,7 @@ def outcome_events(
             type=ev.COMMAND_COMPLETED if completed else ev.COMMAND_FAILED,
             step=command.step,
             status=outcome.status,
-            payload=payload,
+            payload=result,
             error=outcome.error,
             parent_event_id=command.issued_event_id,
             command_id=command.command_id,

@@ -301,13 +301,21 @@ class Coordinator:
         if status not in FINALIZE_STATUSES:
             raise ValueError(f"cannot finalize to {status!r}")
         now = time.time()
-        payload: dict[str, Any] = {"finalized": True, "reason": reason}
+        payload: ev.FinalizedPayload | ev.PlaybookCompletedPayload = {
+            "finalized": True,
+            "reason": reason,
+        }
         error = None if status == "completed" else {"kind": "finalized", "message": reason}
         if status == "completed":
             # What the engine records when it completes (read before the lock: it only
             # informs readers of the log; the execution row takes the result under it).
             state = await self.state(execution_id)
-            payload |= {"last_step": state.last_finished, "result": state.result()}
+            payload = {
+                "finalized": True,
+                "reason": reason,
+                "last_step": state.last_finished,
+                "result": state.result(),
+            }
         events = [
             Event(
                 event_id=self.ids.next_id(),
@@ -342,7 +350,7 @@ class Coordinator:
             NotFoundError: no such execution.
             ExecutionFinished: the execution is terminal (its variables are read-only).
         """
-        payload: dict[str, Any] = {"source": "api"}
+        payload: ev.CtxUpdatedPayload = {"source": "api"}
         if values:
             payload["set"] = dict(values)
         if unset:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Event
@@ -37,7 +37,7 @@ def reissue_events(
         record = state.commands.get(command_id)
         if record is None:
             continue
-        payload: dict[str, Any] = {
+        payload: ev.CommandIssuedPayload = {
             "command_id": command_id,
             "attempt": record.attempt + 1,
             "reissued": True,

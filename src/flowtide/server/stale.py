@@ -73,7 +73,12 @@ def stale_commands(current: Mapping[int, Holder], events: Iterable[Event]) -> se
         if e.type not in WORKER_EVENTS or e.command_id is None or e.command_id in stale:
             continue
         status, holder, attempt = current.get(e.command_id, _NOBODY)
-        reported = (e.payload or {}).get("attempt") if e.type in _ATTEMPT_EVENTS else None
+        # command.started and command.completed/failed: `attempt` is the CommandRef's
+        reported = (
+            ev.payload_of(e, ev.COMMAND_STARTED).get("attempt")
+            if e.type in _ATTEMPT_EVENTS
+            else None
+        )
         if (
             status != "claimed"
             or (holder is not None and e.worker_id != holder)

@@ -101,7 +101,7 @@ def event_bytes(event: ev.Event) -> int:
     keys = _KEPT.get(event.type)
     if keys is None:
         return _EVENT_BYTES
-    payload = event.payload or {}
+    payload = ev.payload_fields(event)
     kept = sum(_value_bytes(payload.get(key)) for key in keys)
     return _EVENT_BYTES + kept + _value_bytes(event.error)
 
@@ -172,7 +172,7 @@ def apply_logged(cached: CachedState, logged: Iterable[LoggedEvent]) -> None:
         cached.state.apply(event)
         cached.last_seq = seq
         if event.type == ev.PLAYBOOK_INITIALIZED:
-            cached.pool = (event.payload or {}).get("pool") or cached.pool
+            cached.pool = ev.payload_of(event, ev.PLAYBOOK_INITIALIZED).get("pool") or cached.pool
         elif event.type == ev.SECRETS_ADDED:
             # Logged by another server process: this one masks them in its logs too.
             remember(cached.state.secrets)

@@ -377,13 +377,14 @@ class Stepper(GroupCommit):
                 continue
             command = free.pop(0)
             assert command.issued_event_id is not None
+            payload: ev.CommandClaimedPayload = {"attempt": command.attempt}
             event = Event(
                 event_id=self.ids.next_id(),
                 execution_id=state.execution_id,
                 type=ev.COMMAND_CLAIMED,
                 step=command.step,
                 status="claimed",
-                payload={"attempt": command.attempt},
+                payload=payload,
                 parent_event_id=command.issued_event_id,
                 command_id=command.command_id,
                 worker_id=taker.worker_id,

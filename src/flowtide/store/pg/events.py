@@ -162,6 +162,11 @@ def known_ids(
     return Pending(cur, _ids)
 
 
+def _claimed_payload(attempt: int) -> str:
+    payload: ev.CommandClaimedPayload = {"attempt": attempt}
+    return json.dumps(payload)
+
+
 def insert_claimed(conn: psycopg.Connection, events: Sequence[ClaimedEvent]) -> None:
     """Append `command.claimed` events (status `claimed`)."""
     with conn.cursor() as cur:
@@ -175,7 +180,7 @@ def insert_claimed(conn: psycopg.Connection, events: Sequence[ClaimedEvent]) -> 
                     e.event_id,
                     ev.COMMAND_CLAIMED,
                     e.step,
-                    json.dumps({"attempt": e.attempt}),
+                    _claimed_payload(e.attempt),
                     e.parent_event_id,
                     e.command_id,
                     e.worker_id,

@@ -207,31 +207,36 @@ def server_cmd(
     scheme = "https" if tls_cert else "http"
     # The server's processes read the tree from their environment (ServerSettings.from_env):
     # the flags go there as the tree's variables.
+    from flowtide.errors import SettingsError
     from flowtide.settings import ServerSection, read, to_env
 
-    tree = read(
-        ServerSection,
-        {},
-        db=db,
-        shards=shards,
-        cluster_db=cluster_db,
-        shard_index=shard_index,
-        advertise_url=advertise_url or f"{scheme}://{host}:{port}",
-        nats=nats_url,
-        kv=kv,
-        kv_bucket=kv_bucket,
-        lease=lease,
-        max_body=max_body,
-        insecure_no_auth=insecure_no_auth,
-        public_metrics=public_metrics,
-        state_cache_mb=state_cache_mb,
-        jwks_url=jwks_url,
-        jwt_issuer=jwt_issuer,
-        jwt_audience=jwt_audience,
-        jwt_roles_claim=jwt_roles_claim,
-        jwt_roles=",".join(f"{k}={v}" for k, v in role_map.items()),
-        jwt_pool_claim=jwt_pool_claim,
-    )
+    try:
+        tree = read(
+            ServerSection,
+            {},
+            db=db,
+            shards=shards,
+            cluster_db=cluster_db,
+            shard_index=shard_index,
+            advertise_url=advertise_url or f"{scheme}://{host}:{port}",
+            nats=nats_url,
+            kv=kv,
+            kv_bucket=kv_bucket,
+            lease=lease,
+            max_body=max_body,
+            insecure_no_auth=insecure_no_auth,
+            public_metrics=public_metrics,
+            state_cache_mb=state_cache_mb,
+            jwks_url=jwks_url,
+            jwt_issuer=jwt_issuer,
+            jwt_audience=jwt_audience,
+            jwt_roles_claim=jwt_roles_claim,
+            jwt_roles=",".join(f"{k}={v}" for k, v in role_map.items()),
+            jwt_pool_claim=jwt_pool_claim,
+        )
+    except SettingsError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
     # TLS stays with this process (uvicorn's options), not its children's environment.
     env = to_env(tree, only=set(ServerSection.model_fields) - {"tls_cert", "tls_key", "client_ca"})
     if not cluster_db:

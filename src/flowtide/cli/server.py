@@ -373,11 +373,11 @@ def worker_cmd(
     python_user: Annotated[str | None, setting("python.user", "--python-user")] = default(
         "python.user"
     ),
-    python_memory_mb: Annotated[int, setting("python.memory_mb", "--python-memory-mb")] = (
+    python_memory_mb: Annotated[int, setting("python.memory_mb", "--python-memory-mb", min=0)] = (
         default("python.memory_mb")
     ),
     python_cpu_seconds: Annotated[
-        float, setting("python.cpu_seconds", "--python-cpu-seconds")
+        float, setting("python.cpu_seconds", "--python-cpu-seconds", min=0)
     ] = default("python.cpu_seconds"),
     file_root: Annotated[
         list[str] | None,

@@ -314,14 +314,14 @@ CATALOG: dict[str, Entry] = {
         "FLOWTIDE_MAX_RESULT_BYTES",
         4194304,
         "Largest result recorded in events, as JSON; a bigger one is stored by reference.",
-        1,
+        0,
         None,
     ),
     "limits.max_stored_result_bytes": Entry(
         "FLOWTIDE_MAX_STORED_RESULT_BYTES",
         536870912,
         "Largest result stored by reference (JSON bytes).",
-        1,
+        0,
         None,
     ),
     "limits.inline_max_bytes": Entry(
@@ -335,7 +335,7 @@ CATALOG: dict[str, Entry] = {
         "FLOWTIDE_HTTP_MAX_RESPONSE_BYTES",
         268435456,
         "Largest HTTP response body a `kind: http` step reads by default.",
-        1,
+        0,
         None,
     ),
     "python.isolation": Entry(
@@ -356,14 +356,14 @@ CATALOG: dict[str, Entry] = {
         "FLOWTIDE_PYTHON_MEMORY_MB",
         2048,
         "Address space of a python child process, MiB (0: no limit).",
-        0,
+        None,
         None,
     ),
     "python.cpu_seconds": Entry(
         "FLOWTIDE_PYTHON_CPU_SECONDS",
         0.0,
         "CPU seconds one python step may use (0: no limit).",
-        0,
+        None,
         None,
     ),
     "spark.master": Entry(

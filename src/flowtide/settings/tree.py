@@ -168,10 +168,10 @@ class LimitsSection(BaseSettings):
     max_result_bytes: int = setting(
         4 * MIB,
         "Largest result recorded in events, as JSON; a bigger one is stored by reference.",
-        ge=1,
+        ge=0,
     )
     max_stored_result_bytes: int = setting(
-        512 * MIB, "Largest result stored by reference (JSON bytes).", ge=1
+        512 * MIB, "Largest result stored by reference (JSON bytes).", ge=0
     )
     inline_max_bytes: int = setting(
         64 * 1024,
@@ -179,7 +179,7 @@ class LimitsSection(BaseSettings):
         ge=0,
     )
     http_max_response_bytes: int = setting(
-        256 * MIB, "Largest HTTP response body a `kind: http` step reads by default.", ge=1
+        256 * MIB, "Largest HTTP response body a `kind: http` step reads by default.", ge=0
     )
 
 
@@ -197,10 +197,9 @@ class PythonSection(BaseSettings):
         None,
         "User the python child processes run as when the worker runs as root [default: nobody].",
     )
-    memory_mb: int = setting(
-        2048, "Address space of a python child process, MiB (0: no limit).", ge=0
-    )
-    cpu_seconds: float = setting(0.0, "CPU seconds one python step may use (0: no limit).", ge=0)
+    # No lower bound: 0 or less has always meant no limit.
+    memory_mb: int = setting(2048, "Address space of a python child process, MiB (0: no limit).")
+    cpu_seconds: float = setting(0.0, "CPU seconds one python step may use (0: no limit).")
 
 
 class SparkSection(BaseSettings):

@@ -115,8 +115,8 @@ class Isolation:
         return cls(
             mode=tree.isolation or mode,
             # Unset: the default (the tree's, DEFAULT_MEMORY_MB); 0: no limit.
-            memory_mb=tree.memory_mb or None,
-            cpu_seconds=tree.cpu_seconds or None,
+            memory_mb=tree.memory_mb if tree.memory_mb > 0 else None,
+            cpu_seconds=tree.cpu_seconds if tree.cpu_seconds > 0 else None,
             user=tree.user or None,
             embedded=embedded,
         )

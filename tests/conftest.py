@@ -32,6 +32,17 @@ SHARED = REPO.parent / "shared"
 NOETL_E2E = Path(os.environ.get("FLOWTIDE_NOETL_E2E", SHARED / "noetl-e2e"))
 
 
+@pytest.fixture(autouse=True)
+def _settings_read_afresh() -> Iterator[None]:
+    """Each test reads the settings tree from its own environment (flowtide.settings
+    keeps what a process read; a test's monkeypatch.setenv must reach it)."""
+    from flowtide import settings
+
+    settings.reset()
+    yield
+    settings.reset()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -46,7 +46,6 @@ from flowtide.errors import ToolError
 from flowtide.jsonvalues import dumps, loads
 
 __all__ = [
-    "INLINE_MAX_BYTES",
     "OutputSpec",
     "externalize",
     "is_reference",
@@ -56,9 +55,9 @@ __all__ = [
     "resolve_location",
 ]
 
-#: NoETL's inline limit (NOETL_INLINE_MAX_BYTES): results of steps that declare `output`
-#: are stored by reference above it.
-INLINE_MAX_BYTES = int(os.environ.get("FLOWTIDE_INLINE_MAX_BYTES") or 64 * 1024)
+# NoETL's inline limit (NOETL_INLINE_MAX_BYTES), above which results of steps that
+# declare `output` are stored by reference, is FLOWTIDE_INLINE_MAX_BYTES
+# (flowtide.settings.LimitsSection.inline_max_bytes).
 KV_MAX_BYTES = 1024 * 1024
 TIERS = ("kv", "disk", "s3", "gcs")
 _TIER_ALIASES = {"object": "disk", "memory": "kv", "nats_kv": "kv", "file": "disk"}
@@ -160,10 +159,13 @@ def local_path(location: str) -> Path | None:
 
 def tier_root(tier: str, data_dir: Path | None) -> str:
     """Where tier `tier` keeps its objects (a folder path or a URL)."""
-    specific = os.environ.get(f"{ENV_STORE}_{tier.upper()}")
+    from flowtide.settings import HomeSection, read
+
+    home = read(HomeSection)
+    specific: str | None = getattr(home, f"result_store_{tier}", None)
     if specific:
         return specific.rstrip("/")
-    shared = os.environ.get(ENV_STORE)
+    shared = home.result_store
     if shared:
         return f"{shared.rstrip('/')}/{tier}"
     if tier in ("s3", "gcs"):

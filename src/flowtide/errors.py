@@ -18,6 +18,7 @@
     ├── PostgresSetupError   a local PostgreSQL cluster cannot be set up (flowtide.dev)
     ├── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
     ├── KVUnavailable        a KV bucket cannot be opened as given (flowtide.kv.errors)
+    ├── SettingsError        a setting's value is invalid (env, value; flowtide.settings)
     └── RequestError         an API route refuses a request (status; flowtide.web.problems)
 
 Errors carry their data as attributes; the message is for people.
@@ -266,6 +267,20 @@ class ExecutionFinished(FlowtideError):
         super().__init__(f"execution {execution_id} is {status}")
         self.execution_id = execution_id
         self.status = status
+
+
+class SettingsError(FlowtideError):
+    """A setting's value cannot be used: `env` names the variable (or option) it came
+    from, `value` what it held. Raised when a process reads its settings, before it
+    does anything."""
+
+    refused = True
+
+    def __init__(self, message: str, *, env: str | None = None, value: str | None = None):
+        self.message = message
+        self.env = env
+        self.value = value
+        super().__init__(message)
 
 
 class ServerError(FlowtideError):

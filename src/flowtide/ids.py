@@ -36,7 +36,9 @@ _MAX_SEQUENCE = (1 << _SEQUENCE_BITS) - 1
 def machine_id(worker_id: str | None = None) -> int:
     """Return the 10-bit machine id for `worker_id` (default: $WORKER_ID, else host+pid)."""
     if worker_id is None:
-        worker_id = os.environ.get("WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+        from flowtide.settings import HomeSection, read
+
+        worker_id = read(HomeSection).worker_id or f"{socket.gethostname()}:{os.getpid()}"
     return xxhash.xxh64_intdigest(worker_id.encode()) & ((1 << _MACHINE_BITS) - 1)
 
 

@@ -179,12 +179,14 @@ class NatsAuth:
     ) -> NatsAuth:
         """FLOWTIDE_NATS_USER / FLOWTIDE_NATS_PASSWORD / FLOWTIDE_NATS_CREDS; `creds` (the
         `--nats-creds` flag) wins over the variable."""
-        env = os.environ if environ is None else environ
+        from flowtide.settings import NatsSection, read
+
+        tree = read(NatsSection, environ)
         return cls(
-            user=env.get(ENV_USER) or None,
-            password=env.get(ENV_PASSWORD) or None,
-            creds=creds or env.get(ENV_CREDS) or None,
-            ca=env.get(ENV_CA) or None,
+            user=tree.user or None,
+            password=tree.password or None,
+            creds=creds or tree.creds or None,
+            ca=tree.ca or None,
         )
 
     def __bool__(self) -> bool:

@@ -11,7 +11,6 @@ its admin token is (flowtide.auth.login).
 from __future__ import annotations
 
 import json
-import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +50,10 @@ class ClientTls:
 
 
 def _dev_tls(server: str, home: Path | None) -> ClientTls | None:
-    home = home or Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
+    if home is None:
+        from flowtide.settings import HomeSection, read
+
+        home = read(HomeSection).home
     tls = home / "dev" / "tls"
     try:
         doc = json.loads((home / "dev" / "tokens.json").read_text(encoding="utf-8"))
@@ -72,9 +74,12 @@ def _dev_tls(server: str, home: Path | None) -> ClientTls | None:
 def client_tls(server: str, *, ca: str | None = None, home: Path | None = None) -> ClientTls:
     """The TLS settings of a client of `server` (see the module's docstring)."""
     server = server.rstrip("/")
-    env_ca = ca or os.environ.get(CA_ENV) or None
-    cert = os.environ.get(CERT_ENV) or None
-    key = os.environ.get(KEY_ENV) or None
+    from flowtide.settings import ClientSection, read
+
+    client = read(ClientSection)
+    env_ca = ca or client.ca or None
+    cert = client.client_cert or None
+    key = client.client_key or None
     if env_ca or cert:
         return ClientTls(env_ca, cert, key)
     if server.startswith("https://"):

@@ -33,9 +33,9 @@ from pathlib import Path
 
 __all__ = ["enabled", "mark", "marks"]
 
-_DIR = os.environ.get("FLOWTIDE_TRACE") or ""
-#: Whether marks are recorded (FLOWTIDE_TRACE is set).
-enabled = bool(_DIR)
+_DIR = ""
+#: Whether marks are recorded: FLOWTIDE_TRACE is set, read when the process `start`s.
+enabled = False
 _marks: list[tuple[str, int, float]] = []
 _lock = threading.Lock()
 _role = "process"
@@ -61,8 +61,14 @@ def marks(ids: list[int], point: str, at: float | None = None) -> None:
 
 def start(role: str) -> None:
     """Name this process's file and start writing it (once; nothing when disabled)."""
-    global _role, _started
-    if not enabled or _started:
+    global _DIR, _role, _started, enabled
+    if _started:
+        return
+    from flowtide.settings import HomeSection, current
+
+    _DIR = current(HomeSection).trace or ""
+    enabled = bool(_DIR)
+    if not enabled:
         return
     _role, _started = role, True
     Path(_DIR).mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flowtide import artifacts
+from flowtide import artifacts, settings
 from flowtide.errors import ToolError
 from flowtide.playbook import parse_playbook
 from flowtide.runtime import pipeline
@@ -192,7 +192,8 @@ workflow:
 def test_over_the_event_limit_goes_by_reference_or_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pipeline, "MAX_RESULT_BYTES", 50_000)
+    monkeypatch.setenv("FLOWTIDE_MAX_RESULT_BYTES", "50000")
+    settings.reset()
     body = f"""\
 workflow:
   - step: start
@@ -207,7 +208,8 @@ workflow:
         pipeline._recorded(BIG, text, spec, {"xxxxxxxx"}, lambda v, t: {})
     assert info.value.kind == "result_too_large"
     # The store has a limit too: past it, nothing is written and the step fails.
-    monkeypatch.setattr(pipeline, "MAX_STORED_RESULT_BYTES", 60_000)
+    monkeypatch.setenv("FLOWTIDE_MAX_STORED_RESULT_BYTES", "60000")
+    settings.reset()
     stored: list[str] = []
     with pytest.raises(ToolError) as info:
         pipeline._recorded(BIG, text, spec, set(), lambda v, t: stored.append(t) or {})

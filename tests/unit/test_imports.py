@@ -13,6 +13,7 @@ cycle. The layer rules count every import, lazy or not.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +290,40 @@ def test_the_read_models_import_only_the_core() -> None:
         if not _within(i.target, DOCUMENTS_MAY_IMPORT)
     ]
     assert not found, "flowtide.documents imports beyond the core:\n" + "\n".join(found)
+
+
+#: What the settings tree may import: itself and the error tree (and, outside flowtide,
+#: only the standard library, pydantic and pydantic-settings).
+SETTINGS_MAY_IMPORT = ("flowtide.settings", "flowtide.errors")
+SETTINGS_MAY_IMPORT_OUTSIDE = ("pydantic", "pydantic_settings")
+
+
+def test_the_settings_import_only_errors_and_pydantic() -> None:
+    found = [
+        f"{MODULES[m].relative_to(ROOT.parent)}:{i.line} imports {i.target}"
+        for m in MODULES
+        if _within(m, ("flowtide.settings",))
+        for i in imports_of(m)
+        if not _within(i.target, SETTINGS_MAY_IMPORT)
+    ]
+    for module in MODULES:
+        if not _within(module, ("flowtide.settings",)):
+            continue
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in (
+                    PACKAGE,
+                    *SETTINGS_MAY_IMPORT_OUTSIDE,
+                ):
+                    found.append(f"{MODULES[module].relative_to(ROOT.parent)} imports {name}")
+    assert not found, "flowtide.settings imports beyond errors and pydantic:\n" + "\n".join(found)
 
 
 def test_the_server_imports_of_the_ui_only_its_page() -> None:

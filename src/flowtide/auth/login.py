@@ -13,7 +13,6 @@ In this order, the first that is set:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from flowtide.errors import FlowtideError
@@ -61,7 +60,10 @@ def dev_urls(doc: dict[str, object]) -> list[str]:
 
 def dev_token(server: str, home: Path | None = None) -> str | None:
     """The dev stack's admin token when `server` is that stack's URL."""
-    home = home or Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
+    if home is None:
+        from flowtide.settings import HomeSection, read
+
+        home = read(HomeSection).home
     try:
         doc = json.loads((home / DEV_TOKENS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -76,10 +78,12 @@ def resolve_token(server: str, token: str | None = None) -> str | None:
     """The token to send to `server`, or None (see the module's docstring)."""
     if token:
         return token.strip()
-    env = os.environ.get(TOKEN_ENV, "").strip()
-    if env:
-        return env
-    path = os.environ.get(TOKEN_FILE_ENV, "").strip()
+    from flowtide.settings import ClientSection, read
+
+    client = read(ClientSection)
+    if client.token:
+        return client.token
+    path = client.token_file
     if path:
         return read_token_file(path)
     return dev_token(server)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, err, home_dir
+from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, err, home_dir, setting
 
 if TYPE_CHECKING:
     from flowtide.dev.stack import DevStack
@@ -27,9 +27,9 @@ dev_app = typer.Typer(
 # The stack lives under HOME/dev: this --home says so, unlike the one in `options`.
 HomeOpt = Annotated[
     Path | None,
-    typer.Option(
+    setting(
+        "home.home",
         "--home",
-        envvar="FLOWTIDE_HOME",
         help="State folder; the stack lives in HOME/dev (default: ./.flowtide).",
         show_default=False,
     ),

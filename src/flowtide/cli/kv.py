@@ -22,6 +22,7 @@ from flowtide.cli.options import (
     NatsCredsOpt,
     err,
     print_json,
+    setting,
 )
 from flowtide.errors import exit_code
 from flowtide.kv.errors import KVUnavailable
@@ -38,18 +39,16 @@ kv_app = typer.Typer(
 )
 KvUrlOpt = Annotated[
     str,
-    typer.Option(
+    setting(
+        "server.kv",
         "--url",
-        envvar="FLOWTIDE_KV",
         help=(
             "The KV server, nats://[USER:PASS@]HOST:PORT. memory:// lives inside one process, "
             "so there is nothing to see in it from here."
         ),
     ),
 ]
-KvBucketNameOpt = Annotated[
-    str, typer.Option("--bucket", envvar="FLOWTIDE_KV_BUCKET", help="Bucket to look at.")
-]
+KvBucketNameOpt = Annotated[str, setting("server.kv_bucket", "--bucket", help="Bucket to look at.")]
 
 
 def _require_shared_kv(url: str) -> None:

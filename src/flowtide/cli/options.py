@@ -1,8 +1,10 @@
 """What several command groups share: exit codes, option types, and printing.
 
-An option type is declared once here when its name, environment variable and help are
-the same wherever it appears; a group whose option says something else (`token --db`,
-`dev --home`) keeps its own.
+An option that sets a setting of the tree (flowtide.settings) is built from its
+declaration (`setting`: its variable, help and bounds; `default`: its default), read
+from the generated catalog so that `flowtide --help` imports no pydantic. An option type
+is declared once here when its name and help are the same wherever it appears; a group
+whose option says something else (`token --db`, `dev --home`) passes its own help.
 """
 
 from __future__ import annotations
@@ -19,24 +21,41 @@ import typer
 from flowtide.errors import EXIT_FAILED as EXIT_FAILED
 from flowtide.errors import EXIT_INVALID as EXIT_INVALID
 from flowtide.errors import EXIT_OK as EXIT_OK
+from flowtide.settings.catalog import CATALOG
 
 # Ctrl-C, as a shell reports a process that SIGINT ended.
 EXIT_INTERRUPTED = 130
 
+
+def setting(key: str, *flags: str, env: bool = True, **options: Any) -> Any:
+    """The typer option of the tree's setting `key` ("server.db"): its variable (unless
+    `env` is False: a flag the environment does not set), help and bounds from the
+    declaration; `options` (typer's) win."""
+    entry = CATALOG[key]
+    options.setdefault("help", entry.help)
+    if entry.min is not None:
+        options.setdefault("min", entry.min)
+    if entry.max is not None:
+        options.setdefault("max", entry.max)
+    if entry.default is None:
+        options.setdefault("show_default", False)
+    return typer.Option(*flags, envvar=entry.env if env else None, **options)
+
+
+def default(key: str) -> Any:
+    """The declared default of the tree's setting `key`."""
+    return CATALOG[key].default
+
+
 HomeOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--home",
-        envvar="FLOWTIDE_HOME",
-        help="State folder (default: ./.flowtide).",
-        show_default=False,
-    ),
+    setting("home.home", "--home", help="State folder (default: ./.flowtide).", show_default=False),
 ]
 DbOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "server.db",
         "--db",
-        envvar="FLOWTIDE_DB",
         help=(
             "Event store: a SQLite file (default: HOME/flowtide.db) or a PostgreSQL URL "
             "postgresql://USER:PASS@HOST:PORT/DB (schema upgraded on first use)."
@@ -46,73 +65,31 @@ DbOpt = Annotated[
 ]
 ClusterDbOpt = Annotated[
     str | None,
-    typer.Option(
-        "--cluster-db",
-        envvar="FLOWTIDE_CLUSTER_DB",
-        help="PostgreSQL URL of the cluster-wide tables (catalog, credentials), when they "
-        "live apart from --db.",
-        show_default=False,
-    ),
+    setting("server.cluster_db", "--cluster-db"),
 ]
 ShardListOpt = Annotated[
     str | None,
-    typer.Option(
-        "--shards",
-        envvar="FLOWTIDE_SHARDS",
-        help="The shard databases, 'dsn0;dsn1;...' (shard i is the i-th), with --cluster-db"
-        " for the cluster tables. Without it, the cluster database's shard map"
-        " (`flowtide shards add`), else --db alone.",
-        show_default=False,
-    ),
+    setting("server.shards", "--shards"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 ServerOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "client.server",
         "--server",
-        envvar="FLOWTIDE_SERVER",
         help="Run on a flowtide server (http://HOST:PORT) and its workers instead of embedded.",
         show_default=False,
     ),
 ]
 # For commands that only talk to a server.
-ServerUrlOpt = Annotated[
-    str, typer.Option("--server", envvar="FLOWTIDE_SERVER", help="flowtide server URL.")
-]
+ServerUrlOpt = Annotated[str, setting("client.server", "--server", show_default=True)]
 SparkMasterOpt = Annotated[
     str | None,
-    typer.Option(
-        "--spark-master",
-        envvar="FLOWTIDE_SPARK_MASTER",
-        help=(
-            "Where spark steps run: local[*] (default), sc://HOST:PORT (Spark Connect), "
-            "spark://HOST:PORT, k8s://..., yarn. Wins over the playbook's executor.spark.master."
-        ),
-        show_default=False,
-    ),
+    setting("spark.master", "--spark-master"),
 ]
-# Loop state for run/resume. Defaults are spelled out instead of imported from
-# flowtide.loopstate so that `flowtide --help` imports nothing of the KV.
-KvOpt = Annotated[
-    str,
-    typer.Option(
-        "--kv",
-        envvar="FLOWTIDE_KV",
-        help=(
-            "Key-value store for loop state: memory:// (inside this process) or "
-            "nats://[USER:PASS@]HOST:PORT (a NATS JetStream server, shared by every process "
-            "that points at it; look inside with `flowtide kv`)."
-        ),
-    ),
-]
-KvBucketOpt = Annotated[
-    str,
-    typer.Option(
-        "--kv-bucket",
-        envvar="FLOWTIDE_KV_BUCKET",
-        help="Bucket for loop state (created if missing).",
-    ),
-]
+# Loop state for run/resume (defaults: `default("server.kv")`, `default("server.kv_bucket")`).
+KvOpt = Annotated[str, setting("server.kv", "--kv")]
+KvBucketOpt = Annotated[str, setting("server.kv_bucket", "--kv-bucket")]
 KvTtlOpt = Annotated[
     float,
     typer.Option(
@@ -128,15 +105,7 @@ KvTtlOpt = Annotated[
 # shows: a URL's user:password@ wins, then this, then FLOWTIDE_NATS_USER/PASSWORD.
 NatsCredsOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--nats-creds",
-        envvar="FLOWTIDE_NATS_CREDS",
-        help=(
-            "NATS .creds file (user JWT + nkey seed) for NATS URLs without user:password@; "
-            "or set FLOWTIDE_NATS_USER and FLOWTIDE_NATS_PASSWORD."
-        ),
-        show_default=False,
-    ),
+    setting("nats.creds", "--nats-creds"),
 ]
 ExecutionIdArg = Annotated[int, typer.Argument(help="Execution id.")]
 

@@ -21,8 +21,10 @@ from flowtide.cli.options import (
     NatsCredsOpt,
     ServerUrlOpt,
     ShardListOpt,
+    default,
     err,
     home_dir,
+    setting,
 )
 from flowtide.urls import redact_url
 
@@ -78,87 +80,43 @@ def _nats_auth(creds: Path | None) -> NatsAuth:
 
 
 def server_cmd(
-    nats_url: Annotated[
-        str,
-        typer.Option("--nats", envvar="FLOWTIDE_NATS", help="NATS URL for command notifications."),
-    ],
-    db: Annotated[
-        str | None,
-        typer.Option(
-            "--db",
-            envvar="FLOWTIDE_DB",
-            help="PostgreSQL URL of the event store (one database; or --shards with"
-            " --cluster-db, or a shard map in --cluster-db).",
-            show_default=False,
-        ),
-    ] = None,
-    shards: ShardListOpt = None,
-    shard_index: Annotated[
-        int,
-        typer.Option(
-            "--shard-index",
-            envvar="FLOWTIDE_SHARD_INDEX",
-            min=0,
-            help="The shard this server serves (0..N-1).",
-        ),
-    ] = 0,
-    advertise_url: Annotated[
-        str | None,
-        typer.Option(
-            "--advertise-url",
-            envvar="FLOWTIDE_ADVERTISE_URL",
-            help="The URL other servers and workers reach this server at"
-            " [default: SCHEME://HOST:PORT].",
-            show_default=False,
-        ),
-    ] = None,
+    nats_url: Annotated[str, setting("server.nats", "--nats", show_default=True)],
+    db: Annotated[str | None, setting("server.db", "--db")] = default("server.db"),
+    shards: ShardListOpt = default("server.shards"),
+    shard_index: Annotated[int, setting("server.shard_index", "--shard-index")] = default(
+        "server.shard_index"
+    ),
+    advertise_url: Annotated[str | None, setting("server.advertise_url", "--advertise-url")] = (
+        default("server.advertise_url")
+    ),
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8082,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Server processes (all stateless).")
     ] = 1,
-    kv: KvOpt = "memory://",
-    kv_bucket: KvBucketOpt = "flowtide_state",
-    lease: Annotated[
-        float,
-        typer.Option(
-            "--lease", min=1, help="Seconds a claimed command survives without a heartbeat."
-        ),
-    ] = 30.0,
-    cluster_db: ClusterDbOpt = None,
+    kv: KvOpt = default("server.kv"),
+    kv_bucket: KvBucketOpt = default("server.kv_bucket"),
+    # --lease, --insecure-no-auth and --public-metrics are flags only (env=False), as
+    # they always were: the variables carry them to the server's processes.
+    lease: Annotated[float, setting("server.lease", "--lease", env=False)] = default(
+        "server.lease"
+    ),
+    cluster_db: ClusterDbOpt = default("server.cluster_db"),
     insecure_no_auth: Annotated[
-        bool,
-        typer.Option(
-            "--insecure-no-auth",
-            help="Serve every request without a token: anyone who reaches the port may run "
-            "code on the workers. Only for a machine nobody else can reach.",
-        ),
-    ] = False,
-    jwks_url: Annotated[
-        str | None,
-        typer.Option(
-            "--jwks-url",
-            envvar="FLOWTIDE_JWKS_URL",
-            help="Also accept bearer JWTs signed by a key of this JWKS (single sign-on).",
-            show_default=False,
-        ),
-    ] = None,
+        bool, setting("server.insecure_no_auth", "--insecure-no-auth", env=False)
+    ] = default("server.insecure_no_auth"),
+    jwks_url: Annotated[str | None, setting("server.jwks_url", "--jwks-url")] = default(
+        "server.jwks_url"
+    ),
     jwt_issuer: Annotated[
-        str | None,
-        typer.Option("--jwt-issuer", envvar="FLOWTIDE_JWT_ISSUER", help="Required `iss`."),
-    ] = None,
+        str | None, setting("server.jwt_issuer", "--jwt-issuer", show_default=True)
+    ] = default("server.jwt_issuer"),
     jwt_audience: Annotated[
-        str | None,
-        typer.Option("--jwt-audience", envvar="FLOWTIDE_JWT_AUDIENCE", help="Required `aud`."),
-    ] = None,
-    jwt_roles_claim: Annotated[
-        str,
-        typer.Option(
-            "--jwt-roles-claim",
-            envvar="FLOWTIDE_JWT_ROLES_CLAIM",
-            help="Claim holding the caller's roles or groups (a string or a list).",
-        ),
-    ] = "flowtide_roles",
+        str | None, setting("server.jwt_audience", "--jwt-audience", show_default=True)
+    ] = default("server.jwt_audience"),
+    jwt_roles_claim: Annotated[str, setting("server.jwt_roles_claim", "--jwt-roles-claim")] = (
+        default("server.jwt_roles_claim")
+    ),
     jwt_role: Annotated[
         list[str] | None,
         typer.Option(
@@ -168,71 +126,26 @@ def server_cmd(
             show_default=False,
         ),
     ] = None,
-    jwt_pool_claim: Annotated[
-        str,
-        typer.Option(
-            "--jwt-pool-claim",
-            envvar="FLOWTIDE_JWT_POOL_CLAIM",
-            help="Claim naming a worker's pool (absent: any pool).",
-        ),
-    ] = "flowtide_pool",
-    max_body: Annotated[
-        int,
-        typer.Option(
-            "--max-body",
-            envvar="FLOWTIDE_MAX_BODY",
-            min=1024,
-            help="Largest request body in bytes; larger ones get 413 unread.",
-        ),
-    ] = 16 * 1024 * 1024,
+    jwt_pool_claim: Annotated[str, setting("server.jwt_pool_claim", "--jwt-pool-claim")] = (
+        default("server.jwt_pool_claim")
+    ),
+    max_body: Annotated[int, setting("server.max_body", "--max-body")] = default("server.max_body"),
     public_metrics: Annotated[
-        bool,
-        typer.Option("--public-metrics", help="Serve /metrics without a token."),
-    ] = False,
-    state_cache_mb: Annotated[
-        int,
-        typer.Option(
-            "--state-cache-mb",
-            envvar="FLOWTIDE_STATE_CACHE_MB",
-            min=1,
-            help="Memory for the executions' states each server process keeps (MiB,"
-            " estimated): running executions first, finished ones only briefly.",
-        ),
-    ] = 256,
+        bool, setting("server.public_metrics", "--public-metrics", env=False)
+    ] = default("server.public_metrics"),
+    state_cache_mb: Annotated[int, setting("server.state_cache_mb", "--state-cache-mb")] = (
+        default("server.state_cache_mb")
+    ),
     tls_cert: Annotated[
-        Path | None,
-        typer.Option(
-            "--tls-cert",
-            envvar="FLOWTIDE_TLS_CERT",
-            exists=True,
-            dir_okay=False,
-            help="Serve HTTPS with this certificate (PEM, with its chain).",
-            show_default=False,
-        ),
-    ] = None,
+        Path | None, setting("server.tls_cert", "--tls-cert", exists=True, dir_okay=False)
+    ] = default("server.tls_cert"),
     tls_key: Annotated[
-        Path | None,
-        typer.Option(
-            "--tls-key",
-            envvar="FLOWTIDE_TLS_KEY",
-            exists=True,
-            dir_okay=False,
-            help="The certificate's private key (PEM).",
-            show_default=False,
-        ),
-    ] = None,
+        Path | None, setting("server.tls_key", "--tls-key", exists=True, dir_okay=False)
+    ] = default("server.tls_key"),
     client_ca: Annotated[
-        Path | None,
-        typer.Option(
-            "--client-ca",
-            envvar="FLOWTIDE_CLIENT_CA",
-            exists=True,
-            dir_okay=False,
-            help="Mutual TLS: require a client certificate signed by this CA (PEM).",
-            show_default=False,
-        ),
-    ] = None,
-    nats_creds: NatsCredsOpt = None,
+        Path | None, setting("server.client_ca", "--client-ca", exists=True, dir_okay=False)
+    ] = default("server.client_ca"),
+    nats_creds: NatsCredsOpt = default("nats.creds"),
 ) -> None:
     """Run the API server: executions, events, claims, the outbox relay and the reaper.
 
@@ -292,28 +205,43 @@ def server_cmd(
         invalid = isinstance(exc, topology.TopologyError)
         raise typer.Exit(EXIT_INVALID if invalid else EXIT_FAILED) from None
     scheme = "https" if tls_cert else "http"
-    env = {
-        "FLOWTIDE_DB": db or "",
-        "FLOWTIDE_SHARDS": shards or "",
-        "FLOWTIDE_SHARD_INDEX": str(shard_index),
-        "FLOWTIDE_ADVERTISE_URL": advertise_url or f"{scheme}://{host}:{port}",
-        "FLOWTIDE_NATS": nats_url,
-        "FLOWTIDE_KV": kv,
-        "FLOWTIDE_KV_BUCKET": kv_bucket,
-        "FLOWTIDE_LEASE": str(lease),
-        "FLOWTIDE_MAX_BODY": str(max_body),
-        "FLOWTIDE_INSECURE_NO_AUTH": "1" if insecure_no_auth else "",
-        "FLOWTIDE_PUBLIC_METRICS": "1" if public_metrics else "",
-        "FLOWTIDE_STATE_CACHE_MB": str(state_cache_mb),
-        "FLOWTIDE_JWKS_URL": jwks_url or "",
-        "FLOWTIDE_JWT_ISSUER": jwt_issuer or "",
-        "FLOWTIDE_JWT_AUDIENCE": jwt_audience or "",
-        "FLOWTIDE_JWT_ROLES_CLAIM": jwt_roles_claim,
-        "FLOWTIDE_JWT_ROLES": ",".join(f"{k}={v}" for k, v in role_map.items()),
-        "FLOWTIDE_JWT_POOL_CLAIM": jwt_pool_claim,
-    }
-    if cluster_db:
-        env["FLOWTIDE_CLUSTER_DB"] = cluster_db
+    # The server's processes read the tree from their environment (ServerSettings.from_env):
+    # the flags go there as the tree's variables.
+    from flowtide.errors import SettingsError
+    from flowtide.settings import ServerSection, read, to_env
+
+    try:
+        tree = read(
+            ServerSection,
+            {},
+            db=db,
+            shards=shards,
+            cluster_db=cluster_db,
+            shard_index=shard_index,
+            advertise_url=advertise_url or f"{scheme}://{host}:{port}",
+            nats=nats_url,
+            kv=kv,
+            kv_bucket=kv_bucket,
+            lease=lease,
+            max_body=max_body,
+            insecure_no_auth=insecure_no_auth,
+            public_metrics=public_metrics,
+            state_cache_mb=state_cache_mb,
+            jwks_url=jwks_url,
+            jwt_issuer=jwt_issuer,
+            jwt_audience=jwt_audience,
+            jwt_roles_claim=jwt_roles_claim,
+            jwt_roles=",".join(f"{k}={v}" for k, v in role_map.items()),
+            jwt_pool_claim=jwt_pool_claim,
+        )
+    except SettingsError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    # TLS stays with this process (uvicorn's options), not its children's environment.
+    env = to_env(tree, only=set(ServerSection.model_fields) - {"tls_cert", "tls_key", "client_ca"})
+    if not cluster_db:
+        # Unset, as before: an empty variable would say the same.
+        env.pop("FLOWTIDE_CLUSTER_DB")
     # The server processes read their NATS credentials from the environment
     # (ServerSettings.from_env), never from their command line.
     env.update(nats_auth.env())
@@ -398,7 +326,7 @@ def _open_shard(dsn: str, cluster: str) -> Any:
 def worker_cmd(
     server: ServerUrlOpt,
     nats_url: Annotated[
-        str, typer.Option("--nats", envvar="FLOWTIDE_NATS", help="NATS URL (same as the server's).")
+        str, setting("server.nats", "--nats", help="NATS URL (same as the server's).")
     ],
     pool: Annotated[str, typer.Option("--pool", help="Worker pool to serve.")] = "default",
     concurrency: Annotated[
@@ -419,15 +347,15 @@ def worker_cmd(
     ] = None,
     ca: Annotated[
         str | None,
-        typer.Option(
+        setting(
+            "client.ca",
             "--ca",
-            envvar="FLOWTIDE_CA",
             help="CA file (PEM) that signed an https server's certificate; for mutual TLS"
             " the worker shows FLOWTIDE_CLIENT_CERT / FLOWTIDE_CLIENT_KEY.",
             show_default=False,
         ),
     ] = None,
-    nats_creds: NatsCredsOpt = None,
+    nats_creds: NatsCredsOpt = default("nats.creds"),
     grace: Annotated[
         float,
         typer.Option(
@@ -437,43 +365,20 @@ def worker_cmd(
             " stopped and handed back to the server for another worker.",
         ),
     ] = 10.0,
+    # A worker runs python steps in child processes unless told otherwise (embedded
+    # runs default to threads: flowtide.tools.python_pool.Isolation.from_env).
     python_isolation: Annotated[
-        str,
-        typer.Option(
-            "--python-isolation",
-            envvar="FLOWTIDE_PYTHON_ISOLATION",
-            help="process: python steps run in child processes that cancel and timeouts"
-            " kill; thread: in the worker process (cannot be stopped).",
-        ),
+        str, setting("python.isolation", "--python-isolation", show_default=True)
     ] = "process",
-    python_user: Annotated[
-        str | None,
-        typer.Option(
-            "--python-user",
-            envvar="FLOWTIDE_PYTHON_USER",
-            help="User the python child processes run as when the worker runs as root"
-            " [default: nobody].",
-            show_default=False,
-        ),
-    ] = None,
-    python_memory_mb: Annotated[
-        int,
-        typer.Option(
-            "--python-memory-mb",
-            envvar="FLOWTIDE_PYTHON_MEMORY_MB",
-            min=0,
-            help="Address space of a python child process, MiB (0: no limit).",
-        ),
-    ] = 2048,
+    python_user: Annotated[str | None, setting("python.user", "--python-user")] = default(
+        "python.user"
+    ),
+    python_memory_mb: Annotated[int, setting("python.memory_mb", "--python-memory-mb", min=0)] = (
+        default("python.memory_mb")
+    ),
     python_cpu_seconds: Annotated[
-        float,
-        typer.Option(
-            "--python-cpu-seconds",
-            envvar="FLOWTIDE_PYTHON_CPU_SECONDS",
-            min=0,
-            help="CPU seconds one python step may use (0: no limit).",
-        ),
-    ] = 0.0,
+        float, setting("python.cpu_seconds", "--python-cpu-seconds", min=0)
+    ] = default("python.cpu_seconds"),
     file_root: Annotated[
         list[str] | None,
         typer.Option(

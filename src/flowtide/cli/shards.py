@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, print_json
+from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, print_json, setting
 
 __all__ = ["shards_app"]
 
@@ -26,7 +25,9 @@ shards_app = typer.Typer(
 
 def _count_from_env() -> int | None:
     """N from FLOWTIDE_SHARDS (`dsn0;dsn1;...`), when set."""
-    raw = os.environ.get("FLOWTIDE_SHARDS", "")
+    from flowtide.settings import ServerSection, read
+
+    raw = read(ServerSection).shards or ""
     dsns = [d for d in raw.split(";") if d.strip()]
     return len(dsns) or None
 
@@ -67,18 +68,18 @@ def shard_for_cmd(
 
 _ClusterOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "server.cluster_db",
         "--cluster-db",
-        envvar="FLOWTIDE_CLUSTER_DB",
         help="PostgreSQL URL of the cluster database, which holds the shard map [default: --db].",
         show_default=False,
     ),
 ]
 _DbOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "server.db",
         "--db",
-        envvar="FLOWTIDE_DB",
         help="PostgreSQL URL of the database holding the cluster tables, when no"
         " --cluster-db is given.",
         show_default=False,

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt
+from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, setting
 
 __all__ = ["token_app"]
 
@@ -29,27 +29,27 @@ token_app = typer.Typer(
 # unlike the ones of the same name in `options`.
 ServerOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "client.server",
         "--server",
-        envvar="FLOWTIDE_SERVER",
         help="flowtide server URL (sends FLOWTIDE_TOKEN: an admin token).",
         show_default=False,
     ),
 ]
 DbOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "server.db",
         "--db",
-        envvar="FLOWTIDE_DB",
         help="PostgreSQL URL of the server's database (its cluster part: see --cluster-db).",
         show_default=False,
     ),
 ]
 ClusterDbOpt = Annotated[
     str | None,
-    typer.Option(
+    setting(
+        "server.cluster_db",
         "--cluster-db",
-        envvar="FLOWTIDE_CLUSTER_DB",
         help="PostgreSQL URL of the cluster tables, when they live apart from --db.",
         show_default=False,
     ),

@@ -37,7 +37,6 @@ reach each process as FLOWTIDE_NATS_USER/FLOWTIDE_NATS_PASSWORD in its environme
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -473,9 +472,10 @@ class DevStack(StackLayout):
         """Who the workers' python steps run as. As root they run as `nobody`; where
         `nobody` cannot run this interpreter (one installed under /root), the dev stack
         runs them as root rather than not at all, and says so."""
+        from flowtide.settings import PythonSection, read
         from flowtide.tools.python_pool import default_user_works
 
-        if os.environ.get("FLOWTIDE_PYTHON_USER") or default_user_works():
+        if read(PythonSection).user or default_user_works():
             return {}
         progress(
             f"workers: python steps run as root: user nobody cannot start {sys.executable}"

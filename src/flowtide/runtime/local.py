@@ -36,6 +36,7 @@ from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.command import run_command
 from flowtide.runtime.pipeline import StepRunner
 from flowtide.runtime.threads import WorkerPool
+from flowtide.settings import LimitsSection, current
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.tools.registry import cancel_running, warm_tools
 from flowtide.tools.subplaybook import child_result
@@ -84,6 +85,8 @@ class LocalRuntime:
         # Datasets that tools write (spark results without a sink) live here, one folder
         # per execution; absolute, because a Spark Connect server or cluster reads it too.
         self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
+        # The result limits, read now: a bad value stops the run before its first step.
+        current(LimitsSection)
         self.kv = kv
         self.loopstate = LoopState(kv) if kv is not None else None
         self.credentials = credentials

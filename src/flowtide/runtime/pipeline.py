@@ -12,7 +12,6 @@ the engine turns into events. A cursor loop's claim query runs here too (`claim`
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,22 +35,21 @@ from flowtide.runtime.rendering import (
     task_layers,
     timeout,
 )
+from flowtide.settings import LimitsSection, current
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
 #: How much of a failed call's rendered input its event keeps (`shown_input`).
 INPUT_SHOWN_BYTES = 4 * 1024
-#: Largest result recorded in events, as JSON (FLOWTIDE_MAX_RESULT_BYTES): results travel
-#: in events (to the server in a worker's report, into the event log). A bigger one is
-#: stored by reference (`flowtide.artifacts`); one that cannot be is a
-#: `result_too_large` error, never a report the server refuses.
-MAX_RESULT_BYTES = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
-#: Largest result stored by reference (FLOWTIDE_MAX_STORED_RESULT_BYTES, JSON bytes): the
-#: artifact store has a limit too; past it the step fails with `result_too_large`.
-MAX_STORED_RESULT_BYTES = int(
-    os.environ.get("FLOWTIDE_MAX_STORED_RESULT_BYTES") or 512 * 1024 * 1024
-)
+# The result limits are the settings tree's (flowtide.settings.LimitsSection), read
+# once per process when its first result is recorded:
+# max_result_bytes (FLOWTIDE_MAX_RESULT_BYTES): largest result recorded in events, as
+# JSON: results travel in events (to the server in a worker's report, into the event
+# log). A bigger one is stored by reference (`flowtide.artifacts`); one that cannot be is
+# a `result_too_large` error, never a report the server refuses.
+# max_stored_result_bytes (FLOWTIDE_MAX_STORED_RESULT_BYTES, JSON bytes): the artifact
+# store has a limit too; past it the step fails with `result_too_large`.
 
 
 def shown_input(value: Any) -> Any:
@@ -104,11 +102,14 @@ def _recorded(
             event log seals such values, the store cannot; or over
             MAX_STORED_RESULT_BYTES), or the store's errors.
     """
+    limits = current(LimitsSection)
+    MAX_RESULT_BYTES = limits.max_result_bytes
+    MAX_STORED_RESULT_BYTES = limits.max_stored_result_bytes
     size = len(text.encode("utf-8", "replace"))
     if spec.inline_max_bytes is not None:
         limit = spec.inline_max_bytes
     else:
-        limit = artifacts.INLINE_MAX_BYTES if spec.declared else MAX_RESULT_BYTES
+        limit = limits.inline_max_bytes if spec.declared else MAX_RESULT_BYTES
     if size <= min(limit, MAX_RESULT_BYTES):
         return value
     if any(secret in text for secret in secrets):

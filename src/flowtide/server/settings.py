@@ -1,38 +1,37 @@
 """The server's settings: what one `flowtide server` process is told.
 
-The `flowtide server` command fills them from flags and FLOWTIDE_* variables
-(`ServerSettings.from_env`), so the processes of `uvicorn --workers N` share them.
+The `flowtide server` command hands its flags to its processes as the FLOWTIDE_*
+variables of the settings tree (`ServerSection`, flowtide.settings), which each process
+reads when it starts (`ServerSettings.from_env`), so the processes of `uvicorn --workers
+N` share them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from flowtide.auth.oidc import JwtSettings, parse_role_map
-from flowtide.errors import FlowtideError
+from flowtide.errors import SettingsError
 from flowtide.natsauth import NatsAuth
 from flowtide.web.access import DEFAULT_MAX_BODY
 
 __all__ = ["DEFAULT_STATE_CACHE_MB", "ServerSettings", "state_cache_bytes"]
 
-#: The default memory budget of the executions' states a server process keeps (MiB).
+#: The default memory budget of the executions' states a server process keeps (MiB):
+#: the tree's (flowtide.settings.tree.ServerSection.state_cache_mb).
 DEFAULT_STATE_CACHE_MB = 256
 
 
 def state_cache_bytes() -> int:
     """The state cache's budget in bytes: FLOWTIDE_STATE_CACHE_MB (`flowtide server
-    --state-cache-mb`), else DEFAULT_STATE_CACHE_MB."""
-    text = os.environ.get("FLOWTIDE_STATE_CACHE_MB") or str(DEFAULT_STATE_CACHE_MB)
-    try:
-        mb = int(text)
-    except ValueError:
-        raise FlowtideError(
-            f"FLOWTIDE_STATE_CACHE_MB must be a whole number of MiB, not {text!r}"
-        ) from None
-    if mb < 1:
-        raise FlowtideError(f"FLOWTIDE_STATE_CACHE_MB must be at least 1, not {mb}")
-    return mb * 1024 * 1024
+    --state-cache-mb`), else DEFAULT_STATE_CACHE_MB.
+
+    Raises:
+        SettingsError: not a whole number of MiB, or under 1.
+    """
+    from flowtide.settings import ServerSection, read
+
+    return read(ServerSection).state_cache_mb * 1024 * 1024
 
 
 @dataclass
@@ -70,43 +69,45 @@ class ServerSettings:
 
     @classmethod
     def from_env(cls) -> ServerSettings:
-        db = os.environ.get("FLOWTIDE_DB") or None
-        shards = os.environ.get("FLOWTIDE_SHARDS") or None
-        cluster_db = os.environ.get("FLOWTIDE_CLUSTER_DB") or None
-        if not (db or shards or cluster_db):
-            raise FlowtideError(
+        """The settings `flowtide server` handed its processes (flowtide.settings.tree:
+        ServerSection and NatsSection).
+
+        Raises:
+            SettingsError: a value the tree refuses, or no database named.
+        """
+        from flowtide.settings import ServerSection, read
+
+        tree = read(ServerSection)
+        if not (tree.db or tree.shards or tree.cluster_db):
+            raise SettingsError(
                 "FLOWTIDE_DB must name the PostgreSQL database (or FLOWTIDE_SHARDS and"
-                " FLOWTIDE_CLUSTER_DB the shards and the cluster database)"
+                " FLOWTIDE_CLUSTER_DB the shards and the cluster database)",
+                env="FLOWTIDE_DB",
             )
-        try:
-            shard_index = int(os.environ.get("FLOWTIDE_SHARD_INDEX") or 0)
-        except ValueError:
-            raise FlowtideError("FLOWTIDE_SHARD_INDEX must be a shard index (0, 1, ...)") from None
-        jwks = os.environ.get("FLOWTIDE_JWKS_URL") or None
         jwt = None
-        if jwks:
+        if tree.jwks_url:
             jwt = JwtSettings(
-                jwks_url=jwks,
-                issuer=os.environ.get("FLOWTIDE_JWT_ISSUER") or None,
-                audience=os.environ.get("FLOWTIDE_JWT_AUDIENCE") or None,
-                roles_claim=os.environ.get("FLOWTIDE_JWT_ROLES_CLAIM") or "flowtide_roles",
-                role_map=parse_role_map(os.environ.get("FLOWTIDE_JWT_ROLES")),
-                pool_claim=os.environ.get("FLOWTIDE_JWT_POOL_CLAIM") or "flowtide_pool",
+                jwks_url=tree.jwks_url,
+                issuer=tree.jwt_issuer,
+                audience=tree.jwt_audience,
+                roles_claim=tree.jwt_roles_claim,
+                role_map=parse_role_map(tree.jwt_roles),
+                pool_claim=tree.jwt_pool_claim,
             )
         return cls(
-            db=db,
-            nats=os.environ.get("FLOWTIDE_NATS") or None,
-            kv=os.environ.get("FLOWTIDE_KV", "memory://"),
-            kv_bucket=os.environ.get("FLOWTIDE_KV_BUCKET", "flowtide_state"),
-            cluster_db=cluster_db,
-            lease=float(os.environ.get("FLOWTIDE_LEASE", "30")),
-            insecure_no_auth=os.environ.get("FLOWTIDE_INSECURE_NO_AUTH") == "1",
+            db=tree.db,
+            nats=tree.nats,
+            kv=tree.kv,
+            kv_bucket=tree.kv_bucket,
+            cluster_db=tree.cluster_db,
+            lease=tree.lease,
+            insecure_no_auth=tree.insecure_no_auth,
             jwt=jwt,
-            max_body=int(os.environ.get("FLOWTIDE_MAX_BODY") or DEFAULT_MAX_BODY),
-            public_metrics=os.environ.get("FLOWTIDE_PUBLIC_METRICS") == "1",
+            max_body=tree.max_body,
+            public_metrics=tree.public_metrics,
             nats_auth=NatsAuth.from_env(),
-            shards=shards,
-            shard_index=shard_index,
-            advertise_url=os.environ.get("FLOWTIDE_ADVERTISE_URL") or None,
-            state_cache_bytes=state_cache_bytes(),
+            shards=tree.shards,
+            shard_index=tree.shard_index,
+            advertise_url=tree.advertise_url,
+            state_cache_bytes=tree.state_cache_mb * 1024 * 1024,
         )

@@ -4,7 +4,6 @@ decrypted value to anyone but the worker holding the command that needs it."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,4 +23,6 @@ class ServerVault(CredentialVault):
 
 def server_home() -> Path:
     # Where `flowtide worker` looks too (its --home defaults to $FLOWTIDE_HOME).
-    return Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide")
+    from flowtide.settings import HomeSection, read
+
+    return read(HomeSection).home

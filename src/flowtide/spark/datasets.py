@@ -17,7 +17,6 @@ add `table` and the credential alias `auth`, never the password).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,7 +76,9 @@ def default_location(ctx: ToolContext) -> str:
     server needs storage every node sees: set it to an `s3a://`, `hdfs://` or shared path.
     """
     spark = (ctx.executor or {}).get("spark") or {}
-    configured = os.environ.get(ENV_DATA_DIR) or (
+    from flowtide.settings import SparkSection, read
+
+    configured = read(SparkSection).data_dir or (
         spark.get("data_dir") if isinstance(spark, Mapping) else None
     )
     leaf = f"{ctx.execution_id}/{_SAFE.sub('_', ctx.step)}"

@@ -95,10 +95,13 @@ def resolve_settings(executor: Mapping[str, Any] | None) -> SparkSettings:
     spec = (executor or {}).get("spark") or {}
     if not isinstance(spec, Mapping):
         raise ToolError("executor.spark must be a mapping", kind="config_error")
+    from flowtide.settings import SparkSection, read
+
+    tree = read(SparkSection)
     if _master_override:
         master, source = _master_override, "--spark-master"
-    elif os.environ.get(ENV_MASTER):
-        master, source = os.environ[ENV_MASTER], ENV_MASTER
+    elif tree.master:
+        master, source = tree.master, ENV_MASTER
     elif spec.get("master"):
         master, source = str(spec["master"]), "executor.spark.master"
     else:
@@ -114,8 +117,8 @@ def resolve_settings(executor: Mapping[str, Any] | None) -> SparkSettings:
     if not isinstance(conf, Mapping):
         raise ToolError("executor.spark.conf must be a mapping", kind="config_error")
     jars: list[str] = []
-    if os.environ.get(ENV_JARS):
-        jars.extend(_split_jars(os.environ[ENV_JARS]))
+    if tree.jars:
+        jars.extend(_split_jars(tree.jars))
     elif POSTGRES_JAR.is_file():
         jars.append(str(POSTGRES_JAR))
     extra = spec.get("jars") or []

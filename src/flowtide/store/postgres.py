@@ -17,12 +17,10 @@ writes at once, which is what a stateless server needs.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.errors import NotFoundError, StoreError
@@ -179,7 +177,11 @@ class PostgresStore(SQLStore, KeychainTables):
                 "pip install 'flowtide[postgres]'"
             ) from exc
         self.dsn_display = display_dsn(dsn)
-        self.sealer = sealer or Sealer(Path(os.environ.get("FLOWTIDE_HOME") or ".flowtide"))
+        if sealer is None:
+            from flowtide.settings import HomeSection, read
+
+            sealer = Sealer(read(HomeSection).home)
+        self.sealer = sealer
         self._secrets = {s for s in (_password(dsn), _password(cluster_dsn or "")) if s}
         self._dsns = {"shard": dsn, "cluster": cluster_dsn or dsn}
         self._lock = threading.Lock()

@@ -201,5 +201,7 @@ def check(path: Path | str, *, what: str) -> Path:
 
 def roots_from_env() -> list[str]:
     """FLOWTIDE_FILE_ROOTS as a list (`os.pathsep` separated)."""
-    raw = os.environ.get(ENV_ROOTS, "")
+    from flowtide.settings import HomeSection, read
+
+    raw = read(HomeSection).file_roots or ""
     return [p for p in raw.split(os.pathsep) if p.strip()]

@@ -21,7 +21,6 @@ import atexit
 import base64
 import email.utils
 import json
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -38,7 +37,6 @@ __all__ = ["HttpTool", "close_clients"]
 
 DEFAULT_TIMEOUT = 30.0
 #: Largest response body read (bytes, as received); `max_response_bytes` on a task.
-MAX_RESPONSE_BYTES = int(os.environ.get("FLOWTIDE_HTTP_MAX_RESPONSE_BYTES") or 256 * 1024 * 1024)
 # Sized for a parallel loop of ~64 in-flight requests; beyond that, requests wait for a free
 # connection (bounded by the request's own timeout) instead of opening sockets without limit.
 MAX_CONNECTIONS = 100
@@ -314,7 +312,9 @@ def _response_data(response: httpx.Response, text: str) -> Any:
 def _max_response_bytes(config: Mapping[str, Any]) -> int:
     raw = config.get("max_response_bytes")
     if raw in (None, ""):
-        return MAX_RESPONSE_BYTES
+        from flowtide.settings import LimitsSection, current
+
+        return current(LimitsSection).http_max_response_bytes
     try:
         limit = int(raw)
     except (TypeError, ValueError):

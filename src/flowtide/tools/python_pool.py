@@ -105,26 +105,19 @@ class Isolation:
         Raises:
             ToolError: kind "config_error", a value that is not understood.
         """
-        env = os.environ if environ is None else environ
+        from flowtide.errors import SettingsError
+        from flowtide.settings import PythonSection, read
 
-        def number(name: str, kind: type[int] | type[float]) -> Any:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return None
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ToolError(f"{name}={raw!r}: expected a number", kind="config_error") from None
-            return value if value > 0 else None
-
-        memory_set = bool(env.get("FLOWTIDE_PYTHON_MEMORY_MB", "").strip())
-        memory = number("FLOWTIDE_PYTHON_MEMORY_MB", int)
+        try:
+            tree = read(PythonSection, environ)
+        except SettingsError as exc:
+            raise ToolError(str(exc), kind="config_error") from None
         return cls(
-            mode=env.get("FLOWTIDE_PYTHON_ISOLATION", "").strip() or mode,
-            # Unset: the default; 0: no limit.
-            memory_mb=memory if memory_set else DEFAULT_MEMORY_MB,
-            cpu_seconds=number("FLOWTIDE_PYTHON_CPU_SECONDS", float),
-            user=env.get("FLOWTIDE_PYTHON_USER", "").strip() or None,
+            mode=tree.isolation or mode,
+            # Unset: the default (the tree's, DEFAULT_MEMORY_MB); 0: no limit.
+            memory_mb=tree.memory_mb if tree.memory_mb > 0 else None,
+            cpu_seconds=tree.cpu_seconds if tree.cpu_seconds > 0 else None,
+            user=tree.user or None,
             embedded=embedded,
         )
 
@@ -216,7 +209,9 @@ class ChildPool:
         self.settings = settings
         self.executable = executable or sys.executable
         if max_reply_bytes is None:
-            result_limit = int(os.environ.get("FLOWTIDE_MAX_RESULT_BYTES") or 4 * 1024 * 1024)
+            from flowtide.settings import LimitsSection, current
+
+            result_limit = current(LimitsSection).max_result_bytes
             max_reply_bytes = 4 * result_limit + (1 << 20)
         self.max_reply_bytes = max_reply_bytes
         self._idle: list[_Child] = []

@@ -21,6 +21,7 @@ from flowtide.errors import ServerError
 from flowtide.ids import default_generator, lease_margin
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
+from flowtide.settings import LimitsSection, current
 from flowtide.sharding import shard_for
 from flowtide.tools.files import FileAccess, roots_from_env
 from flowtide.tools.files import configure as configure_files
@@ -135,6 +136,8 @@ class Worker:
             ids=self.ids,
         )
         self.python = python or Isolation.from_env(mode="process", embedded=False)
+        # The result limits, read now: a bad value stops the worker before it claims.
+        current(LimitsSection)
         self.files = FileAccess.for_worker(
             roots_from_env() if file_roots is None else file_roots,
             home=self.home.absolute(),

@@ -1,0 +1,280 @@
+"""Every setting of flowtide, declared once: its type, default, bounds, one line of help,
+and the environment variable it is read from.
+
+A section is a `BaseSettings` class; a setting's variable is the section's prefix and
+the field's name in capitals (`LimitsSection.max_result_bytes` ->
+FLOWTIDE_MAX_RESULT_BYTES). The few names that are older than the tree and do not follow
+the rule say so with `env=` (`validation_alias`), so that every documented variable
+keeps working.
+
+Empty values count as unset (as `os.environ.get(...) or default` did). A flag is `1`
+(on) or `0` / empty (off): anything else is refused, never silently off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = [
+    "SECTIONS",
+    "ClientSection",
+    "Flag",
+    "HomeSection",
+    "LimitsSection",
+    "NatsSection",
+    "PythonSection",
+    "ServerSection",
+    "SparkSection",
+    "setting",
+]
+
+MIB = 1024 * 1024
+
+
+def _flag(value: Any) -> Any:
+    """`1` on, `0` or empty off; the exact words the server's variables took."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if text in ("1", "0", ""):
+        return text == "1"
+    raise ValueError("must be 1 (on) or 0 (off)")
+
+
+#: A switch set as `1` (the `flowtide server` flags hand their processes `1` or nothing).
+Flag = Annotated[bool, BeforeValidator(_flag)]
+
+
+def setting(default: Any, description: str, *, env: str | None = None, **bounds: Any) -> Any:
+    """A setting's declaration: its default, one line of help, its bounds (`ge`, `le`...)
+    and, only for a name older than the tree, the variable it is read from."""
+    return Field(default, description=description, validation_alias=env, **bounds)
+
+
+def _config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(
+        env_prefix=prefix,
+        env_ignore_empty=True,
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+        populate_by_name=True,
+        # "FLOWTIDE_TOKEN= abc " is abc, as `.strip()` made it before the tree.
+        str_strip_whitespace=True,
+    )
+
+
+class ServerSection(BaseSettings):
+    """`flowtide server`: where its databases, NATS and loop state are, who may call it."""
+
+    model_config = _config("FLOWTIDE_")
+
+    db: str | None = setting(
+        None,
+        "PostgreSQL URL of the event store (one database; or --shards with --cluster-db,"
+        " or a shard map in --cluster-db).",
+    )
+    shards: str | None = setting(
+        None,
+        "The shard databases, 'dsn0;dsn1;...' (shard i is the i-th), with --cluster-db for"
+        " the cluster tables. Without it, the cluster database's shard map (`flowtide"
+        " shards add`), else --db alone.",
+    )
+    cluster_db: str | None = setting(
+        None,
+        "PostgreSQL URL of the cluster-wide tables (catalog, credentials), when they live"
+        " apart from --db.",
+    )
+    shard_index: int = setting(0, "The shard this server serves (0..N-1).", ge=0)
+    advertise_url: str | None = setting(
+        None,
+        "The URL other servers and workers reach this server at [default: SCHEME://HOST:PORT].",
+    )
+    nats: str | None = setting(None, "NATS URL for command notifications.")
+    kv: str = setting(
+        "memory://",
+        "Key-value store for loop state: memory:// (inside this process) or"
+        " nats://[USER:PASS@]HOST:PORT (a NATS JetStream server, shared by every process"
+        " that points at it; look inside with `flowtide kv`).",
+    )
+    kv_bucket: str = setting("flowtide_state", "Bucket for loop state (created if missing).")
+    lease: float = setting(30.0, "Seconds a claimed command survives without a heartbeat.", ge=1)
+    insecure_no_auth: Flag = setting(
+        False,
+        "Serve every request without a token: anyone who reaches the port may run code on"
+        " the workers. Only for a machine nobody else can reach.",
+    )
+    max_body: int = setting(
+        16 * MIB, "Largest request body in bytes; larger ones get 413 unread.", ge=1024
+    )
+    public_metrics: Flag = setting(False, "Serve /metrics without a token.")
+    state_cache_mb: int = setting(
+        256,
+        "Memory for the executions' states each server process keeps (MiB, estimated):"
+        " running executions first, finished ones only briefly.",
+        ge=1,
+    )
+    jwks_url: str | None = setting(
+        None, "Also accept bearer JWTs signed by a key of this JWKS (single sign-on)."
+    )
+    jwt_issuer: str | None = setting(None, "Required `iss`.")
+    jwt_audience: str | None = setting(None, "Required `aud`.")
+    jwt_roles_claim: str = setting(
+        "flowtide_roles", "Claim holding the caller's roles or groups (a string or a list)."
+    )
+    jwt_roles: str | None = setting(
+        None,
+        "VALUE=ROLE,...: the values of the roles claim that grant each role (--jwt-role)."
+        " Without any, the values must be role names.",
+    )
+    jwt_pool_claim: str = setting(
+        "flowtide_pool", "Claim naming a worker's pool (absent: any pool)."
+    )
+    tls_cert: Path | None = setting(
+        None, "Serve HTTPS with this certificate (PEM, with its chain)."
+    )
+    tls_key: Path | None = setting(None, "The certificate's private key (PEM).")
+    client_ca: Path | None = setting(
+        None, "Mutual TLS: require a client certificate signed by this CA (PEM)."
+    )
+
+
+class NatsSection(BaseSettings):
+    """Credentials of NATS connections whose URL carries none (flowtide.natsauth)."""
+
+    model_config = _config("FLOWTIDE_NATS_")
+
+    user: str | None = setting(None, "NATS user (with FLOWTIDE_NATS_PASSWORD).")
+    password: str | None = setting(None, "The NATS user's password.", repr=False)
+    creds: str | None = setting(
+        None,
+        "NATS .creds file (user JWT + nkey seed) for NATS URLs without user:password@; or"
+        " set FLOWTIDE_NATS_USER and FLOWTIDE_NATS_PASSWORD.",
+    )
+    ca: str | None = setting(
+        None, "PEM file of the CA(s) that sign the NATS servers' certificates."
+    )
+
+
+class LimitsSection(BaseSettings):
+    """How large a result or a response may be."""
+
+    model_config = _config("FLOWTIDE_")
+
+    max_result_bytes: int = setting(
+        4 * MIB,
+        "Largest result recorded in events, as JSON; a bigger one is stored by reference.",
+        ge=0,
+    )
+    max_stored_result_bytes: int = setting(
+        512 * MIB, "Largest result stored by reference (JSON bytes).", ge=0
+    )
+    inline_max_bytes: int = setting(
+        64 * 1024,
+        "Inline limit of a step that declares `output` (NoETL's NOETL_INLINE_MAX_BYTES).",
+        ge=0,
+    )
+    http_max_response_bytes: int = setting(
+        256 * MIB, "Largest HTTP response body a `kind: http` step reads by default.", ge=0
+    )
+
+
+class PythonSection(BaseSettings):
+    """How python steps run (flowtide.tools.python_pool)."""
+
+    model_config = _config("FLOWTIDE_PYTHON_")
+
+    isolation: str | None = setting(
+        None,
+        "process: python steps run in child processes that cancel and timeouts kill;"
+        " thread: in the worker process (cannot be stopped).",
+    )
+    user: str | None = setting(
+        None,
+        "User the python child processes run as when the worker runs as root [default: nobody].",
+    )
+    # No lower bound: 0 or less has always meant no limit.
+    memory_mb: int = setting(2048, "Address space of a python child process, MiB (0: no limit).")
+    cpu_seconds: float = setting(0.0, "CPU seconds one python step may use (0: no limit).")
+
+
+class SparkSection(BaseSettings):
+    """Where spark steps run and what they load (flowtide.spark)."""
+
+    model_config = _config("FLOWTIDE_SPARK_")
+
+    master: str | None = setting(
+        None,
+        "Where spark steps run: local[*] (default), sc://HOST:PORT (Spark Connect),"
+        " spark://HOST:PORT, k8s://..., yarn. Wins over the playbook's"
+        " executor.spark.master.",
+    )
+    jars: str | None = setting(
+        None, "Jars for the SparkSession, ','- or os.pathsep-separated (default: the JDBC driver)."
+    )
+    data_dir: str | None = setting(None, "Where spark steps write their datasets.")
+
+
+class ClientSection(BaseSettings):
+    """How the CLI and workers reach a flowtide server."""
+
+    model_config = _config("FLOWTIDE_")
+
+    server: str | None = setting(None, "flowtide server URL.")
+    token: str | None = setting(None, "API token sent to the server.", repr=False)
+    token_file: str | None = setting(None, "File holding the API token.")
+    ca: str | None = setting(None, "CA file (PEM) that signed an https server's certificate.")
+    client_cert: str | None = setting(
+        None, "Client certificate (PEM) shown to a server that requires mutual TLS."
+    )
+    client_key: str | None = setting(None, "The client certificate's private key (PEM).")
+
+
+class HomeSection(BaseSettings):
+    """Where a process keeps its state, and what each process of it is."""
+
+    model_config = _config("FLOWTIDE_")
+
+    home: Path = setting(Path(".flowtide"), "State folder.")
+    master_key: str | None = setting(
+        None,
+        "Fernet key(s) that seal credentials, comma-separated (default: HOME/master.key).",
+        repr=False,
+    )
+    file_roots: str | None = setting(
+        None,
+        "Folders a worker's steps may use, os.pathsep-separated ('*': any); default: the"
+        " working directory.",
+    )
+    result_store: str | None = setting(
+        None, "Folder or fsspec URL where results stored by reference go (one folder per tier)."
+    )
+    result_store_kv: str | None = setting(None, "Location of the kv tier of stored results.")
+    result_store_disk: str | None = setting(None, "Location of the disk tier of stored results.")
+    result_store_s3: str | None = setting(None, "Location of the s3 tier (s3://bucket/prefix).")
+    result_store_gcs: str | None = setting(None, "Location of the gcs tier (gs://bucket/prefix).")
+    trace: str | None = setting(
+        None, "Folder where each process writes its per-command trace marks (benchmarks)."
+    )
+    worker_id: str | None = setting(
+        None,
+        "Name from which the process's snowflake machine id is hashed (default: HOST:PID).",
+        env="WORKER_ID",
+    )
+
+
+#: The tree: each section by its name (`flowtide.settings.reading("limits")`), in the order
+#: the README's table lists them.
+SECTIONS: dict[str, type[BaseSettings]] = {
+    "server": ServerSection,
+    "nats": NatsSection,
+    "client": ClientSection,
+    "home": HomeSection,
+    "limits": LimitsSection,
+    "python": PythonSection,
+    "spark": SparkSection,
+}

@@ -19,6 +19,7 @@
     ├── DevStackError        a part of the dev stack cannot start or stop (flowtide.dev)
     ├── KVUnavailable        a KV bucket cannot be opened as given (flowtide.kv.errors)
     ├── SettingsError        a setting's value is invalid (env, value; flowtide.settings)
+    ├── TriggerError         a schedule, hook or subscription is invalid (name, field)
     └── RequestError         an API route refuses a request (status; flowtide.web.problems)
 
 Errors carry their data as attributes; the message is for people.
@@ -281,6 +282,31 @@ class SettingsError(FlowtideError):
         self.env = env
         self.value = value
         super().__init__(message)
+
+
+class TriggerError(FlowtideError):
+    """A schedule, hook or subscription cannot be used as given: `name` is the trigger's
+    name (when known), `field` the field at fault (`cron`, `timezone`, `every`, ...),
+    `location` where it was written (`file:line:column`, when it came from a document)."""
+
+    refused = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        field: str | None = None,
+        location: str | None = None,
+    ) -> None:
+        self.message = message
+        self.name = name
+        self.field = field
+        self.location = location
+        where = f"{location}: " if location else ""
+        what = f"schedule {name!r}, " if name else ""
+        what += f"field {field!r}: " if field else ""
+        super().__init__(f"{where}{what}{message}")
 
 
 class ServerError(FlowtideError):

@@ -5,7 +5,8 @@
     ├── TemplateError        a template failed to render (step, expression, missing name)
     ├── ToolError            a tool call failed (kind, retryable, code, http_status)
     ├── StoreError           event/command/catalog store failure
-    │   └── NotFoundError    no such execution / playbook / credential
+    │   ├── NotFoundError    no such execution / playbook / credential
+    │   └── AlreadyFired     a trigger's slot, delivery or message fired before (execution_id)
     ├── CredentialError      missing alias, bad master key
     ├── AuthError            a request without valid credentials (401) or rights (403)
     │   └── WrongPool        a worker's claim of another pool's command (403)
@@ -201,6 +202,18 @@ class NotFoundError(StoreError):
     """No such execution, playbook version or credential."""
 
     refused = True
+
+
+class AlreadyFired(StoreError):
+    """A trigger's firing (a schedule's slot, a webhook's delivery id, a subscription's
+    message) is already recorded: nothing new was written. `execution_id` is the run it
+    started, None when it started none (a skipped or buffered slot)."""
+
+    def __init__(self, trigger_id: int, key: str, execution_id: int | None) -> None:
+        super().__init__(f"trigger {trigger_id}: {key!r} fired before")
+        self.trigger_id = trigger_id
+        self.key = key
+        self.execution_id = execution_id
 
 
 class CredentialError(FlowtideError):

@@ -28,6 +28,8 @@ from flowtide.store import (
     Store,
 )
 
+from .trigger_conformance import TriggerConformance
+
 StoreFactory = Callable[[], Store]
 RawQuery = Callable[[str], list[tuple[Any, ...]]]
 
@@ -59,7 +61,7 @@ def command(
     return CommandUpdate(command_id=command_id, execution_id=execution_id, status=status, **fields)
 
 
-class StoreConformance:
+class StoreConformance(TriggerConformance):
     """Behaviour every `Store` adapter must show."""
 
     __test__ = False

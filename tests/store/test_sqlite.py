@@ -116,6 +116,11 @@ def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
         )
     raw = _raw(path)  # back to what flowtide with schema version 1 wrote
     raw.execute("DROP TABLE execution_summary")
+    for table in ("trigger_firing", "trigger_state", "trigger_def"):
+        raw.execute(f"DROP TABLE {table}")
+    raw.execute("DROP INDEX execution_trigger")
+    for column in ("trigger_kind", "trigger_name", "trigger_key"):
+        raw.execute(f"ALTER TABLE execution DROP COLUMN {column}")
     raw.execute("DELETE FROM schema_version WHERE version > 1")
     raw.commit()
     raw.close()
@@ -124,6 +129,8 @@ def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
         assert store.get_summary(1) is None
         store.put_summary(1, {"status": "completed"}, format=1)
         assert store.get_summary(1) == (1, {"status": "completed"})
+        assert store.get_execution(1).trigger is None
+        assert store.list_triggers() == []
 
 
 def test_not_a_database(tmp_path: Path) -> None:

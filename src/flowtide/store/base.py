@@ -5,7 +5,8 @@ The port is synchronous: the runtime calls it from a dedicated writer thread, an
 
 Per-execution data (executions, events, commands) is always addressed by execution_id so a
 sharded router can forward each call to the owning shard; catalog and credentials are
-cluster-wide. Adapters raise only `flowtide.errors.StoreError` / `NotFoundError`.
+cluster-wide. Adapters raise only `flowtide.errors.StoreError` / `NotFoundError`. The
+triggers' part of the port (schedules, webhooks, subscriptions) is `store.triggers`.
 
 Secrets: a writer passes each execution's secret set (the values its tools touched); what
 holds one of them is stored sealed with the master key and read back intact
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
 from flowtide.engine.events import Command, Event
+from flowtide.store.triggers import Firing, TriggerStore
 
 __all__ = [
     "COMMAND_STATUSES",
@@ -96,6 +98,8 @@ class ExecutionRow:
     error: dict[str, Any] | None
     created: float
     updated: float
+    #: What started it: {"kind", "name", key} (`store.triggers.TRIGGER_KEYS`), or None.
+    trigger: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +207,7 @@ class CatalogRow:
 
 
 @runtime_checkable
-class Store(Protocol):
+class Store(TriggerStore, Protocol):
     """Event log, commands, execution projection, playbook catalog and credentials."""
 
     # -- executions ------------------------------------------------------------------
@@ -221,6 +225,7 @@ class Store(Protocol):
         parent_command_id: int | None = None,
         created: float,
         secrets: Collection[str] = (),
+        firing: Firing | None = None,
     ) -> None:
         """Record a new execution with status `EXECUTION_CREATED` and `updated = created`.
 
@@ -236,7 +241,10 @@ class Store(Protocol):
             created: Unix seconds.
             secrets: the execution's secret set so far (a sub-playbook inherits its
                 parent's): a workload holding one is stored sealed.
+            firing: the trigger firing that starts it, recorded in the same transaction
+                (the execution's `trigger`).
         Raises:
+            AlreadyFired: `firing` was recorded before; nothing is written.
             StoreError: the execution already exists, or the store failed.
         """
         ...
@@ -267,6 +275,7 @@ class Store(Protocol):
         min_seconds: float | None = None,
         max_seconds: float | None = None,
         now: float | None = None,
+        trigger: str | None = None,
     ) -> list[ExecutionRow]:
         """Return executions newest first (execution_id descending).
 
@@ -284,6 +293,8 @@ class Store(Protocol):
             max_seconds: only executions that lasted at most this long (as above).
             now: the time running executions' durations are measured to (default: the
                 current time).
+            trigger: only executions a trigger started: its kind ("schedule", "hook",
+                "subscription"), or "kind:name" for one trigger.
         Returns:
             The rows, newest first.
         Raises:

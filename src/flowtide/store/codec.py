@@ -27,6 +27,7 @@ from flowtide.store.base import (
     ExecutionRow,
     ExecutionUpdate,
 )
+from flowtide.store.triggers import TRIGGER_KEYS
 
 __all__ = [
     "CATALOG_FIELDS",
@@ -48,6 +49,7 @@ __all__ = [
     "execution_row",
     "execution_update_params",
     "load_json",
+    "trigger_doc",
 ]
 
 # Compact separators keep rows small; ensure_ascii stays on so any Python str (even a lone
@@ -58,7 +60,8 @@ decode = json.loads
 
 EXECUTION_COLUMNS: Final = (
     "execution_id, parent_execution_id, parent_command_id, playbook_path, playbook_version,"
-    " playbook_file, playbook_text, workload, status, result, error, created, updated"
+    " playbook_file, playbook_text, workload, status, result, error, created, updated,"
+    " trigger_kind, trigger_name, trigger_key"
 )
 # Column order matches Event's field order so rows map onto it positionally.
 EVENT_COLUMNS: Final = (
@@ -134,7 +137,15 @@ def execution_row(r: Sequence[Any], sealer: Sealer | None) -> ExecutionRow:
         error=load_json(r[10], sealer, f"{what}: error"),
         created=r[11],
         updated=r[12],
+        trigger=trigger_doc(r[13], r[14], r[15]),
     )
+
+
+def trigger_doc(kind: str | None, name: str | None, key: str | None) -> dict[str, str] | None:
+    """An execution's `trigger` from its three columns (None: no trigger started it)."""
+    if kind is None:
+        return None
+    return {"kind": kind, "name": name or "", TRIGGER_KEYS.get(kind, "key"): key or ""}
 
 
 def command_row(r: Sequence[Any]) -> CommandRow:

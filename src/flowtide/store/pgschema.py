@@ -202,6 +202,37 @@ SHARD: Final = Component(
             )
             """,
         ),
+        # Triggers (flowtide.triggers): what started an execution (a schedule's slot, a
+        # webhook delivery, a message), and each trigger's firings and planning state in
+        # the shard that owns it, written in the transaction that creates the execution:
+        # a slot, a delivery or a message starts exactly one run.
+        7: (
+            "ALTER TABLE execution ADD COLUMN trigger_kind text",
+            "ALTER TABLE execution ADD COLUMN trigger_name text",
+            "ALTER TABLE execution ADD COLUMN trigger_key text",
+            "CREATE INDEX execution_trigger ON execution (trigger_kind, trigger_name,"
+            " execution_id) WHERE trigger_kind IS NOT NULL",
+            """
+            CREATE TABLE trigger_firing (
+                trigger_id   bigint NOT NULL,
+                key          text NOT NULL,
+                slot         double precision,
+                status       text NOT NULL,
+                execution_id bigint,
+                time         double precision NOT NULL,
+                reason       text,
+                PRIMARY KEY (trigger_id, key)
+            )
+            """,
+            "CREATE INDEX trigger_firing_time ON trigger_firing (trigger_id, time)",
+            """
+            CREATE TABLE trigger_state (
+                trigger_id bigint PRIMARY KEY,
+                watermark  double precision NOT NULL,
+                updated    double precision NOT NULL
+            )
+            """,
+        ),
     },
 )
 
@@ -335,6 +366,25 @@ CLUSTER: Final = Component(
             )
             """,
             "CREATE INDEX server_endpoint_shard ON server_endpoint (shard_index, heartbeat)",
+        ),
+        # Triggers (flowtide.triggers): schedules, webhooks and subscriptions by kind and
+        # name; `trigger_id` (a snowflake) names the shard that fires it; a webhook's
+        # secret is sealed like a credential.
+        8: (
+            """
+            CREATE TABLE trigger_def (
+                kind       text NOT NULL,
+                name       text NOT NULL,
+                trigger_id bigint NOT NULL UNIQUE,
+                spec       text NOT NULL,
+                secret     bytea,
+                paused     boolean NOT NULL DEFAULT false,
+                resumed    double precision,
+                created    double precision NOT NULL,
+                updated    double precision NOT NULL,
+                PRIMARY KEY (kind, name)
+            )
+            """,
         ),
     },
 )

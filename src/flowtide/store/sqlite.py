@@ -32,7 +32,7 @@ from flowtide.store.sql import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 # Driver-level failures translated to StoreError. sqlite3 raises OverflowError for integers
 # beyond 64 bits and UnicodeEncodeError (a ValueError) for strings it cannot encode.
@@ -129,6 +129,47 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
             execution_id INTEGER PRIMARY KEY,
             format       INTEGER NOT NULL,
             doc          TEXT NOT NULL
+        )
+        """,
+    ),
+    # Triggers (see the PostgreSQL schema's shard version 7 and cluster version 8).
+    2: (
+        "ALTER TABLE execution ADD COLUMN trigger_kind TEXT",
+        "ALTER TABLE execution ADD COLUMN trigger_name TEXT",
+        "ALTER TABLE execution ADD COLUMN trigger_key TEXT",
+        "CREATE INDEX execution_trigger ON execution (trigger_kind, trigger_name, execution_id)",
+        """
+        CREATE TABLE trigger_firing (
+            trigger_id   INTEGER NOT NULL,
+            key          TEXT NOT NULL,
+            slot         REAL,
+            status       TEXT NOT NULL,
+            execution_id INTEGER,
+            time         REAL NOT NULL,
+            reason       TEXT,
+            PRIMARY KEY (trigger_id, key)
+        )
+        """,
+        "CREATE INDEX trigger_firing_time ON trigger_firing (trigger_id, time)",
+        """
+        CREATE TABLE trigger_state (
+            trigger_id INTEGER NOT NULL PRIMARY KEY,
+            watermark  REAL NOT NULL,
+            updated    REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE trigger_def (
+            kind       TEXT NOT NULL,
+            name       TEXT NOT NULL,
+            trigger_id INTEGER NOT NULL UNIQUE,
+            spec       TEXT NOT NULL,
+            secret     BLOB,
+            paused     INTEGER NOT NULL DEFAULT 0,
+            resumed    REAL,
+            created    REAL NOT NULL,
+            updated    REAL NOT NULL,
+            PRIMARY KEY (kind, name)
         )
         """,
     ),

@@ -37,7 +37,8 @@ from flowtide.store.codec import (
     execution_update_params,
     update_execution_sql,
 )
-from flowtide.store.sql.adapter import SQLAdapter
+from flowtide.store.sql.triggers import TriggerTables
+from flowtide.store.triggers import Firing
 
 #: Keep an ended execution's summary (`Store.put_summary`), replacing an older one.
 PUT_SUMMARY: Final = (
@@ -66,7 +67,8 @@ UPSERT_COMMAND: Final = (
 _INSERT_EXECUTION: Final = (
     "INSERT INTO execution (execution_id, parent_execution_id, parent_command_id,"
     " playbook_path, playbook_version, playbook_file, playbook_text, workload, status,"
-    " created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " created, updated, trigger_kind, trigger_name, trigger_key)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _PENDING_COMMANDS: Final = (
     f"SELECT {COMMAND_COLUMNS} FROM command WHERE execution_id = ?"
@@ -78,7 +80,7 @@ _UPDATE_EXECUTION: Final = {
 }
 
 
-class ExecutionTables(SQLAdapter):
+class ExecutionTables(TriggerTables):
     """Executions, events, commands and summaries (the shard part)."""
 
     def append(
@@ -115,6 +117,7 @@ class ExecutionTables(SQLAdapter):
         parent_command_id: int | None = None,
         created: float,
         secrets: Collection[str] = (),
+        firing: Firing | None = None,
     ) -> None:
         """See `flowtide.store.base.Store.create_execution`."""
         sql, row = self.execution_insert(
@@ -128,9 +131,12 @@ class ExecutionTables(SQLAdapter):
             parent_command_id=parent_command_id,
             created=created,
             secrets=secrets,
+            firing=firing,
         )
         try:
             with self.transaction("create_execution") as conn:
+                if firing is not None:
+                    self.record_firing(conn, firing, execution_id, created)
                 conn.execute(sql, row)
         except StoreError as exc:
             if self._is_duplicate(exc.__cause__):
@@ -150,8 +156,11 @@ class ExecutionTables(SQLAdapter):
         parent_command_id: int | None = None,
         created: float,
         secrets: Collection[str] = (),
+        firing: Firing | None = None,
     ) -> tuple[str, tuple[Any, ...]]:
-        """(sql, params) inserting a new execution row (`Store.create_execution`)."""
+        """(sql, params) inserting a new execution row (`Store.create_execution`); the
+        firing that starts it, if any, is recorded separately (`record_firing`) in the
+        same transaction."""
         workload_text = encode_value(workload, f"execution {execution_id}: workload")
         row = (
             execution_id,
@@ -165,6 +174,9 @@ class ExecutionTables(SQLAdapter):
             EXECUTION_CREATED,
             created,
             created,
+            firing.kind if firing else None,
+            firing.name if firing else None,
+            firing.key if firing else None,
         )
         return self._sql(_INSERT_EXECUTION), row
 
@@ -200,6 +212,7 @@ class ExecutionTables(SQLAdapter):
         min_seconds: float | None = None,
         max_seconds: float | None = None,
         now: float | None = None,
+        trigger: str | None = None,
     ) -> list[ExecutionRow]:
         """See `flowtide.store.base.Store.list_executions`."""
         check_limit(limit)
@@ -222,6 +235,13 @@ class ExecutionTables(SQLAdapter):
         if parent_id is not None:
             where.append("parent_execution_id = ?")
             params.append(parent_id)
+        if trigger is not None:
+            kind, _, name = trigger.partition(":")
+            where.append("trigger_kind = ?")
+            params.append(kind)
+            if name:
+                where.append("trigger_name = ?")
+                params.append(name)
         if created_since is not None:
             where.append("created >= ?")
             params.append(created_since)

@@ -118,8 +118,9 @@ def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     raw.execute("DROP TABLE execution_summary")
     for table in ("trigger_firing", "trigger_state", "trigger_def"):
         raw.execute(f"DROP TABLE {table}")
-    raw.execute("DROP INDEX execution_trigger")
-    for column in ("trigger_kind", "trigger_name", "trigger_key"):
+    for index in ("execution_trigger", "execution_deadline", "execution_sla"):
+        raw.execute(f"DROP INDEX {index}")
+    for column in ("trigger_kind", "trigger_name", "trigger_key", "deadline", "sla"):
         raw.execute(f"ALTER TABLE execution DROP COLUMN {column}")
     raw.execute("DELETE FROM schema_version WHERE version > 1")
     raw.commit()

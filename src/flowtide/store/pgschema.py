@@ -212,6 +212,12 @@ SHARD: Final = Component(
             "ALTER TABLE execution ADD COLUMN trigger_key text",
             "CREATE INDEX execution_trigger ON execution (trigger_kind, trigger_name,"
             " execution_id) WHERE trigger_kind IS NOT NULL",
+            # A playbook's `timeout:` and `sla:` as instants (flowtide.triggers deadlines):
+            # the reaper finds the runs past them with one indexed scan.
+            "ALTER TABLE execution ADD COLUMN deadline double precision",
+            "ALTER TABLE execution ADD COLUMN sla double precision",
+            "CREATE INDEX execution_deadline ON execution (deadline) WHERE deadline IS NOT NULL",
+            "CREATE INDEX execution_sla ON execution (sla) WHERE sla IS NOT NULL",
             """
             CREATE TABLE trigger_firing (
                 trigger_id   bigint NOT NULL,

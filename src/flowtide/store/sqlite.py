@@ -138,6 +138,10 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
         "ALTER TABLE execution ADD COLUMN trigger_name TEXT",
         "ALTER TABLE execution ADD COLUMN trigger_key TEXT",
         "CREATE INDEX execution_trigger ON execution (trigger_kind, trigger_name, execution_id)",
+        "ALTER TABLE execution ADD COLUMN deadline REAL",
+        "ALTER TABLE execution ADD COLUMN sla REAL",
+        "CREATE INDEX execution_deadline ON execution (deadline) WHERE deadline IS NOT NULL",
+        "CREATE INDEX execution_sla ON execution (sla) WHERE sla IS NOT NULL",
         """
         CREATE TABLE trigger_firing (
             trigger_id   INTEGER NOT NULL,

@@ -117,10 +117,14 @@ class ServerClient:
         """The execution's document (the same as `flowtide run --json` prints)."""
         return dict(self._call("GET", f"/api/executions/{execution_id}"))
 
-    def list_executions(self, *, status: str | None = None, limit: int = 50) -> list[Any]:
+    def list_executions(
+        self, *, status: str | None = None, limit: int = 50, trigger: str | None = None
+    ) -> list[Any]:
         params: dict[str, Any] = {"limit": limit}
         if status:
             params["status"] = status
+        if trigger:
+            params["trigger"] = trigger
         return list(self._call("GET", "/api/executions", params=params)["items"])
 
     def cancel(self, execution_id: int, reason: str) -> dict[str, Any]:

@@ -16,11 +16,13 @@ from flowtide.cli.backends import (
 )
 from flowtide.cli.options import (
     EXIT_INTERRUPTED,
+    EXIT_INVALID,
     DbOpt,
     ExecutionIdArg,
     HomeOpt,
     JsonOpt,
     ServerOpt,
+    err,
     print_json,
 )
 
@@ -140,6 +142,14 @@ def _print_event(e: Event) -> None:
 def list_executions(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
     status_filter: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    trigger: Annotated[
+        str | None,
+        typer.Option(
+            "--trigger",
+            help="Only runs a trigger started: schedule, hook or subscription, or KIND:NAME "
+            "for one (schedule:nightly).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
@@ -150,22 +160,45 @@ def list_executions(
 
     if server:
         with server_client(server) as api:
-            items = remote_or_exit(lambda: api.list_executions(status=status_filter, limit=limit))
+            items = remote_or_exit(
+                lambda: api.list_executions(status=status_filter, limit=limit, trigger=trigger)
+            )
         if as_json:
             print_json(items)
             return
         for item in items:
             ts = datetime.datetime.fromtimestamp(item["created"]).strftime("%Y-%m-%d %H:%M:%S")
-            typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<10} {item['playbook']}")
+            by = _started_by(item.get("trigger"))
+            typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<10} {item['playbook']}{by}")
         return
     from flowtide.documents.listing import execution_item
 
     store = open_store(home, db)
-    rows = store.list_executions(status=status_filter, limit=limit)
+    if trigger is not None:
+        _check_trigger_filter(trigger)
+    rows = store.list_executions(status=status_filter, limit=limit, trigger=trigger)
     store.close()
     if as_json:
         print_json([execution_item(r) for r in rows])
         return
     for r in rows:
         ts = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
-        typer.echo(f"{r.execution_id}  {ts}  {r.status:<10} {r.playbook_path or r.playbook_file}")
+        by = _started_by(r.trigger)
+        typer.echo(
+            f"{r.execution_id}  {ts}  {r.status:<10} {r.playbook_path or r.playbook_file}{by}"
+        )
+
+
+def _started_by(trigger: dict[str, str] | None) -> str:
+    """`  (schedule nightly 2026-11-28T02:00:00Z)`: what started a listed run."""
+    if not trigger:
+        return ""
+    key = next((v for k, v in trigger.items() if k not in ("kind", "name")), "")
+    return f"  ({trigger['kind']} {trigger['name']} {key})"
+
+
+def _check_trigger_filter(trigger: str) -> None:
+    kind = trigger.partition(":")[0]
+    if kind not in ("schedule", "hook", "subscription"):
+        err(f"--trigger: {kind!r} is not a trigger kind (schedule, hook or subscription)")
+        raise typer.Exit(EXIT_INVALID)

@@ -57,9 +57,13 @@ class ExecutionDocument(TypedDict):
 
 
 class ShownExecution(ExecutionDocument, total=False):
-    """`GET /api/executions/{id}`: the document and the playbook's path or file."""
+    """`GET /api/executions/{id}`: the document, the playbook's path or file, and what
+    started it when a trigger did."""
 
     playbook: str | None
+    #: {"kind": "schedule"|"hook"|"subscription", "name", and "slot", "delivery" or
+    #: "message"}; null for a run a person, a program or a parent started.
+    trigger: dict[str, str] | None
 
 
 class ChildResult(TypedDict):

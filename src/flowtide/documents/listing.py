@@ -42,6 +42,8 @@ class ExecutionItem(TypedDict):
     parent_command_id: str | None
     #: A running execution's progress when known cheaply, else null.
     progress: Progress | None
+    #: What started it when a trigger did (see `ShownExecution.trigger`), else null.
+    trigger: dict[str, str] | None
 
 
 class ShardMissing(TypedDict):
@@ -71,6 +73,7 @@ class ListQuery:
     until: float | None = None
     min_seconds: float | None = None
     max_seconds: float | None = None
+    trigger: str | None = None
 
 
 def listed(store: Store, q: ListQuery) -> list[ExecutionRow]:
@@ -85,6 +88,7 @@ def listed(store: Store, q: ListQuery) -> list[ExecutionRow]:
         created_until=q.until,
         min_seconds=q.min_seconds,
         max_seconds=q.max_seconds,
+        trigger=q.trigger,
     )
 
 
@@ -106,6 +110,7 @@ def execution_item(
         "parent_execution_id": str(row.parent_execution_id) if row.parent_execution_id else None,
         "parent_command_id": str(row.parent_command_id) if row.parent_command_id else None,
         "progress": progress,
+        "trigger": row.trigger,
     }
 
 

@@ -38,6 +38,7 @@ from flowtide.runtime.pipeline import StepRunner
 from flowtide.runtime.threads import WorkerPool
 from flowtide.settings import LimitsSection, current
 from flowtide.store.base import ExecutionUpdate, Store
+from flowtide.store.triggers import Firing
 from flowtide.tools.registry import cancel_running, warm_tools
 from flowtide.tools.subplaybook import child_result
 
@@ -158,11 +159,14 @@ class LocalRuntime:
         catalog_version: int | None = None,
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
+        firing: Firing | None = None,
     ) -> int:
         """Create an execution of `playbook` and start it. Returns its execution_id.
+        `firing` (a trigger's) is recorded with it.
 
         Raises:
             TemplateError: the workload does not render.
+            AlreadyFired: `firing` fired before; nothing started.
         """
         parent = self._states.get(parent_execution_id) if parent_execution_id else None
         start = start_execution(
@@ -178,7 +182,12 @@ class LocalRuntime:
         )
         if self.locks is not None:
             self.locks.acquire(start.execution_id)
-        self.store.create_execution(start.execution_id, **start.columns())
+        try:
+            self.store.create_execution(start.execution_id, **start.columns(), firing=firing)
+        except BaseException:
+            if self.locks is not None:
+                self.locks.release(start.execution_id)
+            raise
         self._register(playbook, start.execution_id)
         await self._warm(playbook)
         await self._post(start.events)

@@ -46,6 +46,7 @@ from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
+from flowtide.store.triggers import Firing
 
 if TYPE_CHECKING:
     import psycopg
@@ -180,8 +181,11 @@ class Coordinator:
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         pool: str = "default",
+        firing: Firing | None = None,
     ) -> int:
-        """Create an execution and take its first engine step in one transaction."""
+        """Create an execution and take its first engine step in one transaction;
+        `firing` (a trigger's) is recorded in it (AlreadyFired: it fired before, nothing
+        is written)."""
         inherited: frozenset[str] = frozenset()
         if parent_execution_id is not None:
             # A sub-playbook's workload comes from its parent's data: it is sealed (and
@@ -201,7 +205,8 @@ class Coordinator:
             pool=pool,
         )
         execution_id = start.execution_id
-        insert = self.store.execution_insert(execution_id, **start.columns())
+        insert = self.store.execution_insert(execution_id, **start.columns(), firing=firing)
+        created = start.created
         incoming = start.events
 
         def create(conn: psycopg.Connection) -> None:
@@ -217,6 +222,8 @@ class Coordinator:
                         parent_execution_id,
                         parent.status if parent.status in TERMINAL else "cancelling",
                     )
+            if firing is not None:
+                self.store.record_firing(conn, firing, execution_id, created)
             conn.execute(*insert)
 
         fresh = self.cache.new(playbook, execution_id, pool)

@@ -19,6 +19,7 @@ from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
 from flowtide.store import pg
 from flowtide.store.codec import load_json
 from flowtide.store.pg.events import LogPosition
+from flowtide.store.triggers import Firing
 from flowtide.web.reads import FeedRead
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class ServerReads:
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         pool: str = "default",
+        firing: Firing | None = None,
     ) -> int:
         return await self.coordinator.execute(
             playbook,
@@ -153,6 +155,7 @@ class ServerReads:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             pool=pool,
+            firing=firing,
         )
 
     async def cancel(self, execution_id: int, reason: str) -> str:

@@ -25,6 +25,7 @@ from flowtide.documents.summary import Progress, execution_summary, keep_summary
 from flowtide.errors import NotFoundError, PlaybookError
 from flowtide.runlock import ExecutionBusy, RunLocks
 from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
+from flowtide.store.triggers import Firing
 from flowtide.ui.fold import FoldCache, overlap_floor
 from flowtide.web.executions import sse_stream
 from flowtide.web.problems import RequestError
@@ -144,10 +145,11 @@ class LocalReads:
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         pool: str = "default",
+        firing: Firing | None = None,
     ) -> int:
         """In this process (`pool` names a server's workers: nothing here)."""
         return await self._live().start(
-            playbook, workload=workload, catalog_version=catalog_version
+            playbook, workload=workload, catalog_version=catalog_version, firing=firing
         )
 
     async def cancel(self, execution_id: int, reason: str) -> str:

@@ -155,7 +155,11 @@ async def get_execution(execution_id: IdPath, who: Caller, reads: Reads) -> Show
     await reads.check(who, execution_id)
     state = await reads.state(execution_id)
     row = await reads.row(execution_id)
-    return {**shown(state), "playbook": row.playbook_path or row.playbook_file}
+    return {
+        **shown(state),
+        "playbook": row.playbook_path or row.playbook_file,
+        "trigger": row.trigger,
+    }
 
 
 @router.get("/api/executions/{execution_id}/summary", responses=problem_responses(404))

@@ -48,10 +48,28 @@ def list_query(
         float | None,
         Query(ge=0, le=_MAX_SECONDS, description="Only executions that lasted at most this long."),
     ] = None,
+    trigger: Annotated[
+        Text | None,
+        Query(
+            max_length=300,
+            pattern=r"^(schedule|hook|subscription)(:[^:]+)?$",
+            description="Only executions a trigger started: its kind (`schedule`, `hook`, "
+            "`subscription`) or `kind:name` for one trigger.",
+        ),
+    ] = None,
 ) -> ListQuery:
     """The list's query parameters (a FastAPI dependency)."""
     return ListQuery(
-        status, limit, before, playbook or None, parent, since, until, min_seconds, max_seconds
+        status,
+        limit,
+        before,
+        playbook or None,
+        parent,
+        since,
+        until,
+        min_seconds,
+        max_seconds,
+        trigger or None,
     )
 
 

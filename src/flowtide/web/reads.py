@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from flowtide.engine.state import ExecutionState
     from flowtide.playbook.model import Playbook
     from flowtide.store.base import ExecutionRow, Store
+    from flowtide.store.triggers import Firing
     from flowtide.web.bodies import ExecuteRequest
 
 __all__ = ["EventFeed", "ExecutionReads", "FeedRead", "ResumableReads", "reads_of"]
@@ -117,6 +118,7 @@ class ExecutionReads(Protocol):
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         pool: str = "default",
+        firing: Firing | None = None,
     ) -> int:
         """Start an execution of `playbook`; its id. Raises PlaybookError,
         TemplateError, ExecutionFinished (a parent that is ending)."""

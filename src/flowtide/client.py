@@ -78,6 +78,17 @@ class ServerClient:
             self._raise_for(r)
         return r.json()
 
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call of the API (`path` from `/api/...`): its JSON answer, None for 204.
+        Raises ServerError like every call here."""
+        try:
+            r = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"cannot reach the server at {redact_url(self.url)}: {exc}") from None
+        if r.status_code >= 400:
+            self._raise_for(r)
+        return None if r.status_code == 204 else r.json()
+
     def _raise_for(self, r: httpx.Response) -> None:
         try:
             message = str(r.json()["error"]["message"])

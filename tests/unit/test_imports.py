@@ -61,6 +61,16 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowtide.web",
         "flowtide.ui",
     ),
+    # Runs that start themselves: below the apps that run the scheduler.
+    "flowtide.triggers": (
+        "flowtide.server",
+        "flowtide.worker",
+        "flowtide.cli",
+        "flowtide.web",
+        "flowtide.ui",
+        "flowtide.runtime",
+        "flowtide.documents",
+    ),
     # The read models: below every app that shows them, and no HTTP in them.
     "flowtide.documents": (*_ABOVE_THE_READ_SIDE, "flowtide.web", "flowtide.tools"),
     # The HTTP edge both apps mount: it knows neither.
@@ -93,6 +103,10 @@ DOCUMENTS_MAY_IMPORT = (
     "flowtide.errors",
     "flowtide.redaction",
     "flowtide.jsonvalues",
+    # schedules: when they fire and how they are written (pure), the trigger rows
+    "flowtide.triggers.when",
+    "flowtide.triggers.spec",
+    "flowtide.store.triggers",
 )
 
 
@@ -365,3 +379,19 @@ def test_the_playbook_knows_tool_kinds_not_their_runners() -> None:
     for module in ("flowtide.tools.kinds", "flowtide.tools.spec", "flowtide.tools.builtin"):
         tools = {i.target for i in imports_of(module) if i.target.startswith("flowtide.tools")}
         assert tools <= {*allowed, "flowtide.tools.builtin"}, module
+
+
+#: The pure part of the triggers: time passed in, no store, no playbook, no I/O.
+TRIGGERS_PURE = ("flowtide.triggers.when", "flowtide.triggers.spec", "flowtide.triggers.plan")
+
+
+def test_the_pure_triggers_import_only_each_other_and_errors() -> None:
+    found = [
+        f"{MODULES[m].relative_to(ROOT.parent)}:{i.line} imports {i.target}"
+        for m in MODULES
+        if m in TRIGGERS_PURE
+        for i in imports_of(m)
+        if i.target.startswith("flowtide")
+        and not _within(i.target, (*TRIGGERS_PURE, "flowtide.errors"))
+    ]
+    assert not found, "the pure triggers import beyond errors:\n" + "\n".join(found)

@@ -34,6 +34,8 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_INSECURE_NO_AUTH": False,
     "FLOWTIDE_MAX_BODY": 16 * 1024 * 1024,
     "FLOWTIDE_PUBLIC_METRICS": False,
+    # issue 30: variables added since the tree (with their defaults)
+    "FLOWTIDE_SCHEDULER": True,
     "FLOWTIDE_STATE_CACHE_MB": 256,
     "FLOWTIDE_JWKS_URL": None,
     "FLOWTIDE_JWT_ISSUER": None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -35,7 +35,8 @@ def catalog_register(
     db: DbOpt = None,
     server: ServerOpt = None,
 ) -> None:
-    """Validate and record playbooks under their metadata.path (a new version when changed).
+    """Validate and record playbooks under their metadata.path (a new version when changed),
+    and schedules (`kind: Schedule` documents, added or replaced by name).
 
     With --server they go to the server's catalog (run them with `flowtide run PATH
     --server URL`)."""
@@ -58,6 +59,9 @@ def catalog_register(
     else:
         store = open_store(home, db)
     bad = 0
+    # Schedules after playbooks: a schedule may name a playbook registered here.
+    schedules = [f for f in files if _is_schedule(f)]
+    files = [f for f in files if f not in schedules]
     for file in files:
         try:
             playbook = load_playbook(file)
@@ -79,11 +83,81 @@ def catalog_register(
                 playbook.path, playbook.text, source_file=str(file.resolve()), created=time.time()
             )
         typer.echo(f"{playbook.path} v{version}  ({file})")
+    for file in schedules:
+        if not _register_schedule(file, api, store):
+            bad += 1
+    files += schedules
     if api is not None:
         api.close()
     if store is not None:
         store.close()
     raise typer.Exit(EXIT_INVALID if bad and bad == len(files) else EXIT_OK)
+
+
+def _is_schedule(file: Path) -> bool:
+    """Whether the file is a `kind: Schedule` document (read cheaply: its `kind:` line)."""
+    try:
+        with file.open(encoding="utf-8", errors="replace") as f:
+            head = f.read(65536)
+    except OSError:
+        return False
+    import re
+
+    return re.search(r"(?m)^kind:\s*['\"]?Schedule['\"]?\s*(#.*)?$", head) is not None
+
+
+def _register_schedule(file: Path, api: Any, store: Any) -> bool:
+    """Add or replace the schedule a `kind: Schedule` file defines; False when refused."""
+    import time
+
+    from flowtide.errors import FlowtideError
+    from flowtide.playbook.source import load_yaml
+    from flowtide.triggers.spec import schedule_from_document
+
+    try:
+        text = file.read_text(encoding="utf-8")
+        doc, positions = load_yaml(text, str(file))
+        spec = schedule_from_document(doc, source=str(file), positions=positions)
+    except OSError as exc:
+        err(f"skipped: {file}: {exc.strerror}")
+        return False
+    except FlowtideError as exc:
+        err(f"skipped: {exc}")
+        return False
+    if api is not None:
+        body = _fields_of(doc, spec.name)
+        remote_or_exit(partial(api.api, "POST", "/api/schedules", json=body))
+    else:
+        from flowtide.ids import default_generator
+        from flowtide.triggers.schedules import define_schedule
+
+        try:
+            define_schedule(
+                store,
+                spec,
+                new_id=default_generator().next_id,
+                now=time.time(),
+                local=True,
+                base=file.parent,
+            )
+        except FlowtideError as exc:
+            err(f"skipped: {file}: {exc}")
+            return False
+    typer.echo(f"schedule {spec.name}  ({file})")
+    return True
+
+
+def _fields_of(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """The API body of a `kind: Schedule` document (checked here first): its `spec:`
+    fields, the playbook reference flattened, with its name and description."""
+    fields = dict(doc.get("spec") or {})
+    playbook = fields.get("playbook")
+    if isinstance(playbook, dict):
+        fields["playbook"] = playbook.get("path")
+        fields["version"] = playbook.get("version")
+    description = (doc.get("metadata") or {}).get("description")
+    body = fields | {"name": name, "replace": True, "description": description}
+    return {k: v for k, v in body.items() if v is not None}
 
 
 @catalog_app.command("list")

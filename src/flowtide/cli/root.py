@@ -17,6 +17,7 @@ from flowtide.cli.executions import events, list_executions, status
 from flowtide.cli.kv import kv_app
 from flowtide.cli.options import err
 from flowtide.cli.run import cancel, execute, resume, run, validate
+from flowtide.cli.schedules import schedule_app, scheduler_cmd
 from flowtide.cli.server import server_cmd, worker_cmd
 from flowtide.cli.shards import shards_app
 from flowtide.cli.token import token_app
@@ -46,9 +47,11 @@ app.command("data")(data)
 app.command("prune")(prune_cmd)
 app.command("list")(list_executions)
 app.command("ui")(ui_cmd)
+app.command("scheduler")(scheduler_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)
 
+app.add_typer(schedule_app, name="schedule")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 app.add_typer(db_app, name="db")

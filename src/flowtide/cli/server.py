@@ -136,6 +136,9 @@ def server_cmd(
     state_cache_mb: Annotated[int, setting("server.state_cache_mb", "--state-cache-mb")] = (
         default("server.state_cache_mb")
     ),
+    scheduler: Annotated[
+        bool, setting("server.scheduler", "--scheduler/--no-scheduler", env=False)
+    ] = default("server.scheduler"),
     tls_cert: Annotated[
         Path | None, setting("server.tls_cert", "--tls-cert", exists=True, dir_okay=False)
     ] = default("server.tls_cert"),
@@ -226,6 +229,7 @@ def server_cmd(
             max_body=max_body,
             insecure_no_auth=insecure_no_auth,
             public_metrics=public_metrics,
+            scheduler=scheduler,
             state_cache_mb=state_cache_mb,
             jwks_url=jwks_url,
             jwt_issuer=jwt_issuer,

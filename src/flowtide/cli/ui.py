@@ -29,6 +29,13 @@ def ui_cmd(
         int,
         typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
     ] = DEFAULT_PORT,
+    scheduler: Annotated[
+        bool,
+        typer.Option(
+            "--scheduler/--no-scheduler",
+            help="Fire the store's due schedules while the UI serves (as `flowtide scheduler`).",
+        ),
+    ] = True,
 ) -> None:
     """Serve the web UI over the local store: the executions `flowtide run`
     made (graphs, loop progress, timelines, event logs, live while they run)
@@ -64,11 +71,21 @@ def ui_cmd(
     secret = secrets.token_urlsafe(32)
     shown = f"[{host}]" if ":" in host else host
     app = create_local_app(
-        store, secret=secret, hosts=local_hosts(shown, port), home=home_dir(home)
+        store,
+        secret=secret,
+        hosts=local_hosts(shown, port),
+        home=home_dir(home),
+        scheduler=scheduler,
     )
     count = len(store.list_executions(limit=1000))
+    schedules = len(store.list_triggers("schedule"))
     where = getattr(store, "path", None) or getattr(store, "dsn_display", "the store")
-    typer.echo(f"flowtide ui: {count if count < 1000 else '1000+'} executions in {where}")
+    firing = (
+        f"; firing its {schedules} schedule{'s' if schedules != 1 else ''}"
+        if scheduler
+        else "; schedules not fired (--no-scheduler)"
+    )
+    typer.echo(f"flowtide ui: {count if count < 1000 else '1000+'} executions in {where}{firing}")
     typer.echo(f"open http://{shown}:{port}/ui#token={secret}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         err(f"warning: listening on {host}: other machines can reach it (the token guards it)")

@@ -37,10 +37,11 @@ from flowtide.server.schemas import ClaimRequest, PoolRegister
 from flowtide.server.settings import ServerSettings
 from flowtide.ui import pages
 from flowtide.urls import redact_url
-from flowtide.web import catalog, executions, session
+from flowtide.web import catalog, executions, schedules, session
 from flowtide.web.access import Gate, authorize
 from flowtide.web.errors import install_error_handlers
 from flowtide.web.openapi import install_openapi
+from flowtide.web.schedules import scheduling
 
 __all__ = ["ClaimRequest", "PoolRegister", "ServerSettings", "app_factory", "create_app"]
 
@@ -57,6 +58,7 @@ _ROUTERS = (
     api_health.router,
     api_shards.router,
     api_vars.router,
+    schedules.router,
     session.router,
     pages.router,
 )
@@ -70,7 +72,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         try:
-            yield
+            if runtime.settings.scheduler:
+                async with scheduling(app, app.state.reads):
+                    yield
+            else:
+                yield
         finally:
             await runtime.stop()
 

@@ -16,6 +16,7 @@ from flowtide.documents.summary import Progress, progress_of
 from flowtide.errors import AuthError, NotFoundError
 from flowtide.server.coordinator import TERMINAL, Coordinator
 from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
+from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.store.codec import load_json
 from flowtide.store.pg.events import LogPosition
@@ -157,6 +158,14 @@ class ServerReads:
             pool=pool,
             firing=firing,
         )
+
+    def owns(self, owner_id: int) -> bool:
+        """Whether this server's shard owns the id (one shard: always)."""
+        coordinator = self.coordinator
+        return shard_for(owner_id, coordinator.shards) == coordinator.shard
+
+    async def route_to(self, request: Request, owner_id: int) -> Response | None:
+        return await self.runtime.elsewhere(request, owner_id)
 
     async def cancel(self, execution_id: int, reason: str) -> str:
         """Recorded at once; running workers see it through cancellation-check."""

@@ -54,6 +54,8 @@ class ServerSettings:
     max_body: int = DEFAULT_MAX_BODY
     #: /metrics without a credential (for scrapers that cannot send one).
     public_metrics: bool = False
+    #: Fire the schedules this server's shard owns (flowtide.triggers.scheduler).
+    scheduler: bool = True
     #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
     #: carry none.
     nats_auth: NatsAuth = field(default_factory=NatsAuth)
@@ -105,6 +107,7 @@ class ServerSettings:
             jwt=jwt,
             max_body=tree.max_body,
             public_metrics=tree.public_metrics,
+            scheduler=tree.scheduler,
             nats_auth=NatsAuth.from_env(),
             shards=tree.shards,
             shard_index=tree.shard_index,

@@ -100,6 +100,13 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "server.scheduler": Entry(
+        "FLOWTIDE_SCHEDULER",
+        True,
+        "Fire the schedules this server's shard owns (every server does; each slot starts one run however many race).",
+        None,
+        None,
+    ),
     "server.state_cache_mb": Entry(
         "FLOWTIDE_STATE_CACHE_MB",
         256,

@@ -112,6 +112,11 @@ class ServerSection(BaseSettings):
         16 * MIB, "Largest request body in bytes; larger ones get 413 unread.", ge=1024
     )
     public_metrics: Flag = setting(False, "Serve /metrics without a token.")
+    scheduler: Flag = setting(
+        True,
+        "Fire the schedules this server's shard owns (every server does; each slot starts"
+        " one run however many race).",
+    )
     state_cache_mb: int = setting(
         256,
         "Memory for the executions' states each server process keeps (MiB, estimated):"

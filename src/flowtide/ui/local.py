@@ -17,10 +17,11 @@ an interrupted run: they run in this process (`flowtide.ui.reads.LocalReads`).
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hmac
 import threading
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,9 +34,10 @@ from flowtide.store.base import Store
 from flowtide.ui import pages
 from flowtide.ui.fold import FoldCache
 from flowtide.ui.reads import LocalReads
-from flowtide.web import catalog, executions, session
+from flowtide.web import catalog, executions, schedules, session
 from flowtide.web.access import OPERATOR, RULES, Authenticator, Gate, authorizer
 from flowtide.web.errors import install_error_handlers
+from flowtide.web.schedules import scheduling
 
 __all__ = ["LOCAL_RULES", "LocalAuthenticator", "create_local_app", "local_hosts"]
 
@@ -106,6 +108,17 @@ def local_hosts(host: str, port: int) -> list[str]:
     return [f"{name}:{port}" for name in sorted(names)]
 
 
+@contextlib.asynccontextmanager
+async def _serving(app: FastAPI, reads: LocalReads, scheduler: bool) -> AsyncIterator[None]:
+    """The app's lifespan: its runtime open, and its scheduler running when asked."""
+    async with reads.open():
+        if scheduler:
+            async with scheduling(app, reads):
+                yield
+        else:
+            yield
+
+
 def create_local_app(
     store: Store,
     *,
@@ -113,12 +126,14 @@ def create_local_app(
     hosts: Iterable[str],
     home: Path | None = None,
     prewarm: int = 4,
+    scheduler: bool = True,
 ) -> FastAPI:
     """The `flowtide ui` app over `store`, its only token `secret`, answering only
     requests whose Host is one of `hosts`; runs started from the page use `home` (the
     state folder: credentials key, spark data). The `prewarm` newest executions are
     folded in a background thread from the start: the run a user just made is the one
-    they open first, and a long one takes seconds to fold."""
+    they open first, and a long one takes seconds to fold. With `scheduler`, the app
+    fires the store's due schedules while it serves (`flowtide.web.schedules`)."""
     home = (home or Path(".flowtide")).absolute()
     folds = FoldCache(store)
     if prewarm:
@@ -135,7 +150,7 @@ def create_local_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        lifespan=lambda _app: reads.open(),
+        lifespan=lambda app: _serving(app, reads, scheduler),
     )
     app.state.reads = reads
     app.state.authenticator = lambda: auth
@@ -147,6 +162,7 @@ def create_local_app(
         executions.router,
         executions.resume_router,
         catalog.router,
+        schedules.router,
         pages.router,
     ):
         app.include_router(router)

@@ -168,6 +168,13 @@ class LocalReads:
                 raise _busy(execution_id, exc.pid, "stop") from None
         return "cancelling"
 
+    def owns(self, owner_id: int) -> bool:
+        """One store: everything is this process's."""
+        return True
+
+    async def route_to(self, request: Request, owner_id: int) -> Response | None:
+        return None
+
     async def resume(self, execution_id: int) -> None:
         """Carry on a run that stopped (its process ended before it did) in this
         process, from its log: finished steps and iterations are kept."""

@@ -148,6 +148,15 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/api/internal/outbox/claim"): ADMIN,
     ("POST", "/api/internal/outbox/mark-published"): ADMIN,
     ("POST", "/api/internal/outbox/mark-failed"): ADMIN,
+    # schedules (flowtide.web.schedules)
+    ("GET", "/api/schedules"): READER,
+    ("POST", "/api/schedules"): OPERATOR,
+    ("GET", "/api/schedules/{name}"): READER,
+    ("DELETE", "/api/schedules/{name}"): OPERATOR,
+    ("POST", "/api/schedules/{name}/pause"): OPERATOR,
+    ("POST", "/api/schedules/{name}/resume"): OPERATOR,
+    ("POST", "/api/schedules/{name}/trigger"): OPERATOR,
+    ("POST", "/api/schedules/{name}/backfill"): OPERATOR,
     # catalog
     ("POST", "/api/catalog/register"): OPERATOR,
     ("GET", "/api/catalog/list"): READER,

@@ -128,6 +128,16 @@ class ExecutionReads(Protocol):
         """Cancel the execution; its status after the call."""
         ...
 
+    def owns(self, owner_id: int) -> bool:
+        """Whether this process serves the shard of `owner_id` (an execution's or a
+        trigger's id): the one that fires a trigger and writes what it starts."""
+        ...
+
+    async def route_to(self, request: Request, owner_id: int) -> Response | None:
+        """None when this process owns `owner_id`; else the answer of a server of its
+        shard (the request forwarded once)."""
+        ...
+
 
 class ResumableReads(ExecutionReads, Protocol):
     """An app that runs executions itself (`flowtide ui`): one whose process stopped

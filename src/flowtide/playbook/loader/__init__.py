@@ -17,7 +17,7 @@ from pathlib import Path
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.steps import _parse_step
+from flowtide.playbook.loader.steps import SCHEDULE_KEY, _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, load_yaml
@@ -40,6 +40,8 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
             column=1,
             expected="apiVersion/kind/metadata/workflow",
         )
+    if "schedule" in data:
+        c.error(("schedule",), SCHEDULE_KEY, field="schedule")
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict):
         c.error(("metadata",), "'metadata' must be a mapping", field="metadata")

@@ -17,6 +17,13 @@ from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Step, Task
 from flowtide.playbook.source import Path as NodePath
 
+#: Why `schedule:` in a playbook is refused (it used to be accepted and ignored).
+SCHEDULE_KEY = (
+    "'schedule' is not a playbook field: a schedule is its own document (kind: Schedule,"
+    " registered with `flowtide catalog register`) or `flowtide schedule add NAME PLAYBOOK"
+    " --cron EXPR`"
+)
+
 
 def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | None:
     if not isinstance(raw, dict):
@@ -27,6 +34,8 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         c.error(path, "workflow entry has no 'step' name", field=f"workflow[{index}].step")
         return None
     name = str(name)
+    if "schedule" in raw:
+        c.error((*path, "schedule"), SCHEDULE_KEY, step=name, field="schedule")
     step_input = raw.get("input")
     if step_input is not None and not isinstance(step_input, dict):
         c.error((*path, "input"), "'input' must be a mapping", step=name, field="input")

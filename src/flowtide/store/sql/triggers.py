@@ -26,7 +26,7 @@ _ENDED: Final = ", ".join(f"'{s}'" for s in sorted(ENDED_STATUSES))
 
 _TAKE_BUFFERED: Final = (
     "UPDATE trigger_firing SET status = 'started', execution_id = ?, time = ?, reason = NULL"
-    " WHERE trigger_id = ? AND key = ? AND status = 'buffered'"
+    " WHERE trigger_id = ? AND key = ? AND status IN ('buffered', 'skipped')"
 )
 _INSERT_FIRING: Final = (
     f"INSERT INTO trigger_firing ({_FIRING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -188,7 +188,8 @@ class TriggerTables(SQLAdapter):
     def record_firing(cls, conn: Any, firing: Firing, execution_id: int | None, now: float) -> None:
         """Record `firing` inside the caller's transaction on `conn` (the one creating
         `execution_id`, when it starts one). A buffered slot that now starts is taken
-        over. Raises AlreadyFired when the key fired before (the caller rolls back)."""
+        over, and so is a skipped one (a backfill runs the slots a schedule skipped). Raises
+        AlreadyFired when the key started a run before (the caller rolls back)."""
         sql = cls._sql
         if firing.status not in FIRING_STATUSES:
             raise StoreError(f"unknown firing status {firing.status!r}")

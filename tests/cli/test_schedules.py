@@ -134,7 +134,7 @@ def test_trigger_runs_now_and_the_run_says_so(ft: Flowtide, tmp_path: Path) -> N
     )
     doc = ft.json("schedule", "trigger", "tick")
     assert doc["status"] == "completed"
-    assert doc["result"]["start"]["slot"].startswith("manual-")
+    assert doc["result"]["slot"].startswith("manual-"), doc
     (item,) = ft.json("list", "--trigger", "schedule:tick")
     assert item["trigger"]["kind"] == "schedule" and item["trigger"]["name"] == "tick"
     assert ft.json("list", "--trigger", "hook") == []

@@ -101,8 +101,10 @@ class TriggerConformance:
         )
         assert store.trigger_watermark(7) == 100.0
         assert store.trigger_running(7) == [1]
+        assert firing.execution_status == "created"
         store.update_execution(1, status="completed", updated=T0 + 1)
         assert store.trigger_running(7) == []
+        assert store.firings(7)[0].execution_status == "completed"
 
     def test_skipped_and_buffered_slots_and_a_buffered_one_starting(self, store: Store) -> None:
         assert store.trigger_watermark(7) is None

@@ -36,6 +36,8 @@ class FiringItem(TypedDict):
     #: started, skipped or buffered.
     status: str
     execution_id: str | None
+    #: The status of the run it started (running, completed, failed, cancelled).
+    execution_status: str | None
     #: When it was recorded.
     time: float
     #: Why a slot was skipped: overlap (a run still going) or missed (outside catchup).
@@ -122,6 +124,7 @@ def firing_item(firing: FiringRow) -> FiringItem:
         "slot": firing.slot,
         "status": firing.status,
         "execution_id": None if firing.execution_id is None else str(firing.execution_id),
+        "execution_status": firing.execution_status,
         "time": firing.time,
         "reason": firing.reason,
     }

@@ -52,6 +52,8 @@ class FiringRow:
     execution_id: int | None
     time: float
     reason: str | None
+    #: The status of the run it started (None: it started none).
+    execution_status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

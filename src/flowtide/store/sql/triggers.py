@@ -22,6 +22,11 @@ _DEF_COLUMNS: Final = (
     "kind, name, trigger_id, spec, secret IS NOT NULL, paused, resumed, created, updated"
 )
 _FIRING_COLUMNS: Final = "trigger_id, key, slot, status, execution_id, time, reason"
+#: A firing with the status of the run it started (None: it started none).
+_FIRING_READ: Final = (
+    "SELECT f.trigger_id, f.key, f.slot, f.status, f.execution_id, f.time, f.reason, e.status"
+    " FROM trigger_firing f LEFT JOIN execution e ON e.execution_id = f.execution_id"
+)
 _ENDED: Final = ", ".join(f"'{s}'" for s in sorted(ENDED_STATUSES))
 
 _TAKE_BUFFERED: Final = (
@@ -64,6 +69,7 @@ def _firing_row(r: Sequence[Any]) -> FiringRow:
         execution_id=None if r[4] is None else int(r[4]),
         time=r[5],
         reason=r[6],
+        execution_status=r[7],
     )
 
 
@@ -246,12 +252,12 @@ class TriggerTables(SQLAdapter):
         self, trigger_id: int, *, limit: int = 50, status: str | None = None
     ) -> list[FiringRow]:
         """A trigger's latest firings, newest first."""
-        sql = f"SELECT {_FIRING_COLUMNS} FROM trigger_firing WHERE trigger_id = ?"
+        sql = f"{_FIRING_READ} WHERE f.trigger_id = ?"
         params: list[Any] = [trigger_id]
         if status is not None:
-            sql += " AND status = ?"
+            sql += " AND f.status = ?"
             params.append(status)
-        sql += " ORDER BY time DESC, key DESC LIMIT ?"
+        sql += " ORDER BY f.time DESC, f.key DESC LIMIT ?"
         params.append(limit)
         return [_firing_row(r) for r in self._read("firings", sql, params)]
 
@@ -259,7 +265,7 @@ class TriggerTables(SQLAdapter):
         """One firing by its key."""
         rows = self._read(
             "firing",
-            f"SELECT {_FIRING_COLUMNS} FROM trigger_firing WHERE trigger_id = ? AND key = ?",
+            f"{_FIRING_READ} WHERE f.trigger_id = ? AND f.key = ?",
             (trigger_id, key),
         )
         return _firing_row(rows[0]) if rows else None

@@ -56,6 +56,16 @@ class FiringRow:
     execution_status: str | None = None
 
 
+@dataclass(slots=True)
+class TriggerState:
+    """A schedule's planning state: its watermark (None: never planned), its runs still
+    going (oldest first), its buffered slots (key, slot; oldest first)."""
+
+    watermark: float | None
+    running: list[int]
+    buffered: list[tuple[str, float]]
+
+
 @dataclass(frozen=True, slots=True)
 class TriggerRow:
     """One stored trigger: its kind and name, its id (the shard that fires it is
@@ -139,4 +149,10 @@ class TriggerStore(Protocol):
 
     def trigger_buffered(self, trigger_id: int) -> list[tuple[str, float]]:
         """A schedule's buffered slots (key, slot), oldest first."""
+        ...
+
+    def trigger_states(
+        self, trigger_ids: Sequence[int], *, running: bool = True
+    ) -> dict[int, TriggerState]:
+        """The planning state of many triggers in one read (runs only when `running`)."""
         ...

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfo
 
 from flowtide.errors import AlreadyFired, FlowtideError
-from flowtide.store.triggers import Firing, TriggerRow
+from flowtide.store.triggers import Firing, TriggerRow, TriggerState
 from flowtide.triggers.plan import Buffer, Cancel, Fire, Skip, backfill, plan, release
 from flowtide.triggers.spec import ScheduleSpec, spec_from_json
 from flowtide.triggers.targets import load_target, render_workload
@@ -104,6 +104,9 @@ class _Known:
     spec: ScheduleSpec
     #: Plan again at this time at the latest (0: at the next round).
     wake: float = 0.0
+    #: The watermark this scheduler last wrote (the store's may be ahead: another
+    #: server's; never behind, so a round needs no read of it when nothing moved).
+    mark: float = 0.0
 
 
 @dataclass
@@ -148,11 +151,19 @@ class Scheduler:
             await self._load(now)
         due = [k for k in self._known.values() if k.wake <= now and not k.row.paused]
         if due:
+            # One read of every due schedule's state (not three per schedule).
+            ids = [k.row.trigger_id for k in due]
+            needs_runs = any(k.spec.overlap != "allow" for k in due)
+            states = await asyncio.to_thread(
+                self.firer.store.trigger_states, ids, running=needs_runs
+            )
+            # The earliest due first: with many due at once, the oldest slots wait least.
+            due.sort(key=lambda k: k.wake)
             gate = asyncio.Semaphore(CONCURRENT_STARTS)
 
             async def one(known: _Known) -> None:
                 async with gate:
-                    await self._round(known, now)
+                    await self._round(known, now, states[known.row.trigger_id])
 
             await asyncio.gather(*(one(k) for k in due))
         wakes = [k.wake for k in self._known.values() if not k.row.paused]
@@ -178,24 +189,22 @@ class Scheduler:
         self._known = known
         self._loaded = now
 
-    async def _round(self, known: _Known, now: float) -> None:
-        row, spec, store = known.row, known.spec, self.firer.store
+    async def _round(self, known: _Known, now: float, state: TriggerState) -> None:
+        row, spec = known.row, known.spec
         try:
-            watermark, running, buffered = await asyncio.to_thread(_state_of, store, row)
+            floor = max(row.created, row.resumed or 0.0)
+            watermark = max(state.watermark or floor, floor, known.mark)
+            running, buffered = state.running, [s for _, s in state.buffered]
             if buffered and not running:
-                first = release(spec, running=running, buffered=[s for _, s in buffered])
+                first = release(spec, running=running, buffered=buffered)
                 if first is not None:
                     await self._fire(known, first.slot, now, watermark=None)
                     known.wake = 0.0
                     return
-            decided = plan(
-                spec,
-                after=watermark,
-                now=now,
-                running=running,
-                buffered=[s for _, s in buffered],
-            )
-            await self._carry_out(known, decided.decisions, now, decided.watermark)
+            decided = plan(spec, after=watermark, now=now, running=running, buffered=buffered)
+            if decided.decisions or decided.watermark > watermark:
+                await self._carry_out(known, decided.decisions, now, decided.watermark)
+                known.mark = decided.watermark
             known.wake = decided.wake
             if running or buffered:
                 # A run's end releases a buffered slot (or lets the next one fire): look
@@ -238,7 +247,10 @@ class Scheduler:
                     )
         if quiet:
             await asyncio.to_thread(store.record_firings, quiet, now=now)
-        await asyncio.to_thread(store.move_watermark, row.trigger_id, watermark, now=now)
+        last = decisions[-1] if decisions else None
+        if not (isinstance(last, Fire | Skip | Buffer) and last.slot >= watermark):
+            # (A recorded firing moved it in its own transaction already.)
+            await asyncio.to_thread(store.move_watermark, row.trigger_id, watermark, now=now)
 
     async def _fire(
         self, known: _Known, slot: float, now: float, *, watermark: float | None

@@ -7,6 +7,7 @@ Not pure: `load_target` reads the catalog or a file (blocking: run it in a threa
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,12 +70,21 @@ def load_target(store: Store, ref: dict[str, Any]) -> tuple[Playbook, int | None
         NotFoundError: no such catalog path or version.
         PlaybookError: the file is missing or the text is not a valid playbook.
     """
-    from flowtide.playbook.loader import load_playbook, parse_playbook
+    from flowtide.playbook.loader import load_playbook
 
     if "file" in ref:
         return load_playbook(ref["file"]), None
     row = store.get_playbook(str(ref["path"]), ref.get("version"))
-    return parse_playbook(row.text, row.source_file), row.version
+    return _parsed(row.text, row.source_file), row.version
+
+
+@lru_cache(maxsize=64)
+def _parsed(text: str, source_file: str | None) -> Playbook:
+    """A catalog text parsed once: a schedule firing every second (or a thousand firing
+    at one instant) reads its playbook's row each time, never parses it again."""
+    from flowtide.playbook.loader import parse_playbook
+
+    return parse_playbook(text, source_file)
 
 
 def render_workload(workload: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:

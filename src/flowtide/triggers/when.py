@@ -16,6 +16,7 @@ time becomes an instant with `zoneinfo`:
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -208,12 +209,13 @@ def _cron_slots(when: Cron, after: float, until: float) -> Iterator[float]:
     start = datetime.datetime.fromtimestamp(after - (10800 if shifted else 1), zone)
     start = start.replace(tzinfo=None)
     last = None
+    # Wall times increase; their instants do too except across a fold (fall back),
+    # where a later wall time can map to an earlier instant: near one, look 3 h on.
+    margin = 10800.0 if _offset(zone, until) != _offset(zone, until + 10800) else 0.0
     for wall in _wall_times(when, start):
         at = _gap_safe_instant(wall, zone)
         if at > until:
-            # Wall times are increasing; their instants are too except around a fold,
-            # where one can go back by the fold's length (at most a few hours).
-            if at > until + 7200:
+            if at > until + margin:
                 return
             continue
         if at <= after or at == last:
@@ -283,16 +285,8 @@ def _every_slots(when: Every, after: float, until: float) -> Iterator[float]:
 
 
 def next_slots(when: When, after: float, n: int) -> list[float]:
-    """The next `n` fire instants after `after`."""
-    out: list[float] = []
-    horizon = after
-    span = when.every * (n + 1) if isinstance(when, Every) else 86400.0
-    while len(out) < n and horizon - after < 400 * 86400:
-        batch = list(slots(when, horizon, horizon + span))
-        out.extend(batch[: n - len(out)])
-        horizon += span
-        span *= 4
-    return out
+    """The next `n` fire instants after `after` (within about a year)."""
+    return list(itertools.islice(slots(when, after, after + 400 * 86400), n))
 
 
 def describe(when: When) -> str:

@@ -16,7 +16,14 @@ from flowtide.errors import AlreadyFired, NotFoundError, StoreError
 from flowtide.store.base import ENDED_STATUSES
 from flowtide.store.codec import decode, encode_value
 from flowtide.store.sql.adapter import SQLAdapter
-from flowtide.store.triggers import FIRING_STATUSES, TRIGGER_KEYS, Firing, FiringRow, TriggerRow
+from flowtide.store.triggers import (
+    FIRING_STATUSES,
+    TRIGGER_KEYS,
+    Firing,
+    FiringRow,
+    TriggerRow,
+    TriggerState,
+)
 
 _DEF_COLUMNS: Final = (
     "kind, name, trigger_id, spec, secret IS NOT NULL, paused, resumed, created, updated"
@@ -281,6 +288,40 @@ class TriggerTables(SQLAdapter):
             (trigger_id,),
         )
         return [int(r[0]) for r in rows]
+
+    def trigger_states(
+        self, trigger_ids: Sequence[int], *, running: bool = True
+    ) -> dict[int, TriggerState]:
+        """The planning state of many triggers in one read: watermark, runs still going
+        (when `running`), buffered slots."""
+        states = {t: TriggerState(None, [], []) for t in trigger_ids}
+        for start in range(0, len(trigger_ids), 500):
+            chunk = list(trigger_ids[start : start + 500])
+            marks = ", ".join("?" * len(chunk))
+            for tid, mark in self._read(
+                "trigger_states",
+                f"SELECT trigger_id, watermark FROM trigger_state WHERE trigger_id IN ({marks})",
+                chunk,
+            ):
+                states[int(tid)].watermark = float(mark)
+            for tid, key, slot in self._read(
+                "trigger_states",
+                "SELECT trigger_id, key, slot FROM trigger_firing"
+                f" WHERE trigger_id IN ({marks}) AND status = 'buffered' ORDER BY slot, key",
+                chunk,
+            ):
+                states[int(tid)].buffered.append((str(key), float(slot)))
+            if running:
+                for tid, eid in self._read(
+                    "trigger_states",
+                    "SELECT f.trigger_id, f.execution_id FROM trigger_firing f"
+                    " JOIN execution e ON e.execution_id = f.execution_id"
+                    f" WHERE f.trigger_id IN ({marks}) AND f.status = 'started'"
+                    f" AND e.status NOT IN ({_ENDED}) ORDER BY f.execution_id",
+                    chunk,
+                ):
+                    states[int(tid)].running.append(int(eid))
+        return states
 
     def trigger_buffered(self, trigger_id: int) -> list[tuple[str, float]]:
         """A schedule's buffered slots (key, slot), oldest first."""

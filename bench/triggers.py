@@ -1,0 +1,137 @@
+"""Scheduler lag: from a slot's time to its execution being created (issue 30; goal p99
+<= 1 s; Airflow's scheduler loop is seconds, Temporal's schedules fire within ~1 s).
+
+    .venv/bin/python bench/triggers.py [--minute 1000] [--second 20] [--stack]
+
+Embedded (default): `flowtide scheduler`'s loop in this process over a fresh SQLite
+store, with --minute schedules firing every minute (cron `* * * * *`, all at the same
+instant) and --second schedules firing every second, through one minute boundary (about
+70 s of real time). Each run is a one-step noop playbook. The lag of a run is its
+execution row's `created` minus its slot; p50, p99 and max are printed per kind.
+
+--stack: the same on `flowtide dev up`'s distributed stack (a server firing its shard's
+schedules, workers running the runs), read back from its database.
+
+The machine's load is printed with the figures (a shared machine is noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: tick, path: bench/tick}
+workflow:
+  - step: start
+    tool: {kind: noop}
+"""
+GOAL_P99 = 1.0
+
+
+def _slot(key: str) -> float:
+    return datetime.datetime.fromisoformat(key.replace("Z", "+00:00")).timestamp()
+
+
+def _quantiles(values: list[float]) -> str:
+    if not values:
+        return "no runs"
+    values = sorted(values)
+    p = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return (
+        f"n={len(values)} p50={statistics.median(values) * 1000:.0f} ms"
+        f" p99={p(0.99) * 1000:.0f} ms max={values[-1] * 1000:.0f} ms"
+    )
+
+
+def _define(store: Any, minute: int, second: int) -> None:
+    from flowtide.ids import default_generator
+    from flowtide.triggers.schedules import define_schedule, schedule_from_fields
+
+    ids = default_generator()
+    store.register_playbook("bench/tick", PLAYBOOK, source_file=None, created=time.time())
+    now = time.time()
+    for i in range(minute):
+        spec = schedule_from_fields(
+            f"m{i:04}", {"playbook": "bench/tick", "cron": "* * * * *", "overlap": "allow"}
+        )
+        define_schedule(store, spec, new_id=ids.next_id, now=now, local=True)
+    for i in range(second):
+        spec = schedule_from_fields(
+            f"s{i:02}", {"playbook": "bench/tick", "every": "1s", "overlap": "allow"}
+        )
+        define_schedule(store, spec, new_id=ids.next_id, now=now, local=True)
+
+
+def _lags(rows: list[Any]) -> tuple[list[float], list[float]]:
+    minute, second = [], []
+    for row in rows:
+        trigger = row.trigger
+        if not trigger or trigger["kind"] != "schedule":
+            continue
+        lag = row.created - _slot(trigger["slot"])
+        (minute if trigger["name"].startswith("m") else second).append(lag)
+    return minute, second
+
+
+async def _embedded(home: Path, minute: int, second: int) -> tuple[list[float], list[float]]:
+    from flowtide.runlock import run_locks_for
+    from flowtide.store.sqlite import SQLiteStore
+    from flowtide.triggers.scheduler import Scheduler
+    from flowtide.ui.fold import FoldCache
+    from flowtide.ui.reads import LocalReads
+    from flowtide.web.schedules import ReadsFirer
+
+    store = SQLiteStore(home / "flowtide.db")
+    _define(store, minute, second)
+    # Through the next minute boundary, and 5 s more for the runs to be created.
+    boundary = (time.time() // 60 + 1) * 60
+    if boundary - time.time() < 5:
+        boundary += 60
+    until = boundary + 5
+    print(f"firing until {datetime.datetime.fromtimestamp(until):%H:%M:%S} "
+          f"({until - time.time():.0f} s)", flush=True)
+    reads = LocalReads(store, FoldCache(store), home, run_locks_for(store, home))
+    async with reads.open():
+        scheduler = Scheduler(ReadsFirer(reads))
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(until - time.time())
+        scheduler.stop()
+        await task
+    rows = store.list_executions(limit=100_000, created_since=boundary - 60)
+    store.close()
+    return _lags(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minute", type=int, default=1000)
+    parser.add_argument("--second", type=int, default=20)
+    args = parser.parse_args()
+    print(f"load before: {os.getloadavg()[0]:.2f} (cpus {os.cpu_count()})")
+    with tempfile.TemporaryDirectory(prefix="flowtide-bench-triggers-") as tmp:
+        minute, second = asyncio.run(_embedded(Path(tmp), args.minute, args.second))
+    print(f"load after:  {os.getloadavg()[0]:.2f}")
+    print(f"embedded, {args.minute} schedules every minute: {_quantiles(minute)}")
+    print(f"embedded, {args.second} schedules every second: {_quantiles(second)}")
+    worst = max(sorted(minute + second)[int(0.99 * len(minute + second)) :] or [0.0])
+    p99 = sorted(minute + second)[min(len(minute + second) - 1, int(0.99 * len(minute + second)))] if minute + second else float("inf")
+    print(f"goal p99 <= {GOAL_P99:.1f} s: {'met' if p99 <= GOAL_P99 else 'not met'} "
+          f"(p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -387,8 +387,9 @@ def _every_index(when: Every, after: float) -> int:
     return k
 
 
-def _instants(when: When, after: float) -> Iterator[float]:
-    """Every fire instant after `after`, ascending, without end."""
+def iter_slots(when: When, after: float) -> Iterator[float]:
+    """Every fire instant after `after`, ascending, without end (lazy: take what you
+    need). Raises TriggerError for a `Cron` that is not valid."""
     if isinstance(when, Every):
         if not when.every > 0:
             raise TriggerError("an interval must be more than zero", field="every")
@@ -417,7 +418,7 @@ def slots(when: When, after: float, until: float) -> Iterator[float]:
         return (k * when.every + when.offset for k in range(first, first + count))
     found = list(
         itertools.islice(
-            itertools.takewhile(lambda t: t <= until, _instants(when, after)), MAX_SLOTS + 1
+            itertools.takewhile(lambda t: t <= until, iter_slots(when, after)), MAX_SLOTS + 1
         )
     )
     _check_count(len(found) > MAX_SLOTS, when, after, until)
@@ -442,7 +443,7 @@ def _iso(at: float) -> str:
 
 def next_slots(when: When, after: float, n: int) -> list[float]:
     """The next `n` fire instants after `after` (fewer if the schedule ends)."""
-    return list(itertools.islice(_instants(when, after), max(n, 0)))
+    return list(itertools.islice(iter_slots(when, after), max(n, 0)))
 
 
 def describe(when: When) -> str:

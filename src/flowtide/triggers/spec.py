@@ -22,6 +22,7 @@ caller passes the document's positions, `file:line:column`. Unknown keys are err
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import difflib
 import json
@@ -410,20 +411,21 @@ def _playbook(r: _Reader, value: Any) -> tuple[str, int | None]:
 
 
 def spec_to_json(spec: ScheduleSpec) -> dict[str, Any]:
-    """The stored form of `spec` (JSON values; `spec_from_json` reads it back equal)."""
+    """The stored form of `spec` (JSON values, copied; `spec_from_json` reads it back
+    equal)."""
     return {
         "name": spec.name,
         "playbook": spec.playbook,
         "version": spec.version,
         "when": when_to_json(spec.when),
-        "workload": spec.workload,
+        "workload": copy.deepcopy(spec.workload),
         "overlap": spec.overlap,
         "catchup": spec.catchup,
         "jitter": spec.jitter,
         "paused": spec.paused,
         "start": spec.start,
         "end": spec.end,
-        "notify": spec.notify,
+        "notify": copy.deepcopy(spec.notify),
         "description": spec.description,
     }
 

@@ -22,7 +22,7 @@ import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfo
 
@@ -178,10 +178,10 @@ class Scheduler:
             before = self._known.get(row.trigger_id)
             if before is not None and before.row.updated == row.updated:
                 known[row.trigger_id] = before
-                before.row = row
                 continue
             try:
-                spec = spec_from_json(row.spec)
+                # The row says whether it is paused now (pause/resume change the row).
+                spec = replace(spec_from_json(row.spec), paused=row.paused)
             except FlowtideError as exc:
                 self._report(row.name, exc)
                 continue
@@ -227,7 +227,7 @@ class Scheduler:
                 await self._fire(known, decision.slot, now, watermark=decision.slot)
             elif isinstance(decision, Skip | Buffer):
                 status = "skipped" if isinstance(decision, Skip) else "buffered"
-                reason = decision.reason if isinstance(decision, Skip) else None
+                reason = _reason(decision) if isinstance(decision, Skip) else None
                 quiet.append(
                     Firing(
                         trigger_id=row.trigger_id,
@@ -278,6 +278,11 @@ class Scheduler:
         log.warning("schedule %s: %s", name, exc)
         if self.on_error is not None:
             self.on_error(name, exc)
+
+
+def _reason(skip: Skip) -> str:
+    """A skipped firing's reason; a run of missed slots is one firing (its latest slot)."""
+    return f"{skip.reason} ({skip.count} slots)" if skip.count > 1 else skip.reason
 
 
 def _state_of(store: Store, row: TriggerRow) -> tuple[float, list[int], list[tuple[str, float]]]:
@@ -376,7 +381,7 @@ async def run_backfill(
                 key=key,
                 slot=decision.slot,
                 status=status,
-                reason=decision.reason if isinstance(decision, Skip) else None,
+                reason=_reason(decision) if isinstance(decision, Skip) else None,
             )
             new = await asyncio.to_thread(store.record_firings, [firing], now=now)
             done[status if new else "already"].append(key)

@@ -1,67 +1,70 @@
-"""A schedule as written (CLI flags, an API body, a `kind: Schedule` document) and as
-stored. Pure: validation only, every error a `TriggerError` naming the schedule, the
-field and, for a document, where it was written (`file:line:column`).
+"""A schedule as written (CLI flags or a `kind: Schedule` document) and as stored.
+
+    apiVersion: noetl.io/v2          # or flowtide.io/v1; optional
+    kind: Schedule
+    metadata: {name: nightly-report, description: "..."}
+    spec:
+      playbook: reports/nightly      # or {path: reports/nightly, version: 3}
+      cron: "0 2 * * *"              # or every: 15m (+ offset: 30s); exactly one
+      timezone: Europe/Berlin        # cron only; default UTC
+      workload: {day: "{{ schedule.time }}"}
+      overlap: skip                  # skip|buffer_one|buffer_all|cancel_other|allow
+      catchup: 1h                    # 0: never catch up
+      jitter: 30s
+      paused: false
+      start: "2026-01-01T00:00:00Z"  # ISO 8601 with a zone, or Unix seconds
+      end: ...
+      notify: [...]                  # kept as given (validated by notifications)
+
+Every error is a `TriggerError` with the schedule's name, the field and, when the
+caller passes the document's positions, `file:line:column`. Unknown keys are errors.
 """
 
 from __future__ import annotations
 
-import datetime
+import copy
+import datetime as dt
 import difflib
+import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from flowtide.errors import TriggerError
-from flowtide.triggers.when import Cron, When, cron, every, from_json, parse_duration, to_json
+from flowtide.triggers.when import Cron, Every, When, cron, every, parse_duration
+from flowtide.triggers.when import from_json as when_from_json
+from flowtide.triggers.when import to_json as when_to_json
 
-__all__ = [
-    "OVERLAP_POLICIES",
-    "ScheduleSpec",
-    "parse_time",
-    "schedule_from_document",
-    "spec_from_json",
-    "spec_to_json",
-    "validate_name",
-]
+OVERLAP_POLICIES = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow")
 
-OVERLAP_POLICIES: Final = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow")
-_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SPEC_FIELDS: Final = (
-    "playbook",
-    "cron",
-    "every",
-    "offset",
-    "timezone",
-    "workload",
-    "overlap",
-    "catchup",
-    "jitter",
-    "paused",
-    "start",
-    "end",
-    "notify",
-    "version",
-)
-_TOP_FIELDS: Final = ("apiVersion", "kind", "metadata", "spec")
-_API_VERSIONS: Final = ("noetl.io/v2", "noetl.io/v1", "flowtide.io/v1")
-#: Largest workload a schedule keeps (its JSON text is stored with the definition).
-MAX_WORKLOAD_KEYS: Final = 1000
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_API_VERSIONS = ("noetl.io/", "flowtide.io/")
+
+#: Largest workload or notify list of a schedule, as JSON text.
+MAX_SPEC_JSON = 256 * 1024
+MAX_PLAYBOOK_REF = 1024
+MAX_DESCRIPTION = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSpec:
-    """A checked schedule (see the README's "Schedules")."""
+    """A schedule: run `playbook` (a catalog path or file, `version` None = the latest at
+    fire time) with `workload` at the instants of `when`. Validated on construction.
+
+    `catchup` (seconds): how late a missed slot may still fire after downtime (0: only
+    on time, within `plan.CATCHUP_GRACE`). `jitter`: each slot starts up to this much
+    later (the same delay on every server). `start`/`end`: no slot before/after these
+    Unix seconds.
+    """
 
     name: str
-    #: A catalog path, or (on a local store) an absolute file path.
     playbook: str
-    when: When
     version: int | None = None
+    when: When = field(default=None)  # type: ignore[assignment]
     workload: dict[str, Any] = field(default_factory=dict)
     overlap: str = "skip"
-    #: Seconds: after a downtime, missed slots this recent fire; 0: none.
     catchup: float = 3600.0
     jitter: float = 0.0
     paused: bool = False
@@ -70,261 +73,415 @@ class ScheduleSpec:
     notify: list[dict[str, Any]] = field(default_factory=list)
     description: str = ""
 
+    def __post_init__(self) -> None:
+        validate_name(self.name)
 
-class _Positions(Protocol):
-    def get(self, path: Any) -> tuple[int | None, int | None]: ...
+        def bad(message: str, at: str) -> TriggerError:
+            return TriggerError(message, name=self.name, field=at)
+
+        if not isinstance(self.playbook, str) or not self.playbook.strip():
+            raise bad("a schedule needs a playbook (a catalog path or a file)", "playbook")
+        if len(self.playbook) > MAX_PLAYBOOK_REF or "\x00" in self.playbook:
+            raise bad("not a playbook path", "playbook")
+        if self.version is not None and (
+            isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1
+        ):
+            raise bad(f"version must be a positive integer, got {self.version!r}", "version")
+        if not isinstance(self.when, Cron | Every):
+            raise bad("a schedule needs exactly one of 'cron' and 'every'", "when")
+        if self.overlap not in OVERLAP_POLICIES:
+            raise bad(_unknown("overlap policy", self.overlap, OVERLAP_POLICIES), "overlap")
+        for name in ("catchup", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise bad(f"expected seconds, got {value!r}", name)
+            if not (math.isfinite(value) and 0 <= value <= 366 * 86400):
+                raise bad(f"{value!r} seconds is not between 0 and 366 days", name)
+        if not isinstance(self.paused, bool):
+            raise bad(f"expected true or false, got {self.paused!r}", "paused")
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise bad(f"expected Unix seconds, got {value!r}", name)
+        if self.start is not None and self.end is not None and self.end <= self.start:
+            raise bad("end must be after start", "end")
+        _check_json(self.workload, self.name, "workload", dict)
+        _check_json(self.notify, self.name, "notify", list)
+        if any(not isinstance(item, dict) for item in self.notify):
+            raise bad("each notify entry must be a mapping", "notify")
+        if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
+            raise bad(f"a string of at most {MAX_DESCRIPTION} characters", "description")
 
 
-def validate_name(name: object) -> str:
-    """A schedule's name: 1-128 of letters, digits, `.`, `_`, `-`, not starting with a
-    sign. Raises TriggerError."""
-    if not isinstance(name, str) or not _NAME.match(name):
+def validate_name(name: Any) -> str:
+    """`name` if it is a valid schedule name (`[A-Za-z0-9][A-Za-z0-9._-]{0,127}`).
+
+    Raises:
+        TriggerError(field="name"): it is not.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise TriggerError(
-            f"{name!r} is not a valid name: 1-128 letters, digits, '.', '_' or '-',"
-            " starting with a letter or digit",
+            f"{name!r} is not a schedule name: 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
             field="name",
         )
     return name
 
 
-def parse_time(value: object, field: str) -> float:
-    """Unix seconds of an ISO 8601 time with a zone (`2026-01-01T00:00:00Z`,
-    `...+01:00`) or a number. Raises TriggerError: a naive time is refused (which zone
-    would it be in?)."""
-    if isinstance(value, bool):
-        raise TriggerError(f"{value!r} is not a time", field=field)
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise TriggerError(f"{value!r} is not a time", field=field)
-        return float(value)
-    if isinstance(value, datetime.datetime):
-        parsed = value
-    elif isinstance(value, str):
+def _unknown(what: str, value: Any, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(value), list(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"one of {', '.join(known)}"
+    return f"unknown {what} {value!r} ({hint})"
+
+
+def _check_json(value: Any, name: str, at: str, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise TriggerError(
+            f"must be a {'mapping' if kind is dict else 'list'}", name=name, field=at
+        )
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TriggerError(f"not JSON values ({exc})", name=name, field=at) from None
+    except RecursionError:
+        raise TriggerError("nested too deeply", name=name, field=at) from None
+    if len(text) > MAX_SPEC_JSON:
+        raise TriggerError(f"larger than {MAX_SPEC_JSON // 1024} KiB", name=name, field=at)
+    # JSON turns other keys into strings and tuples into lists: stored, it would differ.
+    if json.loads(text) != value:
+        raise TriggerError("not JSON values (keys must be strings)", name=name, field=at)
+
+
+def parse_time(text: Any, field: str) -> float:
+    """Unix seconds of `text`: ISO 8601 with a zone (`2026-01-01T00:00:00Z`,
+    `...+02:00`), or a number of Unix seconds (given as a number or a numeric string).
+
+    Raises:
+        TriggerError(field=field): not a time, or an ISO time without a zone.
+    """
+    if isinstance(text, bool):
+        raise TriggerError(f"expected a time, got {text!r}", field=field)
+    if isinstance(text, int | float):
+        seconds = float(text)
+    elif isinstance(text, dt.datetime):
+        if text.tzinfo is None:
+            raise TriggerError(f"{text.isoformat()!r} has no time zone", field=field)
+        seconds = text.timestamp()
+    elif isinstance(text, str):
+        body = text.strip()
         try:
-            parsed = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            seconds = float(body)
         except ValueError:
-            raise TriggerError(
-                f"{value!r} is not an ISO 8601 time (like 2026-01-01T00:00:00Z)", field=field
-            ) from None
+            try:
+                at = dt.datetime.fromisoformat(body)
+            except ValueError:
+                raise TriggerError(
+                    f"{text!r} is not a time: write ISO 8601 with a zone "
+                    "('2026-01-01T00:00:00Z', '2026-01-01T02:00:00+02:00') or Unix seconds",
+                    field=field,
+                ) from None
+            if at.tzinfo is None:
+                raise TriggerError(
+                    f"{text!r} has no time zone: add 'Z' for UTC or an offset like '+02:00'",
+                    field=field,
+                ) from None
+            seconds = at.timestamp()
     else:
-        raise TriggerError(f"{value!r} is not a time", field=field)
-    if parsed.tzinfo is None:
-        raise TriggerError(f"{value!r} has no zone: add one (Z for UTC, or +01:00)", field=field)
-    return parsed.timestamp()
+        raise TriggerError(f"expected a time, got {type(text).__name__}", field=field)
+    if not math.isfinite(seconds):
+        raise TriggerError(f"{text!r} is not a time", field=field)
+    return seconds
 
 
-def _seconds(value: object, field_name: str, *, zero: bool) -> float:
-    if zero and value in (0, "0", 0.0):
-        return 0.0
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise TriggerError(f"{value!r} is not a duration", field=field_name)
-    return parse_duration(value, field=field_name)
+# -- documents ---------------------------------------------------------------------------
+
+
+class Positions(Protocol):
+    """Where each node of a document was written: `flowtide.playbook.source.Positions`
+    (or any mapping-like `get(path)` giving `(line, column)`, 1-based)."""
+
+    def get(self, path: tuple[str | int, ...], /) -> Any: ...
+
+
+_TOP = ("apiVersion", "kind", "metadata", "spec")
+_METADATA = ("name", "description")
+_SPEC = (
+    "playbook",
+    "cron",
+    "timezone",
+    "every",
+    "offset",
+    "workload",
+    "overlap",
+    "catchup",
+    "jitter",
+    "paused",
+    "start",
+    "end",
+    "notify",
+)
+_PLAYBOOK = ("path", "version")
 
 
 class _Reader:
-    """Reads one document's fields, errors located at their position."""
-
-    def __init__(self, name: str | None, source: str | None, positions: _Positions | None):
-        self.name = name
+    def __init__(self, source: str | None, positions: Positions | None) -> None:
         self.source = source
         self.positions = positions
+        self.name: str | None = None
 
-    def where(self, path: tuple[Any, ...]) -> str | None:
-        if self.source is None:
-            return None
-        if self.positions is None:
-            return self.source
-        line, column = self.positions.get(path)
-        if line is None:
-            return self.source
-        return f"{self.source}:{line}:{column}"
+    def where(self, path: tuple[str | int, ...]) -> str | None:
+        if self.positions is not None:
+            probe = path
+            while True:
+                found = self.positions.get(probe)
+                if (
+                    isinstance(found, tuple)
+                    and len(found) == 2
+                    and all(isinstance(n, int) for n in found)
+                ):
+                    return f"{self.source or '<document>'}:{found[0]}:{found[1]}"
+                if not probe:
+                    break
+                probe = probe[:-1]
+        return self.source
 
-    def fail(self, path: tuple[Any, ...], message: str, field_name: str) -> TriggerError:
-        return TriggerError(message, name=self.name, field=field_name, location=self.where(path))
+    def error(self, path: tuple[str | int, ...], message: str, at: str) -> TriggerError:
+        return TriggerError(message, name=self.name, field=at, location=self.where(path))
 
-    def unknown(
-        self, keys: Mapping[str, Any], allowed: tuple[str, ...], path: tuple[Any, ...]
-    ) -> None:
-        for key in keys:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise self.fail(
-                    (*path, key),
-                    f"unknown field {key!r}{hint}; a schedule has {', '.join(allowed)}",
-                    str(key),
-                )
+    def relocate(self, exc: TriggerError, path: tuple[str | int, ...]) -> TriggerError:
+        return TriggerError(
+            exc.message,
+            name=self.name,
+            field=exc.field,
+            location=exc.location or self.where(path),
+        )
+
+    def mapping(self, value: Any, path: tuple[str | int, ...], at: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.error(path, f"'{at}' must be a mapping", at)
+        return value
+
+    def known(self, doc: Mapping[str, Any], keys: Sequence[str], path: tuple[str, ...]) -> None:
+        for key in doc:
+            if key not in keys:
+                where = ".".join((*path, str(key)))
+                raise self.error((*path, key), _unknown("field", key, keys), where)
 
 
 def schedule_from_document(
-    doc: Any, *, source: str | None = None, positions: _Positions | None = None
+    doc: Mapping[str, Any],
+    *,
+    source: str | None = None,
+    positions: Positions | None = None,
 ) -> ScheduleSpec:
-    """The schedule a `kind: Schedule` document defines (see the README). `source` names
-    the file and `positions` locate its fields (`flowtide.playbook.source.load_yaml`).
+    """The schedule a `kind: Schedule` document describes.
+
+    Args:
+        doc: the parsed YAML (or JSON) document.
+        source: its file name, for `location`.
+        positions: where each node was written (`flowtide.playbook.source.load_yaml`'s
+            second result); without it `location` is `source` alone.
 
     Raises:
-        TriggerError: naming the schedule, the field and where it was written.
+        TriggerError: the document is not a valid schedule; `name`, `field` (the spec
+            key, e.g. `cron`; dotted for an unknown one, `spec.cronn`) and `location`
+            say where.
     """
-    top = _Reader(None, source, positions)
-    if not isinstance(doc, Mapping):
-        raise top.fail((), "a schedule must be a YAML mapping (kind: Schedule)", "kind")
-    top.unknown(doc, _TOP_FIELDS, ())
-    if doc.get("kind") != "Schedule":
-        raise top.fail(("kind",), f"kind must be Schedule, not {doc.get('kind')!r}", "kind")
-    version = doc.get("apiVersion")
-    if version is not None and version not in _API_VERSIONS:
-        raise top.fail(
+    r = _Reader(source, positions)
+    top = r.mapping(doc, (), "document")
+    name_raw = (
+        top.get("metadata", {}).get("name") if isinstance(top.get("metadata"), Mapping) else None
+    )
+    if isinstance(name_raw, str):
+        r.name = name_raw
+    r.known(top, _TOP, ())
+    api = top.get("apiVersion")
+    if api is not None and not (isinstance(api, str) and api.startswith(_API_VERSIONS)):
+        raise r.error(
             ("apiVersion",),
-            f"apiVersion {version!r} is not one of {', '.join(_API_VERSIONS)}",
+            f"unsupported apiVersion {api!r} (noetl.io/v2 or flowtide.io/v1)",
             "apiVersion",
         )
-    meta = doc.get("metadata")
-    if not isinstance(meta, Mapping) or "name" not in meta:
-        raise top.fail(("metadata",), "metadata.name names the schedule", "metadata.name")
-    top.unknown(meta, ("name", "description", "labels"), ("metadata",))
+    if top.get("kind") != "Schedule":
+        raise r.error(("kind",), f"expected kind: Schedule, got {top.get('kind')!r}", "kind")
+    meta = r.mapping(top.get("metadata"), ("metadata",), "metadata")
+    r.known(meta, _METADATA, ("metadata",))
+    if "name" not in meta:
+        raise r.error(("metadata",), "a schedule needs metadata.name", "name")
     try:
-        name = validate_name(meta["name"])
+        validate_name(meta["name"])
     except TriggerError as exc:
-        raise top.fail(("metadata", "name"), exc.message, "metadata.name") from None
-    description = meta.get("description") or ""
-    if not isinstance(description, str) or len(description) > 1000:
-        raise top.fail(("metadata", "description"), "a line of text (at most 1,000)", "description")
-    spec = doc.get("spec")
-    r = _Reader(name, source, positions)
-    if not isinstance(spec, Mapping):
-        raise r.fail(("spec",), "spec must be a mapping (playbook, cron or every, ...)", "spec")
-    r.unknown(spec, _SPEC_FIELDS, ("spec",))
-    return _read_spec(r, name, description, spec)
+        raise r.relocate(exc, ("metadata", "name")) from None
+    description = meta.get("description", "")
+    if not isinstance(description, str):
+        raise r.error(("metadata", "description"), "must be a string", "description")
+    spec = r.mapping(top.get("spec"), ("spec",), "spec")
+    r.known(spec, _SPEC, ("spec",))
 
+    def at(key: str) -> tuple[str, str]:
+        return ("spec", key)
 
-def _read_spec(r: _Reader, name: str, description: str, spec: Mapping[str, Any]) -> ScheduleSpec:
-    at = ("spec",)
-    playbook = spec.get("playbook")
-    version = spec.get("version")
-    if isinstance(playbook, Mapping):
-        r.unknown(playbook, ("path", "version"), (*at, "playbook"))
-        version = playbook.get("version", version)
-        playbook = playbook.get("path")
-    if not isinstance(playbook, str) or not playbook.strip() or len(playbook) > 4096:
-        raise r.fail((*at, "playbook"), "name the playbook: a catalog path", "playbook")
-    if version is not None and (
-        isinstance(version, bool) or not isinstance(version, int) or version < 1
-    ):
-        raise r.fail((*at, "version"), f"version must be a number >= 1, not {version!r}", "version")
-    when = _read_when(r, spec)
-    workload = spec.get("workload") or {}
-    if not isinstance(workload, Mapping):
-        raise r.fail((*at, "workload"), "workload must be a mapping", "workload")
-    if len(workload) > MAX_WORKLOAD_KEYS:
-        raise r.fail((*at, "workload"), f"more than {MAX_WORKLOAD_KEYS} keys", "workload")
-    overlap = spec.get("overlap", "skip")
-    if overlap not in OVERLAP_POLICIES:
-        raise r.fail(
-            (*at, "overlap"),
-            f"overlap {overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}",
-            "overlap",
-        )
-    notify = spec.get("notify") or []
-    if not isinstance(notify, list) or not all(isinstance(n, Mapping) for n in notify):
-        raise r.fail((*at, "notify"), "notify must be a list of targets", "notify")
-    paused = spec.get("paused", False)
-    if not isinstance(paused, bool):
-        raise r.fail((*at, "paused"), f"paused must be true or false, not {paused!r}", "paused")
-    values: dict[str, Any] = {}
-    for key, zero in (("catchup", True), ("jitter", True)):
-        if spec.get(key) is not None:
+    playbook, version = _playbook(r, spec.get("playbook"))
+    if ("cron" in spec) == ("every" in spec):
+        raise r.error(("spec",), "write exactly one of 'cron' and 'every'", "when")
+    try:
+        when: When
+        if "cron" in spec:
+            if "offset" in spec:
+                raise r.error(at("offset"), "'offset' goes with 'every', not 'cron'", "offset")
+            zone = spec.get("timezone", "UTC")
+            where = at("timezone") if "timezone" in spec else at("cron")
             try:
-                values[key] = _seconds(spec[key], key, zero=zero)
+                when = cron(spec["cron"], zone)
             except TriggerError as exc:
-                raise r.fail((*at, key), exc.message, key) from None
-    for key in ("start", "end"):
-        if spec.get(key) is not None:
+                raise r.relocate(exc, at("cron") if exc.field == "cron" else where) from None
+        else:
+            if "timezone" in spec:
+                raise r.error(
+                    at("timezone"),
+                    "'timezone' goes with 'cron' ('every' counts from the epoch)",
+                    "timezone",
+                )
             try:
+                when = every(spec["every"], spec.get("offset", 0))
+            except TriggerError as exc:
+                raise r.relocate(exc, at(exc.field or "every")) from None
+        values: dict[str, Any] = {}
+        for key in ("catchup", "jitter"):
+            if key in spec:
+                values[key] = parse_duration(spec[key], field=key, allow_zero=True)
+        for key in ("start", "end"):
+            if spec.get(key) is not None:
                 values[key] = parse_time(spec[key], key)
-            except TriggerError as exc:
-                raise r.fail((*at, key), exc.message, key) from None
-    if values.get("start") is not None and values.get("end") is not None:
-        if values["end"] < values["start"]:
-            raise r.fail((*at, "end"), "end is before start", "end")
-    return ScheduleSpec(
-        name=name,
-        playbook=playbook.strip(),
-        when=when,
-        version=version,
-        workload=dict(workload),
-        overlap=str(overlap),
-        paused=paused,
-        notify=[dict(n) for n in notify],
-        description=description,
-        **values,
-    )
-
-
-def _read_when(r: _Reader, spec: Mapping[str, Any]) -> When:
-    at = ("spec",)
-    has_cron, has_every = spec.get("cron") is not None, spec.get("every") is not None
-    if has_cron == has_every:
-        raise r.fail(
-            at,
-            "give exactly one of cron (an expression) or every (an interval)",
-            "cron" if not has_cron else "every",
-        )
-    try:
-        if has_cron:
-            if spec.get("offset") is not None:
-                raise TriggerError("offset goes with every, not cron", field="offset")
-            return cron(str(spec["cron"]), str(spec.get("timezone") or "UTC"))
-        if spec.get("timezone") not in (None, "UTC"):
-            raise TriggerError(
-                "timezone goes with cron: every's slots are counted in UTC", field="timezone"
-            )
-        return every(spec["every"], spec.get("offset") or 0)
     except TriggerError as exc:
-        key = exc.field or ("cron" if has_cron else "every")
-        raise r.fail((*at, key), exc.message, key) from None
+        raise r.relocate(exc, at(exc.field or "")) from None
+    workload = spec.get("workload", {})
+    if workload is None:
+        workload = {}
+    notify = spec.get("notify", [])
+    if notify is None:
+        notify = []
+    for key, value in (("workload", workload), ("notify", notify)):
+        kind = Mapping if key == "workload" else list
+        if not isinstance(value, kind):
+            raise r.error(
+                at(key), f"'{key}' must be a {'mapping' if kind is Mapping else 'list'}", key
+            )
+    try:
+        return ScheduleSpec(
+            name=meta["name"],
+            playbook=playbook,
+            version=version,
+            when=when,
+            workload=dict(workload),
+            overlap=spec.get("overlap", "skip"),
+            paused=spec.get("paused", False),
+            notify=list(notify),
+            description=description,
+            **values,
+        )
+    except TriggerError as exc:
+        raise r.relocate(exc, at(exc.field or "")) from None
+
+
+def _playbook(r: _Reader, value: Any) -> tuple[str, int | None]:
+    path: tuple[str | int, ...] = ("spec", "playbook")
+    if value is None:
+        raise r.error(("spec",), "a schedule needs spec.playbook", "playbook")
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, Mapping):
+        r.known(value, _PLAYBOOK, ("spec", "playbook"))
+        ref, version = value.get("path"), value.get("version")
+        if not isinstance(ref, str):
+            raise r.error((*path, "path"), "playbook.path must be a string", "playbook")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise r.error(
+                (*path, "version"), f"version must be an integer, got {version!r}", "version"
+            )
+        return ref, version
+    raise r.error(path, "playbook must be a path or {path, version}", "playbook")
+
+
+# -- stored form -------------------------------------------------------------------------
 
 
 def spec_to_json(spec: ScheduleSpec) -> dict[str, Any]:
-    """The stored form (JSON values only)."""
+    """The stored form of `spec` (JSON values, copied; `spec_from_json` reads it back
+    equal)."""
     return {
         "name": spec.name,
         "playbook": spec.playbook,
         "version": spec.version,
-        "when": to_json(spec.when),
-        "workload": spec.workload,
+        "when": when_to_json(spec.when),
+        "workload": copy.deepcopy(spec.workload),
         "overlap": spec.overlap,
         "catchup": spec.catchup,
         "jitter": spec.jitter,
         "paused": spec.paused,
         "start": spec.start,
         "end": spec.end,
-        "notify": spec.notify,
+        "notify": copy.deepcopy(spec.notify),
         "description": spec.description,
     }
 
 
+_STORED = (
+    "name",
+    "playbook",
+    "version",
+    "when",
+    "workload",
+    "overlap",
+    "catchup",
+    "jitter",
+    "paused",
+    "start",
+    "end",
+    "notify",
+    "description",
+)
+
+
 def spec_from_json(doc: Mapping[str, Any]) -> ScheduleSpec:
-    """`spec_to_json`'s inverse. Raises TriggerError on a stored form it cannot read."""
+    """The `ScheduleSpec` stored by `spec_to_json`, validated again.
+
+    Raises:
+        TriggerError: not a stored schedule.
+    """
+    if not isinstance(doc, Mapping):
+        raise TriggerError("a stored schedule must be an object")
+    name = doc.get("name")
+    extra = sorted(set(doc) - set(_STORED))
+    if extra:
+        raise TriggerError(f"unknown stored fields {extra}", name=str(name), field=extra[0])
+
+    def number(key: str, default: float | None) -> float | None:
+        value = doc.get(key, default)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            return value  # ScheduleSpec refuses what is not a number
+        return float(value)
+
     try:
-        return ScheduleSpec(
-            name=str(doc["name"]),
-            playbook=str(doc["playbook"]),
-            version=doc.get("version"),
-            when=from_json(dict(doc["when"])),
-            workload=dict(doc.get("workload") or {}),
-            overlap=str(doc.get("overlap") or "skip"),
-            catchup=float(doc.get("catchup", 3600.0)),
-            jitter=float(doc.get("jitter") or 0.0),
-            paused=bool(doc.get("paused", False)),
-            start=doc.get("start"),
-            end=doc.get("end"),
-            notify=list(doc.get("notify") or []),
-            description=str(doc.get("description") or ""),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TriggerError(f"a stored schedule cannot be read: {exc}") from None
-
-
-def zone_of(spec: ScheduleSpec) -> str:
-    """The zone a schedule's times are shown in: its cron zone, else UTC."""
-    return spec.when.timezone if isinstance(spec.when, Cron) else "UTC"
+        when = when_from_json(doc.get("when"))  # type: ignore[arg-type]
+    except TriggerError as exc:
+        raise TriggerError(exc.message, name=str(name), field=exc.field) from None
+    return ScheduleSpec(
+        name=doc.get("name"),  # type: ignore[arg-type]
+        playbook=doc.get("playbook"),  # type: ignore[arg-type]
+        version=doc.get("version"),
+        when=when,
+        workload=doc.get("workload", {}),
+        overlap=doc.get("overlap", "skip"),
+        catchup=number("catchup", 3600.0),  # type: ignore[arg-type]
+        jitter=number("jitter", 0.0),  # type: ignore[arg-type]
+        paused=doc.get("paused", False),
+        start=number("start", None),
+        end=number("end", None),
+        notify=doc.get("notify", []),
+        description=doc.get("description", ""),
+    )

@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from flowtide.engine.events import Command, Event
 from flowtide.store.triggers import Firing, TriggerStore
+from flowtide.store.notifications import NotificationStore, PendingNotification
 
 __all__ = [
     "COMMAND_STATUSES",
@@ -207,7 +208,7 @@ class CatalogRow:
 
 
 @runtime_checkable
-class Store(TriggerStore, Protocol):
+class Store(TriggerStore, NotificationStore, Protocol):
     """Event log, commands, execution projection, playbook catalog and credentials."""
 
     # -- executions ------------------------------------------------------------------
@@ -336,6 +337,7 @@ class Store(TriggerStore, Protocol):
         commands: Sequence[CommandUpdate] = (),
         execution_updates: Sequence[ExecutionUpdate] = (),
         secrets: Mapping[int, Collection[str]] | None = None,
+        notifications: Sequence[PendingNotification] = (),
     ) -> None:
         """Write a batch in one transaction: all of it becomes visible, or none of it.
 
@@ -350,6 +352,8 @@ class Store(TriggerStore, Protocol):
             secrets: execution id -> its secret set. An event payload or error, or an
                 execution result or error, holding one of its execution's values is
                 stored sealed; `secrets.added` events always are. Reads unseal them.
+            notifications: deliveries the batch's transitions owe (the notification
+                outbox, `flowtide.notify`), written with them.
         Raises:
             NotFoundError: an execution update names a missing execution.
             StoreError: a duplicate event, an unknown command status, a value that is not

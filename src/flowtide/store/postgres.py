@@ -139,6 +139,7 @@ class PostgresStore(SQLStore, KeychainTables):
     """The store port on PostgreSQL; usable from any number of threads."""
 
     PARAM = "%s"
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     SEALED_TABLES = ("credential", "keychain")
 
     def __init__(

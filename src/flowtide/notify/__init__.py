@@ -1,6 +1,6 @@
 """Notifications: who is told when a run fails, completes, is cancelled, misses a
 deadline or is interrupted (a playbook's `notify:`, `flowtide.playbook.notify`, and the
-server-wide default `FLOWTIDE_NOTIFY`).
+server-wide default `FLOWTIDE_NOTIFY_DEFAULT`).
 
 A transition's deliveries are owed from the moment it is recorded: `owed` computes them
 from the events a step recorded (pure), and the runtime writes them with those events in

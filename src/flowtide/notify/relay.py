@@ -35,7 +35,7 @@ log = logging.getLogger("flowtide.notify")
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
     """Seconds before attempt `attempt + 1` after `attempt` failed ones (1, 2, ...)."""
-    return min(cap, base * (2 ** (attempt - 1)))
+    return float(min(cap, base * 2.0 ** (attempt - 1)))
 
 
 class NotificationRelay:

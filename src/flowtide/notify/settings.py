@@ -1,5 +1,5 @@
 """The notification settings read into what the runtimes need: the server-wide default
-targets (FLOWTIDE_NOTIFY, JSON or a file) and the relay built from NotifySection."""
+targets (FLOWTIDE_NOTIFY_DEFAULT, JSON or a file) and the relay built from NotifySection."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = ["default_targets", "relay_from"]
 
 
 def default_targets(section: NotifySection) -> tuple[NotifyTarget, ...]:
-    """The server-wide `notify:` list of FLOWTIDE_NOTIFY (JSON text, or a YAML/JSON file's
+    """The server-wide `notify:` list of FLOWTIDE_NOTIFY_DEFAULT (JSON text, or a YAML/JSON file's
     path); () when unset.
 
     Raises:
@@ -28,14 +28,14 @@ def default_targets(section: NotifySection) -> tuple[NotifyTarget, ...]:
     text = (section.default or "").strip()
     if not text:
         return ()
-    where = "FLOWTIDE_NOTIFY"
+    where = "FLOWTIDE_NOTIFY_DEFAULT"
     if not text.startswith("["):
         path = Path(text).expanduser()
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise SettingsError(f"{where}: cannot read {path}: {exc.strerror}") from exc
-        where = f"FLOWTIDE_NOTIFY ({path})"
+        where = f"FLOWTIDE_NOTIFY_DEFAULT ({path})"
     try:
         if text.lstrip().startswith("["):
             raw = json.loads(text)

@@ -92,7 +92,7 @@ class TargetPolicy:
                 infos = socket.getaddrinfo(name, port)
             except OSError as exc:
                 raise Refused(f"{host}: does not resolve ({exc.strerror or exc})") from None
-            addresses = [ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos]
+            addresses = [ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos]
         for address in addresses:
             if self._allowed(address):
                 continue

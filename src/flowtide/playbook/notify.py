@@ -1,4 +1,4 @@
-"""A playbook's `notify:` list (and the server-wide default, `FLOWTIDE_NOTIFY`): who is told
+"""A playbook's `notify:` list (and the server-wide default, `FLOWTIDE_NOTIFY_DEFAULT`): who is told
 when a run fails, completes, is cancelled, misses a deadline or is interrupted.
 
 Each entry names the transitions it is for (`on:`, default `[failed]`) and exactly one

@@ -277,7 +277,6 @@ class NotifySection(BaseSettings):
         None,
         "Server-wide notify list: JSON (a list of targets, as a playbook's `notify:`) or the"
         " path of a YAML/JSON file holding one; applies to every top-level run.",
-        env="FLOWTIDE_NOTIFY",
     )
     allow_hosts: str | None = setting(
         None,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
 from flowtide.engine.events import Command, Event
-from flowtide.store.triggers import Firing, TriggerStore
 from flowtide.store.notifications import NotificationStore, PendingNotification
+from flowtide.store.triggers import Firing, TriggerStore
 
 __all__ = [
     "COMMAND_STATUSES",

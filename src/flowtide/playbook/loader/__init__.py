@@ -13,6 +13,7 @@ fields and checks of each tool kind), `loops`, `arcs` (`next`) and `policies`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
@@ -189,7 +190,8 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         c.error(("notify", *at), message, field=field, expected=expected)
 
     notify = parse_notify(data.get("notify"), notify_problem)
-    for i, raw_target in enumerate(data.get("notify") if notify else ()):
+    raw_notify: list[Any] = data["notify"] if notify else []
+    for i, raw_target in enumerate(raw_notify):
         for kind, cfg in raw_target.items():
             for key in ("body", "text", "subject") if isinstance(cfg, dict) else ():
                 if key in cfg:

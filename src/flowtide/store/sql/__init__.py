@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from flowtide.store.sql.catalog import CatalogTables
 from flowtide.store.sql.credentials import CredentialTables
-from flowtide.store.sql.notifications import NotificationTables
 from flowtide.store.sql.executions import (
     INSERT_EVENT,
     PUT_SUMMARY,
     UPSERT_COMMAND,
     ExecutionTables,
 )
+from flowtide.store.sql.notifications import NotificationTables
 
 __all__ = ["INSERT_EVENT", "PUT_SUMMARY", "UPSERT_COMMAND", "SQLStore"]
 

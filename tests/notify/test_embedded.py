@@ -170,3 +170,28 @@ def test_loader_errors_name_the_line(notify: str, message: str) -> None:
         parse_playbook(text, "t.yaml")
     shown = str(caught.value)
     assert message in shown and "t.yaml:2:" in shown, shown
+
+
+def test_a_playbook_target_starts_that_playbook_with_the_document(tmp_path: Path) -> None:
+    (tmp_path / "after.yaml").write_text(
+        "metadata: {name: after, path: tests/notify/after}\n"
+        "workflow:\n  - step: start\n    tool: {kind: python, input: {t: '{{ workload.transition }}'},"
+        " code: \"result = {'saw': t}\"}\n"
+    )
+    reg = _flowtide(tmp_path, "catalog", "register", str(tmp_path / "after.yaml"))
+    assert reg.returncode == 0, reg.stderr
+    playbook = tmp_path / "ok.yaml"
+    playbook.write_text(
+        "metadata: {name: ok}\n"
+        "notify: [{on: [completed], playbook: {path: tests/notify/after}}]\n"
+        "workflow:\n  - step: start\n    tool: {kind: noop}\n"
+    )
+    run = _flowtide(tmp_path, "run", str(playbook), FLOWTIDE_NOTIFY_EXIT_WAIT="30")
+    assert run.returncode == 0, run.stderr
+    with SQLiteStore(tmp_path / "home" / "flowtide.db") as store:
+        rows = {r.playbook_path: r for r in store.list_executions()}
+        after = rows["tests/notify/after"]
+        assert after.status == "completed" and after.result == {"saw": "completed"}
+        notifier = next(r for r in rows.values() if r.playbook_path != "tests/notify/after")
+        (sent,) = store.events(notifier.execution_id, types=["notification.sent"])
+        assert sent.payload["started_execution_id"] == after.execution_id

@@ -140,6 +140,7 @@ class PostgresStore(SQLStore, KeychainTables):
 
     PARAM = "%s"
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    LOCK_EXECUTION = True
     SEALED_TABLES = ("credential", "keychain")
 
     def __init__(

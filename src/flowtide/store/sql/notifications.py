@@ -62,6 +62,10 @@ class NotificationTables(SQLAdapter):
 
     #: What the lease's inner SELECT ends with: PostgreSQL skips rows another relay holds.
     SKIP_LOCKED: ClassVar[str] = ""
+    #: Whether settling locks the execution's row first: on PostgreSQL the event then
+    #: takes its place in the log (`seq`) in the order steps commit theirs, which is
+    #: what the servers' catch-up and the live stream read by (SQLite has one writer).
+    LOCK_EXECUTION: ClassVar[bool] = False
 
     def lease_notifications(self, *, now: float, lease: float, limit: int) -> list[NotificationRow]:
         """See `flowtide.store.notifications.NotificationStore.lease_notifications`."""
@@ -87,6 +91,11 @@ class NotificationTables(SQLAdapter):
             [event], self.sealer, {event.execution_id: secrets} if secrets else None
         )
         with self.transaction("settle notification") as conn:
+            if self.LOCK_EXECUTION:
+                conn.execute(
+                    self._sql("SELECT 1 FROM execution WHERE execution_id = ? FOR UPDATE"),
+                    (event.execution_id,),
+                )
             conn.execute(self._sql(_INSERT_EVENT), params[0])
             if retry_at is None:
                 conn.execute(self._sql("DELETE FROM notification WHERE id = ?"), (row_id,))

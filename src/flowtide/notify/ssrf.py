@@ -27,7 +27,12 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class Refused(FlowtideError):
-    """A notification target that the SSRF policy refuses (never retried)."""
+    """A notification target that the SSRF policy refuses (never retried), or whose name
+    does not resolve now (`retry`: DNS may answer later)."""
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 def own_addresses(hosts: Iterable[str]) -> frozenset[Address]:
@@ -91,7 +96,9 @@ class TargetPolicy:
             try:
                 infos = socket.getaddrinfo(name, port)
             except OSError as exc:
-                raise Refused(f"{host}: does not resolve ({exc.strerror or exc})") from None
+                raise Refused(
+                    f"{host}: does not resolve ({exc.strerror or exc})", retry=True
+                ) from None
             addresses = [ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos]
         for address in addresses:
             if self._allowed(address):

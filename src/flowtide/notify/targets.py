@@ -103,7 +103,7 @@ class Sender:
                 return self._playbook(config, doc)
             return Attempt(False, error=f"unknown target kind {kind!r}", retry=False)
         except Refused as exc:
-            return Attempt(False, error=f"refused: {exc}", retry=False)
+            return Attempt(False, error=f"refused: {exc}", retry=exc.retry)
         except TemplateError as exc:
             return Attempt(False, error=f"template: {exc}", retry=False)
 

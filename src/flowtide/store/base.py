@@ -352,8 +352,7 @@ class Store(TriggerStore, NotificationStore, Protocol):
             secrets: execution id -> its secret set. An event payload or error, or an
                 execution result or error, holding one of its execution's values is
                 stored sealed; `secrets.added` events always are. Reads unseal them.
-            notifications: deliveries the batch's transitions owe (the notification
-                outbox, `flowtide.notify`), written with them.
+            notifications: deliveries its transitions owe (`flowtide.notify`'s outbox).
         Raises:
             NotFoundError: an execution update names a missing execution.
             StoreError: a duplicate event, an unknown command status, a value that is not

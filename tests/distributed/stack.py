@@ -65,6 +65,8 @@ class Stack:
     #: The server's name (its log file) and where its databases are (default `--db db`).
     name: str = "server"
     db_args: tuple[str, ...] = ()
+    #: Settings every process of the stack gets (FLOWTIDE_* variables).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -78,6 +80,7 @@ class Stack:
             env["FLOWTIDE_MASTER_KEY"] = self.master_key
         if "admin" in self.tokens:
             env["FLOWTIDE_TOKEN"] = self.tokens["admin"]
+        env.update(self.extra_env)
         return env
 
     def headers(self, role: str = "admin") -> dict[str, str]:

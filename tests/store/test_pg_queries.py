@@ -329,3 +329,43 @@ def test_event_lookups_probe_the_key_even_under_a_generic_plan(store: PostgresSt
     assert doc is not None
     plan = doc[0][0]["Plan"]
     assert _rows_read(plan) <= len(ids), json.dumps(plan, indent=1)
+
+
+# -- notifications ----------------------------------------------------------------------
+
+
+def test_owed_deliveries_are_leased_by_one_relay_at_a_time(store: PostgresStore) -> None:
+    from flowtide.store.notifications import PendingNotification
+
+    owed = [
+        PendingNotification(EXECUTION, 700, "failed", {"kind": "slack", "n": n}, {"n": n}, T0)
+        for n in range(3)
+    ]
+    with store.transaction("t") as conn:
+        pg.notifications.enqueue(conn, owed)
+    # A relay holds one row in an open transaction: another skips it, never waits for it.
+    with store.transaction("holder") as held:
+        held.execute("SELECT id FROM notification ORDER BY id LIMIT 1 FOR UPDATE")
+        taken = store.lease_notifications(now=T0 + 1, lease=60, limit=10)
+        assert [r.target["n"] for r in taken] == [1, 2]
+    assert [r.target["n"] for r in store.lease_notifications(now=T0 + 1, lease=60, limit=10)] == [0]
+    # Leased rows are nobody else's until the lease runs out.
+    assert store.lease_notifications(now=T0 + 30, lease=60, limit=10) == []
+    again = store.lease_notifications(now=T0 + 62, lease=60, limit=10)
+    assert len(again) == 3 and again[0].doc == {"n": 0} and again[0].attempts == 0
+    note: ev.NotificationPayload = {"on": "failed", "target": "slack", "to": "x", "attempt": 1}
+    store.settle_notification(
+        again[0].id,
+        event(EXECUTION, 701, ev.NOTIFICATION_FAILED, payload={**note, "retry_at": T0 + 99}),
+        retry_at=T0 + 99,
+    )
+    store.settle_notification(
+        again[1].id, event(EXECUTION, 702, ev.NOTIFICATION_SENT, payload=note), retry_at=None
+    )
+    assert store.pending_notifications([EXECUTION]) == 2
+    (retried,) = store.lease_notifications(now=T0 + 99, lease=60, limit=10)
+    assert retried.attempts == 1 and retried.target["n"] == 0
+    assert [e.type for e in store.events(EXECUTION)] == [
+        ev.NOTIFICATION_FAILED,
+        ev.NOTIFICATION_SENT,
+    ]

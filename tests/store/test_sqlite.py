@@ -116,7 +116,7 @@ def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
         )
     raw = _raw(path)  # back to what flowtide with schema version 1 wrote
     raw.execute("DROP TABLE execution_summary")
-    for table in ("trigger_firing", "trigger_state", "trigger_def"):
+    for table in ("trigger_firing", "trigger_state", "trigger_def", "notification"):
         raw.execute(f"DROP TABLE {table}")
     for index in ("execution_trigger", "execution_deadline", "execution_sla"):
         raw.execute(f"DROP INDEX {index}")

@@ -81,6 +81,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # The server and the worker meet only in the wire contract, which imports neither.
     "flowtide.wire": ("flowtide.server", "flowtide.worker", "flowtide.runtime", "flowtide.cli"),
     "flowtide.worker": ("flowtide.server", "flowtide.cli"),
+    # Notifications: below the runtimes that owe and relay them, beside the read side.
+    "flowtide.notify": (*_ABOVE_THE_READ_SIDE, "flowtide.web", "flowtide.documents"),
     "flowtide.server": ("flowtide.worker", "flowtide.cli", "flowtide.runtime.local"),
     # What runs commands is shared by both sides and knows neither.
     "flowtide.runtime": (

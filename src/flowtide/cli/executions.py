@@ -134,6 +134,13 @@ def _print_event(e: Event) -> None:
         extra = f" index={payload.get('loop_index')}"
     elif e.type == ev.LOOP_ITEM:
         extra = f" index={ev.payload_of(e, ev.LOOP_ITEM).get('index')}"
+    elif e.type in (ev.NOTIFICATION_SENT, ev.NOTIFICATION_FAILED):
+        note = ev.payload_of(e, ev.NOTIFICATION_SENT)
+        extra = f" {note.get('on')} -> {note.get('target')} {note.get('to')} #{note.get('attempt')}"
+        if "status_code" in note:
+            extra += f" status={note['status_code']}"
+        if "error" in note:
+            extra += f" error={str(note['error'])[:100]}"
     elif e.worker_id:
         extra = f" worker={e.worker_id}"
     typer.echo(f"{ts} {e.type:<20} {e.step or '':<24} {e.status or '':<10}{extra}")

@@ -42,6 +42,13 @@ EXECUTION_CANCELLED: Final = "execution.cancelled"
 # Values a tool touched (passwords, tokens, DSNs): they join the execution's secret set,
 # which seals what is stored and masks what is shown. Always stored sealed.
 SECRETS_ADDED: Final = "secrets.added"
+# A playbook's `timeout:` or `sla:` passed (flowtide.triggers deadlines).
+EXECUTION_DEADLINE_MISSED: Final = "execution.deadline_missed"
+# One attempt to deliver a notification (flowtide.notify): appended to the execution's
+# log after the transition it reports (also after its terminal event); the fold ignores
+# them, so they never change the execution's status.
+NOTIFICATION_SENT: Final = "notification.sent"
+NOTIFICATION_FAILED: Final = "notification.failed"
 
 TERMINAL_TYPES = frozenset({PLAYBOOK_COMPLETED, PLAYBOOK_FAILED, PLAYBOOK_CANCELLED})
 
@@ -216,6 +223,37 @@ class SecretsAddedPayload(TypedDict):
     parent_execution_id: NotRequired[int]
 
 
+class DeadlineMissedPayload(TypedDict):
+    """`execution.deadline_missed`: which deadline (`kind`: timeout | sla), its instant,
+    the limit it came from (seconds) and how long the run had been going."""
+
+    kind: str
+    deadline: float
+    limit: float
+    elapsed: float
+
+
+class NotificationPayload(TypedDict):
+    """`notification.sent` and `notification.failed`: one delivery attempt of one target
+    of a playbook's `notify:` (or the server's default), never a secret: the target is
+    shown masked (no query string, no credentials)."""
+
+    #: The transition reported: completed | failed | cancelled | deadline_missed | interrupted.
+    on: str
+    #: webhook | slack | email | playbook
+    target: str
+    #: The target masked: a URL's scheme, host, port and path; an email's recipients.
+    to: str
+    attempt: int
+    #: The HTTP status the target answered (webhook, slack).
+    status_code: NotRequired[int]
+    error: NotRequired[str]
+    #: A failed attempt that is retried at this time (absent: the last attempt).
+    retry_at: NotRequired[float]
+    #: The execution a `playbook` target started.
+    started_execution_id: NotRequired[int]
+
+
 EventPayload = (
     NoPayload
     | InitializedPayload
@@ -234,6 +272,8 @@ EventPayload = (
     | WorkflowCompletedPayload
     | PlaybookCompletedPayload
     | SecretsAddedPayload
+    | DeadlineMissedPayload
+    | NotificationPayload
 )
 
 #: Each event type's payload type.
@@ -263,6 +303,9 @@ PAYLOADS: Final[Mapping[str, type[Mapping[str, Any]]]] = {
     PLAYBOOK_CANCELLED: FinalizedPayload,
     EXECUTION_CANCELLED: NoPayload,
     SECRETS_ADDED: SecretsAddedPayload,
+    EXECUTION_DEADLINE_MISSED: DeadlineMissedPayload,
+    NOTIFICATION_SENT: NotificationPayload,
+    NOTIFICATION_FAILED: NotificationPayload,
 }
 
 
@@ -363,6 +406,14 @@ def payload_of(
 ) -> FinalizedPayload: ...
 @overload
 def payload_of(event: Event, kind: Literal["secrets.added"]) -> SecretsAddedPayload: ...
+@overload
+def payload_of(
+    event: Event, kind: Literal["execution.deadline_missed"]
+) -> DeadlineMissedPayload: ...
+@overload
+def payload_of(
+    event: Event, kind: Literal["notification.sent", "notification.failed"]
+) -> NotificationPayload: ...
 def payload_of(event: Event, kind: str) -> Any:
     """The payload of `event`, an event of type `kind` (one of them for the types that
     share a payload: `command.completed` for `command.failed` too), typed as `PAYLOADS`

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowtide.playbook.notify import NotifyTarget
+
 ACTIONS = ("continue", "retry", "jump", "break", "fail")
 
 
@@ -112,6 +114,8 @@ class Playbook:
     upstreams: dict[str, frozenset[str]] = field(default_factory=dict)
     # step -> every step reachable from it by arcs (not including itself unless on a cycle)
     reachable: dict[str, frozenset[str]] = field(default_factory=dict)
+    # `notify:` (flowtide.playbook.notify): who is told of the run's transitions.
+    notify: tuple[NotifyTarget, ...] = ()
 
     @property
     def base_dir(self) -> Path:

@@ -34,6 +34,7 @@ from flowtide.redaction import remember
 from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.command import run_command
+from flowtide.runtime.notifying import LocalNotifier
 from flowtide.runtime.pipeline import StepRunner
 from flowtide.runtime.threads import WorkerPool
 from flowtide.settings import LimitsSection, current
@@ -110,6 +111,7 @@ class LocalRuntime:
         self._pump_task: asyncio.Task[None] | None = None
         self._closed = False
         self._warmed: set[str] = set()
+        self.notifier = LocalNotifier(self)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -122,6 +124,9 @@ class LocalRuntime:
             self.kv = await connect("memory://", "flowtide_state", ttl=3600)
             self.loopstate = self._advancer.loopstate = LoopState(self.kv)
         self._pump_task = asyncio.create_task(self._pump(), name="flowtide-engine")
+        # Deliveries an earlier process left owed go out from this one.
+        if await asyncio.to_thread(self.store.pending_notifications):
+            self.notifier.start()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -130,6 +135,7 @@ class LocalRuntime:
     async def close(self) -> None:
         if self._closed:
             return
+        await self.notifier.finish(list(self._executions), self.wait)
         self._closed = True
         unfinished = False
         for execution in self._executions.values():
@@ -396,13 +402,16 @@ class LocalRuntime:
 
     async def _process(self, batch: list[Event]) -> None:
         out = await self._advancer.advance(self._states, batch, time.time())
+        owed = self.notifier.owed(self._states, out.recorded)
         if out.recorded or out.command_rows:
             self.store.append(
                 out.recorded,
                 commands=out.command_rows,
                 execution_updates=out.execution_rows,
                 secrets=self._secrets_of(out),
+                notifications=owed,
             )
+            self.notifier.written(owed)
         for command in out.commands:
             execution = self._executions[command.execution_id]
             if not execution.state.terminal:

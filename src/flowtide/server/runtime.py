@@ -23,10 +23,12 @@ from flowtide.auth.oidc import JwtVerifier
 from flowtide.errors import AuthError
 from flowtide.ids import default_generator
 from flowtide.machines import MachineLease, holder_name
+from flowtide.notify.relay import NotificationRelay
 from flowtide.redaction import install_log_masking
 from flowtide.server import metrics
 from flowtide.server.coordinator import Coordinator
 from flowtide.server.forwarding import Peers, forwarded
+from flowtide.server.notifying import start_notifications
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
@@ -70,6 +72,7 @@ class Runtime:
         self.nc: Any = None
         self.coordinator: Coordinator | None = None
         self.relay: OutboxRelay | None = None
+        self.notifications: NotificationRelay | None = None
         self.outbox: OutboxStore | None = None
         self.auth: Authenticator | None = None
         self.workers: WorkerRegistry | None = None
@@ -148,6 +151,13 @@ class Runtime:
             self.coordinator.on_outbox = self.relay.poke
             self.coordinator.publish = self.relay.publish
             await self.relay.start()
+        self.notifications = start_notifications(
+            self.store,
+            self.coordinator,
+            credentials=self.vault(),
+            advertise_url=s.advertise_url,
+            loop=asyncio.get_running_loop(),
+        )
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
         self.tasks.append(asyncio.create_task(self._watch_map(), name="flowtide-shard-map"))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -290,6 +300,8 @@ class Runtime:
                 await task
         if self.relay is not None:
             await self.relay.stop()
+        if self.notifications is not None:
+            await asyncio.to_thread(self.notifications.stop)
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.close()

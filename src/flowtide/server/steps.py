@@ -38,6 +38,8 @@ from flowtide.engine.state import ExecutionState
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
+from flowtide.notify.owed import owed
+from flowtide.playbook.notify import NotifyTarget
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.server import metrics
 from flowtide.server.claims import Taken
@@ -165,6 +167,10 @@ class Stepper(GroupCommit):
         GroupCommit.__init__(self)
         #: Called after a commit that added outbox rows (the relay's wake-up).
         self.on_outbox: Callable[[], None] | None = None
+        #: The server-wide `notify:` targets (FLOWTIDE_NOTIFY_DEFAULT), and the notification
+        #: relay's wake-up after a commit that owes deliveries.
+        self.notify_defaults: tuple[NotifyTarget, ...] = ()
+        self.on_notify: Callable[[], None] | None = None
         #: When set, called after a commit with the outbox rows it added, to publish them
         #: at once. They are written locked for `OUTBOX_HOLD` seconds, so the relay only
         #: publishes the ones this process fails to mark published by then.
@@ -439,6 +445,8 @@ class Stepper(GroupCommit):
         subject = command_subject(cached.pool, execution_id, self.shard)
         payloads = [Notification.of(c).to_json() for c in commands]
         summary = _summary_text(state) if state.terminal and not commands else None
+        # The deliveries the step's transitions owe, written with them (sent once).
+        deliveries = owed({execution_id: state}, out.recorded, self.notify_defaults)
         issued: pg.Pending[pg.commands.Issued] | None = None
         last_seq: pg.Pending[int] | None = None
         # One round trip for all of it (the statements run in order on the server).
@@ -481,11 +489,14 @@ class Stepper(GroupCommit):
                     # What the UI shows of it at a glance, kept with its end.
                     pg.executions.put_summary(conn, execution_id, SUMMARY_FORMAT, summary)
                 last_seq = pg.events.last_seq(conn, execution_id)
+            pg.notifications.enqueue(conn, deliveries)
             # The COMMIT is queued behind the writes and goes with the pipeline's sync:
             # one round trip for the whole step, the commit's wait included.
             conn.commit()
         held.clear()
         pool.putconn(conn)
+        if deliveries and self.on_notify is not None:
+            self.on_notify()
         if issued is None:
             assert last_seq is not None
             return last_seq.result()

@@ -26,6 +26,7 @@ __all__ = [
     "HomeSection",
     "LimitsSection",
     "NatsSection",
+    "NotifySection",
     "PythonSection",
     "ServerSection",
     "SparkSection",
@@ -272,6 +273,38 @@ class HomeSection(BaseSettings):
     )
 
 
+class NotifySection(BaseSettings):
+    """Notifications (flowtide.notify): the server-wide default, retries, allowed hosts."""
+
+    model_config = _config("FLOWTIDE_NOTIFY_")
+
+    default: str | None = setting(
+        None,
+        "Server-wide notify list: JSON (a list of targets, as a playbook's `notify:`) or the"
+        " path of a YAML/JSON file holding one; applies to every top-level run.",
+    )
+    allow_hosts: str | None = setting(
+        None,
+        "Hosts and CIDRs notification targets may reach although loopback, link-local or"
+        " this server's own (comma-separated; refused otherwise).",
+    )
+    attempts: int = setting(6, "Attempts per delivery while its target is down.", ge=1, le=50)
+    backoff: float = setting(
+        10.0, "Seconds before the first retry of a delivery; doubles on each.", ge=0.0
+    )
+    max_backoff: float = setting(300.0, "Longest wait between two attempts, seconds.", ge=0.0)
+    timeout: float = setting(10.0, "Seconds one attempt may take.", gt=0.0)
+    exit_wait: float = setting(
+        30.0,
+        "Seconds `flowtide run` waits for its run's deliveries before it exits.",
+        ge=0.0,
+    )
+    public_url: str | None = setting(
+        None,
+        "Base URL of the UI in notification links (default: the server's advertised URL).",
+    )
+
+
 #: The tree: each section by its name (`flowtide.settings.reading("limits")`), in the order
 #: the README's table lists them.
 SECTIONS: dict[str, type[BaseSettings]] = {
@@ -280,6 +313,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "client": ClientSection,
     "home": HomeSection,
     "limits": LimitsSection,
+    "notify": NotifySection,
     "python": PythonSection,
     "spark": SparkSection,
 }

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
 from flowtide.engine.events import Command, Event
+from flowtide.store.catalogpaths import catalog_path_problem
+from flowtide.store.notifications import NotificationStore, PendingNotification
 from flowtide.store.triggers import Firing, TriggerStore
 
 __all__ = [
@@ -60,25 +62,6 @@ class Unset(enum.Enum):
 
 
 UNSET: Final = Unset.UNSET
-
-
-def catalog_path_problem(path: object) -> str | None:
-    """Why `path` (a playbook's metadata.path) cannot be a catalog key, or None."""
-    # The loader lets any YAML value through as metadata.path; the store keys by text.
-    if not path:
-        return "playbook has no metadata.path"
-    if not isinstance(path, str):
-        return "metadata.path is not text"
-    if "\x00" in path:
-        return "metadata.path must not contain NUL characters"
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return "metadata.path must be valid Unicode (no lone surrogates)"
-    if any(part in (".", "..") for part in path.split("/")):
-        # A URL with such a path (the UI's /ui/catalog/<path>) would name another one.
-        return "metadata.path has a '.' or '..' segment"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +190,7 @@ class CatalogRow:
 
 
 @runtime_checkable
-class Store(TriggerStore, Protocol):
+class Store(TriggerStore, NotificationStore, Protocol):
     """Event log, commands, execution projection, playbook catalog and credentials."""
 
     # -- executions ------------------------------------------------------------------
@@ -336,6 +319,7 @@ class Store(TriggerStore, Protocol):
         commands: Sequence[CommandUpdate] = (),
         execution_updates: Sequence[ExecutionUpdate] = (),
         secrets: Mapping[int, Collection[str]] | None = None,
+        notifications: Sequence[PendingNotification] = (),
     ) -> None:
         """Write a batch in one transaction: all of it becomes visible, or none of it.
 
@@ -350,6 +334,7 @@ class Store(TriggerStore, Protocol):
             secrets: execution id -> its secret set. An event payload or error, or an
                 execution result or error, holding one of its execution's values is
                 stored sealed; `secrets.added` events always are. Reads unseal them.
+            notifications: deliveries its transitions owe (`flowtide.notify`'s outbox).
         Raises:
             NotFoundError: an execution update names a missing execution.
             StoreError: a duplicate event, an unknown command status, a value that is not

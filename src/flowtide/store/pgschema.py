@@ -239,6 +239,28 @@ SHARD: Final = Component(
             )
             """,
         ),
+        # Notifications (flowtide.notify): the deliveries a transition owes, written in
+        # the step transaction that records the transition and leased by the shard's
+        # servers (FOR UPDATE SKIP LOCKED): one delivery per transition, however many
+        # servers there are. A row is deleted with the event of its last attempt.
+        8: (
+            """
+            CREATE TABLE notification (
+                id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                execution_id  bigint NOT NULL,
+                event_id      bigint NOT NULL,
+                on_transition text NOT NULL,
+                target        text NOT NULL,
+                doc           text NOT NULL,
+                attempts      integer NOT NULL DEFAULT 0,
+                next_at       double precision NOT NULL,
+                locked_until  double precision,
+                created       double precision NOT NULL
+            )
+            """,
+            "CREATE INDEX notification_due ON notification (next_at)",
+            "CREATE INDEX notification_execution ON notification (execution_id)",
+        ),
     },
 )
 

@@ -139,6 +139,8 @@ class PostgresStore(SQLStore, KeychainTables):
     """The store port on PostgreSQL; usable from any number of threads."""
 
     PARAM = "%s"
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    LOCK_EXECUTION = True
     SEALED_TABLES = ("credential", "keychain")
 
     def __init__(

@@ -32,7 +32,7 @@ from flowtide.store.sql import INSERT_EVENT, UPSERT_COMMAND, SQLStore
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 # Driver-level failures translated to StoreError. sqlite3 raises OverflowError for integers
 # beyond 64 bits and UnicodeEncodeError (a ValueError) for strings it cannot encode.
@@ -176,6 +176,25 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
             PRIMARY KEY (kind, name)
         )
         """,
+    ),
+    # The notification outbox (see the PostgreSQL schema's shard version 8).
+    3: (
+        """
+        CREATE TABLE notification (
+            id            INTEGER PRIMARY KEY,
+            execution_id  INTEGER NOT NULL,
+            event_id      INTEGER NOT NULL,
+            on_transition TEXT NOT NULL,
+            target        TEXT NOT NULL,
+            doc           TEXT NOT NULL,
+            attempts      INTEGER NOT NULL DEFAULT 0,
+            next_at       REAL NOT NULL,
+            locked_until  REAL,
+            created       REAL NOT NULL
+        )
+        """,
+        "CREATE INDEX notification_due ON notification (next_at)",
+        "CREATE INDEX notification_execution ON notification (execution_id)",
     ),
 }
 

@@ -13,6 +13,7 @@ fields and checks of each tool kind), `loops`, `arcs` (`next`) and `policies`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
@@ -20,6 +21,7 @@ from flowtide.playbook.loader.checker import _Checker, _suggest
 from flowtide.playbook.loader.steps import SCHEDULE_KEY, _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Playbook, Step, Task
+from flowtide.playbook.notify import parse_notify
 from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, load_yaml
 from flowtide.playbook.source import Path as NodePath
 
@@ -184,6 +186,20 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         )
     c.templates(workload, ("workload",), None, "workload")
 
+    def notify_problem(
+        at: tuple[str | int, ...], message: str, field: str, expected: str | None
+    ) -> None:
+        c.error(("notify", *at), message, field=field, expected=expected)
+
+    notify = parse_notify(data.get("notify"), notify_problem)
+    raw_notify: list[Any] = data["notify"] if notify else []
+    for i, raw_target in enumerate(raw_notify):
+        for kind, cfg in raw_target.items():
+            for key in ("body", "text", "subject") if isinstance(cfg, dict) else ():
+                if key in cfg:
+                    at = ("notify", i, kind, key)
+                    c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}")
+
     if c.errors:
         raise PlaybookErrors(c.errors)
 
@@ -205,6 +221,7 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         executor=executor if isinstance(executor, dict) else {},
         upstreams={k: frozenset(v) for k, v in upstreams.items()},
         reachable=_reachability(steps),
+        notify=notify,
     )
 
 

@@ -12,7 +12,7 @@ statement is sent (or queued) at once and its rows are read by `Pending.result()
 the statements after it are queued too. Reading it before that costs a round trip.
 
 Modules by table: `executions`, `events` (the log: catch-up, the live stream, variables'
-history), `commands` (the step's rows, claims, leases), `outbox`, `workers`,
+history), `commands` (the step's rows, claims, leases), `outbox`, `notifications`, `workers`,
 `machines` (snowflake machine-id leases), `shards` (the shard map), `servers` (live
 server processes), `credentials`
 (the shard map's logins, read before any store is open).
@@ -24,6 +24,7 @@ from flowtide.store.pg import (
     events,
     executions,
     machines,
+    notifications,
     outbox,
     servers,
     shards,
@@ -38,6 +39,7 @@ __all__ = [
     "events",
     "executions",
     "machines",
+    "notifications",
     "outbox",
     "ping",
     "servers",

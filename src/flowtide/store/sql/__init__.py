@@ -14,7 +14,8 @@ detection (`_is_duplicate`) and `close`. An adapter sets
 
 Modules: `adapter` (what an adapter provides, and the placeholder conversion), then one
 per group of tables, each a part of `SQLStore`: `executions` (executions, their events,
-commands and kept summaries: the shard part), `catalog` and `credentials` (the cluster
+commands and kept summaries: the shard part), `notifications` (the deliveries transitions owe: shard part), `catalog` and
+`credentials` (the cluster
 part; `credentials` also re-seals every sealed value when the master key changes).
 """
 
@@ -28,9 +29,10 @@ from flowtide.store.sql.executions import (
     UPSERT_COMMAND,
     ExecutionTables,
 )
+from flowtide.store.sql.notifications import NotificationTables
 
 __all__ = ["INSERT_EVENT", "PUT_SUMMARY", "UPSERT_COMMAND", "SQLStore"]
 
 
-class SQLStore(ExecutionTables, CatalogTables, CredentialTables):
+class SQLStore(ExecutionTables, NotificationTables, CatalogTables, CredentialTables):
     """The shared half of the SQL adapters (see the module docstring)."""

@@ -37,6 +37,8 @@ from flowtide.store.codec import (
     execution_update_params,
     update_execution_sql,
 )
+from flowtide.store.notifications import PendingNotification
+from flowtide.store.sql.notifications import INSERT_NOTIFICATION, notification_params
 from flowtide.store.sql.triggers import TriggerTables
 from flowtide.store.triggers import Firing
 
@@ -90,9 +92,10 @@ class ExecutionTables(TriggerTables):
         commands: Sequence[CommandUpdate] = (),
         execution_updates: Sequence[ExecutionUpdate] = (),
         secrets: Mapping[int, Collection[str]] | None = None,
+        notifications: Sequence[PendingNotification] = (),
     ) -> None:
         """See `flowtide.store.base.Store.append`."""
-        if not events and not commands and not execution_updates:
+        if not events and not commands and not execution_updates and not notifications:
             return
         # Rows are serialised before the transaction: the writer holds it only for the SQL.
         event_rows = event_params(events, self.sealer, secrets)
@@ -101,8 +104,11 @@ class ExecutionTables(TriggerTables):
             (u.execution_id, *self.execution_update(u, (secrets or {}).get(u.execution_id, ())))
             for u in execution_updates
         ]
+        owed = notification_params(notifications)
         with self.transaction("append (batch rolled back)") as conn:
             self.write_batch(conn, event_rows, command_rows, updates)
+            if owed:
+                conn.executemany(self._sql(INSERT_NOTIFICATION), owed)
 
     def create_execution(
         self,

@@ -1,0 +1,130 @@
+"""Where a notification may go: never, unless an operator allowed it, to this machine's
+loopback, a link-local address (cloud metadata services live there), an unspecified or
+multicast address, or one of this server's own addresses. Otherwise a playbook author
+could make the server call its own admin routes (`POST /api/...` on 127.0.0.1) or a
+metadata endpoint with a notification. Operators allow hosts or CIDRs with
+FLOWTIDE_NOTIFY_ALLOW_HOSTS (tests allow their loopback stubs this way).
+
+Every address a name resolves to is checked; the connection may still resolve it again
+(a DNS answer that changes between the check and the connect is not caught: allow-list
+or firewall egress where that matters).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from flowtide.errors import FlowtideError
+
+__all__ = ["Refused", "TargetPolicy", "own_addresses"]
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class Refused(FlowtideError):
+    """A notification target that the SSRF policy refuses (never retried), or whose name
+    does not resolve now (`retry`: DNS may answer later)."""
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+def own_addresses(hosts: Iterable[str]) -> frozenset[Address]:
+    """The addresses `hosts` (this server's listen and advertised hosts) resolve to."""
+    found: set[Address] = set()
+    for host in hosts:
+        if not host:
+            continue
+        try:
+            found.add(ipaddress.ip_address(host))
+            continue
+        except ValueError:
+            pass
+        try:
+            for info in socket.getaddrinfo(host, None):
+                found.add(ipaddress.ip_address(info[4][0]))
+        except OSError:
+            continue
+    return frozenset(a for a in found if not a.is_unspecified)
+
+
+@dataclass(frozen=True)
+class TargetPolicy:
+    """Which hosts a notification may reach: `allow` (host names and networks an operator
+    listed) and this server's own addresses (`own`, refused unless allowed)."""
+
+    allow_names: frozenset[str] = frozenset()
+    allow_networks: tuple[Network, ...] = ()
+    own: frozenset[Address] = frozenset()
+
+    @classmethod
+    def from_setting(cls, text: str | None, own: Collection[Address] = ()) -> TargetPolicy:
+        names: set[str] = set()
+        networks: list[Network] = []
+        for item in (text or "").split(","):
+            item = item.strip()
+            if not item:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                names.add(item.lower().rstrip("."))
+        return cls(frozenset(names), tuple(networks), frozenset(own))
+
+    def _allowed(self, address: Address) -> bool:
+        return any(address in n for n in self.allow_networks)
+
+    def check_host(self, host: str, port: int | None = None) -> None:
+        """Refuse (`Refused`) a host that resolves to an address this policy keeps out.
+
+        Raises:
+            Refused: loopback, link-local, unspecified, multicast or this server's own
+                address, not allowed by the operator; or a name that does not resolve.
+        """
+        name = host.lower().rstrip(".")
+        if name in self.allow_names:
+            return
+        try:
+            addresses = [ipaddress.ip_address(name.strip("[]"))]
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(name, port)
+            except OSError as exc:
+                raise Refused(
+                    f"{host}: does not resolve ({exc.strerror or exc})", retry=True
+                ) from None
+            addresses = [ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos]
+        for address in addresses:
+            if self._allowed(address):
+                continue
+            why = (
+                "loopback"
+                if address.is_loopback
+                else "link-local"
+                if address.is_link_local
+                else "unspecified"
+                if address.is_unspecified
+                else "multicast"
+                if address.is_multicast
+                else "this server's own address"
+                if address in self.own
+                else None
+            )
+            if why is not None:
+                raise Refused(
+                    f"{host} is {why} ({address}): not allowed as a notification target"
+                    " (an operator may allow it in FLOWTIDE_NOTIFY_ALLOW_HOSTS)"
+                )
+
+    def check_url(self, url: str) -> None:
+        """`check_host` on `url`'s host. Raises: Refused."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Refused("not an http(s) URL with a host")
+        self.check_host(parts.hostname, parts.port)

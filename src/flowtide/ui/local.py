@@ -2,7 +2,8 @@
 writes), so a user who never runs a server still sees their runs.
 
 The same page (`flowtide.ui.pages`) reads the same API as on a server, served here by
-the same routers (`flowtide.web`: the executions API, the catalog, the browser session)
+the same routers (`flowtide.web`: the executions API, the catalog, webhooks, the browser
+session)
 over this app's read port (`flowtide.ui.reads`): this module only wires them. Nothing is
 open because it is local: any process and any web page the user opens can reach a
 loopback port, so the app takes a secret made at start (printed once, in the URL
@@ -33,7 +34,7 @@ from flowtide.store.base import Store
 from flowtide.ui import pages
 from flowtide.ui.fold import FoldCache
 from flowtide.ui.reads import LocalReads
-from flowtide.web import catalog, executions, session
+from flowtide.web import catalog, executions, hooks, session
 from flowtide.web.access import OPERATOR, RULES, Authenticator, Gate, authorizer
 from flowtide.web.errors import install_error_handlers
 
@@ -147,6 +148,7 @@ def create_local_app(
         executions.router,
         executions.resume_router,
         catalog.router,
+        hooks.router,
         pages.router,
     ):
         app.include_router(router)

@@ -69,7 +69,15 @@ if TYPE_CHECKING:
     from flowtide.store.base import Store
     from flowtide.store.triggers import FiringRow, TriggerRow
 
-__all__ = ["HookDesk", "ShardedReads", "router"]
+__all__ = [
+    "HookDesk",
+    "HookDocument",
+    "HookItem",
+    "ShardedReads",
+    "hook_document",
+    "hook_item",
+    "router",
+]
 
 Reads = Annotated[ExecutionReads, Depends(reads_of)]
 HookName = Annotated[str, PathParam(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -221,7 +229,31 @@ class Delivered(TypedDict):
     delivery: str | None
 
 
-def _item(row: TriggerRow) -> HookItem:
+def hook_document(
+    row: TriggerRow, firings: list[FiringRow], refused: list[dict[str, Any]]
+) -> HookDocument:
+    """A hook as `GET /api/hooks/{name}` and `flowtide hook show` give it: never its
+    secret; its latest deliveries (`firings`) and refusals (of one process)."""
+    return {
+        **hook_item(row),
+        "deliveries": [
+            {
+                "delivery": f.key,
+                "execution_id": None if f.execution_id is None else str(f.execution_id),
+                "status": f.status,
+                "time": f.time,
+            }
+            for f in firings
+        ],
+        "refused": [
+            {"time": r["time"], "status": r["status"], "why": r["why"], "delivery": r["delivery"]}
+            for r in refused
+        ],
+    }
+
+
+def hook_item(row: TriggerRow) -> HookItem:
+    """A hook as lists show it (never its secret)."""
     spec = row.spec
     return {
         "name": row.name,
@@ -266,7 +298,7 @@ router = APIRouter(tags=["hooks"])
 async def list_hooks(reads: Reads) -> HookList:
     """Every hook (never a secret)."""
     rows = await asyncio.to_thread(reads.store.list_triggers, HOOK)
-    return {"items": [_item(r) for r in rows]}
+    return {"items": [hook_item(r) for r in rows]}
 
 
 @router.post(
@@ -309,7 +341,7 @@ async def add_hook(body: HookRequest, reads: Reads, desk: Desk) -> HookItem:
         status = 404 if exc.missing else 422
         raise RequestError.of_field("secret_credential", str(exc), status) from None
     desk.forget(row.name)
-    return _item(row)
+    return hook_item(row)
 
 
 @router.get("/api/hooks/{name}", responses=problem_responses(404))
@@ -323,22 +355,7 @@ async def get_hook(name: HookName, request: Request, reads: Reads, desk: Desk) -
         if there is not None:
             return there  # type: ignore[return-value]  # the owning shard's answer
     firings = await asyncio.to_thread(store.firings, row.trigger_id, limit=50)
-    return {
-        **_item(row),
-        "deliveries": [
-            {
-                "delivery": f.key,
-                "execution_id": None if f.execution_id is None else str(f.execution_id),
-                "status": f.status,
-                "time": f.time,
-            }
-            for f in firings
-        ],
-        "refused": [
-            {"time": r["time"], "status": r["status"], "why": r["why"], "delivery": r["delivery"]}
-            for r in desk.refusals.of(name)
-        ],
-    }
+    return hook_document(row, firings, desk.refusals.of(name))
 
 
 @router.delete("/api/hooks/{name}", responses=problem_responses(404))

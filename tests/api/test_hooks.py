@@ -343,3 +343,19 @@ def test_management_routes(app: tuple[TestClient, SQLiteStore]) -> None:
     assert client.delete("/api/hooks/gh").status_code == 200
     assert client.get("/api/hooks/gh").status_code == 404
     assert _deliver(client, b"{}").status_code == 401
+
+
+def test_a_delivery_may_come_under_another_host_name(app: tuple[TestClient, SQLiteStore]) -> None:
+    """Through a tunnel: the delivery is admitted by its signature; nothing else is."""
+    client, _ = app
+    body = b'{"via": "tunnel"}'
+    headers = {
+        "content-type": "application/json",
+        "X-Flowtide-Signature": sign(SECRET, body),
+        "host": "hooks.example.com",
+        "authorization": "",
+    }
+    r = client.post("/api/hooks/gh", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    _wait(client, r.json()["execution_id"])
+    assert client.get("/api/hooks/gh", headers={"host": "hooks.example.com"}).status_code == 403

@@ -35,7 +35,14 @@ from flowtide.ui import pages
 from flowtide.ui.fold import FoldCache
 from flowtide.ui.reads import LocalReads
 from flowtide.web import catalog, executions, hooks, session
-from flowtide.web.access import OPERATOR, RULES, Authenticator, Gate, authorizer
+from flowtide.web.access import (
+    OPERATOR,
+    PUBLIC_REQUESTS,
+    RULES,
+    Authenticator,
+    Gate,
+    authorizer,
+)
 from flowtide.web.errors import install_error_handlers
 
 __all__ = ["LOCAL_RULES", "LocalAuthenticator", "create_local_app", "local_hosts"]
@@ -71,7 +78,10 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class HostCheck:
-    """ASGI middleware: only requests whose Host is one of `hosts` (DNS rebinding)."""
+    """ASGI middleware: only requests whose Host is one of `hosts` (DNS rebinding), but
+    a webhook's delivery (`PUBLIC_REQUESTS`), which a tunnel may bring under its own
+    name: its signature, not its origin, is what admits it, and an unknown hook answers
+    as a bad signature does, so a rebound page learns nothing from it."""
 
     def __init__(
         self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, hosts: Iterable[str]
@@ -80,7 +90,10 @@ class HostCheck:
         self.hosts = {h.lower().encode() for h in hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not any(
+            scope["method"] == method and pattern.fullmatch(scope["path"])
+            for method, pattern in PUBLIC_REQUESTS
+        ):
             host = dict(scope.get("headers") or ()).get(b"host", b"").lower()
             if host not in self.hosts:
                 body = b'{"error": {"status": 403, "message": "unknown Host"}}'

@@ -18,8 +18,10 @@ Refused deliveries are kept in the memory of the process that refused them (the 
 50 of each hook, `flowtide.webhooks.Refusals`): a flood of bad requests costs no writes.
 Accepted ones are the hook's firings in the store.
 
-Mount `router` on any FastAPI app whose `app.state.reads` is an `ExecutionReads`; its
-settings (`flowtide.settings.HooksSection`) are read on the first request, or given as
+Mount `router` on any FastAPI app whose `app.state.reads` is an `ExecutionReads`, behind
+`flowtide.web.access.Gate` (it caps the body, and lets the delivery through without a
+token: `PUBLIC_REQUESTS`) and an `authorizer` over `RULES`. Its settings
+(`flowtide.settings.HooksSection`) are read on the first request, or given as
 `app.state.hooks = HookDesk(...)` (tests inject the clocks there).
 """
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from flowtide.webhooks import sign
 
@@ -162,3 +163,29 @@ def test_a_credential_as_the_secret_and_a_delivery_to_flowtide_ui(
     shown = ft.ok("hook", "show", "gh")
     assert "abc-1" in shown.stdout, describe(shown)
     assert [e["execution_id"] for e in ft.executions()] == [eid]
+
+
+def test_rotate_key_reseals_a_hooks_secret(ft: Flowtide, tmp_path: Path) -> None:
+    from cryptography.fernet import Fernet, InvalidToken
+
+    from flowtide.sealing import Sealer
+    from flowtide.store.sqlite import SQLiteStore
+    from flowtide.webhooks import hook_secret
+
+    playbook = tmp_path / "echo.yaml"
+    playbook.write_text(ECHO, encoding="utf-8")
+    ft.ok("hook", "add", "gh", playbook, "--secret-file", _secret(tmp_path))
+    old = (ft.home / "master.key").read_bytes().strip()
+    assert "1 sealed values re-encrypted" in ft.ok("credential", "rotate-key").stdout
+    ft.ok("credential", "rotate-key", "--retire")
+    new = (ft.home / "master.key").read_bytes().strip()
+    assert new != old
+    store = SQLiteStore(ft.home / "flowtide.db", sealer=Sealer(ft.home))
+    try:
+        assert hook_secret(store, "gh") == SECRET.encode()
+        sealed = store.trigger_secret("hook", "gh")
+        assert sealed is not None
+        with pytest.raises(InvalidToken):
+            Fernet(old).decrypt(sealed)
+    finally:
+        store.close()

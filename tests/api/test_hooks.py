@@ -359,3 +359,15 @@ def test_a_delivery_may_come_under_another_host_name(app: tuple[TestClient, SQLi
     assert r.status_code == 202, r.text
     _wait(client, r.json()["execution_id"])
     assert client.get("/api/hooks/gh", headers={"host": "hooks.example.com"}).status_code == 403
+
+
+def test_a_large_body_is_checked_and_parsed_off_the_event_loop(
+    app: tuple[TestClient, SQLiteStore],
+) -> None:
+    client, _ = app
+    value = {"rows": ["r" * 100] * 5000}  # ~0.5 MB: hashed and parsed in a thread
+    body = json.dumps(value).encode()
+    assert _deliver(client, body, secret=b"wrong").status_code == 401
+    r = _deliver(client, body)
+    assert r.status_code == 202, r.text
+    assert _wait(client, r.json()["execution_id"])["result"]["got"] == value

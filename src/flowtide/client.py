@@ -292,6 +292,20 @@ class ServerClient:
     def delete_credential(self, name: str) -> Any:
         return self._call("DELETE", f"/api/credentials/{name}")
 
+    def add_hook(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Add (or replace) a webhook: name, playbook, version, workload, rate and secret
+        or secret_credential (`POST /api/hooks`)."""
+        return dict(self._call("POST", "/api/hooks", json=body))
+
+    def list_hooks(self) -> list[Any]:
+        return list(self._call("GET", "/api/hooks")["items"])
+
+    def get_hook(self, name: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/api/hooks/{name}"))
+
+    def delete_hook(self, name: str) -> Any:
+        return self._call("DELETE", f"/api/hooks/{name}")
+
     def create_token(
         self,
         role: str,

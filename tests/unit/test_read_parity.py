@@ -20,7 +20,14 @@ from flowtide.web.openapi import openapi_document
 #: What only `flowtide ui` serves: it runs executions itself.
 LOCAL_ONLY = {("post", "/api/executions/{execution_id}/resume")}
 #: The executions API and what else both apps serve.
-SHARED_PREFIXES = ("/api/executions", "/api/execute", "/api/catalog", "/api/session", "/ui")
+SHARED_PREFIXES = (
+    "/api/executions",
+    "/api/execute",
+    "/api/catalog",
+    "/api/hooks",
+    "/api/session",
+    "/ui",
+)
 SHARED = {("get", "/api/whoami"), ("get", "/")}
 
 

@@ -86,6 +86,10 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_SPARK_MASTER": None,
     "FLOWTIDE_SPARK_JARS": None,
     "FLOWTIDE_SPARK_DATA_DIR": None,
+    # Added since the tree (webhooks, flowtide.web.hooks).
+    "FLOWTIDE_HOOK_REPLAY_WINDOW": 300.0,
+    "FLOWTIDE_HOOK_DEDUP_WINDOW": 86400.0,
+    "FLOWTIDE_HOOK_RATE": 50.0,
 }
 
 #: Variables older than the tree whose names do not follow its rule.

@@ -14,6 +14,7 @@ from flowtide.cli.data import data, prune_cmd
 from flowtide.cli.db import db_app
 from flowtide.cli.dev import dev_app
 from flowtide.cli.executions import events, list_executions, status
+from flowtide.cli.hooks import hook_app
 from flowtide.cli.kv import kv_app
 from flowtide.cli.options import err
 from flowtide.cli.run import cancel, execute, resume, run, validate
@@ -55,6 +56,7 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 app.add_typer(db_app, name="db")
+app.add_typer(hook_app, name="hook")
 app.add_typer(dev_app, name="dev")
 app.add_typer(token_app, name="token")
 app.add_typer(kv_app, name="kv")

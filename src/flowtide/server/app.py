@@ -37,7 +37,7 @@ from flowtide.server.schemas import ClaimRequest, PoolRegister
 from flowtide.server.settings import ServerSettings
 from flowtide.ui import pages
 from flowtide.urls import redact_url
-from flowtide.web import catalog, executions, schedules, session
+from flowtide.web import catalog, executions, hooks, schedules, session
 from flowtide.web.access import Gate, authorize
 from flowtide.web.errors import install_error_handlers
 from flowtide.web.openapi import install_openapi
@@ -59,6 +59,7 @@ _ROUTERS = (
     api_shards.router,
     api_vars.router,
     schedules.router,
+    hooks.router,
     session.router,
     pages.router,
 )

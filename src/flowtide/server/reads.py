@@ -121,6 +121,11 @@ class ServerReads:
     def runs_here(self, execution_id: int) -> bool:
         return False
 
+    async def trigger_elsewhere(self, request: Request, trigger_id: int) -> Response | None:
+        """A trigger's request (a webhook's delivery or page) goes to the shard that owns
+        the trigger, where its firings and runs are written (`flowtide.web.hooks`)."""
+        return await self.runtime.elsewhere(request, trigger_id)
+
     async def admit(
         self, body: ExecuteRequest, who: Principal, request: Request
     ) -> Response | None:

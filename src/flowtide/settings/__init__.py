@@ -1,7 +1,7 @@
 """flowtide's settings: one tree, each setting declared once (pydantic-settings).
 
 - `tree`: the sections (`ServerSection`, `NatsSection`, `ClientSection`, `HomeSection`,
-  `LimitsSection`, `PythonSection`, `SparkSection`), each setting with its type,
+  `LimitsSection`, `PythonSection`, `SparkSection`, `HooksSection`), each setting with its type,
   default, bounds, one line of help and its variable (the section's prefix and the
   field's name: FLOWTIDE_MAX_RESULT_BYTES, FLOWTIDE_NATS_USER...).
 - `reading`: a section from the environment when a process starts (`read`), once per
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         SECTIONS,
         ClientSection,
         HomeSection,
+        HooksSection,
         LimitsSection,
         NatsSection,
         PythonSection,
@@ -35,6 +36,7 @@ __all__ = [
     "SECTIONS",
     "ClientSection",
     "HomeSection",
+    "HooksSection",
     "LimitsSection",
     "NatsSection",
     "PythonSection",

@@ -450,4 +450,25 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "hooks.replay_window": Entry(
+        "FLOWTIDE_HOOK_REPLAY_WINDOW",
+        300.0,
+        "Seconds a signed X-Flowtide-Timestamp may be away from the server's clock.",
+        None,
+        None,
+    ),
+    "hooks.dedup_window": Entry(
+        "FLOWTIDE_HOOK_DEDUP_WINDOW",
+        86400.0,
+        "Seconds a delivery id answers with the run it started instead of starting one.",
+        None,
+        None,
+    ),
+    "hooks.rate": Entry(
+        "FLOWTIDE_HOOK_RATE",
+        50.0,
+        "Deliveries a second a hook takes (per server process) when it names no --rate.",
+        None,
+        None,
+    ),
 }

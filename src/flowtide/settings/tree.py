@@ -24,6 +24,7 @@ __all__ = [
     "ClientSection",
     "Flag",
     "HomeSection",
+    "HooksSection",
     "LimitsSection",
     "NatsSection",
     "NotifySection",
@@ -305,6 +306,28 @@ class NotifySection(BaseSettings):
     )
 
 
+class HooksSection(BaseSettings):
+    """Webhooks (`POST /api/hooks/NAME`, flowtide.web.hooks), per server process."""
+
+    model_config = _config("FLOWTIDE_HOOK_")
+
+    replay_window: float = setting(
+        300.0,
+        "Seconds a signed X-Flowtide-Timestamp may be away from the server's clock.",
+        gt=0,
+    )
+    dedup_window: float = setting(
+        86400.0,
+        "Seconds a delivery id answers with the run it started instead of starting one.",
+        gt=0,
+    )
+    rate: float = setting(
+        50.0,
+        "Deliveries a second a hook takes (per server process) when it names no --rate.",
+        gt=0,
+    )
+
+
 #: The tree: each section by its name (`flowtide.settings.reading("limits")`), in the order
 #: the README's table lists them.
 SECTIONS: dict[str, type[BaseSettings]] = {
@@ -316,4 +339,5 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "notify": NotifySection,
     "python": PythonSection,
     "spark": SparkSection,
+    "hooks": HooksSection,
 }

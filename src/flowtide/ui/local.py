@@ -2,7 +2,8 @@
 writes), so a user who never runs a server still sees their runs.
 
 The same page (`flowtide.ui.pages`) reads the same API as on a server, served here by
-the same routers (`flowtide.web`: the executions API, the catalog, the browser session)
+the same routers (`flowtide.web`: the executions API, the catalog, webhooks, the browser
+session)
 over this app's read port (`flowtide.ui.reads`): this module only wires them. Nothing is
 open because it is local: any process and any web page the user opens can reach a
 loopback port, so the app takes a secret made at start (printed once, in the URL
@@ -34,8 +35,15 @@ from flowtide.store.base import Store
 from flowtide.ui import pages
 from flowtide.ui.fold import FoldCache
 from flowtide.ui.reads import LocalReads
-from flowtide.web import catalog, executions, schedules, session
-from flowtide.web.access import OPERATOR, RULES, Authenticator, Gate, authorizer
+from flowtide.web import catalog, executions, hooks, schedules, session
+from flowtide.web.access import (
+    OPERATOR,
+    PUBLIC_REQUESTS,
+    RULES,
+    Authenticator,
+    Gate,
+    authorizer,
+)
 from flowtide.web.errors import install_error_handlers
 from flowtide.web.schedules import scheduling
 
@@ -72,7 +80,10 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class HostCheck:
-    """ASGI middleware: only requests whose Host is one of `hosts` (DNS rebinding)."""
+    """ASGI middleware: only requests whose Host is one of `hosts` (DNS rebinding), but
+    a webhook's delivery (`PUBLIC_REQUESTS`), which a tunnel may bring under its own
+    name: its signature, not its origin, is what admits it, and an unknown hook answers
+    as a bad signature does, so a rebound page learns nothing from it."""
 
     def __init__(
         self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, hosts: Iterable[str]
@@ -81,7 +92,10 @@ class HostCheck:
         self.hosts = {h.lower().encode() for h in hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not any(
+            scope["method"] == method and pattern.fullmatch(scope["path"])
+            for method, pattern in PUBLIC_REQUESTS
+        ):
             host = dict(scope.get("headers") or ()).get(b"host", b"").lower()
             if host not in self.hosts:
                 body = b'{"error": {"status": 403, "message": "unknown Host"}}'
@@ -163,6 +177,7 @@ def create_local_app(
         executions.resume_router,
         catalog.router,
         schedules.router,
+        hooks.router,
         pages.router,
     ):
         app.include_router(router)

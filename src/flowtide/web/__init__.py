@@ -10,7 +10,9 @@ or a page is written once for both.
 - `session`: signing a browser in (the session cookie) and `whoami`.
 - `reads`: the read port each app implements (`ExecutionReads`: the server over
   PostgreSQL in `flowtide.server.reads`, `flowtide ui` over SQLite in `flowtide.ui.reads`).
-- `executions`: the one executions API router over that port; `catalog`: the catalog's.
+- `executions`: the one executions API router over that port; `catalog`: the catalog's;
+  `hooks`: webhooks' (management, and the signed public delivery that starts a run; a
+  cluster's delivery goes to the hook's shard through `hooks.ShardedReads`).
 
 It imports `flowtide.documents`, the store port and the engine, never `flowtide.server`
 or `flowtide.ui` (tests/unit/test_imports.py).

@@ -2,8 +2,9 @@
 
 1. `Gate`, an ASGI middleware around the whole app, authenticates every request but
    those of `PUBLIC_PATHS` (`/healthz`, `/readyz`, the OpenAPI document and its pages,
-   the web UI's page and assets, signing in to it, and `/metrics` when the server is
-   told so): a bearer flowtide token (`flowtide.auth.tokens`) or a JWT of the
+   the web UI's page and assets, signing in to it, a webhook's delivery, which its
+   signature authenticates (`PUBLIC_REQUESTS`), and `/metrics` when the server is told
+   so): a bearer flowtide token (`flowtide.auth.tokens`) or a JWT of the
    organisation's identity provider (`flowtide.auth.oidc`), or, from a browser signed in
    to the UI, the same token in its session cookie (`flowtide.web.session`; a cookie alone
    may change nothing without the `X-Flowtide-CSRF: 1` header). No credential, or one
@@ -28,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -50,6 +52,7 @@ __all__ = [
     "CSRF_HEADER",
     "PUBLIC_PATHS",
     "PUBLIC_PREFIXES",
+    "PUBLIC_REQUESTS",
     "RULES",
     "SESSION_COOKIE",
     "Authenticator",
@@ -162,6 +165,12 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/catalog/list"): READER,
     ("POST", "/api/catalog/validate"): READER,
     ("GET", "/api/catalog/{path:path}"): READER,
+    # webhooks (flowtide.web.hooks): a delivery is public, checked by its signature
+    ("GET", "/api/hooks"): READER,
+    ("POST", "/api/hooks"): OPERATOR,
+    ("GET", "/api/hooks/{name}"): READER,
+    ("DELETE", "/api/hooks/{name}"): OPERATOR,
+    ("POST", "/api/hooks/{name}"): PUBLIC,
     # secrets and who may get in
     ("POST", "/api/credentials"): ADMIN,
     ("GET", "/api/credentials"): ADMIN,
@@ -196,6 +205,9 @@ PUBLIC_PATHS: Final = frozenset(
 )
 #: Paths public by their prefix: the UI's page routes and assets.
 PUBLIC_PREFIXES: Final = ("/ui/",)
+#: Requests public by method and path: a webhook's delivery, which its signature
+#: authenticates (`flowtide.web.hooks`), not a token.
+PUBLIC_REQUESTS: Final = (("POST", re.compile(r"/api/hooks/[^/]+")),)
 #: The cookie that carries a signed-in browser's token (`flowtide.web.session`).
 SESSION_COOKIE: Final = "flowtide_session"
 #: The header a cookie-authenticated request that changes something must carry: no
@@ -385,7 +397,14 @@ class Gate:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        if scope["path"] in self.public or scope["path"].startswith(PUBLIC_PREFIXES):
+        if (
+            scope["path"] in self.public
+            or scope["path"].startswith(PUBLIC_PREFIXES)
+            or any(
+                scope["method"] == method and pattern.fullmatch(scope["path"])
+                for method, pattern in PUBLIC_REQUESTS
+            )
+        ):
             if scope["path"] == "/metrics":
                 scope[PRINCIPAL] = ANONYMOUS
             # Public, but a body is capped all the same (signing in takes one).

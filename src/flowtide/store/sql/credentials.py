@@ -51,6 +51,16 @@ class CredentialTables(SQLAdapter):
                         (reseal(bytes(old)), bytes(old)),
                     )
                     count += 1
+            # A webhook's secret (flowtide.webhooks) is a Fernet token of the same key.
+            rows = conn.execute(
+                "SELECT kind, name, secret FROM trigger_def WHERE secret IS NOT NULL"
+            ).fetchall()
+            for kind, name, old in rows:
+                conn.execute(
+                    self._sql("UPDATE trigger_def SET secret = ? WHERE kind = ? AND name = ?"),
+                    (reseal(bytes(old)), kind, name),
+                )
+                count += 1
         return count
 
     def put_credential(self, name: str, kind: str, ciphertext: bytes, *, updated: float) -> None:

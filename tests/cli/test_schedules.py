@@ -220,3 +220,48 @@ def test_flowtide_ui_fires_schedules_too(ft: Flowtide, tmp_path: Path) -> None:
         doc = ui.get("/api/schedules/tick")
         assert doc["firings"] and doc["firings"][0]["status"] == "started"
     assert json.loads(ft.ok("schedule", "list", "--json").stdout)[0]["name"] == "tick"
+
+
+def test_the_scheduler_with_a_port_takes_signed_webhook_deliveries(
+    ft: Flowtide, tmp_path: Path
+) -> None:
+    import re
+
+    import httpx
+
+    from flowtide.webhooks import sign
+
+    _register(ft, tmp_path)
+    secret = tmp_path / "hook.secret"
+    secret.write_text("scheduler-hook-secret-1234\n")
+    secret.chmod(0o600)
+    ft.ok("hook", "add", "ping", "tests/tick", "--secret-file", secret)
+    log = tmp_path / "scheduler.out"
+    with open(log, "wb") as sink:
+        proc = ft.popen("scheduler", "--port", "0", stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "open http" in log.read_text(), timeout=30, what="listening", proc=proc)
+        assert log.read_text().startswith("flowtide scheduler:")
+        base = re.search(r"open (http://\S+)/ui#", log.read_text())[1]  # type: ignore[index]
+        body = b'{"slot": "from-a-hook"}'
+        headers = {
+            "content-type": "application/json",
+            "x-flowtide-signature": sign(b"scheduler-hook-secret-1234", body),
+        }
+        bad = httpx.post(
+            f"{base}/api/hooks/ping", content=body, headers={"x-flowtide-signature": "sha256=00"}
+        )
+        assert bad.status_code == 401
+        good = httpx.post(f"{base}/api/hooks/ping", content=body, headers=headers)
+        assert good.status_code == 202, good.text
+        execution_id = good.json()["execution_id"]
+        wait_until(
+            lambda: ft.json("status", execution_id)["status"] != "running",
+            timeout=30,
+            what="the hook's run",
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    (run,) = ft.json("list", "--trigger", "hook:ping")
+    assert run["status"] == "completed"

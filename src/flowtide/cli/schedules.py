@@ -537,10 +537,33 @@ def _backfilled(name: str, doc: dict[str, Any], as_json: bool) -> None:
     )
 
 
-def scheduler_cmd(home: HomeOpt = None, db: DbOpt = None) -> None:
+def scheduler_cmd(
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            min=0,
+            max=65535,
+            help="Also serve the local API here: webhook deliveries (POST /api/hooks/NAME),"
+            " the schedules and the UI, with a token printed at start (0: any free port).",
+            show_default=False,
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on with --port.")
+    ] = "127.0.0.1",
+) -> None:
     """Fire the local store's schedules until stopped (Ctrl-C): each due slot starts its
     run in this process, like `flowtide run`. `flowtide ui` does the same while it
-    serves. A run still going when this stops is left `running` (`flowtide resume`)."""
+    serves. A run still going when this stops is left `running` (`flowtide resume`).
+    With --port it also takes webhook deliveries."""
+    if port is not None:
+        from flowtide.cli.ui import serve_local
+
+        serve_local(home, db, host, port, scheduler=True, name="flowtide scheduler")
+        return
     import logging
     import signal
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,6 +48,14 @@ def ui_cmd(
     It prints the URL to open once: the token after its `#` is made at start
     and is the only way in. Stop with Ctrl-C.
     """
+    serve_local(home, db, host, port, scheduler=scheduler, name="flowtide ui")
+
+
+def serve_local(
+    home: Path | None, db: str | None, host: str, port: int, *, scheduler: bool, name: str
+) -> None:
+    """Serve the local app (the UI, its API, webhook deliveries) until Ctrl-C, firing
+    the store's schedules when `scheduler`; `name` opens the first line."""
     import secrets
 
     import uvicorn
@@ -85,7 +94,7 @@ def ui_cmd(
         if scheduler
         else "; schedules not fired (--no-scheduler)"
     )
-    typer.echo(f"flowtide ui: {count if count < 1000 else '1000+'} executions in {where}{firing}")
+    typer.echo(f"{name}: {count if count < 1000 else '1000+'} executions in {where}{firing}")
     typer.echo(f"open http://{shown}:{port}/ui#token={secret}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         err(f"warning: listening on {host}: other machines can reach it (the token guards it)")

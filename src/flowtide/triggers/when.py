@@ -325,6 +325,7 @@ def _day_instant(day: dt.datetime, zone: ZoneInfo, offset: int) -> float:
     return _wall_instant(day + dt.timedelta(seconds=offset), zone)
 
 
+@functools.lru_cache(maxsize=8192)
 def _simple_day(day: dt.datetime, zone: ZoneInfo) -> float | None:
     """The instant of `day`'s local midnight if the whole day has one UTC offset, else
     None. (Two transitions that cancel within one day would pass: tzdata has none.)"""
@@ -341,9 +342,21 @@ def _simple_day(day: dt.datetime, zone: ZoneInfo) -> float | None:
     return base
 
 
-def _cron_instants(when: Cron, after: float) -> Iterator[float]:
+@functools.lru_cache(maxsize=8192)
+def _day_after(days: str, day: dt.datetime) -> dt.datetime | None:
+    """The first day after `day` (a local midnight) that the day fields `days` match."""
     from croniter import CroniterBadDateError, croniter
 
+    try:
+        found: dt.datetime = croniter(
+            days, day + dt.timedelta(seconds=1), ret_type=dt.datetime
+        ).get_next()
+    except (CroniterBadDateError, OverflowError, ValueError):
+        return None
+    return found
+
+
+def _cron_instants(when: Cron, after: float) -> Iterator[float]:
     plan = _compiled(when.expr, when.timezone)
     zone, times = plan.zone, plan.times
     try:
@@ -353,12 +366,13 @@ def _cron_instants(when: Cron, after: float) -> Iterator[float]:
     # Two days back: a zone transition moves wall time by at most a day, and the
     # instants are non-decreasing in wall time, so nothing later is missed.
     first_day = dt.datetime.combine(local.date(), dt.time()) - dt.timedelta(days=2)
-    days = croniter(plan.days, first_day - dt.timedelta(seconds=1), ret_type=dt.datetime)
     last = after
+    day: dt.datetime | None = first_day - dt.timedelta(days=1)
     while True:
-        try:
-            day = days.get_next()
-        except (CroniterBadDateError, OverflowError, ValueError):
+        # The matching days and each day's shape are cached: a scheduler plans the same
+        # schedules every round, and every plan walks the same few days.
+        day = _day_after(plan.days, day)
+        if day is None:
             return
         base = _simple_day(day, zone)
         if base is not None:

@@ -265,3 +265,18 @@ def test_the_scheduler_with_a_port_takes_signed_webhook_deliveries(
         proc.wait(timeout=30)
     (run,) = ft.json("list", "--trigger", "hook:ping")
     assert run["status"] == "completed"
+
+
+def test_the_nightly_example_registers_and_runs(ft: Flowtide) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "nightly"
+    out = ft.ok("catalog", "register", example).stdout
+    assert "examples/nightly v1" in out and "schedule nightly" in out
+    doc = ft.json("schedule", "show", "nightly")
+    assert (doc["cron"], doc["timezone"], doc["catchup"], doc["jitter"]) == (
+        "0 2 * * *",
+        "Europe/Berlin",
+        21600.0,
+        30.0,
+    )
+    run = ft.json("schedule", "trigger", "nightly")
+    assert run["status"] == "completed" and run["result"] is not None

@@ -313,10 +313,11 @@ def _show(doc: dict[str, Any]) -> None:
         f"  playbook  {doc['playbook']}" + (f" version {doc['version']}" if doc["version"] else "")
     )
     echo(f"  when      {doc['when']}")
-    echo(
-        f"  policy    overlap {doc['overlap']}, catchup {doc['catchup']:g}s"
-        + (f", jitter {doc['jitter']:g}s" if doc["jitter"] else "")
-    )
+    from flowtide.triggers.when import format_duration
+
+    catchup = format_duration(doc["catchup"]) if doc["catchup"] else "none"
+    jitter = f", jitter up to {format_duration(doc['jitter'])}" if doc["jitter"] else ""
+    echo(f"  policy    overlap {doc['overlap']}, catchup {catchup}{jitter}")
     if doc["start"] or doc["end"]:
         echo(f"  window    {_when(doc['start'], zone)} .. {_when(doc['end'], zone)}")
     echo(f"  state     {'paused' if doc['paused'] else 'active'}")

@@ -279,4 +279,6 @@ def test_the_nightly_example_registers_and_runs(ft: Flowtide) -> None:
         30.0,
     )
     run = ft.json("schedule", "trigger", "nightly")
-    assert run["status"] == "completed" and run["result"] is not None
+    assert run["status"] == "completed", run
+    day = run["steps"]["start"]["result"]["day"]
+    assert len(day) == 10 and day[4] == "-"  # the slot's date in Berlin

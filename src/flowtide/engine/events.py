@@ -79,6 +79,9 @@ class InitializedPayload(TypedDict):
     parent_command_id: int | None
     #: The workers' pool that runs its commands (the server's executions only).
     pool: NotRequired[str]
+    #: What the trigger that started it adds to the playbook's own `notify:` (a
+    #: schedule's targets, as `NotifyTarget.to_json`); absent when nothing.
+    notify: NotRequired[list[dict[str, Any]]]
 
 
 class StepExitPayload(TypedDict):

@@ -9,7 +9,7 @@ wherever it runs. Pure: ids and the time are passed in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +76,11 @@ def initialized_event(
     parent_execution_id: int | None = None,
     parent_command_id: int | None = None,
     pool: str | None = None,
+    notify: Sequence[dict[str, Any]] = (),
 ) -> Event:
     """The `playbook.initialized` event that starts an execution (with the workers'
-    `pool` that runs its commands, when there is one: the server's executions)."""
+    `pool` that runs its commands, when there is one: the server's executions; and the
+    `notify` targets its trigger adds, when any)."""
     payload: InitializedPayload = {
         "workload": workload,
         "playbook": {
@@ -92,6 +94,8 @@ def initialized_event(
     }
     if pool is not None:
         payload["pool"] = pool
+    if notify:
+        payload["notify"] = [dict(target) for target in notify]
     return Event(
         event_id=event_id,
         execution_id=execution_id,
@@ -172,6 +176,7 @@ def start_execution(
     inherited: frozenset[str] = frozenset(),
     pool: str | None = None,
     execution_id: int | None = None,
+    notify: Sequence[dict[str, Any]] = (),
 ) -> Start:
     """A new execution of `playbook` with the workload `overrides`: ids from `next_id`
     (the execution's first, unless `execution_id` is given: a sharded server picks one
@@ -193,6 +198,7 @@ def start_execution(
         parent_execution_id=parent_execution_id,
         parent_command_id=parent_command_id,
         pool=pool,
+        notify=notify,
     )
     events = [first]
     if inherited and parent_execution_id is not None:

@@ -117,6 +117,8 @@ class ExecutionState:
         self.error: dict[str, Any] | None = None
         self.parent_execution_id: int | None = None
         self.parent_command_id: int | None = None
+        #: Notify targets its trigger added to the playbook's (`NotifyTarget.to_json`).
+        self.trigger_notify: tuple[dict[str, Any], ...] = ()
         self.last_event_id: int = 0
         self.event_count: int = 0
         # False when the last command report applied was a late or duplicate one
@@ -194,6 +196,7 @@ class ExecutionState:
         self.workload = dict(payload.get("workload") or {})
         self.parent_execution_id = payload.get("parent_execution_id")
         self.parent_command_id = payload.get("parent_command_id")
+        self.trigger_notify = tuple(payload.get("notify") or ())
         self.status = "running"
         self._touch()
 

@@ -76,6 +76,7 @@ def owed(
         if state is None:
             continue
         targets = list(state.playbook.notify)
+        targets += [NotifyTarget.from_json(t) for t in state.trigger_notify]
         if state.parent_execution_id is None and state.workload.get("kind") != DOC_KIND:
             targets.extend(defaults)
         chosen = [t for t in targets if transition in t.on]

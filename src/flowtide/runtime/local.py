@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,7 @@ class LocalRuntime:
         parent_execution_id: int | None = None,
         parent_command_id: int | None = None,
         firing: Firing | None = None,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         """Create an execution of `playbook` and start it. Returns its execution_id.
         `firing` (a trigger's) is recorded with it.
@@ -185,6 +186,7 @@ class LocalRuntime:
             parent_execution_id=parent_execution_id,
             parent_command_id=parent_command_id,
             inherited=parent.secrets if parent is not None else frozenset(),
+            notify=notify,
         )
         if self.locks is not None:
             self.locks.acquire(start.execution_id)

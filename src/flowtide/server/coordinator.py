@@ -182,6 +182,7 @@ class Coordinator:
         parent_command_id: int | None = None,
         pool: str = "default",
         firing: Firing | None = None,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         """Create an execution and take its first engine step in one transaction;
         `firing` (a trigger's) is recorded in it (AlreadyFired: it fired before, nothing
@@ -203,6 +204,7 @@ class Coordinator:
             parent_command_id=parent_command_id,
             inherited=inherited,
             pool=pool,
+            notify=notify,
         )
         execution_id = start.execution_id
         insert = self.store.execution_insert(execution_id, **start.columns(), firing=firing)

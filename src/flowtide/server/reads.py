@@ -5,7 +5,7 @@ cluster-wide lists, and the live event stream read in commit order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -153,6 +153,7 @@ class ServerReads:
         parent_command_id: int | None = None,
         pool: str = "default",
         firing: Firing | None = None,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         return await self.coordinator.execute(
             playbook,
@@ -162,6 +163,7 @@ class ServerReads:
             parent_command_id=parent_command_id,
             pool=pool,
             firing=firing,
+            notify=notify,
         )
 
     def owns(self, owner_id: int) -> bool:

@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo
 from flowtide.errors import AlreadyFired, FlowtideError
 from flowtide.store.triggers import Firing, TriggerRow, TriggerState
 from flowtide.triggers.plan import Buffer, Cancel, Fire, Skip, backfill, plan, release
+from flowtide.triggers.schedules import notify_targets
 from flowtide.triggers.spec import ScheduleSpec, spec_from_json
 from flowtide.triggers.targets import load_target, render_workload
 
@@ -60,10 +61,16 @@ class Firer(Protocol):
         ...
 
     async def start(
-        self, playbook: Playbook, *, workload: dict[str, Any], version: int | None, firing: Firing
+        self,
+        playbook: Playbook,
+        *,
+        workload: dict[str, Any],
+        version: int | None,
+        firing: Firing,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         """Create and start the run, recording `firing` with it (AlreadyFired: it fired
-        before)."""
+        before); `notify` (`NotifyTarget.to_json`s) adds to the playbook's `notify:`."""
         ...
 
     async def cancel(self, execution_id: int, reason: str) -> None:
@@ -338,6 +345,11 @@ async def start_for(
     else:
         playbook, version = await asyncio.to_thread(load_target, firer.store, ref)
     workload = render_workload(dict(spec.workload), context)
+    notify = notify_targets(spec)
+    if notify:
+        return await firer.start(
+            playbook, workload=workload, version=version, firing=firing, notify=notify
+        )
     return await firer.start(playbook, workload=workload, version=version, firing=firing)
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from flowtide.store.base import Store
     from flowtide.store.triggers import TriggerRow
 
-__all__ = ["define_schedule", "schedule_from_fields"]
+__all__ = ["define_schedule", "notify_targets", "schedule_from_fields"]
 
 #: The fields a schedule is defined with (CLI flags, API body, a document's `spec:`).
 FIELDS = (
@@ -74,6 +74,25 @@ def resolve_playbook(
     return spec
 
 
+def notify_targets(spec: ScheduleSpec) -> list[dict[str, Any]]:
+    """The schedule's `notify:` entries as the targets its runs add to their playbook's
+    (`NotifyTarget.to_json`). Raises TriggerError naming the entry at fault."""
+    from flowtide.playbook.notify import parse_notify
+
+    problems: list[str] = []
+
+    def report(at: tuple[str | int, ...], message: str, field: str, expected: str | None) -> None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in at)
+        problems.append(
+            f"notify{where}: {message}" + (f" (expected {expected})" if expected else "")
+        )
+
+    targets = parse_notify(list(spec.notify), report) if spec.notify else ()
+    if problems:
+        raise TriggerError("; ".join(problems), name=spec.name, field="notify")
+    return [t.to_json() for t in targets]
+
+
 def define_schedule(
     store: Store,
     spec: ScheduleSpec,
@@ -91,6 +110,7 @@ def define_schedule(
         TriggerError: the playbook cannot be found, or the name is taken.
     """
     spec = resolve_playbook(store, spec, local=local, base=base)
+    notify_targets(spec)
     if not replace_existing:
         try:
             store.get_trigger("schedule", spec.name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -146,10 +146,15 @@ class LocalReads:
         parent_command_id: int | None = None,
         pool: str = "default",
         firing: Firing | None = None,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         """In this process (`pool` names a server's workers: nothing here)."""
         return await self._live().start(
-            playbook, workload=workload, catalog_version=catalog_version, firing=firing
+            playbook,
+            workload=workload,
+            catalog_version=catalog_version,
+            firing=firing,
+            notify=notify,
         )
 
     async def cancel(self, execution_id: int, reason: str) -> str:

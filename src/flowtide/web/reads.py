@@ -9,7 +9,7 @@ it reads from the store port (`store`) through `flowtide.documents`, the same fo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -119,6 +119,7 @@ class ExecutionReads(Protocol):
         parent_command_id: int | None = None,
         pool: str = "default",
         firing: Firing | None = None,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         """Start an execution of `playbook`; its id. Raises PlaybookError,
         TemplateError, ExecutionFinished (a parent that is ending)."""

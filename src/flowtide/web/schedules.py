@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -74,10 +74,16 @@ class ReadsFirer:
         return self.reads.owns(trigger_id)
 
     async def start(
-        self, playbook: Any, *, workload: dict[str, Any], version: int | None, firing: Firing
+        self,
+        playbook: Any,
+        *,
+        workload: dict[str, Any],
+        version: int | None,
+        firing: Firing,
+        notify: Sequence[dict[str, Any]] = (),
     ) -> int:
         return await self.reads.start(
-            playbook, workload=workload, catalog_version=version, firing=firing
+            playbook, workload=workload, catalog_version=version, firing=firing, notify=notify
         )
 
     async def cancel(self, execution_id: int, reason: str) -> None:

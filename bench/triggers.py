@@ -2,6 +2,7 @@
 <= 1 s; Airflow's scheduler loop is seconds, Temporal's schedules fire within ~1 s).
 
     .venv/bin/python bench/triggers.py [--minute 1000] [--second 20] [--stack]
+    .venv/bin/python bench/hooks.py    (webhook accept latency: its own script)
 
 Embedded (default): `flowtide scheduler`'s loop in this process over a fresh SQLite
 store, with --minute schedules firing every minute (cron `* * * * *`, all at the same
@@ -102,8 +103,11 @@ async def _embedded(home: Path, minute: int, second: int) -> tuple[list[float], 
     if boundary - time.time() < 5:
         boundary += 60
     until = boundary + 5
-    print(f"firing until {datetime.datetime.fromtimestamp(until):%H:%M:%S} "
-          f"({until - time.time():.0f} s)", flush=True)
+    print(
+        f"firing until {datetime.datetime.fromtimestamp(until):%H:%M:%S} "
+        f"({until - time.time():.0f} s)",
+        flush=True,
+    )
     reads = LocalReads(store, FoldCache(store), home, run_locks_for(store, home))
     async with reads.open():
         scheduler = Scheduler(ReadsFirer(reads))
@@ -116,21 +120,87 @@ async def _embedded(home: Path, minute: int, second: int) -> tuple[list[float], 
     return _lags(rows)
 
 
+def _stack(home: Path, minute: int, second: int) -> tuple[list[float], list[float]]:
+    """The same on `flowtide dev up`'s stack: schedules added over the API, the server's
+    scheduler firing them, the runs read back through the list (paged)."""
+    from flowtide.dev.postgres import free_port
+    from flowtide.dev.stack import DevStack
+
+    stack = DevStack(home)
+    stack.up(
+        workers=2,
+        concurrency=16,
+        progress=lambda line: print(f"  {line}", flush=True),
+        timeout=180.0,
+        server_port=free_port(),
+        nats_port=free_port(),
+        pg_port=free_port(),
+    )
+    try:
+        api = stack.admin_client(timeout=60.0)
+        api.post("/api/catalog/register", json={"content": PLAYBOOK}).raise_for_status()
+        kinds = [(f"m{i:04}", {"cron": "* * * * *"}) for i in range(minute)]
+        kinds += [(f"s{i:02}", {"every": "1s"}) for i in range(second)]
+        for name, when in kinds:
+            body = {"name": name, "playbook": "bench/tick", "overlap": "allow", **when}
+            api.post("/api/schedules", json=body).raise_for_status()
+        boundary = (time.time() // 60 + 1) * 60
+        if boundary - time.time() < 8:
+            boundary += 60
+        until = boundary + 5
+        print(
+            f"firing until {datetime.datetime.fromtimestamp(until):%H:%M:%S} "
+            f"({until - time.time():.0f} s)",
+            flush=True,
+        )
+        time.sleep(until - time.time())
+        for name, _ in kinds:
+            api.post(f"/api/schedules/{name}/pause").raise_for_status()
+        minute_lags: list[float] = []
+        second_lags: list[float] = []
+        before: str | None = None
+        while True:
+            params: dict[str, Any] = {"trigger": "schedule", "limit": 1000, "since": boundary - 60}
+            if before:
+                params["before"] = before
+            page = api.get("/api/executions", params=params).json()
+            for item in page["items"]:
+                lag = item["created"] - _slot(item["trigger"]["slot"])
+                (minute_lags if item["trigger"]["name"].startswith("m") else second_lags).append(
+                    lag
+                )
+            before = page["next_before"]
+            if not before:
+                break
+        return minute_lags, second_lags
+    finally:
+        stack.down(purge=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minute", type=int, default=1000)
     parser.add_argument("--second", type=int, default=20)
+    parser.add_argument("--stack", action="store_true", help="on `flowtide dev up`'s stack")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()[0]:.2f} (cpus {os.cpu_count()})")
+    where = "dev stack" if args.stack else "embedded"
     with tempfile.TemporaryDirectory(prefix="flowtide-bench-triggers-") as tmp:
-        minute, second = asyncio.run(_embedded(Path(tmp), args.minute, args.second))
+        if args.stack:
+            Path(tmp).chmod(0o755)  # PostgreSQL runs as its own user: it must reach the folder
+            minute, second = _stack(Path(tmp), args.minute, args.second)
+        else:
+            minute, second = asyncio.run(_embedded(Path(tmp), args.minute, args.second))
     print(f"load after:  {os.getloadavg()[0]:.2f}")
-    print(f"embedded, {args.minute} schedules every minute: {_quantiles(minute)}")
-    print(f"embedded, {args.second} schedules every second: {_quantiles(second)}")
-    worst = max(sorted(minute + second)[int(0.99 * len(minute + second)) :] or [0.0])
-    p99 = sorted(minute + second)[min(len(minute + second) - 1, int(0.99 * len(minute + second)))] if minute + second else float("inf")
-    print(f"goal p99 <= {GOAL_P99:.1f} s: {'met' if p99 <= GOAL_P99 else 'not met'} "
-          f"(p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms)")
+    print(f"{where}, {args.minute} schedules every minute: {_quantiles(minute)}")
+    print(f"{where}, {args.second} schedules every second: {_quantiles(second)}")
+    lags = sorted(minute + second)
+    p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else float("inf")
+    worst = lags[-1] if lags else float("inf")
+    print(
+        f"goal p99 <= {GOAL_P99:.1f} s: {'met' if p99 <= GOAL_P99 else 'not met'} "
+        f"(p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -226,7 +226,9 @@ def _run_remote(
                     f"`flowtide cancel {eid} --server ...` stops it"
                 )
             return EXIT_INTERRUPTED
+    # The same document as `flowtide run` embedded (a run started here has no trigger).
     doc.pop("playbook", None)
+    doc.pop("trigger", None)
     if as_json:
         print_json(doc)
     else:

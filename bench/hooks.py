@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from flowtide.webhooks import sign  # noqa: E402
+from flowtide.triggers.hooks import sign  # noqa: E402
 
 GOAL_P99_MS = 50.0
 SECRET = b"bench-hook-secret-0123456789abcdef"

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from flowtide.store.sqlite import SQLiteStore
+from flowtide.triggers.hooks import sign
 from flowtide.ui.local import create_local_app
 from flowtide.web.hooks import HookDesk
-from flowtide.webhooks import sign
 
 with warnings.catch_warnings():
     # starlette's TestClient would rather have httpx2; httpx is what the project uses.

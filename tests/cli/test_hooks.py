@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flowtide.webhooks import sign
+from flowtide.triggers.hooks import sign
 
 from .helpers import Flowtide, describe, local_ui
 
@@ -170,7 +170,7 @@ def test_rotate_key_reseals_a_hooks_secret(ft: Flowtide, tmp_path: Path) -> None
 
     from flowtide.sealing import Sealer
     from flowtide.store.sqlite import SQLiteStore
-    from flowtide.webhooks import hook_secret
+    from flowtide.triggers.hooks import hook_secret
 
     playbook = tmp_path / "echo.yaml"
     playbook.write_text(ECHO, encoding="utf-8")

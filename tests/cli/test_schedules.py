@@ -229,7 +229,7 @@ def test_the_scheduler_with_a_port_takes_signed_webhook_deliveries(
 
     import httpx
 
-    from flowtide.webhooks import sign
+    from flowtide.triggers.hooks import sign
 
     _register(ft, tmp_path)
     secret = tmp_path / "hook.secret"

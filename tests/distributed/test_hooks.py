@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from flowtide.sharding import shard_for
-from flowtide.webhooks import sign
+from flowtide.triggers.hooks import sign
 
 from .stack import Stack, sharded
 from .test_shards import _wait

@@ -40,7 +40,7 @@ def _secret_file(path: Path) -> str:
     """The secret in `path` (refused if missing, empty, over the size, not text); a warning
     when other users may read it."""
     from flowtide.errors import TriggerError
-    from flowtide.webhooks import MAX_SECRET_BYTES, check_secret
+    from flowtide.triggers.hooks import MAX_SECRET_BYTES, check_secret
 
     try:
         info = path.stat()
@@ -117,7 +117,7 @@ def hook_add(
 ) -> None:
     """Add a webhook (or replace the one of that name, keeping its id and deliveries)."""
     from flowtide.errors import FlowtideError, exit_code
-    from flowtide.webhooks import check_name, parse_rate
+    from flowtide.triggers.hooks import check_name, parse_rate
 
     if (secret_file is None) == (secret_credential is None):
         raise _fail("give one of --secret-file, --secret-credential")
@@ -143,8 +143,8 @@ def hook_add(
         typer.echo(f"hook '{name}' added on {redact_url(server)}: POST /api/hooks/{name}")
         return
     from flowtide.credentials import CredentialVault
+    from flowtide.triggers.hooks import add_hook, credential_secret
     from flowtide.triggers.targets import playbook_ref
-    from flowtide.webhooks import add_hook, credential_secret
 
     store = open_store(home, db)
     try:
@@ -172,8 +172,8 @@ def _hooks(home: Path | None, db: str | None, server: str | None) -> list[dict[s
     if server:
         with server_client(server) as api:
             return list(remote_or_exit(api.list_hooks))
+    from flowtide.triggers.hooks import HOOK
     from flowtide.web.hooks import hook_item
-    from flowtide.webhooks import HOOK
 
     store = open_store(home, db)
     try:
@@ -197,7 +197,7 @@ def hook_list(
     as_json: JsonOpt = False, home: HomeOpt = None, db: DbOpt = None, server: HookServerOpt = None
 ) -> None:
     """List webhooks (never their secrets)."""
-    from flowtide.webhooks import rate_text
+    from flowtide.triggers.hooks import rate_text
 
     items = _hooks(home, db, server)
     if as_json:
@@ -219,7 +219,7 @@ def hook_show(
 ) -> None:
     """A webhook, its latest deliveries and (from a server) the refused ones with why."""
     from flowtide.errors import FlowtideError, exit_code
-    from flowtide.webhooks import HOOK, rate_text
+    from flowtide.triggers.hooks import HOOK, rate_text
 
     if server:
         with server_client(server) as api:
@@ -261,7 +261,7 @@ def hook_delete(
 ) -> None:
     """Delete a webhook (the runs it started stay)."""
     from flowtide.errors import NotFoundError
-    from flowtide.webhooks import HOOK
+    from flowtide.triggers.hooks import HOOK
 
     if server:
         with server_client(server) as api:

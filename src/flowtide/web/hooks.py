@@ -1,7 +1,7 @@
 """Webhooks, one router for every app that serves them (the server, `flowtide ui`,
 `flowtide scheduler`): list, add, read and delete hooks, and the delivery endpoint.
 
-`POST /api/hooks/{name}` is public (no token) but signed (`flowtide.webhooks.verify`:
+`POST /api/hooks/{name}` is public (no token) but signed (`flowtide.triggers.hooks.verify`:
 HMAC-SHA256 of the raw body with the hook's secret, compared in constant time; with
 `X-Flowtide-Timestamp`, a replay window). A delivery is refused with 401 when it is not
 signed with the hook's secret, and an unknown name gets the same 401 (names cannot be
@@ -15,7 +15,7 @@ server of another shard sends the delivery on, raw body and headers intact, once
 one transaction and a delivery sent to two servers starts one run.
 
 Refused deliveries are kept in the memory of the process that refused them (the latest
-50 of each hook, `flowtide.webhooks.Refusals`): a flood of bad requests costs no writes.
+50 of each hook, `flowtide.triggers.hooks.Refusals`): a flood of bad requests costs no writes.
 Accepted ones are the hook's firings in the store.
 
 Mount `router` on any FastAPI app whose `app.state.reads` is an `ExecutionReads`, behind
@@ -51,10 +51,7 @@ from flowtide.errors import (
     TriggerError,
 )
 from flowtide.store.triggers import Firing
-from flowtide.web.fields import INT32_MAX, RequestBody
-from flowtide.web.problems import RequestError, error_response, problem_responses
-from flowtide.web.reads import ExecutionReads, reads_of
-from flowtide.webhooks import (
+from flowtide.triggers.hooks import (
     HOOK,
     RateLimits,
     Refusals,
@@ -65,6 +62,9 @@ from flowtide.webhooks import (
     shown_headers,
     verify,
 )
+from flowtide.web.fields import INT32_MAX, RequestBody
+from flowtide.web.problems import RequestError, error_response, problem_responses
+from flowtide.web.reads import ExecutionReads, reads_of
 
 if TYPE_CHECKING:
     from flowtide.playbook.model import Playbook
@@ -313,9 +313,9 @@ async def list_hooks(reads: Reads) -> HookList:
 )
 async def add_hook(body: HookRequest, reads: Reads, desk: Desk) -> HookItem:
     """Add a hook (or replace the one of that name: it keeps its id, shard and firings)."""
+    from flowtide.triggers.hooks import add_hook as store_hook
+    from flowtide.triggers.hooks import credential_secret, store_sealer
     from flowtide.triggers.targets import playbook_ref
-    from flowtide.webhooks import add_hook as store_hook
-    from flowtide.webhooks import credential_secret, store_sealer
 
     if (body.secret is None) == (body.secret_credential is None):
         raise RequestError.of_field("secret", "give exactly one of secret, secret_credential")

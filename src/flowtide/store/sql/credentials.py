@@ -51,7 +51,7 @@ class CredentialTables(SQLAdapter):
                         (reseal(bytes(old)), bytes(old)),
                     )
                     count += 1
-            # A webhook's secret (flowtide.webhooks) is a Fernet token of the same key.
+            # A webhook's secret (flowtide.triggers.hooks) is a Fernet token of the same key.
             rows = conn.execute(
                 "SELECT kind, name, secret FROM trigger_def WHERE secret IS NOT NULL"
             ).fetchall()

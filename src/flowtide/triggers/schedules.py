@@ -118,7 +118,8 @@ def define_schedule(
             pass
         else:
             raise TriggerError(
-                "a schedule of this name exists (delete it first, or replace it)",
+                "a schedule of this name exists: replace it (--replace, or `replace` in"
+                " the API) or delete it first",
                 name=spec.name,
                 field="name",
             )

@@ -71,7 +71,17 @@ def test_a_start_renders_the_workload_and_makes_the_first_event() -> None:
         "parent_command_id": None,
         "created": 1.5,
         "secrets": frozenset(),
+        "deadline": None,
+        "sla": None,
     }
+
+
+def test_a_start_carries_its_timeout_and_sla_as_instants() -> None:
+    text = PLAYBOOK.replace("workflow:", "timeout: 90s\nsla: 1m\nworkflow:", 1)
+    playbook = parse_playbook(text, "starts.yaml")
+    assert (playbook.timeout, playbook.sla) == (90.0, 60.0)
+    start = start_execution(playbook, {}, next_id=iter(range(10, 99)).__next__, now=100.0)
+    assert (start.columns()["deadline"], start.columns()["sla"]) == (190.0, 160.0)
 
 
 def test_a_sub_playbook_start_inherits_the_parents_secrets_and_names_its_pool() -> None:

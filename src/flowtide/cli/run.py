@@ -116,10 +116,8 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
     if doc["error"]:
         error = doc["error"]
         where = f" ({location})" if location else ""
-        console.print(
-            f"[red]error[/] in step [bold]{error.get('step')}[/]{where} ({error.get('kind')}): "
-            f"{error.get('message')}"
-        )
+        step = f" in step [bold]{error.get('step')}[/]" if error.get("step") else ""
+        console.print(f"[red]error[/]{step}{where} ({error.get('kind')}): {error.get('message')}")
     console.print("result:")
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
 

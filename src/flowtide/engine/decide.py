@@ -350,6 +350,14 @@ def _maybe_finish(out: _Out, entering: set[str] | None = None) -> None:
         out.emit(ev.PLAYBOOK_COMPLETED, status="completed", payload=completed)
 
 
+def _seconds(limit: float) -> str:
+    """`90s`, `15m`, `2h` as a playbook writes them (whole units when they fit)."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if limit >= size and limit % size == 0:
+            return f"{int(limit // size)}{unit}"
+    return f"{limit:g}s"
+
+
 def _fail(out: _Out, step: str | None, error: dict[str, Any] | None) -> None:
     err = dict(error or {})
     err.setdefault("step", step)
@@ -455,6 +463,18 @@ def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) ->
         )
     elif state.status == "cancelling":
         pass
+    elif kind == ev.EXECUTION_DEADLINE_MISSED:
+        missed = payload_of(event, ev.EXECUTION_DEADLINE_MISSED)
+        if missed.get("kind") == "timeout":
+            # Past the playbook's `timeout:` the run fails; an `sla:` only tells someone.
+            _fail(
+                out,
+                None,
+                {
+                    "kind": "deadline_exceeded",
+                    "message": f"the run went past its timeout of {_seconds(missed['limit'])}",
+                },
+            )
     elif kind == ev.STEP_ENTER:
         _enter_step(out, event.step or "")
     elif kind == ev.LOOP_STARTED:

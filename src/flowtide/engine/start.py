@@ -160,6 +160,8 @@ class Start:
             "parent_command_id": self.parent_command_id,
             "created": self.created,
             "secrets": self.secrets,
+            "deadline": self.created + t if (t := self.playbook.timeout) else None,
+            "sla": self.created + s if (s := self.playbook.sla) else None,
         }
 
 

@@ -119,6 +119,8 @@ class ExecutionState:
         self.parent_command_id: int | None = None
         #: Notify targets its trigger added to the playbook's (`NotifyTarget.to_json`).
         self.trigger_notify: tuple[dict[str, Any], ...] = ()
+        #: The deadlines recorded as missed (`timeout`, `sla`): each is recorded once.
+        self.deadlines_missed: frozenset[str] = frozenset()
         self.last_event_id: int = 0
         self.event_count: int = 0
         # False when the last command report applied was a late or duplicate one
@@ -384,6 +386,10 @@ class ExecutionState:
         if not self.terminal:
             self.status = "cancelling"
 
+    def _on_deadline_missed(self, event: Event) -> None:
+        kind = payload_of(event, ev.EXECUTION_DEADLINE_MISSED).get("kind")
+        self.deadlines_missed = self.deadlines_missed | {str(kind)}
+
     def _on_secrets_added(self, event: Event) -> None:
         added = secret_values(event)
         if not added <= self.secrets:
@@ -426,6 +432,7 @@ _APPLY = {
     ev.PLAYBOOK_FAILED: ExecutionState._on_terminal,
     ev.PLAYBOOK_CANCELLED: ExecutionState._on_terminal,
     ev.EXECUTION_CANCELLED: ExecutionState._on_cancel,
+    ev.EXECUTION_DEADLINE_MISSED: ExecutionState._on_deadline_missed,
     ev.SECRETS_ADDED: ExecutionState._on_secrets_added,
 }
 

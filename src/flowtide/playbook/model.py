@@ -116,6 +116,10 @@ class Playbook:
     reachable: dict[str, frozenset[str]] = field(default_factory=dict)
     # `notify:` (flowtide.playbook.notify): who is told of the run's transitions.
     notify: tuple[NotifyTarget, ...] = ()
+    # `timeout:` (seconds): past it the run fails with error kind `deadline_exceeded`.
+    timeout: float | None = None
+    # `sla:` (seconds): past it a run still going records `deadline_missed` (kind sla).
+    sla: float | None = None
 
     @property
     def base_dir(self) -> Path:

@@ -34,6 +34,7 @@ from flowtide.redaction import remember
 from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.command import run_command
+from flowtide.runtime.deadlines import arm_deadlines
 from flowtide.runtime.notifying import LocalNotifier
 from flowtide.runtime.pipeline import StepRunner
 from flowtide.runtime.threads import WorkerPool
@@ -54,6 +55,8 @@ class _Execution:
     runner: StepRunner
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: The playbook's `timeout:`/`sla:` timers (cancelled when it ends).
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
 
 class LocalRuntime:
@@ -197,6 +200,7 @@ class LocalRuntime:
                 self.locks.release(start.execution_id)
             raise
         self._register(playbook, start.execution_id)
+        self._arm_deadlines(start.execution_id, playbook, start.created)
         await self._warm(playbook)
         await self._post(start.events)
         return start.execution_id
@@ -231,6 +235,7 @@ class LocalRuntime:
             # the log are still dropped by the folded state.
             await self.loopstate.cleanup(execution_id)
         execution = self._register(playbook, execution_id, state)
+        self._arm_deadlines(execution_id, playbook, row.created)
         await self._warm(playbook)
         if state.terminal:
             execution.done.set()
@@ -339,6 +344,11 @@ class LocalRuntime:
     def state(self, execution_id: int) -> ExecutionState:
         return self._states[execution_id]
 
+    def _arm_deadlines(self, execution_id: int, playbook: Playbook, created: float) -> None:
+        self._executions[execution_id].timers += arm_deadlines(
+            execution_id, playbook, created, self._states.get, self.ids.next_id, self._post
+        )
+
     # -- internals ---------------------------------------------------------------------
 
     def _register(
@@ -421,6 +431,12 @@ class LocalRuntime:
         for execution_id in out.finished:
             execution = self._executions[execution_id]
             execution.cancelled.set()
+            if (execution.state.error or {}).get("kind") == "deadline_exceeded":
+                # Past its timeout: what still runs is stopped (python children killed,
+                # Spark jobs cancelled), as a cancel would.
+                cancel_running(execution_id)
+            for timer in execution.timers:
+                timer.cancel()
             # Clean up before waking waiters: a caller that closes the runtime as soon as
             # `wait` returns would cancel a cleanup still waiting on a remote KV.
             if self.loopstate is not None:

@@ -209,6 +209,8 @@ class Store(TriggerStore, NotificationStore, Protocol):
         created: float,
         secrets: Collection[str] = (),
         firing: Firing | None = None,
+        deadline: float | None = None,
+        sla: float | None = None,
     ) -> None:
         """Record a new execution with status `EXECUTION_CREATED` and `updated = created`.
 
@@ -226,6 +228,7 @@ class Store(TriggerStore, NotificationStore, Protocol):
                 parent's): a workload holding one is stored sealed.
             firing: the trigger firing that starts it, recorded in the same transaction
                 (the execution's `trigger`).
+            deadline: when its playbook's `timeout:` runs out; sla: its `sla:` (instants).
         Raises:
             AlreadyFired: `firing` was recorded before; nothing is written.
             StoreError: the execution already exists, or the store failed.

@@ -200,6 +200,8 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                     at = ("notify", i, kind, key)
                     c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}")
 
+    limits = {key: _duration(c, data, key) for key in ("timeout", "sla")}
+
     if c.errors:
         raise PlaybookErrors(c.errors)
 
@@ -222,7 +224,24 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         upstreams={k: frozenset(v) for k, v in upstreams.items()},
         reachable=_reachability(steps),
         notify=notify,
+        timeout=limits["timeout"],
+        sla=limits["sla"],
     )
+
+
+def _duration(c: _Checker, data: dict[str, Any], key: str) -> float | None:
+    """A top-level duration (`timeout: 15m`, `sla: 1h`, or seconds), or None."""
+    from flowtide.errors import TriggerError
+    from flowtide.triggers.when import parse_duration
+
+    raw = data.get(key)
+    if raw is None:
+        return None
+    try:
+        return parse_duration(raw, field=key)
+    except TriggerError as exc:
+        c.error((key,), exc.message, field=key, expected="a duration like 30s, 15m or 2h")
+        return None
 
 
 def load_playbook(path: str | Path) -> Playbook:

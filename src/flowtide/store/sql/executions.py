@@ -69,8 +69,8 @@ UPSERT_COMMAND: Final = (
 _INSERT_EXECUTION: Final = (
     "INSERT INTO execution (execution_id, parent_execution_id, parent_command_id,"
     " playbook_path, playbook_version, playbook_file, playbook_text, workload, status,"
-    " created, updated, trigger_kind, trigger_name, trigger_key)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " created, updated, trigger_kind, trigger_name, trigger_key, deadline, sla)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _PENDING_COMMANDS: Final = (
     f"SELECT {COMMAND_COLUMNS} FROM command WHERE execution_id = ?"
@@ -124,6 +124,8 @@ class ExecutionTables(TriggerTables):
         created: float,
         secrets: Collection[str] = (),
         firing: Firing | None = None,
+        deadline: float | None = None,
+        sla: float | None = None,
     ) -> None:
         """See `flowtide.store.base.Store.create_execution`."""
         sql, row = self.execution_insert(
@@ -138,6 +140,8 @@ class ExecutionTables(TriggerTables):
             created=created,
             secrets=secrets,
             firing=firing,
+            deadline=deadline,
+            sla=sla,
         )
         try:
             with self.transaction("create_execution") as conn:
@@ -163,6 +167,8 @@ class ExecutionTables(TriggerTables):
         created: float,
         secrets: Collection[str] = (),
         firing: Firing | None = None,
+        deadline: float | None = None,
+        sla: float | None = None,
     ) -> tuple[str, tuple[Any, ...]]:
         """(sql, params) inserting a new execution row (`Store.create_execution`); the
         firing that starts it, if any, is recorded separately (`record_firing`) in the
@@ -183,6 +189,8 @@ class ExecutionTables(TriggerTables):
             firing.kind if firing else None,
             firing.name if firing else None,
             firing.key if firing else None,
+            deadline,
+            sla,
         )
         return self._sql(_INSERT_EXECUTION), row
 

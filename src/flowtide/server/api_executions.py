@@ -113,6 +113,8 @@ async def cancellation_check(
     status, requested = await asyncio.to_thread(read)
     return {
         "execution_id": str(execution_id),
-        "cancelled": requested is not None or status == "cancelled",
+        # An ended run's commands stop too (a run failed past its timeout, or by
+        # another branch): nothing they report can change it any more.
+        "cancelled": requested is not None or status in ("cancelled", "failed"),
         "status": status,
     }

@@ -27,6 +27,7 @@ from flowtide.notify.relay import NotificationRelay
 from flowtide.redaction import install_log_masking
 from flowtide.server import metrics
 from flowtide.server.coordinator import Coordinator
+from flowtide.server.deadlines import DeadlineWatch
 from flowtide.server.forwarding import Peers, forwarded
 from flowtide.server.notifying import start_notifications
 from flowtide.server.outbox import OutboxRelay, OutboxStore
@@ -159,6 +160,9 @@ class Runtime:
             loop=asyncio.get_running_loop(),
         )
         self.tasks.append(asyncio.create_task(self._reaper(), name="flowtide-reaper"))
+        self.tasks.append(
+            asyncio.create_task(DeadlineWatch(self.coordinator).run(), name="flowtide-deadlines")
+        )
         self.tasks.append(asyncio.create_task(self._watch_map(), name="flowtide-shard-map"))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # SIGHUP: read the map now (one process; uvicorn's supervisor of --workers N

@@ -7,7 +7,7 @@ sees the child or is seen by it.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flowtide.store.pg.pending import Pending
@@ -168,3 +168,42 @@ def put_summary(conn: psycopg.Connection, execution_id: int, format: int, doc: s
         " ON CONFLICT (execution_id) DO UPDATE SET format = excluded.format, doc = excluded.doc",
         (execution_id, format, doc),
     )
+
+
+#: A playbook's deadline columns by kind (`timeout:` -> deadline, `sla:` -> sla).
+_DEADLINE_COLUMNS = {"timeout": "deadline", "sla": "sla"}
+
+
+class DueDeadline(NamedTuple):
+    execution_id: int
+    #: timeout or sla
+    kind: str
+    deadline: float
+    created: float
+
+
+def deadlines_due(
+    conn: psycopg.Connection, now: float, ended: Sequence[str], limit: int = 100
+) -> list[DueDeadline]:
+    """Executions not `ended` whose timeout or sla has passed by `now` (indexed scans)."""
+    rows = conn.execute(
+        "(SELECT execution_id, 'timeout', deadline, created FROM execution"
+        " WHERE deadline <= %s AND status <> ALL(%s) LIMIT %s)"
+        " UNION ALL"
+        " (SELECT execution_id, 'sla', sla, created FROM execution"
+        " WHERE sla <= %s AND status <> ALL(%s) LIMIT %s)",
+        (now, list(ended), limit, now, list(ended), limit),
+    ).fetchall()
+    return [DueDeadline(int(r[0]), str(r[1]), float(r[2]), float(r[3])) for r in rows]
+
+
+def take_deadline(conn: psycopg.Connection, execution_id: int, kind: str) -> bool:
+    """Clear the execution's `kind` deadline in the caller's transaction; False when
+    another transaction took it first (its event is recorded once)."""
+    column = _DEADLINE_COLUMNS[kind]
+    row = conn.execute(
+        f"UPDATE execution SET {column} = NULL"  # noqa: S608 - a name from the table above
+        f" WHERE execution_id = %s AND {column} IS NOT NULL RETURNING 1",
+        (execution_id,),
+    ).fetchone()
+    return row is not None

@@ -107,6 +107,8 @@ class SummaryDocument(SummaryPart):
 
     playbook: PlaybookRef
     parent_execution_id: str | None
+    #: What started it when a trigger did ({kind, name, slot|delivery|message}).
+    trigger: dict[str, str] | None
     created: float
     updated: float
     graph: Graph
@@ -208,6 +210,7 @@ def summary_of(part: SummaryPart, row: ExecutionRow, playbook: Playbook) -> Summ
             "file": row.playbook_file,
         },
         "parent_execution_id": (str(row.parent_execution_id) if row.parent_execution_id else None),
+        "trigger": row.trigger,
         "created": row.created,
         "updated": row.updated,
         "graph": playbook_graph(playbook),

@@ -5,6 +5,7 @@ import { mountList } from './list.js';
 import { mountDetail } from './detail.js';
 import { mountWorkers } from './workers.js';
 import { mountCatalogList, mountCatalogEntry } from './catalog.js';
+import { mountSchedules, mountSchedule } from './schedules.js';
 
 const view = document.getElementById('view');
 const userBox = document.getElementById('user');
@@ -14,6 +15,7 @@ const logoutBtn = document.getElementById('logout');
 const navExecutions = document.getElementById('nav-executions');
 const navWorkers = document.getElementById('nav-workers');
 const navCatalog = document.getElementById('nav-catalog');
+const navSchedules = document.getElementById('nav-schedules');
 
 let me = null; // whoami, or null when logged out
 let current = null; // {key, view: {destroy(), update?()}}
@@ -33,6 +35,7 @@ function renderUser() {
   navExecutions.hidden = !me;
   navWorkers.hidden = !me;
   navCatalog.hidden = !me;
+  navSchedules.hidden = !me;
 }
 
 function stopView() {
@@ -58,6 +61,9 @@ function route(force = false) {
   const c = path.match(/^\/ui\/catalog\/(.+)$/);
   let catalogPath = null;
   try { catalogPath = c ? c[1].split('/').map(decodeURIComponent).join('/') : null; } catch { /* not found */ }
+  const sch = path.match(/^\/ui\/schedules\/([^/]+)$/);
+  let scheduleName = null;
+  try { scheduleName = sch ? decodeURIComponent(sch[1]) : null; } catch { /* not found */ }
   let key = 'missing';
   let mount = notFound;
   if (path === '/ui' || path === '/ui/executions') [key, mount] = ['list', () => mountList(view, ctx)];
@@ -65,9 +71,12 @@ function route(force = false) {
   else if (path === '/ui/workers') [key, mount] = ['workers', () => mountWorkers(view)];
   else if (path === '/ui/catalog') [key, mount] = ['catalog', () => mountCatalogList(view, ctx)];
   else if (catalogPath) [key, mount] = [`catalog:${catalogPath}`, () => mountCatalogEntry(view, ctx, catalogPath)];
+  else if (path === '/ui/schedules') [key, mount] = ['schedules', () => mountSchedules(view, ctx)];
+  else if (scheduleName) [key, mount] = [`schedule:${scheduleName}`, () => mountSchedule(view, ctx, scheduleName)];
   navExecutions.classList.toggle('active', key === 'list');
   navWorkers.classList.toggle('active', key === 'workers');
   navCatalog.classList.toggle('active', key === 'catalog' || key.startsWith('catalog:'));
+  navSchedules.classList.toggle('active', key === 'schedules' || key.startsWith('schedule:'));
   if (!force && current && current.key === key && current.view.update) {
     current.view.update();
     return;

@@ -13,6 +13,7 @@ import { buildGraph } from './graph.js';
 import { EventLog, eventsView, eventRows } from './events.js';
 import { timelineView } from './timeline.js';
 import { stepDetailParts, where } from './step.js';
+import { triggerBadge } from './list.js';
 
 /** The step panel shows its step's newest events, this many. */
 const STEP_EVENTS_SHOWN = 50;
@@ -166,7 +167,7 @@ export function mountDetail(root, ctx, id) {
   function renderMeta(s) {
     const pb = s.playbook || {};
     const end = TERMINAL.has(s.status) ? s.updated : Math.floor(Date.now() / 1000);
-    const sig = JSON.stringify([pb.path, pb.version, pb.file, s.parent_execution_id, s.created, end]);
+    const sig = JSON.stringify([pb.path, pb.version, pb.file, s.parent_execution_id, s.trigger, s.created, end]);
     if (sig !== metaSig) {
       metaSig = sig;
       createdDd.title = absTime(s.created);
@@ -175,6 +176,7 @@ export function mountDetail(root, ctx, id) {
         h('dd', { title: pb.file || null }, pb.path ?? '—', pb.version != null ? h('span', { class: 'muted' }, ` v${pb.version}`) : null),
         h('dt', null, 'Created'), createdDd,
         h('dt', null, 'Duration'), h('dd', null, duration(Math.max(0, end - s.created))),
+        s.trigger ? [h('dt', null, 'Started by'), h('dd', null, triggerBadge(s.trigger))] : null,
         s.parent_execution_id != null ? [
           h('dt', null, 'Parent'),
           h('dd', null, execLink(String(s.parent_execution_id), { 'data-testid': 'parent-link', title: 'The execution that started this one' })),

@@ -18,6 +18,8 @@ const RANGES = [['', 'Any time', 0], ['1h', 'Last hour', 3600], ['24h', 'Last 24
 /** Minimum durations: URL and API value (`min_seconds`), label. */
 const MIN_DURATIONS = [['', 'Any duration'], ['1', 'Over 1 s'], ['60', 'Over 1 min'], ['600', 'Over 10 min']];
 const TYPE_DELAY_MS = 300;
+// What started a run: anything, or one kind of trigger (`?trigger=` of the API).
+const TRIGGERS = [['', 'Any start'], ['schedule', 'By a schedule'], ['hook', 'By a webhook'], ['subscription', 'By a subscription']];
 
 function readParams() {
   const q = new URLSearchParams(location.search);
@@ -32,8 +34,21 @@ function readParams() {
     range: pick('range', RANGES),
     min_seconds: pick('min_seconds', MIN_DURATIONS),
     parent: /^\d+$/.test(q.get('parent') || '') ? q.get('parent') : '',
+    trigger: pick('trigger', TRIGGERS),
     before: q.get('before') || '',
   };
+}
+
+/** What started a run, when a trigger did: "by schedule nightly" (a link to the schedule). */
+export function triggerBadge(trigger) {
+  if (!trigger || !trigger.kind) return null;
+  const label = `${trigger.kind} ${trigger.name}`;
+  const title = `Started by ${trigger.kind} ${trigger.name}: ${Object.entries(trigger)
+    .filter(([k]) => k !== 'kind' && k !== 'name').map(([k, v]) => `${k} ${v}`).join(', ')}`;
+  const attrs = { class: 'trigger-badge', 'data-testid': 'trigger-badge', title };
+  return trigger.kind === 'schedule'
+    ? h('a', { ...attrs, href: `/ui/schedules/${encodeURIComponent(trigger.name)}` }, `by ${label}`)
+    : h('span', attrs, `by ${label}`);
 }
 
 /** The progress of a list item: {done, total, iter, failed}, or null when unknown. */
@@ -87,6 +102,7 @@ export function mountList(root, ctx) {
   };
   const rangeSel = select('range-select', 'Created within', RANGES, 'range');
   const minSel = select('min-duration-select', 'Minimum duration', MIN_DURATIONS, 'min_seconds');
+  const triggerSel = select('trigger-select', 'Started by', TRIGGERS, 'trigger');
   const parentChip = h('button', {
     type: 'button', class: 'chip parent-chip', 'data-testid': 'parent-filter', hidden: true,
     title: 'Show all executions', onclick: () => go({ parent: '', before: '' }),
@@ -116,7 +132,7 @@ export function mountList(root, ctx) {
   root.append(h('section', { class: 'list-view' },
     h('div', { class: 'toolbar' },
       h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Status' }, tabButtons.map(([, b]) => b)),
-      filter, rangeSel, minSel, parentChip, openLink, h('span', { class: 'spacer' }), count, cancelBtn),
+      filter, rangeSel, minSel, triggerSel, parentChip, openLink, h('span', { class: 'spacer' }), count, cancelBtn),
     shardBox,
     h('div', { class: 'table-wrap' }, table),
     empty,
@@ -131,7 +147,7 @@ export function mountList(root, ctx) {
     update();
   }
 
-  const FILTERS = ['status', 'playbook', 'range', 'min_seconds', 'parent', 'before'];
+  const FILTERS = ['status', 'playbook', 'range', 'min_seconds', 'parent', 'trigger', 'before'];
 
   function update() {
     const old = params;
@@ -139,6 +155,7 @@ export function mountList(root, ctx) {
     if (document.activeElement !== filter) filter.value = params.playbook;
     rangeSel.value = params.range;
     minSel.value = params.min_seconds;
+    triggerSel.value = params.trigger;
     if (FILTERS.some((k) => old[k] !== params[k])) restart();
     else render();
   }
@@ -163,6 +180,7 @@ export function mountList(root, ctx) {
     if (range && range[2]) q.set('since', String(Math.floor(Date.now() / 1000) - range[2]));
     if (params.min_seconds) q.set('min_seconds', params.min_seconds);
     if (params.parent) q.set('parent', params.parent);
+    if (params.trigger) q.set('trigger', params.trigger);
     if (params.before) q.set('before', params.before);
     try {
       const data = await api(`/api/executions?${q}`);
@@ -216,7 +234,7 @@ export function mountList(root, ctx) {
     const took = Number.isFinite(it.duration) ? it.duration : Math.max(0, end - it.created);
     const prog = progressOf(it);
     const parent = it.parent_execution_id != null ? String(it.parent_execution_id) : null;
-    const sig = JSON.stringify([it.status, it.playbook, it.version, parent, it.created, took, prog]);
+    const sig = JSON.stringify([it.status, it.playbook, it.version, parent, it.created, took, prog, it.trigger]);
     if (sig !== r.sig) {
       r.sig = sig;
       const c = r.cells;
@@ -224,7 +242,8 @@ export function mountList(root, ctx) {
         class: 'sub-marker', 'data-testid': 'sub-marker', title: `Sub-execution of ${parent}`, 'aria-label': 'Sub-execution',
       }, '↳ ') : null, execLink(r.id));
       fill(c.playbook, h('span', null, it.playbook ?? '—'),
-        it.version != null ? h('span', { class: 'muted ver' }, ` v${it.version}`) : null);
+        it.version != null ? h('span', { class: 'muted ver' }, ` v${it.version}`) : null,
+        triggerBadge(it.trigger));
       c.playbook.title = String(it.playbook ?? '');
       c.status.replaceChildren(badge(it.status));
       fillProgress(c.progress, it.status, prog);
@@ -402,6 +421,7 @@ export function mountList(root, ctx) {
   filter.value = params.playbook;
   rangeSel.value = params.range;
   minSel.value = params.min_seconds;
+  triggerSel.value = params.trigger;
   restart();
 
   return {

@@ -209,6 +209,8 @@ class Delivery(TypedDict):
     delivery: str
     execution_id: str | None
     status: str
+    #: The status of the run it started (running, completed, failed, cancelled).
+    execution_status: str | None
     time: float
 
 
@@ -246,6 +248,7 @@ def hook_document(
                 "delivery": f.key,
                 "execution_id": None if f.execution_id is None else str(f.execution_id),
                 "status": f.status,
+                "execution_status": f.execution_status,
                 "time": f.time,
             }
             for f in firings

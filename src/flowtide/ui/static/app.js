@@ -6,6 +6,7 @@ import { mountDetail } from './detail.js';
 import { mountWorkers } from './workers.js';
 import { mountCatalogList, mountCatalogEntry } from './catalog.js';
 import { mountSchedules, mountSchedule } from './schedules.js';
+import { mountHooks } from './hooks.js';
 
 const view = document.getElementById('view');
 const userBox = document.getElementById('user');
@@ -16,6 +17,7 @@ const navExecutions = document.getElementById('nav-executions');
 const navWorkers = document.getElementById('nav-workers');
 const navCatalog = document.getElementById('nav-catalog');
 const navSchedules = document.getElementById('nav-schedules');
+const navHooks = document.getElementById('nav-hooks');
 
 let me = null; // whoami, or null when logged out
 let current = null; // {key, view: {destroy(), update?()}}
@@ -36,6 +38,7 @@ function renderUser() {
   navWorkers.hidden = !me;
   navCatalog.hidden = !me;
   navSchedules.hidden = !me;
+  navHooks.hidden = !me;
 }
 
 function stopView() {
@@ -72,11 +75,13 @@ function route(force = false) {
   else if (path === '/ui/catalog') [key, mount] = ['catalog', () => mountCatalogList(view, ctx)];
   else if (catalogPath) [key, mount] = [`catalog:${catalogPath}`, () => mountCatalogEntry(view, ctx, catalogPath)];
   else if (path === '/ui/schedules') [key, mount] = ['schedules', () => mountSchedules(view, ctx)];
+  else if (path === '/ui/hooks') [key, mount] = ['hooks', () => mountHooks(view)];
   else if (scheduleName) [key, mount] = [`schedule:${scheduleName}`, () => mountSchedule(view, ctx, scheduleName)];
   navExecutions.classList.toggle('active', key === 'list');
   navWorkers.classList.toggle('active', key === 'workers');
   navCatalog.classList.toggle('active', key === 'catalog' || key.startsWith('catalog:'));
   navSchedules.classList.toggle('active', key === 'schedules' || key.startsWith('schedule:'));
+  navHooks.classList.toggle('active', key === 'hooks');
   if (!force && current && current.key === key && current.view.update) {
     current.view.update();
     return;

@@ -40,7 +40,7 @@ function square(f) {
   return f.execution_id ? h('a', { ...attrs, href: execPath(f.execution_id) }) : h('span', attrs);
 }
 
-function squares(firings) {
+export function squares(firings) {
   const shown = (firings || []).slice(0, SQUARES).reverse();
   if (!shown.length) return h('span', { class: 'muted' }, 'no runs yet');
   return h('span', { class: 'squares', role: 'list' }, ...shown.map(square));

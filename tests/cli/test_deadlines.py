@@ -5,33 +5,13 @@ with its line."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
+from deadline_playbooks import SLOW, alive
+
 from .helpers import Flowtide, describe
-
-SLOW = """\
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {{name: slow, path: tests/deadlines/slow}}
-{limits}
-workflow:
-  - step: start
-    tool:
-      kind: python
-      code: |
-        import time
-        marker = "{marker}"
-        time.sleep({sleep})
-        result = {{"done": True}}
-"""
-
-
-def _alive(marker: str) -> bool:
-    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
-    return bool(found.stdout.strip())
 
 
 def test_a_run_past_its_timeout_fails_at_once_and_its_child_is_killed(
@@ -47,7 +27,7 @@ def test_a_run_past_its_timeout_fails_at_once_and_its_child_is_killed(
     assert doc["error"]["kind"] == "deadline_exceeded", doc
     assert "timeout of 1s" in doc["error"]["message"]
     assert took < 1.0 + 2.5, took  # process start and exit included
-    assert not _alive(marker), "the python step's child outlived its run"
+    assert not alive(marker), "the python step's child outlived its run"
     events = ft.events(doc["execution_id"])
     missed = [e for e in events if e["type"] == "execution.deadline_missed"]
     assert [e["payload"]["kind"] for e in missed] == ["timeout"]

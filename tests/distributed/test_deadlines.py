@@ -5,33 +5,13 @@ stops its python child; an sla is recorded once and the run completes."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
+from deadline_playbooks import SLOW, alive
+
 from .stack import Stack
-
-SLOW = """\
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {{name: slow, path: tests/dist/deadline}}
-{limits}
-workflow:
-  - step: start
-    tool:
-      kind: python
-      code: |
-        import time
-        marker = "{marker}"
-        time.sleep({sleep})
-        result = {{"done": True}}
-"""
-
-
-def _alive(marker: str) -> bool:
-    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
-    return bool(found.stdout.strip())
 
 
 def _run(stack: Stack, path: Path) -> dict:  # type: ignore[type-arg]
@@ -49,9 +29,9 @@ def test_a_run_past_its_timeout_fails_and_its_child_stops(stack: Stack, tmp_path
     assert doc["status"] == "failed" and doc["error"]["kind"] == "deadline_exceeded", doc
     assert time.monotonic() - began < 6.0
     deadline = time.monotonic() + 10
-    while _alive(marker) and time.monotonic() < deadline:
+    while alive(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(marker), "the worker's python child outlived the run"
+    assert not alive(marker), "the worker's python child outlived the run"
     with stack.client("reader") as api:
         events = api.get(f"/api/executions/{doc['execution_id']}/events").json()
     kinds = [e["payload"]["kind"] for e in events if e["type"] == "execution.deadline_missed"]

@@ -20,25 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["define_schedule", "notify_targets", "schedule_from_fields"]
 
-#: The fields a schedule is defined with (CLI flags, API body, a document's `spec:`).
-FIELDS = (
-    "playbook",
-    "version",
-    "cron",
-    "every",
-    "offset",
-    "timezone",
-    "workload",
-    "overlap",
-    "catchup",
-    "jitter",
-    "paused",
-    "start",
-    "end",
-    "notify",
-    "description",
-)
-
 
 def schedule_from_fields(name: str, fields: Mapping[str, Any]) -> ScheduleSpec:
     """A schedule named `name` from its fields (None values left out), read exactly as a

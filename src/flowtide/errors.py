@@ -300,7 +300,8 @@ class SettingsError(FlowtideError):
 class TriggerError(FlowtideError):
     """A schedule, hook or subscription cannot be used as given: `name` is the trigger's
     name (when known), `field` the field at fault (`cron`, `timezone`, `every`, ...),
-    `location` where it was written (`file:line:column`, when it came from a document)."""
+    `location` where it was written (`file:line:column`, when it came from a document),
+    `kind` what the trigger is (`schedule`, `hook`, `subscription`)."""
 
     refused = True
 
@@ -311,13 +312,15 @@ class TriggerError(FlowtideError):
         name: str | None = None,
         field: str | None = None,
         location: str | None = None,
+        kind: str = "schedule",
     ) -> None:
         self.message = message
         self.name = name
         self.field = field
         self.location = location
+        self.kind = kind
         where = f"{location}: " if location else ""
-        what = f"schedule {name!r}, " if name else ""
+        what = f"{kind} {name!r}, " if name else ""
         what += f"field {field!r}: " if field else ""
         super().__init__(f"{where}{what}{message}")
 

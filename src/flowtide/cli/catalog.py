@@ -60,8 +60,11 @@ def catalog_register(
         store = open_store(home, db)
     bad = 0
     # Schedules after playbooks: a schedule may name a playbook registered here.
+    from flowtide.cli.subscriptions import is_subscription, register_subscription
+
     schedules = [f for f in files if _is_schedule(f)]
-    files = [f for f in files if f not in schedules]
+    subscriptions = [f for f in files if f not in schedules and is_subscription(f)]
+    files = [f for f in files if f not in schedules and f not in subscriptions]
     for file in files:
         try:
             playbook = load_playbook(file)
@@ -86,7 +89,10 @@ def catalog_register(
     for file in schedules:
         if not _register_schedule(file, api, store):
             bad += 1
-    files += schedules
+    for file in subscriptions:
+        if not register_subscription(file, api, store):
+            bad += 1
+    files += schedules + subscriptions
     if api is not None:
         api.close()
     if store is not None:

@@ -21,6 +21,7 @@ from flowtide.cli.run import cancel, execute, resume, run, validate
 from flowtide.cli.schedules import schedule_app, scheduler_cmd
 from flowtide.cli.server import server_cmd, worker_cmd
 from flowtide.cli.shards import shards_app
+from flowtide.cli.subscriptions import subscription_app
 from flowtide.cli.token import token_app
 from flowtide.cli.ui import ui_cmd
 
@@ -53,6 +54,7 @@ app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)
 
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(subscription_app, name="subscription")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(credential_app, name="credential")
 app.add_typer(db_app, name="db")

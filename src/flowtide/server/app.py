@@ -37,11 +37,12 @@ from flowtide.server.schemas import ClaimRequest, PoolRegister
 from flowtide.server.settings import ServerSettings
 from flowtide.ui import pages
 from flowtide.urls import redact_url
-from flowtide.web import catalog, executions, hooks, schedules, session
+from flowtide.web import catalog, executions, hooks, schedules, session, subscriptions
 from flowtide.web.access import Gate, authorize
 from flowtide.web.errors import install_error_handlers
 from flowtide.web.openapi import install_openapi
 from flowtide.web.schedules import scheduling
+from flowtide.web.subscriptions import listening
 
 __all__ = ["ClaimRequest", "PoolRegister", "ServerSettings", "app_factory", "create_app"]
 
@@ -60,6 +61,7 @@ _ROUTERS = (
     api_vars.router,
     schedules.router,
     hooks.router,
+    subscriptions.router,
     session.router,
     pages.router,
 )
@@ -74,7 +76,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         await runtime.start()
         try:
             if runtime.settings.scheduler:
-                async with scheduling(app, app.state.reads):
+                async with (
+                    scheduling(app, app.state.reads),
+                    listening(app, app.state.reads, lambda alias: runtime.vault().resolve(alias)),
+                ):
                     yield
             else:
                 yield

@@ -14,8 +14,10 @@ from typing import Any, Final, Protocol
 TRIGGER_KEYS: Final = {"schedule": "slot", "hook": "delivery", "subscription": "message"}
 #: What became of one firing: a run `started`, or the slot was `skipped` (a run of the
 #: schedule still going, or outside the catchup window) or `buffered` (started when the
-#: running one ends).
-FIRING_STATUSES: Final = frozenset({"started", "skipped", "buffered"})
+#: running one ends); a subscription's message was `batched` (one of a batch's messages:
+#: the batch's run is its execution) or `failed` to start a run (`reason`; a redelivery
+#: that starts one takes the record over).
+FIRING_STATUSES: Final = frozenset({"started", "skipped", "buffered", "batched", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,11 @@ class Firing:
     status: str = "started"
     reason: str | None = None
     watermark: float | None = None
+    #: A subscription's batch: the key of each of its messages, recorded (status
+    #: `batched`) with the batch's execution in the same transaction; one that fired
+    #: before (alone or in another batch) refuses the whole batch (`AlreadyFired` naming
+    #: it), so a message never starts two runs however batches are cut.
+    members: tuple[str, ...] = ()
 
     def trigger_doc(self) -> dict[str, str]:
         return {"kind": self.kind, "name": self.name, TRIGGER_KEYS[self.kind]: self.key}

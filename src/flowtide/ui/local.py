@@ -35,7 +35,7 @@ from flowtide.store.base import Store
 from flowtide.ui import pages
 from flowtide.ui.fold import FoldCache
 from flowtide.ui.reads import LocalReads
-from flowtide.web import catalog, executions, hooks, schedules, session
+from flowtide.web import catalog, executions, hooks, schedules, session, subscriptions
 from flowtide.web.access import (
     OPERATOR,
     PUBLIC_REQUESTS,
@@ -46,6 +46,7 @@ from flowtide.web.access import (
 )
 from flowtide.web.errors import install_error_handlers
 from flowtide.web.schedules import scheduling
+from flowtide.web.subscriptions import listening
 
 __all__ = ["LOCAL_RULES", "LocalAuthenticator", "create_local_app", "local_hosts"]
 
@@ -124,10 +125,14 @@ def local_hosts(host: str, port: int) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def _serving(app: FastAPI, reads: LocalReads, scheduler: bool) -> AsyncIterator[None]:
-    """The app's lifespan: its runtime open, and its scheduler running when asked."""
+    """The app's lifespan: its runtime open, and its scheduler and the subscriptions'
+    listeners running when asked."""
     async with reads.open():
         if scheduler:
-            async with scheduling(app, reads):
+            from flowtide.credentials import CredentialVault
+
+            vault = CredentialVault(reads.store, reads.home)
+            async with scheduling(app, reads), listening(app, reads, vault.resolve):
                 yield
         else:
             yield
@@ -178,6 +183,7 @@ def create_local_app(
         catalog.router,
         schedules.router,
         hooks.router,
+        subscriptions.router,
         pages.router,
     ):
         app.include_router(router)

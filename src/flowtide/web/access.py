@@ -165,6 +165,13 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/catalog/list"): READER,
     ("POST", "/api/catalog/validate"): READER,
     ("GET", "/api/catalog/{path:path}"): READER,
+    # subscriptions (flowtide.web.subscriptions)
+    ("GET", "/api/subscriptions"): READER,
+    ("POST", "/api/subscriptions"): OPERATOR,
+    ("GET", "/api/subscriptions/{name}"): READER,
+    ("DELETE", "/api/subscriptions/{name}"): OPERATOR,
+    ("POST", "/api/subscriptions/{name}/pause"): OPERATOR,
+    ("POST", "/api/subscriptions/{name}/resume"): OPERATOR,
     # webhooks (flowtide.web.hooks): a delivery is public, checked by its signature
     ("GET", "/api/hooks"): READER,
     ("POST", "/api/hooks"): OPERATOR,

@@ -38,7 +38,11 @@ _ENDED: Final = ", ".join(f"'{s}'" for s in sorted(ENDED_STATUSES))
 
 _TAKE_BUFFERED: Final = (
     "UPDATE trigger_firing SET status = 'started', execution_id = ?, time = ?, reason = NULL"
-    " WHERE trigger_id = ? AND key = ? AND status IN ('buffered', 'skipped')"
+    " WHERE trigger_id = ? AND key = ? AND status IN ('buffered', 'skipped', 'failed')"
+)
+_TAKE_MEMBER: Final = (
+    "UPDATE trigger_firing SET status = 'batched', execution_id = ?, time = ?, reason = NULL"
+    " WHERE trigger_id = ? AND key = ? AND status = 'failed'"
 )
 _INSERT_FIRING: Final = (
     f"INSERT INTO trigger_firing ({_FIRING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -201,8 +205,10 @@ class TriggerTables(SQLAdapter):
     def record_firing(cls, conn: Any, firing: Firing, execution_id: int | None, now: float) -> None:
         """Record `firing` inside the caller's transaction on `conn` (the one creating
         `execution_id`, when it starts one). A buffered slot that now starts is taken
-        over, and so is a skipped one (a backfill runs the slots a schedule skipped). Raises
-        AlreadyFired when the key started a run before (the caller rolls back)."""
+        over, and so is a skipped one (a backfill runs the slots a schedule skipped) and a
+        failed one (a redelivered message). A batch's `members` are recorded too. Raises
+        AlreadyFired when the key (or a member) started a run before (the caller rolls
+        back)."""
         sql = cls._sql
         if firing.status not in FIRING_STATUSES:
             raise StoreError(f"unknown firing status {firing.status!r}")
@@ -225,8 +231,29 @@ class TriggerTables(SQLAdapter):
                 firing.key,
                 None if not found or found[0] is None else int(found[0]),
             )
+        for member in firing.members:
+            cls._record_member(conn, firing.trigger_id, member, execution_id, now)
         if firing.watermark is not None:
             conn.execute(sql(_MOVE_WATERMARK), (firing.trigger_id, firing.watermark, now))
+
+    @classmethod
+    def _record_member(
+        cls, conn: Any, trigger_id: int, key: str, execution_id: int | None, now: float
+    ) -> None:
+        sql = cls._sql
+        written = conn.execute(sql(_TAKE_MEMBER), (execution_id, now, trigger_id, key)).rowcount
+        if not written:
+            written = conn.execute(
+                sql(_INSERT_FIRING), (trigger_id, key, None, "batched", execution_id, now, None)
+            ).rowcount
+        if not written:
+            found = conn.execute(
+                sql("SELECT execution_id FROM trigger_firing WHERE trigger_id = ? AND key = ?"),
+                (trigger_id, key),
+            ).fetchone()
+            raise AlreadyFired(
+                trigger_id, key, None if not found or found[0] is None else int(found[0])
+            )
 
     def record_firings(self, firings: Sequence[Firing], *, now: float) -> int:
         """Record firings that start nothing (skipped and buffered slots) in one

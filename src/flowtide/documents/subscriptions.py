@@ -1,0 +1,118 @@
+"""What people and programs read about subscriptions: one in a list, its full document
+(source, batch, rate, its latest firings: messages that started a run, were part of a
+batch's run, or failed to start one, with why), and its listener's state where the
+process that answers runs it. Shared by the server, `flowtide ui` and the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import TypedDict
+
+from flowtide.documents.schedules import FiringItem, firing_item
+from flowtide.store.triggers import FiringRow, TriggerRow
+from flowtide.triggers.subscription import SubscriptionSpec, consumer_name
+from flowtide.urls import redact_url
+
+__all__ = [
+    "SubscriptionDocument",
+    "SubscriptionItem",
+    "subscription_document",
+    "subscription_item",
+]
+
+
+class SubscriptionItem(TypedDict):
+    """A subscription as a list shows it."""
+
+    name: str
+    #: Catalog path (or, on a local store, a file).
+    playbook: str
+    version: int | None
+    #: nats, or a plugin's source name.
+    source: str
+    #: One line: `nats stream ORDERS (consumer flowtide-sub-orders)`, `nats subject a.b`.
+    what: str
+    paused: bool
+    description: str
+
+
+class SubscriptionDocument(SubscriptionItem):
+    """A subscription with its definition and latest firings."""
+
+    #: The credential alias naming the server (never its contents).
+    auth: Any
+    url: str | None
+    subject: str | None
+    stream: str | None
+    consumer: str | None
+    workload: dict[str, Any]
+    #: {size, max_wait} or null.
+    batch: dict[str, Any] | None
+    #: Messages per second at most, or null.
+    rate: float | None
+    ack_wait: float
+    max_deliver: int
+    config: dict[str, Any]
+    created: float
+    updated: float
+    #: Latest firings, newest first: `started` (a run), `batched` (in a batch's run),
+    #: `failed` (no run: `reason` says why).
+    firings: list[FiringItem]
+    #: The listener's state in the process that answered, when it runs it:
+    #: {connected, started, acked, refused, error}; null otherwise.
+    listener: dict[str, Any] | None
+
+
+def _what(spec: SubscriptionSpec) -> str:
+    if spec.source == "nats":
+        if spec.stream:
+            what = f"nats stream {spec.stream} (consumer {consumer_name(spec)})"
+            return what + (f" subject {spec.subject}" if spec.subject else "")
+        return f"nats subject {spec.subject}"
+    return spec.source
+
+
+def subscription_item(row: TriggerRow, spec: SubscriptionSpec) -> SubscriptionItem:
+    return {
+        "name": row.name,
+        "playbook": spec.playbook,
+        "version": spec.version,
+        "source": spec.source,
+        "what": _what(spec),
+        "paused": row.paused,
+        "description": spec.description,
+    }
+
+
+def subscription_document(
+    row: TriggerRow,
+    spec: SubscriptionSpec,
+    *,
+    firings: list[FiringRow],
+    listener: dict[str, Any] | None = None,
+) -> SubscriptionDocument:
+    auth: Any = spec.auth
+    if isinstance(auth, dict):
+        # A mapping may carry fields besides the alias: show the alias only.
+        auth = {"credential": auth.get("credential") or auth.get("key") or auth.get("alias")}
+    return {
+        **subscription_item(row, spec),
+        "auth": auth,
+        "url": None if spec.url is None else redact_url(spec.url),
+        "subject": spec.subject,
+        "stream": spec.stream,
+        "consumer": consumer_name(spec) if spec.stream else spec.consumer,
+        "workload": spec.workload,
+        "batch": None
+        if spec.batch is None
+        else {"size": spec.batch.size, "max_wait": spec.batch.max_wait},
+        "rate": spec.rate,
+        "ack_wait": spec.ack_wait,
+        "max_deliver": spec.max_deliver,
+        "config": spec.config,
+        "created": row.created,
+        "updated": row.updated,
+        "firings": [firing_item(f) for f in firings],
+        "listener": listener,
+    }

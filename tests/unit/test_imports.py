@@ -108,6 +108,7 @@ DOCUMENTS_MAY_IMPORT = (
     # schedules: when they fire and how they are written (pure), the trigger rows
     "flowtide.triggers.when",
     "flowtide.triggers.spec",
+    "flowtide.triggers.subscription",
     "flowtide.store.triggers",
 )
 
@@ -386,7 +387,12 @@ def test_the_playbook_knows_tool_kinds_not_their_runners() -> None:
 #: The pure side of triggers (when a schedule fires, the schedule as written, what a
 #: scheduler does now): each other and the error tree; outside flowtide the standard
 #: library and croniter, which only functions import (it stays off `flowtide --help`).
-TRIGGERS_PURE = ("flowtide.triggers.when", "flowtide.triggers.spec", "flowtide.triggers.plan")
+TRIGGERS_PURE = (
+    "flowtide.triggers.when",
+    "flowtide.triggers.spec",
+    "flowtide.triggers.plan",
+    "flowtide.triggers.subscription",
+)
 TRIGGERS_MAY_IMPORT = (*TRIGGERS_PURE, "flowtide.errors")
 TRIGGERS_MAY_IMPORT_OUTSIDE = ("croniter",)
 

@@ -12,7 +12,6 @@ from typing_extensions import TypedDict
 from flowtide.documents.schedules import FiringItem, firing_item
 from flowtide.store.triggers import FiringRow, TriggerRow
 from flowtide.triggers.subscription import SubscriptionSpec, consumer_name
-from flowtide.urls import redact_url
 
 __all__ = [
     "SubscriptionDocument",
@@ -99,7 +98,7 @@ def subscription_document(
     return {
         **subscription_item(row, spec),
         "auth": auth,
-        "url": None if spec.url is None else redact_url(spec.url),
+        "url": spec.url,
         "subject": spec.subject,
         "stream": spec.stream,
         "consumer": consumer_name(spec) if spec.stream else spec.consumer,

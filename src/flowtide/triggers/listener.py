@@ -43,7 +43,8 @@ from flowtide.errors import (
     TriggerError,
 )
 from flowtide.store.triggers import Firing, TriggerRow
-from flowtide.triggers.sources import Delivery, Source, open_source
+from flowtide.triggers.source import Delivery, Source
+from flowtide.triggers.sources import open_source
 from flowtide.triggers.subscription import SubscriptionSpec, subscription_from_json
 from flowtide.triggers.targets import load_target, render_workload
 

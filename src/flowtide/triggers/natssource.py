@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flowtide.errors import CredentialError, FlowtideError, ToolError, TriggerError
-from flowtide.triggers.sources import Delivery
+from flowtide.triggers.source import Delivery
 from flowtide.triggers.subscription import SubscriptionSpec, consumer_name
 
 if TYPE_CHECKING:

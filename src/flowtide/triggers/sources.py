@@ -7,28 +7,24 @@ A plugin's entry point names a factory `(spec, credentials) -> Source`: `spec` i
 `SubscriptionSpec` (its `config` holds the source's own fields), `credentials(alias)`
 the body of a credential of the process that listens (raises CredentialError).
 
-A source hands out deliveries; the listener starts each one's run and only then calls
-`ack` (or `nak` with a delay, or `term`). A delivery's `key` is what makes a message
-start exactly one run: every delivery of one message must carry the same key.
+The port a source implements (`Source`, `Delivery`) is `flowtide.triggers.source`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.errors import TriggerError
 
 if TYPE_CHECKING:
+    from flowtide.triggers.source import Source
     from flowtide.triggers.subscription import SubscriptionSpec
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "Delivery",
-    "Source",
     "SourceFactory",
     "factory",
     "known_sources",
@@ -42,53 +38,7 @@ ENTRY_POINT_GROUP: Final = "flowtide.sources"
 BUILTIN: Final = ("nats",)
 
 
-async def _nothing(*_: Any) -> None:
-    return None
-
-
-@dataclass
-class Delivery:
-    """One message as a source delivered it."""
-
-    #: Unique within the subscription and the same for every delivery of one message
-    #: (JetStream: `<stream>:<stream sequence>`; core NATS: `id:<Nats-Msg-Id>`).
-    key: str
-    #: What the workload templates see as `message`: `data` (JSON-decoded when it is
-    #: JSON, else text), `subject`, `headers`, `seq`, `id`.
-    message: dict[str, Any]
-    #: How many times it was delivered (1: the first time).
-    attempt: int = 1
-    #: Its run was created (or had been): the source may forget it.
-    ack: Callable[[], Awaitable[None]] = _nothing
-    #: Its run could not start: deliver it again after `delay` seconds.
-    nak: Callable[[float], Awaitable[None]] = _nothing
-    #: Its run cannot start: never deliver it again.
-    term: Callable[[], Awaitable[None]] = _nothing
-
-
-class Source(Protocol):
-    """A subscription's messages (see the module docstring)."""
-
-    async def open(self) -> None:
-        """Connect and bind (a JetStream source creates its durable consumer).
-
-        Raises:
-            TriggerError: the server cannot be reached, refuses the credentials, or
-                has no such stream.
-        """
-        ...
-
-    async def fetch(self, limit: int, timeout: float) -> list[Delivery]:
-        """Up to `limit` messages, waiting at most `timeout` seconds for the first ones
-        (fewer, or none, when the time runs out). Raises TriggerError."""
-        ...
-
-    async def close(self) -> None:
-        """Disconnect (messages fetched and not acked are delivered again later)."""
-        ...
-
-
-SourceFactory = Callable[["SubscriptionSpec", Callable[[str], dict[str, Any]]], Source]
+SourceFactory = Callable[["SubscriptionSpec", Callable[[str], dict[str, Any]]], "Source"]
 
 _lock = threading.Lock()
 _plugins: dict[str, Any] | None = None

@@ -243,6 +243,13 @@ def _read_spec(
     url = spec.get("url")
     if url is not None and (not isinstance(url, str) or not url.strip() or len(url) > 2048):
         raise r.fail((*at, "url"), "url must be a server URL (nats://host:4222)", "url")
+    if url is not None and any("@" in part.partition("://")[2] for part in url.split(",")):
+        # Definitions are shown to readers: a password belongs in a credential.
+        raise r.fail(
+            (*at, "url"),
+            "url carries credentials: put them in a credential and name it in auth",
+            "url",
+        )
     subject = _text(r, spec, "subject", _SUBJECT)
     stream = _text(r, spec, "stream", _STREAM)
     consumer = _text(r, spec, "consumer", _STREAM)

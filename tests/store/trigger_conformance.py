@@ -106,6 +106,46 @@ class TriggerConformance:
         assert store.trigger_running(7) == []
         assert store.firings(7)[0].execution_status == "completed"
 
+    def test_a_message_in_a_batch_never_starts_a_second_run(self, store: Store) -> None:
+        def message(key: str, members: tuple[str, ...] = (), status: str = "started") -> Firing:
+            return Firing(
+                trigger_id=9,
+                kind="subscription",
+                name="orders",
+                key=key,
+                status=status,
+                reason="bad playbook" if status == "failed" else None,
+                members=members,
+            )
+
+        # A message refused before: the batch that starts it takes its record over.
+        assert store.record_firings([message("S:3", status="failed")], now=T0) == 1
+        _start(store, 1, message("S:1-3", ("S:1", "S:2", "S:3")))
+        by_key = {f.key: f for f in store.firings(9)}
+        assert {k: (f.status, f.execution_id) for k, f in by_key.items()} == {
+            "S:1-3": ("started", 1),
+            "S:1": ("batched", 1),
+            "S:2": ("batched", 1),
+            "S:3": ("batched", 1),
+        }
+        assert store.get_execution(1).trigger == {
+            "kind": "subscription",
+            "name": "orders",
+            "message": "S:1-3",
+        }
+        # A batch cut otherwise after a redelivery: refused whole, naming the message.
+        with pytest.raises(AlreadyFired) as caught:
+            _start(store, 2, message("S:2-4", ("S:2", "S:3", "S:4")))
+        assert (caught.value.key, caught.value.execution_id) == ("S:2", 1)
+        with pytest.raises(NotFoundError):
+            store.get_execution(2)
+        assert store.firing(9, "S:4") is None
+        # Alone, a message of a batch starts nothing either.
+        with pytest.raises(AlreadyFired):
+            _start(store, 3, message("S:1"))
+        _start(store, 4, message("S:4"))
+        assert store.trigger_running(9) == [1, 4]
+
     def test_skipped_and_buffered_slots_and_a_buffered_one_starting(self, store: Store) -> None:
         assert store.trigger_watermark(7) is None
         written = store.record_firings(

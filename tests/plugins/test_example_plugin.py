@@ -109,3 +109,59 @@ def test_the_plugin_s_own_tests_pass(site: Path, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " passed" in proc.stdout
+
+
+def test_a_subscription_with_the_plugin_source_starts_one_run_per_line(
+    site: Path, tmp_path: Path
+) -> None:
+    import signal
+    import sqlite3
+    import time
+
+    env = environment(tmp_path / "home", site)
+    playbook = tmp_path / "line.yaml"
+    playbook.write_text(
+        "workload: {line: none}\nworkflow:\n  - step: start\n    tool: {kind: noop}\n"
+    )
+    lines = tmp_path / "in.txt"
+    lines.write_text("one\ntwo\n")
+    added = flowtide_cli(
+        env, tmp_path, "subscription", "add", "lines", str(playbook), "--source", "lines",
+        "--config", f"path={lines}", "--set", "line={{ message.data }}",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+
+    def runs() -> list[str]:
+        db = sqlite3.connect(tmp_path / "home" / "flowtide.db", timeout=30)
+        try:
+            rows = db.execute(
+                "SELECT workload FROM execution WHERE trigger_name = 'lines'"
+            ).fetchall()
+        finally:
+            db.close()
+        return sorted(json.loads(w)["line"] for (w,) in rows)
+
+    def until(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(runs()) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    for round_ in range(2):  # a second process reads the file from the top again
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flowtide.cli", "scheduler"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            if round_ == 0:
+                until(2)
+                with lines.open("a") as f:
+                    f.write("three\n")
+            until(3)
+            time.sleep(1.5)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    assert runs() == ["one", "three", "two"]

@@ -109,6 +109,14 @@ def subscription_add(
             show_default=False,
         ),
     ] = None,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config",
+            help="A plugin source's field: KEY=VALUE (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         int | None, typer.Option("--version", min=1, help="Catalog version (default: the latest).")
     ] = None,
@@ -141,6 +149,12 @@ def subscription_add(
         batch_fields = {"size": batch} | ({"max_wait": max_wait} if max_wait else {})
     elif max_wait is not None:
         raise _fail("--max-wait goes with --batch")
+    source_config: dict[str, str] = {}
+    for item in config or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--config {item!r}: write KEY=VALUE")
+        source_config[key] = value
     fields: dict[str, Any] = {
         "playbook": playbook,
         "version": version,
@@ -155,6 +169,7 @@ def subscription_add(
         "rate": rate,
         "ack_wait": ack_wait,
         "max_deliver": max_deliver,
+        "config": source_config or None,
         "paused": paused or None,
         "description": description,
     }

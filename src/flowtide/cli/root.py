@@ -18,7 +18,8 @@ from flowtide.cli.hooks import hook_app
 from flowtide.cli.kv import kv_app
 from flowtide.cli.options import err
 from flowtide.cli.run import cancel, execute, resume, run, validate
-from flowtide.cli.schedules import schedule_app, scheduler_cmd
+from flowtide.cli.scheduler import scheduler_cmd
+from flowtide.cli.schedules import schedule_app
 from flowtide.cli.server import server_cmd, worker_cmd
 from flowtide.cli.shards import shards_app
 from flowtide.cli.subscriptions import subscription_app

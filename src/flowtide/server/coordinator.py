@@ -41,12 +41,21 @@ from flowtide.server.claims import ClaimBatch, ClaimConflict, ClaimItem, Claims,
 from flowtide.server.leases import Leases
 from flowtide.server.stale import WORKER_EVENTS
 from flowtide.server.statecache import DEFAULT_MAX_BYTES, StateCache
-from flowtide.server.steps import Handed, Stepper, SubmitResult, Taker, command_subject
+from flowtide.server.steps import (
+    Creation,
+    Handed,
+    PrepareMany,
+    Stepper,
+    SubmitResult,
+    Taker,
+    command_subject,
+)
 from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
 from flowtide.store.triggers import Firing
+from flowtide.triggers.targets import TriggeredRun
 
 if TYPE_CHECKING:
     import psycopg
@@ -231,6 +240,42 @@ class Coordinator:
         fresh = self.cache.new(playbook, execution_id, pool)
         await self.steps.step(execution_id, incoming, prepare=create, fresh=fresh)
         return execution_id
+
+    async def execute_many(self, starts: Sequence[TriggeredRun]) -> list[int | FlowtideError]:
+        """Top-level executions created in one transaction (a burst of schedules firing
+        together): in the place of each, its id or why it did not start (AlreadyFired: its
+        firing fired before; nothing of it is written, the others are)."""
+        creations: list[Creation] = []
+        made: list[tuple[int, Any, Firing | None, float]] = []
+        ids: list[int | FlowtideError] = []
+        for new in starts:
+            try:
+                start = start_execution(
+                    new.playbook,
+                    new.workload,
+                    next_id=self.ids.next_id,
+                    execution_id=self.own_id(),
+                    now=time.time(),
+                    env=self.template_env,
+                    catalog_version=new.catalog_version,
+                    pool=new.pool,
+                    notify=new.notify,
+                )
+            except FlowtideError as exc:
+                ids.append(exc)
+                continue
+            execution_id = start.execution_id
+            insert = self.store.execution_insert(execution_id, **start.columns(), firing=new.firing)
+            made.append((execution_id, insert, new.firing, start.created))
+            creations.append(
+                Creation(self.cache.new(new.playbook, execution_id, new.pool), start.events)
+            )
+            ids.append(execution_id)
+        outcomes = iter(await self.steps.create_many(creations, _creator(self.store, made)))
+        return [
+            found if isinstance(found, FlowtideError) else _id_or_error(found, next(outcomes))
+            for found in ids
+        ]
 
     async def submit(self, execution_id: int, events: Sequence[Event]) -> SubmitResult:
         """Apply worker events (idempotent: events already in the log are skipped).
@@ -454,3 +499,48 @@ class Coordinator:
             if self.on_outbox is not None:
                 self.on_outbox()
         return len(executions)
+
+
+def _creator(
+    store: PostgresStore, made: list[tuple[int, Any, Firing | None, float]]
+) -> PrepareMany:
+    """The writes that create `made` (id, row insert, firing, created): the firings that
+    start runs in a few statements for all, the rows of those not refused in one pipeline."""
+
+    from psycopg.pq import TransactionStatus
+
+    def create(conn: psycopg.Connection) -> list[FlowtideError | None]:
+        refused: list[FlowtideError | None] = [None] * len(made)
+        plain = [
+            (i, pg.firings.Started(firing, execution_id, created))
+            for i, (execution_id, _, firing, created) in enumerate(made)
+            if firing is not None and firing.status == "started" and not firing.members
+        ]
+        if plain:
+            outcomes = pg.firings.record_started(conn, [started for _, started in plain])
+            for (i, _), outcome in zip(plain, outcomes, strict=True):
+                refused[i] = outcome
+        chosen = {i for i, _ in plain}
+        for i, (execution_id, _, firing, created) in enumerate(made):
+            if firing is None or i in chosen:
+                continue
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                # A statement first: the savepoint below then nests in this transaction
+                # (on an idle connection `transaction()` would commit at its end).
+                conn.execute("SELECT 1")
+            try:
+                with conn.transaction():  # a savepoint: a refused one leaves no trace
+                    store.record_firing(conn, firing, execution_id, created)
+            except FlowtideError as exc:
+                refused[i] = exc
+        with conn.pipeline():
+            for (_, insert, _, _), error in zip(made, refused, strict=True):
+                if error is None:
+                    conn.execute(*insert)
+        return refused
+
+    return create
+
+
+def _id_or_error(execution_id: int, outcome: SubmitResult | FlowtideError) -> int | FlowtideError:
+    return outcome if isinstance(outcome, FlowtideError) else execution_id

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from flowtide.documents.summary import Progress, progress_of
-from flowtide.errors import AuthError, NotFoundError
+from flowtide.errors import AuthError, FlowtideError, NotFoundError
 from flowtide.server.coordinator import TERMINAL, Coordinator
 from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
 from flowtide.sharding import shard_for
@@ -21,6 +21,7 @@ from flowtide.store import pg
 from flowtide.store.codec import load_json
 from flowtide.store.pg.events import LogPosition
 from flowtide.store.triggers import Firing
+from flowtide.triggers.targets import TriggeredRun
 from flowtide.web.reads import FeedRead
 
 if TYPE_CHECKING:
@@ -165,6 +166,11 @@ class ServerReads:
             firing=firing,
             notify=notify,
         )
+
+    async def start_many(self, runs: Sequence[TriggeredRun]) -> list[int | FlowtideError]:
+        """Top-level runs created together (few transactions for a burst of firings):
+        in the place of each, its id or why it did not start (AlreadyFired...)."""
+        return await self.coordinator.execute_many(runs)
 
     def owns(self, owner_id: int) -> bool:
         """Whether this server's shard owns the id (one shard: always)."""

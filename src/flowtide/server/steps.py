@@ -24,9 +24,10 @@ loop state of a finished execution) runs once the lock is let go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -35,7 +36,7 @@ from flowtide.documents.summary import SUMMARY_FORMAT, kept_part
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
-from flowtide.errors import NotFoundError, StoreError
+from flowtide.errors import FlowtideError, NotFoundError, StoreError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.notify.owed import owed
@@ -51,6 +52,7 @@ from flowtide.server.statecache import CachedState, StateCache, apply_logged
 from flowtide.store import pg
 from flowtide.store.base import CommandUpdate
 from flowtide.store.codec import command_params, encode_value, event_params
+from flowtide.store.notifications import PendingNotification
 from flowtide.store.pg.commands import Holder
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
@@ -59,7 +61,16 @@ from flowtide.wire import ClaimItem, Notification, command_subject
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["After", "Handed", "Prepare", "Stepper", "SubmitResult", "Taker", "command_subject"]
+__all__ = [
+    "After",
+    "Creation",
+    "Handed",
+    "Prepare",
+    "Stepper",
+    "SubmitResult",
+    "Taker",
+    "command_subject",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +146,64 @@ class _Loaded:
     current: dict[int, Holder]
 
 
+@dataclass
+class _Written:
+    """One execution's writes of a step, queued in a pipeline: what to read back once
+    it committed."""
+
+    execution_id: int
+    subject: str
+    commands: list[Command]
+    payloads: list[str]
+    publish_now: bool
+    deliveries: list[PendingNotification]
+    issued: pg.Pending[pg.commands.Issued] | None = None
+    last_seq: pg.Pending[int] | None = None
+
+    def settle(self, claims: list[Event], notices: list[OutboxRow]) -> int:
+        """After the commit: the log's last seq; the outbox rows to publish now (those
+        of the commands not handed to reporting workers) go to `notices`."""
+        if self.issued is None:
+            assert self.last_seq is not None
+            return self.last_seq.result()
+        got = self.issued.result()
+        if self.publish_now:
+            handed = {e.command_id for e in claims}
+            notices.extend(
+                OutboxRow(
+                    got.outbox_ids[c.command_id],
+                    self.execution_id,
+                    c.command_id,
+                    self.subject,
+                    p,
+                    1,
+                )
+                for c, p in zip(self.commands, self.payloads, strict=True)
+                if c.command_id not in handed
+            )
+        return got.last_seq
+
+
+class Creation(NamedTuple):
+    """A new execution for `Stepper.create_many`: its empty state and the events that
+    start it."""
+
+    fresh: CachedState
+    incoming: list[Event]
+
+
+#: Writes the rows that create a batch of executions (`Stepper.create_many`), on the
+#: step's connection; in the place of each, None or why it is refused (nothing of it
+#: written).
+PrepareMany = Callable[["psycopg.Connection"], "list[FlowtideError | None]"]
+
+
+class _Created(NamedTuple):
+    execution_id: int
+    cached: CachedState
+    after: After
+
+
 class Stepper(GroupCommit):
     """Runs steps, one execution at a time per process (see the module's docstring);
     worker reports queue up behind them (`GroupCommit`)."""
@@ -205,6 +274,95 @@ class Stepper(GroupCommit):
             )
         await self.after(after)
         return results[0]
+
+    async def create_many(
+        self, creations: Sequence[Creation], prepare: PrepareMany
+    ) -> list[SubmitResult | FlowtideError]:
+        """New executions, each with its first step, in one transaction: `prepare` writes
+        what creates them (their rows, their triggers' firings) and says which it refused
+        (AlreadyFired...): those are not stepped and leave no trace. In the place of each,
+        its result or why it was refused. A burst of a thousand schedules firing at one
+        instant costs a few commits, not a thousand."""
+        if not creations:
+            return []
+        pool = self.store.pool("shard")
+        async with contextlib.AsyncExitStack() as locks:
+            # New ids nobody else knows yet: the locks are free; taken so that a report
+            # arriving right after the commit waits for the states to be remembered.
+            for creation in creations:
+                await locks.enter_async_context(self.cache.lock(creation.fresh.state.execution_id))
+            async with self._slots:
+                held: list[psycopg.Connection] = []
+                ok = False
+                try:
+                    outcomes, created = await self._create_all(pool, held, creations, prepare)
+                    ok = True
+                finally:
+                    if not ok:
+                        for creation in creations:
+                            self.cache.forget(creation.fresh.state.execution_id)
+                        if held:
+                            await asyncio.to_thread(self._give_back, pool, held[0])
+            for one in created:
+                self.cache.remember(one.execution_id, one.cached)
+        for one in created:
+            await self.after(one.after)
+        return outcomes
+
+    async def _create_all(
+        self,
+        pool: Any,
+        held: list[psycopg.Connection],
+        creations: Sequence[Creation],
+        prepare: PrepareMany,
+    ) -> tuple[list[SubmitResult | FlowtideError], list[_Created]]:
+        def prepare_all() -> list[FlowtideError | None]:
+            conn = pool.getconn()
+            held.append(conn)
+            refused = prepare(conn)
+            assert len(refused) == len(creations)
+            return refused
+
+        refused = await asyncio.to_thread(prepare_all)
+        conn = held[0]
+        outcomes: list[SubmitResult | FlowtideError] = []
+        steps: list[tuple[CachedState, Advance, SubmitResult]] = []
+        for creation, error in zip(creations, refused, strict=True):
+            if error is not None:
+                outcomes.append(error)
+                continue
+            state = creation.fresh.state
+            out = await self.advancer.advance(
+                {state.execution_id: state}, creation.incoming, time.time()
+            )
+            result = SubmitResult(accepted=len(creation.incoming), status=state.status)
+            outcomes.append(result)
+            steps.append((creation.fresh, out, result))
+
+        def write_all() -> list[_Created]:
+            with conn.pipeline():
+                self._write_rows(
+                    conn,
+                    [(cached.state, out, list(out.command_rows), []) for cached, out, _ in steps],
+                )
+                written = [
+                    self._write_rest(conn, cached, out, list(out.commands), [])
+                    for cached, out, _ in steps
+                ]
+                conn.commit()
+            held.clear()
+            pool.putconn(conn)
+            if any(w.deliveries for w in written) and self.on_notify is not None:
+                self.on_notify()
+            created = []
+            for (cached, out, result), w in zip(steps, written, strict=True):
+                notices: list[OutboxRow] = []
+                cached.last_seq = w.settle([], notices)
+                after = After(cached.state.execution_id, cached.pool, [result], out, notices)
+                created.append(_Created(cached.state.execution_id, cached, after))
+            return created
+
+        return outcomes, await asyncio.to_thread(write_all)
 
     # -- the transaction -----------------------------------------------------------------
 
@@ -432,83 +590,112 @@ class Stepper(GroupCommit):
         """Write the step, commit, give the connection back; the log's last seq. The
         outbox rows to publish now go to `notices`; `claims`: the `command.claimed` events
         of the commands handed to reporting workers."""
-        now = time.time()
-        state = cached.state
-        execution_id = state.execution_id
-        publish_now = self.publish is not None
-        # Written with the set as the step left it: a report's `secrets.added` came
-        # before the events holding the values, and seals them all.
-        secrets = state.secrets
-        rows = [
-            (u.execution_id, *self.store.execution_update(u, secrets)) for u in out.execution_rows
-        ]
-        subject = command_subject(cached.pool, execution_id, self.shard)
-        payloads = [Notification.of(c).to_json() for c in commands]
-        summary = _summary_text(state) if state.terminal and not commands else None
-        # The deliveries the step's transitions owe, written with them (sent once).
-        deliveries = owed({execution_id: state}, out.recorded, self.notify_defaults)
-        issued: pg.Pending[pg.commands.Issued] | None = None
-        last_seq: pg.Pending[int] | None = None
         # One round trip for all of it (the statements run in order on the server).
         with conn.pipeline():
-            PostgresStore.write_batch(
-                conn,
-                event_params(
-                    out.recorded + claims,
-                    self.store.sealer,
-                    {execution_id: secrets} if secrets else None,
-                ),
-                command_params(command_rows),
-                rows,
-            )
-            if claims:
-                pg.commands.claim_each(
-                    conn,
-                    [(e.command_id or 0, e.worker_id or "") for e in claims],
-                    now=now,
-                    lease_until=now + self.lease,
-                )
-            if commands:
-                issued = pg.commands.issue(
-                    conn,
-                    execution_id,
-                    pool=cached.pool,
-                    subject=subject,
-                    command_ids=[c.command_id for c in commands],
-                    payloads=payloads,
-                    created=now,
-                    locked_until=now + OUTBOX_HOLD if publish_now else None,
-                    attempts=int(publish_now),
-                    claimed=[e.command_id or 0 for e in claims],
-                )
-            else:
-                if state.terminal:
-                    # Nothing runs any more: open commands are closed with the execution.
-                    pg.commands.close_open(conn, execution_id, now)
-                if summary is not None:
-                    # What the UI shows of it at a glance, kept with its end.
-                    pg.executions.put_summary(conn, execution_id, SUMMARY_FORMAT, summary)
-                last_seq = pg.events.last_seq(conn, execution_id)
-            pg.notifications.enqueue(conn, deliveries)
+            written = self._write(conn, cached, out, commands, command_rows, claims)
             # The COMMIT is queued behind the writes and goes with the pipeline's sync:
             # one round trip for the whole step, the commit's wait included.
             conn.commit()
         held.clear()
         pool.putconn(conn)
-        if deliveries and self.on_notify is not None:
+        if written.deliveries and self.on_notify is not None:
             self.on_notify()
-        if issued is None:
-            assert last_seq is not None
-            return last_seq.result()
-        got = issued.result()
-        if publish_now:
-            handed = {e.command_id for e in claims}
-            notices.extend(
-                OutboxRow(got.outbox_ids[c.command_id], execution_id, c.command_id, subject, p, 1)
-                for c, p in zip(commands, payloads, strict=True)
-                if c.command_id not in handed
+        return written.settle(claims, notices)
+
+    def _write(
+        self,
+        conn: psycopg.Connection,
+        cached: CachedState,
+        out: Advance,
+        commands: list[Command],
+        command_rows: list[CommandUpdate],
+        claims: list[Event],
+    ) -> _Written:
+        """Queue one execution's writes of a step on `conn` (in its pipeline)."""
+        self._write_rows(conn, [(cached.state, out, command_rows, claims)])
+        return self._write_rest(conn, cached, out, commands, claims)
+
+    def _write_rows(
+        self,
+        conn: psycopg.Connection,
+        parts: list[tuple[ExecutionState, Advance, list[CommandUpdate], list[Event]]],
+    ) -> None:
+        """The events, command rows and execution rows of steps of one or more
+        executions: one statement each for all of them."""
+        events: list[Event] = []
+        sealed: dict[int, frozenset[str]] = {}
+        command_rows: list[CommandUpdate] = []
+        rows = []
+        for state, out, commands_rows, claims in parts:
+            # Written with the set as the step left it: a report's `secrets.added` came
+            # before the events holding the values, and seals them all.
+            secrets = state.secrets
+            if secrets:
+                sealed[state.execution_id] = secrets
+            events += out.recorded
+            events += claims
+            command_rows += commands_rows
+            rows += [
+                (u.execution_id, *self.store.execution_update(u, secrets))
+                for u in out.execution_rows
+            ]
+        PostgresStore.write_batch(
+            conn,
+            event_params(events, self.store.sealer, sealed or None),
+            command_params(command_rows),
+            rows,
+        )
+
+    def _write_rest(
+        self,
+        conn: psycopg.Connection,
+        cached: CachedState,
+        out: Advance,
+        commands: list[Command],
+        claims: list[Event],
+    ) -> _Written:
+        """What follows the rows of one execution's step: claims, the commands' outbox
+        rows (or its end), the deliveries it owes."""
+        now = time.time()
+        state = cached.state
+        execution_id = state.execution_id
+        publish_now = self.publish is not None
+        subject = command_subject(cached.pool, execution_id, self.shard)
+        payloads = [Notification.of(c).to_json() for c in commands]
+        summary = _summary_text(state) if state.terminal and not commands else None
+        # The deliveries the step's transitions owe, written with them (sent once).
+        deliveries = owed({execution_id: state}, out.recorded, self.notify_defaults)
+        written = _Written(execution_id, subject, commands, payloads, publish_now, deliveries)
+        if claims:
+            pg.commands.claim_each(
+                conn,
+                [(e.command_id or 0, e.worker_id or "") for e in claims],
+                now=now,
+                lease_until=now + self.lease,
             )
-        return got.last_seq
+        if commands:
+            written.issued = pg.commands.issue(
+                conn,
+                execution_id,
+                pool=cached.pool,
+                subject=subject,
+                command_ids=[c.command_id for c in commands],
+                payloads=payloads,
+                created=now,
+                locked_until=now + OUTBOX_HOLD if publish_now else None,
+                attempts=int(publish_now),
+                claimed=[e.command_id or 0 for e in claims],
+            )
+        else:
+            if state.terminal:
+                # Nothing runs any more: open commands are closed with the execution.
+                pg.commands.close_open(conn, execution_id, now)
+            if summary is not None:
+                # What the UI shows of it at a glance, kept with its end.
+                pg.executions.put_summary(conn, execution_id, SUMMARY_FORMAT, summary)
+            written.last_seq = pg.events.last_seq(conn, execution_id)
+        pg.notifications.enqueue(conn, deliveries)
+        return written
 
     async def _record_ahead(
         self,

@@ -31,7 +31,7 @@ from flowtide.store.triggers import Firing, TriggerRow, TriggerState
 from flowtide.triggers.plan import Buffer, Cancel, Fire, Skip, backfill, plan, release
 from flowtide.triggers.schedules import notify_targets
 from flowtide.triggers.spec import ScheduleSpec, spec_from_json
-from flowtide.triggers.targets import load_target, render_workload
+from flowtide.triggers.targets import TriggeredRun, load_target, render_workload
 
 if TYPE_CHECKING:
     from flowtide.playbook.model import Playbook
@@ -44,8 +44,12 @@ log = logging.getLogger("flowtide.scheduler")
 #: How often the definitions are read again (a schedule added on another server starts
 #: firing within this), and the longest sleep between two rounds.
 REFRESH_SECONDS = 2.0
-#: At most this many runs start at once (a minute's 1,000 schedules fire together).
-CONCURRENT_STARTS = 16
+#: At most this many schedules fire at once (a minute's 1,000 schedules fire together):
+#: their runs are created in batches (`_Batched`).
+CONCURRENT_STARTS = 256
+#: A batch of runs to create goes when it has this many, or this long after its first.
+BATCH_SIZE = 64
+BATCH_WAIT = 0.005
 
 
 class Firer(Protocol):
@@ -76,6 +80,97 @@ class Firer(Protocol):
     async def cancel(self, execution_id: int, reason: str) -> None:
         """Cancel a run (overlap policy cancel_other)."""
         ...
+
+    # Optional: `start_many(runs: Sequence[TriggeredRun]) -> list[int | FlowtideError]`,
+    # `start` for several runs at once (a server creates them in one transaction), in the
+    # place of each its id or why it did not start. Without it runs start one by one.
+
+
+class _Batched:
+    """A `Firer` whose `start`s made close together (within `BATCH_WAIT`) go to the
+    firer's `start_many` together, at most `BATCH_SIZE` at a time: a minute's thousand
+    schedules are created in a few transactions, not a thousand."""
+
+    def __init__(self, firer: Firer) -> None:
+        self.firer = firer
+        self._pending: list[tuple[TriggeredRun, asyncio.Future[int]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    @property
+    def store(self) -> Store:
+        return self.firer.store
+
+    def owns(self, trigger_id: int) -> bool:
+        return self.firer.owns(trigger_id)
+
+    async def cancel(self, execution_id: int, reason: str) -> None:
+        await self.firer.cancel(execution_id, reason)
+
+    async def start(
+        self,
+        playbook: Playbook,
+        *,
+        workload: dict[str, Any],
+        version: int | None,
+        firing: Firing,
+        notify: Sequence[dict[str, Any]] = (),
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._pending.append((TriggeredRun(playbook, workload, version, firing, notify), done))
+        if len(self._pending) >= BATCH_SIZE:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(BATCH_WAIT, self._flush)
+        return await done
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.create_task(self._start(batch))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _start_many(self, runs: list[TriggeredRun]) -> Sequence[int | BaseException]:
+        batched = getattr(self.firer, "start_many", None)
+        if batched is not None:
+            found: list[int | FlowtideError] = await batched(runs)
+            return found
+        return await asyncio.gather(*(self._one(run) for run in runs), return_exceptions=True)
+
+    async def _one(self, run: TriggeredRun) -> int:
+        assert run.firing is not None  # a trigger's run has one
+        if run.notify:
+            return await self.firer.start(
+                run.playbook,
+                workload=run.workload,
+                version=run.catalog_version,
+                firing=run.firing,
+                notify=run.notify,
+            )
+        return await self.firer.start(
+            run.playbook, workload=run.workload, version=run.catalog_version, firing=run.firing
+        )
+
+    async def _start(self, batch: list[tuple[TriggeredRun, asyncio.Future[int]]]) -> None:
+        try:
+            outcomes = await self._start_many([run for run, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - each waiting firing gets the error
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, done), outcome in zip(batch, outcomes, strict=True):
+            if done.done():
+                continue
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
 
 
 def slot_key(slot: float) -> str:
@@ -147,6 +242,10 @@ class Scheduler:
     #: Runs started by this scheduler (count), for status lines and tests.
     started: int = 0
     _targets: _Targets | None = None
+    _batched: _Batched = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._batched = _Batched(self.firer)
 
     async def run(self) -> None:
         """Round after round until `stop`."""
@@ -292,7 +391,7 @@ class Scheduler:
         )
         try:
             execution_id = await start_for(
-                self.firer,
+                self._batched,
                 known.spec,
                 firing,
                 schedule_context(known.spec, slot, now=now, key=key),

@@ -7,17 +7,31 @@ Not pure: `load_target` reads the catalog or a file (blocking: run it in a threa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flowtide.errors import TriggerError
 
 if TYPE_CHECKING:
     from flowtide.playbook.model import Playbook
     from flowtide.store.base import Store
+    from flowtide.store.triggers import Firing
 
-__all__ = ["load_target", "playbook_ref", "ref_text", "render_workload"]
+__all__ = ["TriggeredRun", "load_target", "playbook_ref", "ref_text", "render_workload"]
+
+
+class TriggeredRun(NamedTuple):
+    """A run a trigger starts, as the read port's `start_many` takes it (a burst of
+    schedules firing together is created in few transactions)."""
+
+    playbook: Playbook
+    workload: dict[str, Any]
+    catalog_version: int | None = None
+    firing: Firing | None = None
+    notify: Sequence[dict[str, Any]] = ()
+    pool: str = "default"
 
 
 def playbook_ref(

@@ -42,6 +42,7 @@ from flowtide.store.triggers import Firing, TriggerRow
 from flowtide.triggers.scheduler import Scheduler, fire_now, run_backfill
 from flowtide.triggers.schedules import define_schedule, schedule_from_fields
 from flowtide.triggers.spec import ScheduleSpec, parse_time, spec_from_json
+from flowtide.triggers.targets import TriggeredRun
 from flowtide.web.fields import RequestBody
 from flowtide.web.problems import RequestError, problem_responses
 from flowtide.web.reads import ExecutionReads, reads_of
@@ -85,6 +86,29 @@ class ReadsFirer:
         return await self.reads.start(
             playbook, workload=workload, catalog_version=version, firing=firing, notify=notify
         )
+
+    async def start_many(self, runs: Sequence[TriggeredRun]) -> list[int | FlowtideError]:
+        batched = getattr(self.reads, "start_many", None)
+        if batched is not None:
+            # A server: the runs created together, a few commits for a burst.
+            found: list[int | FlowtideError] = await batched(runs)
+            return found
+        gate = asyncio.Semaphore(16)
+
+        async def one(run: TriggeredRun) -> int | FlowtideError:
+            async with gate:
+                try:
+                    return await self.reads.start(
+                        run.playbook,
+                        workload=run.workload,
+                        catalog_version=run.catalog_version,
+                        firing=run.firing,
+                        notify=run.notify,
+                    )
+                except FlowtideError as exc:
+                    return exc
+
+        return list(await asyncio.gather(*(one(run) for run in runs)))
 
     async def cancel(self, execution_id: int, reason: str) -> None:
         with contextlib.suppress(RequestError, ExecutionFinished, NotFoundError):

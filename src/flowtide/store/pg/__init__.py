@@ -12,7 +12,8 @@ statement is sent (or queued) at once and its rows are read by `Pending.result()
 the statements after it are queued too. Reading it before that costs a round trip.
 
 Modules by table: `executions`, `events` (the log: catch-up, the live stream, variables'
-history), `commands` (the step's rows, claims, leases), `outbox`, `notifications`, `workers`,
+history), `commands` (the step's rows, claims, leases), `outbox`, `notifications`, `firings` (a burst's trigger
+firings), `workers`,
 `machines` (snowflake machine-id leases), `shards` (the shard map), `servers` (live
 server processes), `credentials`
 (the shard map's logins, read before any store is open).
@@ -23,6 +24,7 @@ from flowtide.store.pg import (
     credentials,
     events,
     executions,
+    firings,
     machines,
     notifications,
     outbox,
@@ -38,6 +40,7 @@ __all__ = [
     "credentials",
     "events",
     "executions",
+    "firings",
     "machines",
     "notifications",
     "outbox",

@@ -56,8 +56,11 @@ def _when(at: float | None, zone: str | None = None) -> str:
         return "-"
     from zoneinfo import ZoneInfo
 
-    tz = ZoneInfo(zone) if zone else None
-    stamp = datetime.datetime.fromtimestamp(at, tz)
+    # In the zone named, else this machine's, always with the zone's abbreviation.
+    if zone:
+        stamp = datetime.datetime.fromtimestamp(at, ZoneInfo(zone))
+    else:
+        stamp = datetime.datetime.fromtimestamp(at).astimezone()
     return stamp.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
 
 
@@ -225,7 +228,11 @@ def _added(doc: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(doc)
         return
-    state = "paused" if doc["paused"] else "next " + _when(doc["next"][0] if doc["next"] else None)
+    first = doc["next"][0] if doc["next"] else None
+    zone = doc.get("timezone")
+    state = "paused" if doc["paused"] else "next " + _when(first, zone)
+    if not doc["paused"] and first is not None and zone and _when(first, zone) != _when(first):
+        state += f", {_when(first)} here"
     typer.echo(f"schedule {doc['name']}: {doc['when']} -> {doc['playbook']} ({state})")
 
 

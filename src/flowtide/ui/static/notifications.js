@@ -12,13 +12,14 @@ const TRANSITION = { completed: 'completed', failed: 'failed', cancelled: 'cance
 function outcome(d) {
   const shown = badge(d.status, { class: `badge st-${OUTCOME[d.status] || 'unknown'}`, 'data-testid': 'notification-status' });
   if (d.status !== 'retrying' || d.retry_at == null) return shown;
-  return [shown, h('span', { class: 'muted small', title: absTime(d.retry_at) }, ` again ${relTime(d.retry_at)}`)];
+  const soon = d.retry_at - Date.now() / 1000 < 5;
+  return [shown, h('span', { class: 'muted small', title: absTime(d.retry_at) }, soon ? ' again in a moment' : ` again ${relTime(d.retry_at)}`)];
 }
 
 function detail(d) {
   const parts = [];
   if (d.status_code != null) parts.push(h('span', { class: 'mono' }, `HTTP ${d.status_code}`));
-  if (d.error) parts.push(h('span', { class: 'notification-error', 'data-testid': 'notification-error' }, d.error));
+  if (d.error && d.error !== `HTTP ${d.status_code}`) parts.push(h('span', { class: 'notification-error', 'data-testid': 'notification-error' }, d.error));
   if (d.started_execution_id) parts.push(['started ', execLink(d.started_execution_id)]);
   if (!parts.length) return '—';
   return parts.flatMap((p, i) => (i ? [' · ', p] : [p]));
@@ -39,12 +40,12 @@ export function notificationsPanel() {
     const failed = list.filter((d) => d.status === 'failed').length;
     fill(el,
       h('h3', null, `Notifications (${list.length})`,
-        failed ? h('span', { class: 'muted small' }, ` · ${failed} not delivered`) : null),
+        failed ? h('span', { class: 'notification-error' }, ` · ${failed} not delivered`) : null),
       owed ? h('p', { class: 'note', 'data-testid': 'notifications-owed' },
         `${owed} ${owed === 1 ? 'delivery' : 'deliveries'} owed: sent (or tried again) shortly.`) : null,
       list.length ? h('div', { class: 'table-wrap' }, h('table', { class: 'grid compact notifications-table' },
         h('thead', null, h('tr', null, ['When', 'On', 'Target', 'To', 'Outcome', 'Attempts', 'Detail'].map((t) => h('th', null, t)))),
-        h('tbody', null, list.slice().reverse().map((d) => h('tr', {
+        h('tbody', null, list.map((d) => h('tr', {
           'data-testid': 'notification-row', 'data-status': d.status, 'data-on': d.on, 'data-target': d.target,
         },
         h('td', { class: 'nowrap', title: absTime(d.time) }, relTime(d.time)),

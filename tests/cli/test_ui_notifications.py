@@ -93,6 +93,9 @@ def test_an_executions_notifications(notifying_ui: tuple[LocalUi, Target, Target
         html = page.content()
         assert QUERY_TOKEN not in html and SLACK_TOKEN not in html
         shot(page, "local-notifications")
+        page.set_viewport_size({"width": 720, "height": 900})
+        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+        shot(page, "local-notifications-narrow")
         assert errors == []
     wait_until(lambda: len(ops.posts) == 3, timeout=5, what="three posts")
     assert all(QUERY_TOKEN in path for path, _h, _b in ops.posts)

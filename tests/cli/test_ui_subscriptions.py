@@ -135,6 +135,11 @@ def test_the_subscriptions_page(subscribed_ui: tuple[LocalUi, NatsServer]) -> No
         refused = broken.get_by_test_id("refused-row")
         assert "BROKEN:1" in refused.inner_text() and "nosuchkind" in refused.inner_text()
         shot(page, "local-subscriptions")
+        # A narrow window wraps the long refusal and the URLs: nothing wider than it.
+        page.set_viewport_size({"width": 720, "height": 900})
+        shot(page, "local-subscriptions-narrow")
+        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+        page.set_viewport_size({"width": 1400, "height": 900})
 
         orders.get_by_test_id("pause").click()
         orders.get_by_test_id("subscription-state").get_by_text("paused").wait_for()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +149,13 @@ def test_the_subscriptions_page(subscribed_ui: tuple[LocalUi, NatsServer]) -> No
         orders.get_by_test_id("resume").click()
         orders.get_by_test_id("subscription-state").get_by_text("listening").wait_for()
         assert ui.get("/api/subscriptions/orders")["paused"] is False
+        # A run says which subscription started it, a link back to this page.
+        page.goto(f"{ui.url}/executions/{first_run}")
+        badge = page.get_by_test_id("trigger-badge")
+        assert badge.inner_text() == "by subscription orders"
+        badge.click()
+        page.wait_for_url(re.compile(r"/ui/subscriptions$"))
+        page.locator('[data-testid="subscription"][data-name="orders"]').wait_for()
         assert errors == []
 
         # A reader sees the same page without the buttons (the API refuses them anyway).

@@ -42,7 +42,7 @@ export function notificationsPanel() {
       h('h3', null, `Notifications (${list.length})`,
         failed ? h('span', { class: 'notification-error' }, ` · ${failed} not delivered`) : null),
       owed ? h('p', { class: 'note', 'data-testid': 'notifications-owed' },
-        `${owed} ${owed === 1 ? 'delivery' : 'deliveries'} owed: sent (or tried again) shortly.`) : null,
+        `${owed} ${owed === 1 ? 'delivery' : 'deliveries'} owed, not sent yet: this page shows them as they are tried.`) : null,
       list.length ? h('div', { class: 'table-wrap' }, h('table', { class: 'grid compact notifications-table' },
         h('thead', null, h('tr', null, ['When', 'On', 'Target', 'To', 'Outcome', 'Attempts', 'Detail'].map((t) => h('th', null, t)))),
         h('tbody', null, list.map((d) => h('tr', {

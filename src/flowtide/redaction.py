@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 __all__ = [
     "MASK",
@@ -31,6 +32,7 @@ __all__ = [
     "mask_event_doc",
     "mask_text",
     "mask_value",
+    "masked_url",
     "remember",
     "warn_weak_credential",
     "weak_fields",
@@ -162,6 +164,29 @@ def _masked(value: Any, sub: Callable[[str, str], str]) -> Any:
     if isinstance(value, list | tuple):
         return [_masked(v, sub) for v in value]
     return value
+
+
+#: A path segment taken for a token: 16 characters or more of a token's alphabet, one a
+#: digit (`/api/webhooks/123/AbC9...`); words (`/notifications-endpoint`) stay readable.
+_TOKEN_SEGMENT = re.compile(r"(?=[^/]*\d)[A-Za-z0-9_.~%=+-]{16,}")
+
+
+def masked_url(url: str, *, path: bool = True) -> str:
+    """A URL as events and pages show it: scheme, host, port and path, never a user,
+    password, query string or fragment; a path segment that looks like a token as `…`.
+    With `path` False only the first path segment is kept (a Slack incoming webhook's
+    path is its secret: `https://hooks.slack.com/services/…`)."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an invalid URL)"
+    segments = parts.path.split("/")
+    if not path and len(segments) > 2:
+        segments = [*segments[:2], "…"]
+    shown = "/".join("…" if _TOKEN_SEGMENT.fullmatch(s) else s for s in segments)
+    return f"{parts.scheme}://{host}{port}{shown}"
 
 
 def mask_event_doc(doc: dict[str, Any], secrets: Collection[str]) -> dict[str, Any]:

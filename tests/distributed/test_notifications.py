@@ -113,4 +113,16 @@ def test_each_failed_run_notifies_exactly_once(
         failed += sum(e["type"] == "notification.failed" for e in notes)
         status = json.loads(first.run("status", eid, "--json").stdout)
         assert status["status"] == "failed"
+        # The execution page's panel: the attempts folded into one delivery, on the
+        # server as in `flowtide ui` (tests/cli/test_ui_notifications.py).
+        with second.client("reader", timeout=10) as reader:
+            summary = reader.get(f"/api/executions/{eid}/summary").json()
+        (delivery,) = summary["notifications"]
+        assert summary["notifications_owed"] == 0
+        assert (delivery["on"], delivery["target"], delivery["status"]) == (
+            "failed",
+            "webhook",
+            "sent",
+        )
+        assert delivery["to"] == f"{target.url}/hook" and delivery["attempts"] == len(notes)
     assert failed == 1

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from flowtide.documents.subscriptions import read_subscription
 from flowtide.errors import TriggerError
 from flowtide.playbook.source import load_yaml
 from flowtide.store.sqlite import SQLiteStore
@@ -173,4 +174,15 @@ def test_a_regrouped_batch_starts_only_what_never_fired(tmp_path: Path) -> None:
     assert [m["data"] for m in runs["S:4-5"].workload["messages"]] == [4, 5]
     assert sorted(acked) == sorted(["S:1", "S:2", "S:3", "S:2", "S:3", "S:4", "S:5", "S:4"])
     assert (listener.started, listener.refused) == (2, 0)
+    # A message whose run could not start, recorded as the listener does.
+    refused = Firing(5, "subscription", "orders", "S:6", slot=9.0, status="failed", reason="boom")
+    store.record_firings([refused], now=9.0)
+    # Its document lists one run per batch and the refused message apart from the
+    # batches' members (the page's squares and refused table).
+    doc = read_subscription(store, row, spec, listener={"connected": True})
+    assert [f["key"] for f in doc["runs"]] == ["S:4-5", "S:1-3"]
+    assert [f["execution_status"] for f in doc["runs"]] == ["created", "created"]
+    assert [(f["key"], f["reason"]) for f in doc["refused"]] == [("S:6", "boom")]
+    assert {f["status"] for f in doc["firings"]} == {"started", "batched", "failed"}
+    assert len(doc["firings"]) == 2 + 5 + 1 and doc["listener"] == {"connected": True}
     store.close()

@@ -269,20 +269,14 @@ def subscription_show(
         with server_client(server) as api:
             doc = remote_or_exit(lambda: api.api("GET", f"/api/subscriptions/{name}"))
     else:
-        from flowtide.documents.subscriptions import subscription_document
+        from flowtide.documents.subscriptions import read_subscription
         from flowtide.errors import NotFoundError
         from flowtide.triggers.subscription import subscription_from_json
 
         store = open_store(home, db)
         try:
             row = store.get_trigger(KIND, name)
-            doc = dict(
-                subscription_document(
-                    row,
-                    subscription_from_json(row.spec),
-                    firings=store.firings(row.trigger_id, limit=20),
-                )
-            )
+            doc = dict(read_subscription(store, row, subscription_from_json(row.spec), limit=20))
         except NotFoundError as exc:
             raise _fail(str(exc)) from None
         finally:

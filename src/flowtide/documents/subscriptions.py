@@ -1,24 +1,31 @@
 """What people and programs read about subscriptions: one in a list, its full document
 (source, batch, rate, its latest firings: messages that started a run, were part of a
-batch's run, or failed to start one, with why), and its listener's state where the
-process that answers runs it. Shared by the server, `flowtide ui` and the CLI."""
+batch's run, or failed to start one, with why; its latest runs, one per message or batch,
+and refused messages apart), and its listener's state where the process that answers runs
+it. Shared by the server, `flowtide ui` and the CLI."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Final
 
 from typing_extensions import TypedDict
 
 from flowtide.documents.schedules import FiringItem, firing_item
-from flowtide.store.triggers import FiringRow, TriggerRow
+from flowtide.store.triggers import FiringRow, TriggerRow, TriggerStore
 from flowtide.triggers.subscription import SubscriptionSpec, consumer_name
 
 __all__ = [
     "SubscriptionDocument",
     "SubscriptionItem",
+    "read_subscription",
     "subscription_document",
     "subscription_item",
 ]
+
+#: The latest runs a document lists (one per message, or per batch) and refused messages.
+RUNS_SHOWN: Final = 30
+REFUSED_SHOWN: Final = 20
 
 
 class SubscriptionItem(TypedDict):
@@ -58,6 +65,11 @@ class SubscriptionDocument(SubscriptionItem):
     #: Latest firings, newest first: `started` (a run), `batched` (in a batch's run),
     #: `failed` (no run: `reason` says why).
     firings: list[FiringItem]
+    #: Its latest runs, newest first: the `started` firings only (a batch's is keyed by
+    #: its messages' range, `STREAM:4-6`), whatever its batches' members.
+    runs: list[FiringItem]
+    #: Its latest messages that started no run (`failed`, `reason` says why).
+    refused: list[FiringItem]
     #: The listener's state in the process that answered, when it runs it:
     #: {connected, started, acked, refused, error}; null otherwise.
     listener: dict[str, Any] | None
@@ -88,7 +100,9 @@ def subscription_document(
     row: TriggerRow,
     spec: SubscriptionSpec,
     *,
-    firings: list[FiringRow],
+    firings: Sequence[FiringRow],
+    runs: Sequence[FiringRow] = (),
+    refused: Sequence[FiringRow] = (),
     listener: dict[str, Any] | None = None,
 ) -> SubscriptionDocument:
     auth: Any = spec.auth
@@ -113,5 +127,32 @@ def subscription_document(
         "created": row.created,
         "updated": row.updated,
         "firings": [firing_item(f) for f in firings],
+        "runs": [firing_item(f) for f in runs],
+        "refused": [firing_item(f) for f in refused],
         "listener": listener,
     }
+
+
+def read_subscription(
+    store: TriggerStore,
+    row: TriggerRow,
+    spec: SubscriptionSpec,
+    *,
+    limit: int = 50,
+    listener: dict[str, Any] | None = None,
+) -> SubscriptionDocument:
+    """The document of a subscription with its latest `limit` firings, runs and refused
+    messages read from `store`. Blocks on the store: run it in a thread.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    tid = row.trigger_id
+    return subscription_document(
+        row,
+        spec,
+        firings=store.firings(tid, limit=limit),
+        runs=store.firings(tid, limit=RUNS_SHOWN, status="started"),
+        refused=store.firings(tid, limit=REFUSED_SHOWN, status="failed"),
+        listener=listener,
+    )

@@ -16,6 +16,11 @@ from typing import Any, Final, NotRequired, cast
 from typing_extensions import TypedDict
 
 from flowtide.documents.graph import Graph, playbook_graph
+from flowtide.documents.notifications import (
+    ExecutionNotifications,
+    NotificationDelivery,
+    notifications_of,
+)
 from flowtide.engine.state import ExecutionState, LoopRecord, StepRecord
 from flowtide.errors import StoreError
 from flowtide.playbook.loader import parse_playbook
@@ -112,6 +117,11 @@ class SummaryDocument(SummaryPart):
     created: float
     updated: float
     graph: Graph
+    #: Its notification deliveries, oldest first (see `NotificationDelivery`): read apart
+    #: from the kept part, which predates them.
+    notifications: list[NotificationDelivery]
+    #: Deliveries not settled yet (never tried, or to be tried again).
+    notifications_owed: int
     #: `flowtide ui` only: it runs the execution in its own process (it may cancel it
     #: there, and resumes only one that no process runs).
     run_here: NotRequired[bool]
@@ -194,9 +204,14 @@ def kept_part(state: ExecutionState) -> SummaryPart:
     return part
 
 
-def summary_of(part: SummaryPart, row: ExecutionRow, playbook: Playbook) -> SummaryDocument:
+def summary_of(
+    part: SummaryPart,
+    row: ExecutionRow,
+    playbook: Playbook,
+    notifications: ExecutionNotifications,
+) -> SummaryDocument:
     """`GET /api/executions/{id}/summary` from its state's part, the execution's row
-    (playbook, parent, times) and its playbook (the graph)."""
+    (playbook, parent, times), its playbook (the graph) and its notification deliveries."""
     doc: SummaryDocument = {
         "execution_id": part["execution_id"],
         "status": part["status"],
@@ -214,18 +229,23 @@ def summary_of(part: SummaryPart, row: ExecutionRow, playbook: Playbook) -> Summ
         "created": row.created,
         "updated": row.updated,
         "graph": playbook_graph(playbook),
+        "notifications": notifications["deliveries"],
+        "notifications_owed": notifications["owed"],
     }
     return doc
 
 
-def summary_document(state: ExecutionState, row: ExecutionRow) -> SummaryDocument:
-    """`GET /api/executions/{id}/summary` of a folded state."""
-    return summary_of(kept_part(state), row, state.playbook)
+def summary_document(
+    state: ExecutionState, row: ExecutionRow, notifications: ExecutionNotifications
+) -> SummaryDocument:
+    """`GET /api/executions/{id}/summary` of a folded state (and its deliveries:
+    `notifications_of`)."""
+    return summary_of(kept_part(state), row, state.playbook, notifications)
 
 
 def kept_summary(store: Store, row: ExecutionRow) -> SummaryDocument | None:
-    """The summary of an ended execution from the part kept when it ended, without
-    folding its log; None when it is running or nothing (of this shape) was kept. Blocks
+    """The summary of an ended execution from the part kept when it ended (and its
+    notification deliveries), without folding its log; None when it is running or nothing (of this shape) was kept. Blocks
     on the store: run it in a thread."""
     if row.status not in ENDED_STATUSES:
         return None
@@ -233,7 +253,8 @@ def kept_summary(store: Store, row: ExecutionRow) -> SummaryDocument | None:
     if kept is None or kept[0] != SUMMARY_FORMAT:
         return None
     part = cast(SummaryPart, kept[1])  # stored by `keep_summary` in this shape
-    return summary_of(part, row, parse_playbook(row.playbook_text, row.playbook_file))
+    playbook = parse_playbook(row.playbook_text, row.playbook_file)
+    return summary_of(part, row, playbook, notifications_of(store, row.execution_id))
 
 
 def keep_summary(store: Store, state: ExecutionState) -> None:

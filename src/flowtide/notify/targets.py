@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from flowtide.errors import FlowtideError, TemplateError
 from flowtide.notify.ssrf import Refused, TargetPolicy
 from flowtide.playbook.template import render
+from flowtide.redaction import masked_url
 
 __all__ = ["Attempt", "Credentials", "Sender", "StartPlaybook", "masked_target"]
 
@@ -44,12 +44,10 @@ class Attempt:
 
 def masked_target(kind: str, config: Mapping[str, Any]) -> str:
     """The target as events show it: a URL's scheme, host, port and path (no query string,
-    no user or password); an email's recipients and server; a playbook's path."""
+    no user or password, no token in the path: `masked_url`); an email's recipients and
+    server; a playbook's path."""
     if kind in ("webhook", "slack"):
-        parts = urlsplit(str(config.get("url", "")))
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        return f"{parts.scheme}://{host}{port}{parts.path}"
+        return masked_url(str(config.get("url", "")), path=kind != "slack")
     if kind == "email":
         to = config.get("to")
         rcpt = ", ".join(to) if isinstance(to, list) else str(to)

@@ -39,6 +39,7 @@ from flowtide.documents.listing import (
     listed,
     read_events,
 )
+from flowtide.documents.notifications import notifications_of
 from flowtide.documents.step import CALL_TYPES, CALLS_SHOWN, StepDocument, step_document
 from flowtide.documents.summary import SummaryDocument, kept_summary, summary_document
 from flowtide.documents.timeline import MAX_BUCKETS, TimelineDocument, execution_timeline
@@ -165,9 +166,11 @@ async def get_execution(execution_id: IdPath, who: Caller, reads: Reads) -> Show
 @router.get("/api/executions/{execution_id}/summary", responses=problem_responses(404))
 async def get_execution_summary(execution_id: IdPath, who: Caller, reads: Reads) -> SummaryDocument:
     """An execution at a glance, for the UI: per step its status, runs, times, error and
-    loop counts (`steps`), the arcs taken (`taken`), the progress, and the playbook's
-    steps and arcs laid out in layers (`graph`). Its size follows the playbook's steps,
-    not a loop's iterations; no step results (`GET /api/executions/{id}` has them).
+    loop counts (`steps`), the arcs taken (`taken`), the progress, the playbook's
+    steps and arcs laid out in layers (`graph`), and its notification deliveries
+    (`notifications`: on which transition, the masked target, sent or not, attempts).
+    Its size follows the playbook's steps, not a loop's iterations; no step results
+    (`GET /api/executions/{id}` has them).
     Values of the execution's secret set are masked."""
     await reads.check(who, execution_id)
     row = await reads.row(execution_id)
@@ -175,7 +178,8 @@ async def get_execution_summary(execution_id: IdPath, who: Caller, reads: Reads)
     doc = await asyncio.to_thread(kept_summary, reads.store, row)
     if doc is None:
         state = await reads.state(execution_id)
-        doc = summary_document(state, await reads.row(execution_id))
+        notes = await asyncio.to_thread(notifications_of, reads.store, execution_id)
+        doc = summary_document(state, await reads.row(execution_id), notes)
     if reads.local:
         doc["run_here"] = reads.runs_here(execution_id)
     return doc

@@ -23,6 +23,7 @@ from typing_extensions import TypedDict
 from flowtide.documents.subscriptions import (
     SubscriptionDocument,
     SubscriptionItem,
+    read_subscription,
     subscription_document,
     subscription_item,
 )
@@ -169,16 +170,15 @@ async def add_subscription(
 
 @router.get("/api/subscriptions/{name}", responses=problem_responses(404))
 async def get_subscription(name: Name, request: Request, reads: Reads) -> SubscriptionDocument:
-    """A subscription: its definition, latest firings (failed ones with why) and, from a
-    process that runs it, its listener's state (read on the shard that owns it)."""
+    """A subscription: its definition, latest firings (failed ones with why), latest runs
+    (one per message or batch) and refused messages and, from a process that runs it,
+    its listener's state (read on the shard that owns it)."""
     row, spec = await _row(reads, name)
     there = await reads.route_to(request, row.trigger_id)
     if there is not None:
         return there  # type: ignore[return-value]  # the owning shard's answer
-    firings = await asyncio.to_thread(reads.store.firings, row.trigger_id, limit=50)
-    return subscription_document(
-        row, spec, firings=firings, listener=_listener_status(request, row.trigger_id)
-    )
+    listener = _listener_status(request, row.trigger_id)
+    return await asyncio.to_thread(read_subscription, reads.store, row, spec, listener=listener)
 
 
 @router.delete("/api/subscriptions/{name}", status_code=204, responses=problem_responses(404))

@@ -7,6 +7,7 @@ import { mountWorkers } from './workers.js';
 import { mountCatalogList, mountCatalogEntry } from './catalog.js';
 import { mountSchedules, mountSchedule } from './schedules.js';
 import { mountHooks } from './hooks.js';
+import { mountSubscriptions } from './subscriptions.js';
 
 const view = document.getElementById('view');
 const userBox = document.getElementById('user');
@@ -18,6 +19,7 @@ const navWorkers = document.getElementById('nav-workers');
 const navCatalog = document.getElementById('nav-catalog');
 const navSchedules = document.getElementById('nav-schedules');
 const navHooks = document.getElementById('nav-hooks');
+const navSubscriptions = document.getElementById('nav-subscriptions');
 
 let me = null; // whoami, or null when logged out
 let current = null; // {key, view: {destroy(), update?()}}
@@ -39,6 +41,7 @@ function renderUser() {
   navCatalog.hidden = !me;
   navSchedules.hidden = !me;
   navHooks.hidden = !me;
+  navSubscriptions.hidden = !me;
 }
 
 function stopView() {
@@ -76,12 +79,14 @@ function route(force = false) {
   else if (catalogPath) [key, mount] = [`catalog:${catalogPath}`, () => mountCatalogEntry(view, ctx, catalogPath)];
   else if (path === '/ui/schedules') [key, mount] = ['schedules', () => mountSchedules(view, ctx)];
   else if (path === '/ui/hooks') [key, mount] = ['hooks', () => mountHooks(view)];
+  else if (path === '/ui/subscriptions') [key, mount] = ['subscriptions', () => mountSubscriptions(view, ctx)];
   else if (scheduleName) [key, mount] = [`schedule:${scheduleName}`, () => mountSchedule(view, ctx, scheduleName)];
   navExecutions.classList.toggle('active', key === 'list');
   navWorkers.classList.toggle('active', key === 'workers');
   navCatalog.classList.toggle('active', key === 'catalog' || key.startsWith('catalog:'));
   navSchedules.classList.toggle('active', key === 'schedules' || key.startsWith('schedule:'));
   navHooks.classList.toggle('active', key === 'hooks');
+  navSubscriptions.classList.toggle('active', key === 'subscriptions');
   if (!force && current && current.key === key && current.view.update) {
     current.view.update();
     return;

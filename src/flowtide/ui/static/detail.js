@@ -1,7 +1,7 @@
 // One execution: header with status, progress and actions (re-run, resume, cancel), its
-// sub-executions, the Graph tab (with the step panel), the Events tab (followed live over
-// the SSE stream) and the Timeline. The summary is polled every second until the execution
-// is terminal (every 2 s while the event stream is live, and on its batches, throttled).
+// sub-executions and notifications, the Graph tab (with the step panel), the Events tab
+// (followed live over SSE) and the Timeline. The summary is polled every second until the
+// execution is terminal (2 s while the stream is live; 5 s after it while notifications are owed).
 // The step panel reads its step's newest events itself (`/events?step=&newest=true`), so
 // opening it never reads the execution's whole log.
 import { api, enc } from './api.js';
@@ -14,6 +14,7 @@ import { EventLog, eventsView, eventRows } from './events.js';
 import { timelineView } from './timeline.js';
 import { stepDetailParts, where } from './step.js';
 import { triggerBadge } from './list.js';
+import { notificationsPanel } from './notifications.js';
 
 /** The step panel shows its step's newest events, this many. */
 const STEP_EVENTS_SHOWN = 50;
@@ -50,19 +51,15 @@ export function mountDetail(root, ctx, id) {
   const log = new EventLog(id, () => Boolean(summary && TERMINAL.has(summary.status)));
 
   const status = badge('loading', { 'data-testid': 'detail-status' });
-  const cancelBtn = h('button', {
-    type: 'button', class: 'danger', 'data-testid': 'cancel-button', hidden: true, onclick: () => cancel(),
-  }, 'Cancel execution');
-  const rerunBtn = h('button', {
-    type: 'button', 'data-testid': 'rerun-button', hidden: true, onclick: () => rerun(),
-    title: 'Start this playbook again with the same workload',
-  }, 'Re-run');
-  const resumeBtn = h('button', {
-    type: 'button', 'data-testid': 'resume-button', hidden: true, onclick: () => resume(),
-    title: 'Continue this execution in this flowtide ui process',
-  }, 'Resume');
+  const cancelBtn = h('button',
+    { type: 'button', class: 'danger', 'data-testid': 'cancel-button', hidden: true, onclick: () => cancel() }, 'Cancel execution');
+  const rerunBtn = h('button', { type: 'button', 'data-testid': 'rerun-button', hidden: true, onclick: () => rerun(),
+    title: 'Start this playbook again with the same workload' }, 'Re-run');
+  const resumeBtn = h('button', { type: 'button', 'data-testid': 'resume-button', hidden: true, onclick: () => resume(),
+    title: 'Continue this execution in this flowtide ui process' }, 'Resume');
   const actionNote = h('p', { class: 'action-note', 'data-testid': 'action-message', role: 'alert', hidden: true });
   const childrenBox = h('section', { class: 'children', 'data-testid': 'children', hidden: true });
+  const notes = notificationsPanel();
   const meta = h('dl', { class: 'meta' });
   const createdDd = h('dd');
   const errorBox = h('div', { class: 'exec-error', role: 'alert', 'data-testid': 'detail-error', hidden: true });
@@ -72,12 +69,10 @@ export function mountDetail(root, ctx, id) {
     'aria-valuemin': 0, 'data-done': 0, 'data-total': 0,
   }, barFill);
   const barText = h('span', { class: 'progress-text' });
-  const tabButton = (name, label) => h('button', {
-    type: 'button', role: 'tab', class: 'tab', 'data-testid': `tab-${name}`, onclick: () => setTab(name),
-  }, label);
-  const tabGraph = tabButton('graph', 'Graph');
-  const tabEvents = tabButton('events', 'Events');
-  const tabTimeline = tabButton('timeline', 'Timeline');
+  const tabButton = (name, label) => h('button',
+    { type: 'button', role: 'tab', class: 'tab', 'data-testid': `tab-${name}`, onclick: () => setTab(name) }, label);
+  const [tabGraph, tabEvents, tabTimeline] = [['graph', 'Graph'], ['events', 'Events'], ['timeline', 'Timeline']]
+    .map(([name, label]) => tabButton(name, label));
 
   const zoomLabel = h('span', { class: 'muted zoom-label' });
   const zoomBtn = (label, delta, name) => {
@@ -106,7 +101,7 @@ export function mountDetail(root, ctx, id) {
         rerunBtn, resumeBtn, cancelBtn),
       actionNote, meta, errorBox,
       h('div', { class: 'progress-row' }, bar, barText)),
-    childrenBox,
+    childrenBox, notes.el,
     h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Views' }, tabGraph, tabEvents, tabTimeline),
     graphPane, eventsPane, timelinePane));
 
@@ -229,6 +224,7 @@ export function mountDetail(root, ctx, id) {
       graphBox.replaceChildren(h('p', { class: 'muted pad' }, 'No graph for this execution.'));
     }
     if (graph) graph.update(s);
+    notes.update(s);
     renderPanel();
   }
 
@@ -485,7 +481,9 @@ export function mountDetail(root, ctx, id) {
       const terminal = TERMINAL.has(s.status);
       // Sub-executions: every few seconds while running, and once more at the end.
       if (Date.now() - childrenAt > CHILDREN_REFRESH_MS || (terminal && wasTerminal === false)) loadChildren();
-      return !terminal;
+      // Deliveries come after the end: read them until none is owed.
+      if (terminal && s.notifications_owed > 0) poller.ms = 5000;
+      return !terminal || s.notifications_owed > 0;
     } catch (err) {
       if (dead || err.status === 401) return false;
       if (err.status === 404) {

@@ -46,9 +46,11 @@ export function triggerBadge(trigger) {
   const title = `Started by ${trigger.kind} ${trigger.name}: ${Object.entries(trigger)
     .filter(([k]) => k !== 'kind' && k !== 'name').map(([k, v]) => `${k} ${v}`).join(', ')}`;
   const attrs = { class: 'trigger-badge', 'data-testid': 'trigger-badge', title };
-  return trigger.kind === 'schedule'
-    ? h('a', { ...attrs, href: `/ui/schedules/${encodeURIComponent(trigger.name)}` }, `by ${label}`)
-    : h('span', attrs, `by ${label}`);
+  const pages = {
+    schedule: `/ui/schedules/${encodeURIComponent(trigger.name)}`, hook: '/ui/hooks', subscription: '/ui/subscriptions',
+  };
+  const href = pages[trigger.kind];
+  return href ? h('a', { ...attrs, href }, `by ${label}`) : h('span', attrs, `by ${label}`);
 }
 
 /** The progress of a list item: {done, total, iter, failed}, or null when unknown. */

@@ -26,16 +26,21 @@ function span(sec) {
   return `${sec}s`;
 }
 
-/** The colour of one firing: its run's status, or skipped / buffered. */
-function squareStatus(f) {
-  if (f.status === 'started') return f.execution_status === 'created' ? 'running' : (f.execution_status || 'running');
+/** The colour of one firing: its run's status (a subscription's batched message: its
+ * batch's run), or skipped / buffered, or refused (a message that started no run). */
+export function squareStatus(f) {
+  if (f.status === 'started' || f.status === 'batched') {
+    return f.execution_status === 'created' ? 'running' : (f.execution_status || 'running');
+  }
+  if (f.status === 'failed') return 'refused';
   return f.status === 'buffered' ? 'pending' : 'skipped';
 }
 
 /** A firing as a small square linking to its run (oldest left). */
 function square(f) {
   const status = squareStatus(f);
-  const title = `${f.key}: ${f.status === 'started' ? status : f.status}${f.reason ? ` (${f.reason})` : ''}`;
+  const what = f.status === 'started' ? status : f.status === 'batched' ? `in a batch, ${status}` : f.status;
+  const title = `${f.key}: ${what}${f.reason ? ` (${f.reason})` : ''}`;
   const attrs = { class: `square st-${status}`, title, 'aria-label': title, 'data-testid': 'square', 'data-status': status };
   return f.execution_id ? h('a', { ...attrs, href: execPath(f.execution_id) }) : h('span', attrs);
 }

@@ -38,18 +38,11 @@ from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import visible_env
 from flowtide.runtime.advance import Advancer
 from flowtide.server.claims import ClaimBatch, ClaimConflict, ClaimItem, Claims, WrongPool
+from flowtide.server.creations import Creation, PrepareMany
 from flowtide.server.leases import Leases
 from flowtide.server.stale import WORKER_EVENTS
 from flowtide.server.statecache import DEFAULT_MAX_BYTES, StateCache
-from flowtide.server.steps import (
-    Creation,
-    Handed,
-    PrepareMany,
-    Stepper,
-    SubmitResult,
-    Taker,
-    command_subject,
-)
+from flowtide.server.steps import Handed, Stepper, SubmitResult, Taker, command_subject
 from flowtide.sharding import shard_for
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow

@@ -24,19 +24,18 @@ loop state of a finished execution) runs once the lock is let go.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from flowtide import trace
 from flowtide.documents.summary import SUMMARY_FORMAT, kept_part
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.state import ExecutionState
-from flowtide.errors import FlowtideError, NotFoundError, StoreError
+from flowtide.errors import NotFoundError, StoreError
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.notify.owed import owed
@@ -44,9 +43,11 @@ from flowtide.playbook.notify import NotifyTarget
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.server import metrics
 from flowtide.server.claims import Taken
+from flowtide.server.creations import Creations
 from flowtide.server.group_commit import GroupCommit
 from flowtide.server.leases import reissue_events
 from flowtide.server.outbox import OUTBOX_HOLD
+from flowtide.server.results import After, Handed, SubmitResult, Taker
 from flowtide.server.stale import disjoint_events, drop_stale, reported_commands, settle
 from flowtide.server.statecache import CachedState, StateCache, apply_logged
 from flowtide.store import pg
@@ -63,12 +64,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "After",
-    "Creation",
     "Handed",
     "Prepare",
     "Stepper",
     "SubmitResult",
     "Taker",
+    "Written",
     "command_subject",
 ]
 
@@ -77,61 +78,6 @@ log = logging.getLogger(__name__)
 #: Runs first in a step's transaction, on its connection (a check or a write of the
 #: caller's); raising rolls the step back.
 Prepare = Callable[["psycopg.Connection"], None]
-
-
-class Taker(NamedTuple):
-    """A reporting worker that runs a next command in the slot its report frees."""
-
-    worker_id: str
-    #: The worker's pool: it is handed only a command of that pool.
-    pool: str
-
-
-class Handed(NamedTuple):
-    """A command claimed for a reporting worker in the step's transaction."""
-
-    item: ClaimItem
-    taken: Taken
-
-
-@dataclass
-class SubmitResult:
-    accepted: int = 0
-    duplicates: int = 0
-    #: Reports rejected because the command is no longer held by the reporting worker
-    #: (its lease expired and it was issued again) or is already closed.
-    stale: int = 0
-    #: Commands issued again because their worker's lease expired (`nudge`).
-    reissued: int = 0
-    status: str = ""
-    #: A command the step issued and claimed for the reporting worker (its `Taker`).
-    handed: Handed | None = None
-
-    def reply(self) -> dict[str, Any]:
-        """What a worker report's reply says of it (single or in a batch)."""
-        return {
-            "accepted": self.accepted,
-            "duplicates": self.duplicates,
-            "stale": self.stale,
-            "status": self.status,
-        }
-
-    @property
-    def all_stale(self) -> bool:
-        """Every reported command was stale: the report is answered 409."""
-        return bool(self.stale and not self.accepted)
-
-
-class After(NamedTuple):
-    """What `Stepper.after` needs of a committed step."""
-
-    execution_id: int
-    pool: str
-    #: One per part of the step.
-    results: list[SubmitResult]
-    out: Advance
-    #: The outbox rows to publish now (when the server publishes them itself).
-    notices: list[OutboxRow]
 
 
 @dataclass
@@ -147,7 +93,7 @@ class _Loaded:
 
 
 @dataclass
-class _Written:
+class Written:
     """One execution's writes of a step, queued in a pipeline: what to read back once
     it committed."""
 
@@ -157,7 +103,8 @@ class _Written:
     payloads: list[str]
     publish_now: bool
     deliveries: list[PendingNotification]
-    issued: pg.Pending[pg.commands.Issued] | None = None
+    #: Reads the commands' outbox rows once committed (`Pending.result`).
+    issued: Callable[[], pg.commands.Issued] | None = None
     last_seq: pg.Pending[int] | None = None
 
     def settle(self, claims: list[Event], notices: list[OutboxRow]) -> int:
@@ -166,7 +113,7 @@ class _Written:
         if self.issued is None:
             assert self.last_seq is not None
             return self.last_seq.result()
-        got = self.issued.result()
+        got = self.issued()
         if self.publish_now:
             handed = {e.command_id for e in claims}
             notices.extend(
@@ -184,27 +131,7 @@ class _Written:
         return got.last_seq
 
 
-class Creation(NamedTuple):
-    """A new execution for `Stepper.create_many`: its empty state and the events that
-    start it."""
-
-    fresh: CachedState
-    incoming: list[Event]
-
-
-#: Writes the rows that create a batch of executions (`Stepper.create_many`), on the
-#: step's connection; in the place of each, None or why it is refused (nothing of it
-#: written).
-PrepareMany = Callable[["psycopg.Connection"], "list[FlowtideError | None]"]
-
-
-class _Created(NamedTuple):
-    execution_id: int
-    cached: CachedState
-    after: After
-
-
-class Stepper(GroupCommit):
+class Stepper(GroupCommit, Creations):
     """Runs steps, one execution at a time per process (see the module's docstring);
     worker reports queue up behind them (`GroupCommit`)."""
 
@@ -274,95 +201,6 @@ class Stepper(GroupCommit):
             )
         await self.after(after)
         return results[0]
-
-    async def create_many(
-        self, creations: Sequence[Creation], prepare: PrepareMany
-    ) -> list[SubmitResult | FlowtideError]:
-        """New executions, each with its first step, in one transaction: `prepare` writes
-        what creates them (their rows, their triggers' firings) and says which it refused
-        (AlreadyFired...): those are not stepped and leave no trace. In the place of each,
-        its result or why it was refused. A burst of a thousand schedules firing at one
-        instant costs a few commits, not a thousand."""
-        if not creations:
-            return []
-        pool = self.store.pool("shard")
-        async with contextlib.AsyncExitStack() as locks:
-            # New ids nobody else knows yet: the locks are free; taken so that a report
-            # arriving right after the commit waits for the states to be remembered.
-            for creation in creations:
-                await locks.enter_async_context(self.cache.lock(creation.fresh.state.execution_id))
-            async with self._slots:
-                held: list[psycopg.Connection] = []
-                ok = False
-                try:
-                    outcomes, created = await self._create_all(pool, held, creations, prepare)
-                    ok = True
-                finally:
-                    if not ok:
-                        for creation in creations:
-                            self.cache.forget(creation.fresh.state.execution_id)
-                        if held:
-                            await asyncio.to_thread(self._give_back, pool, held[0])
-            for one in created:
-                self.cache.remember(one.execution_id, one.cached)
-        for one in created:
-            await self.after(one.after)
-        return outcomes
-
-    async def _create_all(
-        self,
-        pool: Any,
-        held: list[psycopg.Connection],
-        creations: Sequence[Creation],
-        prepare: PrepareMany,
-    ) -> tuple[list[SubmitResult | FlowtideError], list[_Created]]:
-        def prepare_all() -> list[FlowtideError | None]:
-            conn = pool.getconn()
-            held.append(conn)
-            refused = prepare(conn)
-            assert len(refused) == len(creations)
-            return refused
-
-        refused = await asyncio.to_thread(prepare_all)
-        conn = held[0]
-        outcomes: list[SubmitResult | FlowtideError] = []
-        steps: list[tuple[CachedState, Advance, SubmitResult]] = []
-        for creation, error in zip(creations, refused, strict=True):
-            if error is not None:
-                outcomes.append(error)
-                continue
-            state = creation.fresh.state
-            out = await self.advancer.advance(
-                {state.execution_id: state}, creation.incoming, time.time()
-            )
-            result = SubmitResult(accepted=len(creation.incoming), status=state.status)
-            outcomes.append(result)
-            steps.append((creation.fresh, out, result))
-
-        def write_all() -> list[_Created]:
-            with conn.pipeline():
-                self._write_rows(
-                    conn,
-                    [(cached.state, out, list(out.command_rows), []) for cached, out, _ in steps],
-                )
-                written = [
-                    self._write_rest(conn, cached, out, list(out.commands), [])
-                    for cached, out, _ in steps
-                ]
-                conn.commit()
-            held.clear()
-            pool.putconn(conn)
-            if any(w.deliveries for w in written) and self.on_notify is not None:
-                self.on_notify()
-            created = []
-            for (cached, out, result), w in zip(steps, written, strict=True):
-                notices: list[OutboxRow] = []
-                cached.last_seq = w.settle([], notices)
-                after = After(cached.state.execution_id, cached.pool, [result], out, notices)
-                created.append(_Created(cached.state.execution_id, cached, after))
-            return created
-
-        return outcomes, await asyncio.to_thread(write_all)
 
     # -- the transaction -----------------------------------------------------------------
 
@@ -610,7 +448,7 @@ class Stepper(GroupCommit):
         commands: list[Command],
         command_rows: list[CommandUpdate],
         claims: list[Event],
-    ) -> _Written:
+    ) -> Written:
         """Queue one execution's writes of a step on `conn` (in its pipeline)."""
         self._write_rows(conn, [(cached.state, out, command_rows, claims)])
         return self._write_rest(conn, cached, out, commands, claims)
@@ -653,9 +491,12 @@ class Stepper(GroupCommit):
         out: Advance,
         commands: list[Command],
         claims: list[Event],
-    ) -> _Written:
+        *,
+        issue: bool = True,
+    ) -> Written:
         """What follows the rows of one execution's step: claims, the commands' outbox
-        rows (or its end), the deliveries it owes."""
+        rows (or its end; with `issue` false the caller issues the commands and sets
+        `issued`), the deliveries it owes."""
         now = time.time()
         state = cached.state
         execution_id = state.execution_id
@@ -665,7 +506,7 @@ class Stepper(GroupCommit):
         summary = _summary_text(state) if state.terminal and not commands else None
         # The deliveries the step's transitions owe, written with them (sent once).
         deliveries = owed({execution_id: state}, out.recorded, self.notify_defaults)
-        written = _Written(execution_id, subject, commands, payloads, publish_now, deliveries)
+        written = Written(execution_id, subject, commands, payloads, publish_now, deliveries)
         if claims:
             pg.commands.claim_each(
                 conn,
@@ -673,7 +514,9 @@ class Stepper(GroupCommit):
                 now=now,
                 lease_until=now + self.lease,
             )
-        if commands:
+        if commands and not issue:
+            pass  # the caller issues them, for several executions at once
+        elif commands:
             written.issued = pg.commands.issue(
                 conn,
                 execution_id,
@@ -685,7 +528,7 @@ class Stepper(GroupCommit):
                 locked_until=now + OUTBOX_HOLD if publish_now else None,
                 attempts=int(publish_now),
                 claimed=[e.command_id or 0 for e in claims],
-            )
+            ).result
         else:
             if state.terminal:
                 # Nothing runs any more: open commands are closed with the execution.

@@ -24,6 +24,7 @@ __all__ = [
     "ExpiredLease",
     "Holder",
     "Issued",
+    "ToIssue",
     "claim",
     "close_open",
     "end_leases",
@@ -32,6 +33,7 @@ __all__ = [
     "held_by_any",
     "holds_live_claim",
     "issue",
+    "issue_many",
     "lock_expired",
     "lock_for_claim",
     "lock_reported",
@@ -120,6 +122,75 @@ def _issued(cur: psycopg.Cursor[Any]) -> Issued:
     rows = cur.fetchall()
     last = rows[0][2] if rows else None
     return Issued({int(r[1]): int(r[0]) for r in rows}, int(last) if last is not None else 0)
+
+
+class ToIssue(NamedTuple):
+    """One execution's new commands for `issue_many`: their ids and notification
+    payloads, in order, its pool and subject."""
+
+    execution_id: int
+    pool: str
+    subject: str
+    command_ids: list[int]
+    payloads: list[str]
+
+
+def issue_many(
+    conn: psycopg.Connection,
+    items: Sequence[ToIssue],
+    *,
+    created: float,
+    locked_until: float | None,
+    attempts: int,
+) -> Pending[dict[int, Issued]]:
+    """`issue` for the new commands of several executions (none claimed by a reporting
+    worker): one statement for all, each execution's `Issued` by its id. A batch of runs
+    created together (`Stepper.create_many`) pays one statement, not one per run."""
+    executions: list[int] = []
+    pools: list[str] = []
+    subjects: list[str] = []
+    command_ids: list[int] = []
+    payloads: list[str] = []
+    for item in items:
+        for command_id, payload in zip(item.command_ids, item.payloads, strict=True):
+            executions.append(item.execution_id)
+            pools.append(item.pool)
+            subjects.append(item.subject)
+            command_ids.append(command_id)
+            payloads.append(payload)
+    cur = conn.execute(
+        "WITH p AS (UPDATE command c SET pool = v.pool"
+        " FROM unnest(%s::bigint[], %s::text[]) AS v(command_id, pool)"
+        " WHERE c.command_id = v.command_id),"
+        " o AS (INSERT INTO outbox (execution_id, command_id, subject, payload,"
+        " created, published, locked_until, attempts)"
+        " SELECT u.execution_id, u.command_id, u.subject, u.payload, %s, NULL, %s::float8, %s"
+        " FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) WITH ORDINALITY"
+        " AS u(execution_id, command_id, subject, payload, n) ORDER BY u.n"
+        " RETURNING id, command_id, execution_id)"
+        " SELECT o.id, o.command_id, o.execution_id, (SELECT e.seq FROM event e"
+        " WHERE e.execution_id = o.execution_id ORDER BY e.seq DESC LIMIT 1) FROM o",
+        (
+            command_ids,
+            pools,
+            created,
+            locked_until,
+            attempts,
+            executions,
+            command_ids,
+            subjects,
+            payloads,
+        ),
+    )
+    return Pending(cur, _issued_many)
+
+
+def _issued_many(cur: psycopg.Cursor[Any]) -> dict[int, Issued]:
+    found: dict[int, Issued] = {}
+    for outbox_id, command_id, execution_id, last in cur.fetchall():
+        issued = found.setdefault(int(execution_id), Issued({}, int(last or 0)))
+        issued.outbox_ids[int(command_id)] = int(outbox_id)
+    return found
 
 
 def issue(

@@ -5,6 +5,10 @@ could make the server call its own admin routes (`POST /api/...` on 127.0.0.1) o
 metadata endpoint with a notification. Operators allow hosts or CIDRs with
 FLOWTIDE_NOTIFY_ALLOW_HOSTS (tests allow their loopback stubs this way).
 
+An IPv6 address that carries an IPv4 one (IPv4-mapped `::ffff:127.0.0.1`, which a socket
+connects to the IPv4 host; IPv4-compatible `::127.0.0.1`; NAT64 `64:ff9b::/96`; 6to4
+`2002::/16`) is judged by that IPv4 address as well.
+
 Every address a name resolves to is checked; the connection may still resolve it again
 (a DNS answer that changes between the check and the connect is not caught: allow-list
 or firewall egress where that matters).
@@ -16,6 +20,7 @@ import ipaddress
 import socket
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import urlsplit
 
 from flowtide.errors import FlowtideError
@@ -52,6 +57,39 @@ def own_addresses(hosts: Iterable[str]) -> frozenset[Address]:
         except OSError:
             continue
     return frozenset(a for a in found if not a.is_unspecified)
+
+
+_NAT64: Final = ipaddress.IPv6Network("64:ff9b::/96")
+_COMPATIBLE: Final = ipaddress.IPv6Network("::/96")
+
+
+def _spellings(address: Address) -> list[Address]:
+    """`address` and the IPv4 address an IPv6 one carries (mapped, compatible, NAT64,
+    6to4), which is where a connection to it may go."""
+    found: list[Address] = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = address.ipv4_mapped or address.sixtofour
+        if inner is None and (address in _NAT64 or address in _COMPATIBLE):
+            inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if inner is not None:
+            found.append(inner)
+    return found
+
+
+def _why(address: Address, own: frozenset[Address]) -> str | None:
+    return (
+        "loopback"
+        if address.is_loopback
+        else "link-local"
+        if address.is_link_local
+        else "unspecified"
+        if address.is_unspecified
+        else "multicast"
+        if address.is_multicast
+        else "this server's own address"
+        if address in own
+        else None
+    )
 
 
 @dataclass(frozen=True)
@@ -103,24 +141,15 @@ class TargetPolicy:
         for address in addresses:
             if self._allowed(address):
                 continue
-            why = (
-                "loopback"
-                if address.is_loopback
-                else "link-local"
-                if address.is_link_local
-                else "unspecified"
-                if address.is_unspecified
-                else "multicast"
-                if address.is_multicast
-                else "this server's own address"
-                if address in self.own
-                else None
-            )
-            if why is not None:
-                raise Refused(
-                    f"{host} is {why} ({address}): not allowed as a notification target"
-                    " (an operator may allow it in FLOWTIDE_NOTIFY_ALLOW_HOSTS)"
-                )
+            for spelled in _spellings(address):
+                if spelled is not address and self._allowed(spelled):
+                    continue
+                why = _why(spelled, self.own)
+                if why is not None:
+                    raise Refused(
+                        f"{host} is {why} ({spelled}): not allowed as a notification target"
+                        " (an operator may allow it in FLOWTIDE_NOTIFY_ALLOW_HOSTS)"
+                    )
 
     def check_url(self, url: str) -> None:
         """`check_host` on `url`'s host. Raises: Refused."""

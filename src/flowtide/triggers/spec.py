@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flowtide.errors import TriggerError
-from flowtide.triggers.when import Cron, Every, When, cron, every, parse_duration
+from flowtide.triggers.when import LATEST, Cron, Every, When, cron, every, parse_duration
 from flowtide.triggers.when import from_json as when_from_json
 from flowtide.triggers.when import to_json as when_to_json
 
@@ -104,9 +104,9 @@ class ScheduleSpec:
             if value is not None and (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not math.isfinite(value)
+                or not 0 <= value <= LATEST
             ):
-                raise bad(f"expected Unix seconds, got {value!r}", name)
+                raise bad(f"expected Unix seconds from 1970 to 9999, got {value!r}", name)
         if self.start is not None and self.end is not None and self.end <= self.start:
             raise bad("end must be after start", "end")
         _check_json(self.workload, self.name, "workload", dict)
@@ -194,6 +194,11 @@ def parse_time(text: Any, field: str) -> float:
         raise TriggerError(f"expected a time, got {type(text).__name__}", field=field)
     if not math.isfinite(seconds):
         raise TriggerError(f"{text!r} is not a time", field=field)
+    if not 0 <= seconds <= LATEST:
+        raise TriggerError(
+            f"{text!r} is not a time from 1970 to the end of 9999 (Unix seconds 0 to {LATEST:.0f})",
+            field=field,
+        )
     return seconds
 
 

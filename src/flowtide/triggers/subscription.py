@@ -243,8 +243,9 @@ def _read_spec(
     url = spec.get("url")
     if url is not None and (not isinstance(url, str) or not url.strip() or len(url) > 2048):
         raise r.fail((*at, "url"), "url must be a server URL (nats://host:4222)", "url")
-    if url is not None and any("@" in part.partition("://")[2] for part in url.split(",")):
-        # Definitions are shown to readers: a password belongs in a credential.
+    if url is not None and "@" in url:
+        # Definitions are shown to readers: a password belongs in a credential. (A
+        # server without a scheme is a URL too: `user:pw@host:4222` gets nats://.)
         raise r.fail(
             (*at, "url"),
             "url carries credentials: put them in a credential and name it in auth",

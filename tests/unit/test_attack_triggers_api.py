@@ -1,0 +1,236 @@
+"""Attacks on the trigger routes of the embedded app (`flowtide ui`'s, in process, the
+same routers the server mounts): odd names, far times, secrets in definitions shown to
+readers, server-local files named as playbooks, and webhook deliveries built to crash
+or stall the server. Each answer is a 4xx that says why, never a 500 or a hang."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowtide.store.sqlite import SQLiteStore
+from flowtide.triggers.hooks import sign
+from flowtide.ui.local import create_local_app
+from flowtide.web.hooks import HookDesk
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+HOST = "127.0.0.1:9"
+SECRET = b"attack-hook-secret-9f8e7d"
+NOOP = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: noop, path: tests/attack/noop}
+workflow:
+  - step: start
+    tool: {kind: noop}
+"""
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    app = create_local_app(store, secret="tok", hosts=[HOST], home=tmp_path, prewarm=0)
+    app.state.hooks = HookDesk()
+    with TestClient(app, base_url=f"http://{HOST}") as c:
+        c.headers["authorization"] = "Bearer tok"
+        r = c.post("/api/catalog/register", json={"content": NOOP})
+        assert r.status_code in (200, 201), r.text
+        yield c
+    store.close()
+
+
+def _deliver(client: TestClient, name: str, body: bytes, **headers: str) -> Any:
+    sent = {
+        "content-type": "application/json",
+        "x-flowtide-signature": sign(SECRET, body),
+        "authorization": "",
+        **headers,
+    }
+    return client.post(f"/api/hooks/{name}", content=body, headers=sent)
+
+
+def _hook(client: TestClient, name: str = "gh", **fields: Any) -> None:
+    r = client.post(
+        "/api/hooks",
+        json={"name": name, "playbook": "tests/attack/noop", "secret": SECRET.decode(), **fields},
+    )
+    assert r.status_code == 201, r.text
+
+
+# -- subscriptions: a URL's credentials ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://alice:pw-in-url-1@127.0.0.1:9",
+        "alice:pw-in-url-1@127.0.0.1:9",  # no scheme: nats-py adds nats://
+        "127.0.0.1:9,alice:pw-in-url-1@127.0.0.1:10",
+        " tls://pw-in-url-1@127.0.0.1:9",
+    ],
+)
+def test_a_subscription_url_with_credentials_is_refused(client: TestClient, url: str) -> None:
+    r = client.post(
+        "/api/subscriptions",
+        json={"name": "s", "playbook": "tests/attack/noop", "url": url, "subject": "a.b"},
+    )
+    assert r.status_code == 400, r.text
+    assert "credential" in r.text
+    assert "pw-in-url-1" not in client.get("/api/subscriptions").text
+
+
+# -- schedules: far times, odd names ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["start", "end"])
+def test_a_schedule_at_1e300_is_a_400_not_a_hung_server(client: TestClient, key: str) -> None:
+    began = time.monotonic()
+    r = client.post(
+        "/api/schedules",
+        json={"name": "far", "playbook": "tests/attack/noop", "every": "1ms", key: 1e300},
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == key, r.text
+    assert client.get("/api/schedules").json()["items"] == []
+    assert time.monotonic() - began < 10
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(-1e300, 0), (0, 1e300), ("0001-01-01T00:00:00Z", "2000-01-01T00:00:00Z"), (0, 3e9)],
+)
+def test_a_backfill_over_a_far_range_is_a_400(client: TestClient, start: Any, end: Any) -> None:
+    r = client.post(
+        "/api/schedules",
+        json={"name": "daily", "playbook": "tests/attack/noop", "cron": "0 0 * * *"},
+    )
+    assert r.status_code == 201, r.text
+    r = client.post("/api/schedules/daily/backfill", json={"start": start, "end": end})
+    assert r.status_code == 400, r.text
+    assert client.get("/api/executions").json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a/b", "..", "a\x00b", "a\ud800", "x" * 100_000, "-lead", "ä", "a b", "a%2Fb", ""],
+)
+def test_odd_schedule_names_are_refused(client: TestClient, name: str) -> None:
+    body = json.dumps(
+        {"name": name, "playbook": "tests/attack/noop", "every": "1h"}, ensure_ascii=True
+    )
+    r = client.post("/api/schedules", content=body, headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    assert client.get("/api/schedules").json()["items"] == []
+
+
+@pytest.mark.parametrize("path", ["..%2F..%2Fetc%2Fpasswd", "a%00b", "%2e%2e", "x" * 5000])
+def test_odd_names_in_paths_are_404_or_422(client: TestClient, path: str) -> None:
+    for route in ("schedules", "hooks", "subscriptions"):
+        r = client.get(f"/api/{route}/{path}")
+        assert r.status_code in (404, 422), (route, r.status_code, r.text)
+    r = client.post(f"/api/schedules/{path}/trigger")
+    assert r.status_code in (404, 422), r.text
+
+
+# -- webhooks: deliveries built to crash or stall ----------------------------------------
+
+
+def test_a_form_of_100k_fields_is_parsed_or_refused_quickly(client: TestClient) -> None:
+    _hook(client)
+    body = "&".join(f"f{i}=v" for i in range(100_000)).encode()
+    began = time.monotonic()
+    r = _deliver(client, "gh", body, **{"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code in (202, 400, 413), r.text
+    assert time.monotonic() - began < 10
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        lambda s: s.upper().replace("SHA256=", "sha256="),  # upper-case hex: same digest
+        lambda s: "  " + s + "  ",
+        lambda s: s.replace("sha256=", "SHA256="),
+    ],
+)
+def test_signature_spellings_that_are_the_same_signature(
+    client: TestClient, signature: Any
+) -> None:
+    _hook(client)
+    body = b'{"a": 1}'
+    r = _deliver(client, "gh", body, **{"x-flowtide-signature": signature(sign(SECRET, body))})
+    assert r.status_code == 202, r.text
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        lambda s: "sha1=" + s[len("sha256=") :][:40],
+        lambda s: s[len("sha256=") :],  # no scheme
+        lambda s: s + "00",
+        lambda s: s[:-2],
+        lambda s: s + "," + s,
+        lambda s: "sha256=" + s,
+        lambda s: s.replace("sha256=", "sha256 = "),
+    ],
+)
+def test_signature_variants_that_are_not_the_signature_are_401(
+    client: TestClient, given: Any
+) -> None:
+    _hook(client)
+    body = b'{"a": 1}'
+    r = _deliver(client, "gh", body, **{"x-flowtide-signature": given(sign(SECRET, body))})
+    assert r.status_code == 401, r.text
+
+
+def test_a_timestamp_far_in_the_future_or_huge_is_refused(client: TestClient) -> None:
+    _hook(client)
+    body = b"{}"
+    for stamp in (int(time.time()) + 10 * 86400, 10**30, -(10**30)):
+        r = _deliver(
+            client,
+            "gh",
+            body,
+            **{
+                "x-flowtide-signature": sign(SECRET, body, stamp),
+                "x-flowtide-timestamp": str(stamp),
+            },
+        )
+        assert r.status_code == 401, (stamp, r.text)
+    r = _deliver(client, "gh", body, **{"x-flowtide-timestamp": "9" * 5000})
+    assert r.status_code == 401, r.text
+
+
+def test_a_10kb_delivery_id_is_a_400(client: TestClient) -> None:
+    _hook(client)
+    r = _deliver(client, "gh", b"{}", **{"x-flowtide-delivery": "d" * 10_000})
+    assert r.status_code == 400, r.text
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ env }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ secret }}",
+        "{{ self.__init__.__globals__ }}",
+        "{{ lipsum.__globals__ }}",
+        "{{ cycler.__init__.__globals__.os.environ }}",
+        "{{ range(10**9) | list }}",
+        "{{ 'x' * 10**9 }}",
+    ],
+)
+def test_a_hook_workload_template_cannot_reach_the_server(
+    client: TestClient, template: str
+) -> None:
+    _hook(client, workload={"x": template})
+    r = _deliver(client, "gh", b"{}")
+    assert r.status_code == 409, r.text
+    assert client.get("/api/executions").json()["items"] == []

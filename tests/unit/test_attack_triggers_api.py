@@ -140,6 +140,30 @@ def test_odd_names_in_paths_are_404_or_422(client: TestClient, path: str) -> Non
     assert r.status_code in (404, 422), r.text
 
 
+# -- a server-local file named as a playbook -----------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["schedules", "subscriptions"])
+def test_a_server_file_is_not_a_playbook_and_its_existence_is_not_told(
+    client: TestClient, tmp_path: Path, route: str
+) -> None:
+    there = tmp_path / "master-like"
+    there.write_text("not a playbook")
+    answers = []
+    for path in (str(there), str(tmp_path / "missing-file"), "/etc/passwd", "../../etc/passwd"):
+        fields: dict[str, Any] = {"name": "f", "playbook": path}
+        fields.update(
+            {"every": "1h"}
+            if route == "schedules"
+            else {"url": "nats://127.0.0.1:9", "subject": "a"}
+        )
+        r = client.post(f"/api/{route}", json=fields)
+        assert r.status_code == 400, r.text
+        answers.append(r.json()["error"]["message"].replace(path, "PATH"))
+    # The same answer whether the file exists or not: the API is no file-system oracle.
+    assert len(set(answers)) == 1, answers
+
+
 # -- webhooks: deliveries built to crash or stall ----------------------------------------
 
 

@@ -167,6 +167,13 @@ def test_a_server_file_is_not_a_playbook_and_its_existence_is_not_told(
 # -- webhooks: deliveries built to crash or stall ----------------------------------------
 
 
+def test_json_nested_deeper_than_the_parser_goes_is_a_400(client: TestClient) -> None:
+    _hook(client)
+    r = _deliver(client, "gh", b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400, r.text
+    assert client.get("/api/executions").json()["items"] == []
+
+
 def test_a_form_of_100k_fields_is_parsed_or_refused_quickly(client: TestClient) -> None:
     _hook(client)
     body = "&".join(f"f{i}=v" for i in range(100_000)).encode()
@@ -258,3 +265,23 @@ def test_a_hook_workload_template_cannot_reach_the_server(
     r = _deliver(client, "gh", b"{}")
     assert r.status_code == 409, r.text
     assert client.get("/api/executions").json()["items"] == []
+
+
+@pytest.mark.parametrize(("depth", "status"), [(200, 202), (300, 400), (900, 400)])
+def test_json_nested_deeper_than_a_workload_may_be_is_a_400(
+    client: TestClient, depth: int, status: int
+) -> None:
+    # 900 parsed, then made the run's start recurse past Python's limit: a 500.
+    _hook(client)
+    r = _deliver(client, "gh", b"[" * depth + b"]" * depth)
+    assert r.status_code == status, r.text
+
+
+def test_a_nats_message_too_deep_for_a_workload_is_its_text() -> None:
+    from flowtide.triggers.natssource import message_data
+
+    for depth in (300, 100_000):
+        raw = b"[" * depth + b"]" * depth
+        assert message_data(raw) == raw.decode()
+    assert message_data(b'{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
+    assert message_data(b"[" * 200 + b"]" * 200) == eval("[" * 200 + "]" * 200)

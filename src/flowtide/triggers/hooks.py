@@ -328,10 +328,18 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
     if media == "application/json" or media.endswith("+json"):
         if not body.strip():
             return None
+        from flowtide.jsonvalues import MAX_DEPTH, nested_deeper
+
         try:
-            return json.loads(body)
+            parsed = json.loads(body)
         except ValueError:
             raise TriggerError("the body is not JSON", field="body") from None
+        except RecursionError:
+            parsed = None
+        else:
+            if not nested_deeper(parsed):
+                return parsed
+        raise TriggerError(f"the body nests more than {MAX_DEPTH} levels deep", field="body")
     if media == "application/x-www-form-urlencoded":
         try:
             parsed = parse_qs(

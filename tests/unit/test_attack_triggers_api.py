@@ -285,3 +285,44 @@ def test_a_nats_message_too_deep_for_a_workload_is_its_text() -> None:
         assert message_data(raw) == raw.decode()
     assert message_data(b'{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
     assert message_data(b"[" * 200 + b"]" * 200) == eval("[" * 200 + "]" * 200)
+
+
+def test_an_unknown_hook_name_costs_what_a_known_one_does(tmp_path: Path) -> None:
+    # Known names were kept for _FRESH s; unknown ones read the store on every request:
+    # a flood of made-up names was a store read each, and timing told names apart.
+    import asyncio
+
+    from flowtide.web.hooks import HookDesk as Desk
+
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    reads: list[str] = []
+    real = store.get_trigger
+
+    def counted(kind: str, name: str) -> Any:
+        reads.append(name)
+        return real(kind, name)
+
+    store.get_trigger = counted  # type: ignore[method-assign]
+    now = [100.0]
+    desk = Desk(monotonic=lambda: now[0])
+
+    async def probe() -> None:
+        for _ in range(50):
+            assert await desk.hook(store, "nobody") is None
+        assert reads == ["nobody"]
+        now[0] += 5.0  # past _FRESH: read again, once
+        for _ in range(50):
+            assert await desk.hook(store, "nobody") is None
+        assert reads == ["nobody", "nobody"]
+        desk.forget("nobody")  # a hook of that name was just added: read at once
+        assert await desk.hook(store, "nobody") is None
+        assert len(reads) == 3
+        for i in range(12_000):  # many names: the memory of them stays bounded
+            desk._unknown[f"n{i}"] = now[0]
+        await desk.hook(store, "another")
+        assert len(desk._unknown) <= 10_000
+
+    try:
+        asyncio.run(probe())
+    finally:
+        store.close()

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol, TypeVar, runtime_checkable
@@ -91,6 +92,8 @@ _FRESH: Final = 2.0
 _GENERATIONS: Final = 16
 #: The largest body checked and parsed on the event loop (larger: in a thread).
 _INLINE_BODY: Final = 64 * 1024
+#: Unknown names remembered at most (the oldest forgotten first).
+_MAX_UNKNOWN: Final = 10_000
 #: What an unknown name is checked against: a signature never verifies with it.
 _NO_SECRET: Final = os.urandom(32)
 
@@ -127,6 +130,9 @@ class HookDesk:
     limits: RateLimits = field(default_factory=RateLimits)
     refusals: Refusals = field(default_factory=Refusals)
     _hooks: dict[str, _Hook] = field(default_factory=dict)
+    #: Names found to be no hook, and when: an unknown name costs what a known one does
+    #: (one store read per _FRESH s), so neither its timing nor a flood tells names apart.
+    _unknown: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _playbooks: dict[str, tuple[float, Playbook, int | None]] = field(default_factory=dict)
 
     @classmethod
@@ -142,6 +148,9 @@ class HookDesk:
         held = self._hooks.get(name)
         if held is not None and now - held.read_at < _FRESH:
             return held
+        missing = self._unknown.get(name)
+        if missing is not None and now - missing < _FRESH:
+            return None
 
         def read() -> _Hook | None:
             try:
@@ -154,7 +163,12 @@ class HookDesk:
         found = await asyncio.to_thread(read)
         if found is None:
             self._hooks.pop(name, None)
+            self._unknown[name] = now
+            self._unknown.move_to_end(name)
+            while len(self._unknown) > _MAX_UNKNOWN:
+                self._unknown.popitem(last=False)
         else:
+            self._unknown.pop(name, None)
             if len(self._hooks) >= 10_000:
                 self._hooks.clear()
             self._hooks[name] = found
@@ -162,6 +176,7 @@ class HookDesk:
 
     def forget(self, name: str) -> None:
         self._hooks.pop(name, None)
+        self._unknown.pop(name, None)
         self.refusals.forget(name)
 
     async def playbook(self, store: Store, ref: dict[str, Any]) -> tuple[Playbook, int | None]:

@@ -326,3 +326,109 @@ def test_an_unknown_hook_name_costs_what_a_known_one_does(tmp_path: Path) -> Non
         asyncio.run(probe())
     finally:
         store.close()
+
+
+# -- definitions: versions, nesting, sizes --------------------------------------------------
+
+
+def test_a_schedule_names_a_catalog_version(client: TestClient) -> None:
+    # `version` beside `playbook` (the API, `--version`) was an "unknown field" 400.
+    r = client.post(
+        "/api/schedules",
+        json={"name": "v", "playbook": "tests/attack/noop", "version": 1, "every": "1h"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["version"] == 1
+    r = client.post(
+        "/api/schedules",
+        json={"name": "v2", "playbook": "tests/attack/noop", "version": 7, "every": "1h"},
+    )
+    assert r.status_code == 400 and "version 7" in r.text, r.text
+
+
+@pytest.mark.parametrize("version", [2**31, 2**63, 10**30])
+def test_a_version_past_the_store_integer_is_refused(client: TestClient, version: int) -> None:
+    # A subscription's was a 503 "store unavailable" (SQLite cannot bind the integer).
+    for route, extra in (
+        ("schedules", {"every": "1h"}),
+        ("subscriptions", {"url": "nats://127.0.0.1:9", "subject": "a", "paused": True}),
+    ):
+        r = client.post(
+            f"/api/{route}",
+            json={"name": "v", "playbook": "tests/attack/noop", "version": version, **extra},
+        )
+        assert r.status_code in (400, 422), (route, r.text)
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize("depth", [65, 900])
+def test_a_definition_nested_too_deep_is_refused_and_lists_still_answer(
+    client: TestClient, depth: int
+) -> None:
+    # 900 levels: the schedule's copy and the hook's answer recursed too deep (500s); the
+    # hook was stored first, so listing hooks failed from then on.
+    deep = _nested(depth)
+    bodies = {
+        "schedules": b'{"name":"d","playbook":"tests/attack/noop","every":"1h","workload":{"a":'
+        + deep
+        + b"}}",
+        "hooks": b'{"name":"d","playbook":"tests/attack/noop","secret":"xxxxxxxx","workload":{"a":'
+        + deep
+        + b"}}",
+        "subscriptions": b'{"name":"d","playbook":"tests/attack/noop","url":"nats://127.0.0.1:9",'
+        b'"subject":"a","paused":true,"config":{"a":' + deep + b"}}",
+    }
+    for route, body in bodies.items():
+        r = client.post(f"/api/{route}", content=body, headers={"content-type": "application/json"})
+        assert r.status_code in (400, 422), (route, r.status_code, r.text)
+        assert "deep" in r.text, r.text
+        listed = client.get(f"/api/{route}")
+        assert listed.status_code == 200 and listed.json()["items"] == [], listed.text
+
+
+def test_a_subscription_config_or_workload_is_bounded(client: TestClient) -> None:
+    for key, value in (("config", {"k": "v" * 300_000}), ("workload", {"k": "v" * 300_000})):
+        r = client.post(
+            "/api/subscriptions",
+            json={
+                "name": "big",
+                "playbook": "tests/attack/noop",
+                "url": "nats://127.0.0.1:9",
+                "subject": "a",
+                "paused": True,
+                key: value,
+            },
+        )
+        assert r.status_code == 400 and r.json()["error"]["field"] == key, r.text
+
+
+def test_a_hook_workload_is_bounded(client: TestClient) -> None:
+    r = client.post(
+        "/api/hooks",
+        json={
+            "name": "big",
+            "playbook": "tests/attack/noop",
+            "secret": "xxxxxxxx",
+            "workload": {"k": "v" * 300_000},
+        },
+    )
+    assert r.status_code in (400, 422), r.text
+
+
+@pytest.mark.parametrize("max_deliver", [0, 10**30, 10_001])
+def test_max_deliver_is_bounded(client: TestClient, max_deliver: int) -> None:
+    r = client.post(
+        "/api/subscriptions",
+        json={
+            "name": "m",
+            "playbook": "tests/attack/noop",
+            "url": "nats://127.0.0.1:9",
+            "subject": "a",
+            "paused": True,
+            "max_deliver": max_deliver,
+        },
+    )
+    assert r.status_code in (400, 422), r.text

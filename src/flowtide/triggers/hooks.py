@@ -238,6 +238,10 @@ def add_hook(
     secret = check_secret(secret)
     if workload is not None and not isinstance(workload, dict):
         raise TriggerError("a hook's workload is a mapping of templates", field="workload")
+    if workload is not None:
+        from flowtide.triggers.spec import check_json_value
+
+        check_json_value(workload, "workload", name=name, kind=HOOK)
     spec = {"playbook": playbook, "workload": workload, "rate": parse_rate(rate)}
     return store.put_trigger(
         HOOK,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from flowtide.errors import TriggerError
-from flowtide.triggers.spec import Positions, validate_name
+from flowtide.triggers.spec import MAX_VERSION, Positions, check_json_value, validate_name
 from flowtide.triggers.when import parse_duration
 
 __all__ = [
@@ -61,6 +61,8 @@ _PER: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 #: The largest batch (messages one listener holds unacknowledged at once).
 MAX_BATCH: Final = 1000
 MAX_WORKLOAD_KEYS: Final = 1000
+#: The most deliveries of a message whose run cannot start.
+MAX_DELIVER: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +231,13 @@ def _read_spec(
     if not isinstance(playbook, str) or not playbook.strip() or len(playbook) > 4096:
         raise r.fail((*at, "playbook"), "name the playbook: a catalog path", "playbook")
     if version is not None and (
-        isinstance(version, bool) or not isinstance(version, int) or version < 1
+        isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION
     ):
-        raise r.fail((*at, "version"), f"version must be a number >= 1, not {version!r}", "version")
+        raise r.fail(
+            (*at, "version"),
+            f"version must be a number from 1 to {MAX_VERSION}, not {version!r}",
+            "version",
+        )
     source = spec.get("source", "nats")
     if not isinstance(source, str) or not _SOURCE.match(source):
         raise r.fail((*at, "source"), f"source {source!r} is not a source name", "source")
@@ -269,6 +275,11 @@ def _read_spec(
     config = spec.get("config") or {}
     if not isinstance(config, Mapping):
         raise r.fail((*at, "config"), "config must be a mapping (the source's fields)", "config")
+    for key, value in (("workload", workload), ("config", config)):
+        try:
+            check_json_value(value, key, name=name, kind=KIND)
+        except TriggerError as exc:
+            raise r.fail((*at, key), exc.message, key) from None
     paused = spec.get("paused", False)
     if not isinstance(paused, bool):
         raise r.fail((*at, "paused"), f"paused must be true or false, not {paused!r}", "paused")
@@ -285,8 +296,16 @@ def _read_spec(
         raise r.fail((*at, key), exc.message, key) from None
     max_deliver = spec.get("max_deliver")
     if max_deliver is not None:
-        if isinstance(max_deliver, bool) or not isinstance(max_deliver, int) or max_deliver < 1:
-            raise r.fail((*at, "max_deliver"), "max_deliver must be a number >= 1", "max_deliver")
+        if (
+            isinstance(max_deliver, bool)
+            or not isinstance(max_deliver, int)
+            or not 1 <= max_deliver <= MAX_DELIVER
+        ):
+            raise r.fail(
+                (*at, "max_deliver"),
+                f"max_deliver must be a number from 1 to {MAX_DELIVER}",
+                "max_deliver",
+            )
         values["max_deliver"] = max_deliver
     batch = spec.get("batch")
     if batch is not None:

@@ -432,3 +432,31 @@ def test_max_deliver_is_bounded(client: TestClient, max_deliver: int) -> None:
         },
     )
     assert r.status_code in (400, 422), r.text
+
+
+def test_bad_signatures_do_not_spend_the_senders_rate(client: TestClient) -> None:
+    # The rate is taken only after the signature verifies: someone without the secret
+    # cannot use up the real sender's deliveries.
+    _hook(client, rate="1/h")
+    for _ in range(20):
+        r = _deliver(client, "gh", b"{}", **{"x-flowtide-signature": "sha256=" + "0" * 64})
+        assert r.status_code == 401
+    assert _deliver(client, "gh", b"{}").status_code == 202
+    assert _deliver(client, "gh", b'{"b": 1}').status_code == 429
+
+
+def test_the_forwarded_header_is_no_way_around_a_token(client: TestClient) -> None:
+    for method, path in (
+        ("POST", "/api/schedules"),
+        ("GET", "/api/hooks"),
+        ("POST", "/api/hooks/gh/pause"),
+        ("DELETE", "/api/hooks/gh"),
+        ("GET", "/api/subscriptions"),
+    ):
+        r = client.request(
+            method,
+            path,
+            json={},
+            headers={"authorization": "", "x-flowtide-forwarded": "1"},
+        )
+        assert r.status_code == 401, (method, path, r.status_code)

@@ -132,3 +132,31 @@ def test_a_webhook_to_mapped_loopback_never_reaches_the_server(
     got = sender.send("webhook", {"url": f"http://[::ffff:127.0.0.1]:{port}/api/admin"}, {"x": 1})
     assert not got.ok and "refused" in (got.error or "") and not got.retry
     assert seen == []
+
+
+def test_a_redirect_to_a_refused_address_is_not_followed() -> None:
+    # The allowed target answers 307 to the metadata address: the POST stops there.
+    seen: list[str] = []
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(self.path)
+            self.send_response(307)
+            self.send_header("Location", "http://169.254.169.254/latest/meta-data/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        sender = Sender(TargetPolicy.from_setting("127.0.0.1/32"), timeout=2.0)
+        got = sender.send("webhook", {"url": f"http://127.0.0.1:{port}/hook"}, {"x": 1})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not got.ok and got.status_code == 307
+    assert seen == ["/hook"]

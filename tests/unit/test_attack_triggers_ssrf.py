@@ -5,6 +5,7 @@ machine's loopback and of link-local addresses that a playbook author may write 
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import threading
 from collections.abc import Iterator
 
@@ -160,3 +161,33 @@ def test_a_redirect_to_a_refused_address_is_not_followed() -> None:
         server.server_close()
     assert not got.ok and got.status_code == 307
     assert seen == ["/hook"]
+
+
+def _sending_address() -> str | None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.connect(("192.0.2.1", 9))  # a route lookup: nothing is sent
+            return str(udp.getsockname()[0])
+    except OSError:
+        return None
+
+
+def test_every_address_of_this_machine_is_its_own() -> None:
+    # The relay's own addresses were its host name's (often 127.0.x.1 only): a server on
+    # 0.0.0.0 was reachable at its interface address (http://10.0.0.5:8080/api/...).
+    from flowtide.notify.ssrf import machine_addresses, own_addresses
+
+    own = own_addresses([])
+    assert machine_addresses() <= own
+    sending = _sending_address()
+    if sending is None or sending.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    assert ipaddress.ip_address(sending) in own
+    policy = TargetPolicy(own=own)
+    with pytest.raises(Refused) as refused:
+        policy.check_url(f"http://{sending}:8080/api/executions")
+    assert "own address" in str(refused.value)
+    # An operator may still allow it.
+    TargetPolicy.from_setting(f"{sending}/32", own).check_host(sending)

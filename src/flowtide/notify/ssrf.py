@@ -1,6 +1,7 @@
 """Where a notification may go: never, unless an operator allowed it, to this machine's
 loopback, a link-local address (cloud metadata services live there), an unspecified or
-multicast address, or one of this server's own addresses. Otherwise a playbook author
+multicast address, or one of this server's own addresses (its listen and advertised
+hosts', and every interface's: a server on 0.0.0.0 answers on each). Otherwise a playbook author
 could make the server call its own admin routes (`POST /api/...` on 127.0.0.1) or a
 metadata endpoint with a notification. Operators allow hosts or CIDRs with
 FLOWTIDE_NOTIFY_ALLOW_HOSTS (tests allow their loopback stubs this way).
@@ -16,16 +17,18 @@ or firewall egress where that matters).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
 from flowtide.errors import FlowtideError
 
-__all__ = ["Refused", "TargetPolicy", "own_addresses"]
+__all__ = ["Refused", "TargetPolicy", "machine_addresses", "own_addresses"]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -40,9 +43,44 @@ class Refused(FlowtideError):
         self.retry = retry
 
 
-def own_addresses(hosts: Iterable[str]) -> frozenset[Address]:
-    """The addresses `hosts` (this server's listen and advertised hosts) resolve to."""
+def machine_addresses() -> frozenset[Address]:
+    """The addresses of this machine's interfaces, as far as they can be read without
+    privileges: Linux's /proc (every interface), else the address the machine sends
+    from (a UDP socket connected, which sends nothing). A server listening on 0.0.0.0
+    answers on each of them, whatever its host name resolves to."""
     found: set[Address] = set()
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        lines = []
+    for before, line in zip(lines, lines[1:], strict=False):
+        if line.strip() == "/32 host LOCAL" and "|--" in before:
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.ip_address(before.split("|--", 1)[1].strip()))
+    try:
+        rows = Path("/proc/net/if_inet6").read_text().splitlines()
+    except OSError:
+        rows = []
+    for row in rows:
+        text = row.split(maxsplit=1)[0] if row.strip() else ""
+        if len(text) == 32:
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.IPv6Address(int(text, 16)))
+    if not found:
+        for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+            try:
+                with socket.socket(family, socket.SOCK_DGRAM) as udp:
+                    udp.connect((probe, 9))
+                    found.add(ipaddress.ip_address(udp.getsockname()[0].split("%")[0]))
+            except (OSError, ValueError):
+                continue
+    return frozenset(a for a in found if not a.is_unspecified)
+
+
+def own_addresses(hosts: Iterable[str], *, machine: bool = True) -> frozenset[Address]:
+    """The addresses `hosts` (this server's listen and advertised hosts) resolve to, and
+    (`machine`) those of this machine's interfaces."""
+    found: set[Address] = set(machine_addresses()) if machine else set()
     for host in hosts:
         if not host:
             continue

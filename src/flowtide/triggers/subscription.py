@@ -61,6 +61,20 @@ _PER: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 #: The largest batch (messages one listener holds unacknowledged at once).
 MAX_BATCH: Final = 1000
 MAX_WORKLOAD_KEYS: Final = 1000
+#: What an `auth` mapping may hold: the credential's alias, and a server or a user name
+#: overriding the credential's (never a secret, never a file).
+AUTH_FIELDS: Final = (
+    "credential",
+    "key",
+    "alias",
+    "url",
+    "nats_url",
+    "server",
+    "servers",
+    "user",
+    "username",
+    "nats_user",
+)
 #: The most deliveries of a message whose run cannot start.
 MAX_DELIVER: Final = 10_000
 
@@ -246,6 +260,8 @@ def _read_spec(
         (isinstance(auth, str) and 0 < len(auth) <= 256) or isinstance(auth, Mapping)
     ):
         raise r.fail((*at, "auth"), "auth names a credential (or is a mapping)", "auth")
+    if isinstance(auth, Mapping):
+        _check_auth_mapping(r, auth)
     url = spec.get("url")
     if url is not None and (not isinstance(url, str) or not url.strip() or len(url) > 2048):
         raise r.fail((*at, "url"), "url must be a server URL (nats://host:4222)", "url")
@@ -326,6 +342,27 @@ def _read_spec(
         description=description,
         **values,
     )
+
+
+def _check_auth_mapping(r: _SubReader, auth: Mapping[str, Any]) -> None:
+    """An `auth` mapping names a credential and may override its server and user: a
+    secret belongs in the credential (a definition is stored and shown), and so does a
+    file (a path would be read by the process that listens, a server)."""
+    path = ("spec", "auth")
+    for key, value in auth.items():
+        if key not in AUTH_FIELDS:
+            raise r.fail(
+                (*path, key),
+                f"auth.{key}: an auth mapping holds {', '.join(AUTH_FIELDS)}; passwords,"
+                " tokens and files belong in the credential it names",
+                "auth",
+            )
+        if not isinstance(value, str) or len(value) > 2048:
+            raise r.fail((*path, key), f"auth.{key} must be a string", "auth")
+        if "@" in value and key not in ("credential", "key", "alias"):
+            raise r.fail(
+                (*path, key), f"auth.{key} carries credentials: put them in a credential", "auth"
+            )
 
 
 def _read_batch(r: _SubReader, batch: Any) -> Batch:

@@ -460,3 +460,22 @@ def test_the_forwarded_header_is_no_way_around_a_token(client: TestClient) -> No
             headers={"authorization": "", "x-flowtide-forwarded": "1"},
         )
         assert r.status_code == 401, (method, path, r.status_code)
+
+
+@pytest.mark.parametrize(
+    "source", ["os", "subprocess", "flowtide", "nats.aio", "../x", "Os", "x" * 65]
+)
+def test_a_source_is_a_known_name_never_a_module(client: TestClient, source: str) -> None:
+    # Only `nats` and installed plugins' entry points (none here) are sources: a name is
+    # never imported.
+    r = client.post(
+        "/api/subscriptions",
+        json={
+            "name": "src",
+            "playbook": "tests/attack/noop",
+            "source": source,
+            "paused": True,
+            "config": {"path": "/etc/passwd"},
+        },
+    )
+    assert r.status_code in (400, 422) and "source" in r.text, r.text

@@ -191,3 +191,14 @@ def test_every_address_of_this_machine_is_its_own() -> None:
     assert "own address" in str(refused.value)
     # An operator may still allow it.
     TargetPolicy.from_setting(f"{sending}/32", own).check_host(sending)
+
+
+@pytest.mark.parametrize(
+    "host", ["fd00:ec2::254", "[fd00:ec2::254]", "100.100.100.200", "::ffff:100.100.100.200"]
+)
+def test_cloud_metadata_outside_link_local_is_refused(host: str) -> None:
+    # AWS's IMDS over IPv6 is fd00:ec2::254 (not link-local); Alibaba's is 100.100.100.200.
+    with pytest.raises(Refused) as refused:
+        TargetPolicy().check_host(host)
+    assert "metadata" in str(refused.value)
+    TargetPolicy.from_setting("100.100.100.200, fd00:ec2::254").check_host(host)

@@ -1,9 +1,10 @@
 """Where a notification may go: never, unless an operator allowed it, to this machine's
-loopback, a link-local address (cloud metadata services live there), an unspecified or
-multicast address, or one of this server's own addresses (its listen and advertised
-hosts', and every interface's: a server on 0.0.0.0 answers on each). Otherwise a playbook author
-could make the server call its own admin routes (`POST /api/...` on 127.0.0.1) or a
-metadata endpoint with a notification. Operators allow hosts or CIDRs with
+loopback, a link-local address (cloud metadata services live there; AWS's IPv6 one and
+Alibaba's, which do not, are refused by address), an unspecified or multicast address,
+or one of this server's own addresses (its listen and advertised hosts', and every
+interface's: a server on 0.0.0.0 answers on each). Otherwise a playbook author could
+make the server call its own admin routes (`POST /api/...` on 127.0.0.1) or a metadata
+endpoint with a notification. Operators allow hosts or CIDRs with
 FLOWTIDE_NOTIFY_ALLOW_HOSTS (tests allow their loopback stubs this way).
 
 An IPv6 address that carries an IPv4 one (IPv4-mapped `::ffff:127.0.0.1`, which a socket
@@ -99,6 +100,11 @@ def own_addresses(hosts: Iterable[str], *, machine: bool = True) -> frozenset[Ad
 
 _NAT64: Final = ipaddress.IPv6Network("64:ff9b::/96")
 _COMPATIBLE: Final = ipaddress.IPv6Network("::/96")
+#: Cloud metadata services outside link-local: AWS's IPv6 endpoint (a unique local
+#: address) and Alibaba Cloud's (in the shared address space).
+METADATA: Final = frozenset(
+    {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
+)
 
 
 def _spellings(address: Address) -> list[Address]:
@@ -124,6 +130,8 @@ def _why(address: Address, own: frozenset[Address]) -> str | None:
         if address.is_unspecified
         else "multicast"
         if address.is_multicast
+        else "a cloud metadata service"
+        if address in METADATA
         else "this server's own address"
         if address in own
         else None

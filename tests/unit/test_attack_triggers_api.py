@@ -479,3 +479,35 @@ def test_a_source_is_a_known_name_never_a_module(client: TestClient, source: str
         },
     )
     assert r.status_code in (400, 422) and "source" in r.text, r.text
+
+
+def test_a_delivery_is_forwarded_to_its_shard_only_once_signed(client: TestClient) -> None:
+    # On a cluster of several shards a delivery to another shard's hook was forwarded
+    # before its signature was checked: an unknown name answered at once and a known one
+    # a network hop later (names told apart), and every forged delivery cost a forward.
+    from fastapi.responses import JSONResponse
+
+    _hook(client)
+    app = client.app
+    local = app.state.reads  # type: ignore[attr-defined]
+    forwarded: list[str] = []
+
+    class Sharded:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(local, name)
+
+        async def trigger_elsewhere(self, request: Any, trigger_id: int) -> Any:
+            forwarded.append(request.url.path)
+            return JSONResponse({"forwarded": True}, status_code=202)
+
+    app.state.reads = Sharded()  # type: ignore[attr-defined]
+    try:
+        bad = _deliver(client, "gh", b"{}", **{"x-flowtide-signature": "sha256=" + "0" * 64})
+        assert bad.status_code == 401 and forwarded == []
+        unknown = _deliver(client, "nobody", b"{}")
+        assert unknown.status_code == 401 and forwarded == []
+        good = _deliver(client, "gh", b"{}")
+        assert good.status_code == 202 and good.json() == {"forwarded": True}
+        assert forwarded == ["/api/hooks/gh"]
+    finally:
+        app.state.reads = local  # type: ignore[attr-defined]

@@ -10,9 +10,11 @@ past the hook's rate, 429 with `Retry-After` (counted per server process); the b
 capped by the app's Gate like any other (413). A new run: 202.
 
 In a cluster of several shards, a hook is its shard's (`shard_for(trigger_id, n)`): a
-server of another shard sends the delivery on, raw body and headers intact, once
-(`ShardedReads.trigger_elsewhere`), so its firing and its run are written in the owner's
-one transaction and a delivery sent to two servers starts one run.
+server of another shard checks the signature and sends a signed delivery on, raw body
+and headers intact, once (`ShardedReads.trigger_elsewhere`), so its firing and its run
+are written in the owner's one transaction and a delivery sent to two servers starts one
+run. (A forged one is refused where it lands: it costs no forward, and a known name of
+another shard answers as fast as an unknown name.)
 
 Refused deliveries are kept in the memory of the process that refused them (the latest
 50 of each hook, `flowtide.triggers.hooks.Refusals`): a flood of bad requests costs no writes.
@@ -416,10 +418,6 @@ async def deliver(name: HookName, request: Request, reads: Reads, desk: Desk) ->
     body = await request.body()
     headers = {k.lower(): v for k, v in request.headers.items()}
     hook = await desk.hook(reads.store, name)
-    if hook is not None and isinstance(reads, ShardedReads):
-        there = await reads.trigger_elsewhere(request, hook.row.trigger_id)
-        if there is not None:
-            return there
     now = desk.clock()
     why = await _off_loop(
         len(body),
@@ -442,6 +440,12 @@ async def deliver(name: HookName, request: Request, reads: Reads, desk: Desk) ->
     if why is not None:
         return refuse(401, f"delivery refused: {why}")
     assert hook is not None  # an unknown name never verifies
+    if isinstance(reads, ShardedReads):
+        # Signed: on to the shard that owns the hook (only then: a forged delivery costs
+        # no forward, and a known name answers as fast as an unknown one).
+        there = await reads.trigger_elsewhere(request, hook.row.trigger_id)
+        if there is not None:
+            return there
     try:
         delivery = delivery_id(headers)
     except TriggerError as exc:

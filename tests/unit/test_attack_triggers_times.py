@@ -95,3 +95,48 @@ def test_a_backfill_from_year_one_is_refused_not_a_crash() -> None:
     # The pure function itself ends even when handed such an instant.
     found = _within(5, lambda: list(itertools.islice(iter_slots(spec.when, -62135596800.0), 2)))
     assert len(found) == 2
+
+
+@pytest.mark.parametrize(
+    ("expr", "zone"),
+    [
+        ("0 0 30 2 *", "UTC"),  # never fires
+        ("0 0 31 4,6,9,11 *", "UTC"),
+        ("@reboot", "UTC"),
+        ("*/0 * * * *", "UTC"),
+        ("0 0 * * * 2099", "UTC"),  # a year field
+        ("H 0 * * *", "UTC"),  # hashed: not the same on every server
+        ("0 0 1 1 *\x00", "UTC"),
+        ("٠ ٠ * * *", "UTC"),  # Arabic-Indic digits
+        ("0 0 * * *", "UTC\x00"),
+        ("0 0 * * *", "\ud800"),
+        ("0 0 * * *", "../../etc/passwd"),
+        ("0 0 * * *", "x" * 10_000),
+        ("x" * 100_000, "UTC"),
+    ],
+)
+def test_cron_that_cannot_fire_or_is_not_cron_is_refused_quickly(expr: str, zone: str) -> None:
+    with pytest.raises(TriggerError):
+        _within(5, lambda: cron(expr, zone))
+
+
+@pytest.mark.parametrize("value", ["0s", "-1s", "0.5ms", "1e3", "nan", "inf", -5, 0, 10**400])
+def test_every_below_a_millisecond_or_not_a_duration_is_refused(value: Any) -> None:
+    with pytest.raises(TriggerError):
+        every(value)
+
+
+def test_rare_cron_slots_over_the_whole_calendar_are_bounded() -> None:
+    # Feb 29 on a fifth Monday: a few times a century; a backfill over 1970..9999 ends.
+    spec = ScheduleSpec(name="rare", playbook="p", when=cron("0 0 29 2 1#5"))
+    found = _within(10, lambda: backfill(spec, start=0, end=LATEST, running=[], buffered=[]))
+    assert 0 < len(found) < 1000
+
+
+@pytest.mark.parametrize("key", ["every", "catchup", "jitter", "start", "end"])
+def test_an_integer_too_large_for_a_float_is_refused_not_a_crash(key: str) -> None:
+    # A YAML document's `every: 1000...0` (400 digits) was an OverflowError.
+    fields: dict[str, Any] = {"playbook": "p", "every": "1h", key: 10**400}
+    with pytest.raises(TriggerError) as refused:
+        schedule_from_fields("big", fields)
+    assert refused.value.field == key

@@ -212,7 +212,7 @@ def parse_time(text: Any, field: str) -> float:
     if isinstance(text, bool):
         raise TriggerError(f"expected a time, got {text!r}", field=field)
     if isinstance(text, int | float):
-        seconds = float(text)
+        seconds = float(text) if abs(text) < 1e300 else math.inf  # no OverflowError
     elif isinstance(text, dt.datetime):
         if text.tzinfo is None:
             raise TriggerError(f"{text.isoformat()!r} has no time zone", field=field)

@@ -92,7 +92,7 @@ def parse_duration(text: str | float, *, field: str = "every", allow_zero: bool 
     if isinstance(text, bool):
         raise TriggerError(f"expected a duration like '15m', got {text!r}", field=field)
     if isinstance(text, int | float):
-        seconds = float(text)
+        seconds = float(text) if abs(text) < 1e300 else math.inf  # no OverflowError
         shown = repr(text)
     elif isinstance(text, str):
         body = text.strip().lower()

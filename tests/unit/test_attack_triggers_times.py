@@ -140,3 +140,12 @@ def test_an_integer_too_large_for_a_float_is_refused_not_a_crash(key: str) -> No
     with pytest.raises(TriggerError) as refused:
         schedule_from_fields("big", fields)
     assert refused.value.field == key
+
+
+def test_a_rate_given_as_an_integer_too_large_for_a_float_is_refused() -> None:
+    from flowtide.triggers.hooks import parse_rate as hook_rate
+    from flowtide.triggers.subscription import parse_rate as subscription_rate
+
+    for parse in (hook_rate, subscription_rate):
+        with pytest.raises(TriggerError):
+            parse(10**400)

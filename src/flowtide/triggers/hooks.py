@@ -119,7 +119,7 @@ def parse_rate(text: str | float | None) -> float | None:
     if text is None or text == "":
         return None
     if isinstance(text, (int, float)):
-        rate = float(text)
+        rate = float(text) if abs(text) < 1e300 else math.inf  # no OverflowError
     else:
         found = _RATE.fullmatch(text)
         if found is None:

@@ -127,7 +127,7 @@ def parse_rate(value: object, field_name: str = "rate") -> float:
     if isinstance(value, bool):
         raise TriggerError(f"{value!r} is not a rate", field=field_name, kind=KIND)
     if isinstance(value, int | float):
-        rate = float(value)
+        rate = float(value) if abs(value) < 1e300 else math.inf  # no OverflowError
     elif isinstance(value, str) and (m := _RATE.match(value)):
         rate = float(m.group(1)) / _PER.get(m.group(2), 3600)
     else:

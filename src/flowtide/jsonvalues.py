@@ -78,10 +78,29 @@ from typing import Any
 
 from flowtide.errors import ToolError
 
-__all__ = ["MAX_DEPTH", "dumps", "loads", "records", "to_json"]
+__all__ = ["MAX_DEPTH", "dumps", "loads", "nested_deeper", "records", "to_json"]
 
 MAX_DEPTH = 256
 """Deepest nesting a result may have (a cycle ends here too)."""
+
+
+def nested_deeper(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether parsed JSON `value` nests lists and objects more than `limit` deep (walked
+    without recursion: what a sender parsed may be too deep for recursive code later)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
 
 # Python refuses to print integers longer than this (`sys.get_int_max_str_digits`), so
 # json.dumps would fail on them later, far from the step that made them.

@@ -26,6 +26,7 @@ import importlib.util
 import logging
 import os
 import ssl
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -48,6 +49,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("flowtide.nats")
+
+#: The largest .creds file read (one is a JWT and a seed: a few KiB).
+MAX_CREDS_BYTES: Final = 64 * 1024
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    """Open without waiting for a FIFO's writer (it is refused right after)."""
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+
 
 ENV_USER: Final = "FLOWTIDE_NATS_USER"
 ENV_PASSWORD: Final = "FLOWTIDE_NATS_PASSWORD"
@@ -229,8 +239,16 @@ class NatsAuth:
             raise NatsError(f"{given} is set but {missing} is not")
         if self.creds:
             try:
-                with open(self.creds, "rb") as handle:
-                    text = handle.read()
+                # A regular file of a creds file's size: a path such as /dev/zero (or a
+                # FIFO) would be read (or waited on) forever.
+                with open(self.creds, "rb", opener=_nonblocking) as handle:
+                    facts = os.fstat(handle.fileno())
+                    if not stat.S_ISREG(facts.st_mode) or facts.st_size > MAX_CREDS_BYTES:
+                        raise NatsError(
+                            f"{self.creds} is not a NATS .creds file (a regular file of at"
+                            f" most {MAX_CREDS_BYTES // 1024} KiB)"
+                        )
+                    text = handle.read(MAX_CREDS_BYTES + 1)
             except OSError as exc:
                 raise NatsError(
                     f"cannot read the NATS credentials file {self.creds}: {exc.strerror}"

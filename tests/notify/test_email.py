@@ -160,3 +160,49 @@ def test_smtp_on_loopback_is_refused_without_the_allow_list(smtp: tuple[int, Inb
     sender = Sender(TargetPolicy.from_setting(None), credentials=Vault())
     got = sender.send("email", {"to": "a@b", "smtp": {"host": "127.0.0.1", "port": port}}, DOC)
     assert not got.ok and not got.retry and "loopback" in (got.error or "")
+
+
+def test_a_multiline_subject_is_one_line_and_injects_no_header(smtp: tuple[int, Inbox]) -> None:
+    # A subject from a template over the run's error: a traceback has newlines. Sent, on
+    # one line, with no header of its own (it used to fail every attempt, retried).
+    port, inbox = smtp
+    sender = Sender(TargetPolicy.from_setting("127.0.0.1"), timeout=10, credentials=Vault())
+    doc = {**DOC, "error": {"message": "boom\r\nBcc: attacker@example.org\nline 3"}}
+    config = {
+        "to": ["oncall@example.org"],
+        "subject": "failed: {{ error.message }}",
+        "smtp": {"host": "127.0.0.1", "port": port, "credential": "smtp_login"},
+    }
+    got = sender.send("email", config, doc)
+    assert got.ok, got
+    (envelope,) = inbox.messages
+    assert envelope.rcpt_tos == ["oncall@example.org"]
+    text = (
+        envelope.content.decode() if isinstance(envelope.content, bytes) else str(envelope.content)
+    )
+    headers = text.replace("\r\n", "\n").split("\n\n", 1)[0]
+    assert "\nBcc:" not in headers
+    assert "Subject: failed: boom Bcc: attacker@example.org line 3" in headers
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"to": "oncall@example.org\r\nRCPT TO:<attacker@example.org>"},
+        {"to": ["oncall@example.org", "x@example.org\nBcc: attacker@example.org"]},
+        {"from": "flowtide@example.org\r\nBcc: attacker@example.org"},
+    ],
+)
+def test_a_recipient_or_sender_with_a_line_break_is_refused_for_good(
+    smtp: tuple[int, Inbox], field: dict[str, Any]
+) -> None:
+    port, inbox = smtp
+    sender = Sender(TargetPolicy.from_setting("127.0.0.1"), timeout=10, credentials=Vault())
+    config = {
+        "to": ["oncall@example.org"],
+        **field,
+        "smtp": {"host": "127.0.0.1", "port": port, "credential": "smtp_login"},
+    }
+    got = sender.send("email", config, DOC)
+    assert not got.ok and not got.retry, got
+    assert inbox.messages == []

@@ -8,6 +8,7 @@ relay's call (a refused target, a 4xx other than 408/429, or a bad template is f
 from __future__ import annotations
 
 import json
+import re
 import smtplib
 import ssl
 from collections.abc import Callable, Mapping
@@ -21,6 +22,8 @@ from flowtide.playbook.template import render
 from flowtide.redaction import masked_url
 
 __all__ = ["Attempt", "Credentials", "Sender", "StartPlaybook", "masked_target"]
+
+_LINE_BREAK = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 #: start(path, version, workload) -> the execution id it started.
 StartPlaybook = Callable[[str, int | None, dict[str, Any]], int]
@@ -147,15 +150,20 @@ class Sender:
         port = int(smtp_cfg.get("port", 587))
         self.policy.check_host(host, port)
         to = config.get("to")
-        rcpts = [to] if isinstance(to, str) else list(to or [])
+        rcpts = [str(r) for r in ([to] if isinstance(to, str) else list(to or []))]
+        sender = str(config.get("from") or "flowtide@localhost")
+        if any(_LINE_BREAK.search(a) for a in (*rcpts, sender)):
+            # No header nor SMTP command of its own: refused, not retried.
+            return Attempt(False, error="an address with a line break", retry=False)
         message = EmailMessage()
         subject = config.get("subject")
         message["Subject"] = (
-            str(render(subject, context))
+            # A template over the run (its error: a traceback) may give several lines.
+            " ".join(str(render(subject, context)).split())
             if subject
             else f"flowtide: execution {doc.get('execution_id')} {doc.get('transition')}"
         )
-        message["From"] = str(config.get("from") or "flowtide@localhost")
+        message["From"] = sender
         message["To"] = ", ".join(rcpts)
         body = config.get("body")
         text = str(render(body, context)) if body else _default_text(doc)

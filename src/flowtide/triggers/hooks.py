@@ -119,7 +119,7 @@ def parse_rate(text: str | float | None) -> float | None:
     if text is None or text == "":
         return None
     if isinstance(text, (int, float)):
-        rate = float(text)
+        rate = float(text) if abs(text) < 1e300 else math.inf  # no OverflowError
     else:
         found = _RATE.fullmatch(text)
         if found is None:
@@ -238,6 +238,10 @@ def add_hook(
     secret = check_secret(secret)
     if workload is not None and not isinstance(workload, dict):
         raise TriggerError("a hook's workload is a mapping of templates", field="workload")
+    if workload is not None:
+        from flowtide.triggers.spec import check_json_value
+
+        check_json_value(workload, "workload", name=name, kind=HOOK)
     spec = {"playbook": playbook, "workload": workload, "rate": parse_rate(rate)}
     return store.put_trigger(
         HOOK,
@@ -328,10 +332,18 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
     if media == "application/json" or media.endswith("+json"):
         if not body.strip():
             return None
+        from flowtide.jsonvalues import MAX_DEPTH, nested_deeper
+
         try:
-            return json.loads(body)
+            parsed = json.loads(body)
         except ValueError:
             raise TriggerError("the body is not JSON", field="body") from None
+        except RecursionError:
+            parsed = None
+        else:
+            if not nested_deeper(parsed):
+                return parsed
+        raise TriggerError(f"the body nests more than {MAX_DEPTH} levels deep", field="body")
     if media == "application/x-www-form-urlencoded":
         try:
             parsed = parse_qs(

@@ -36,11 +36,15 @@ MAX_ACK_PENDING = 1000
 
 
 def message_data(raw: bytes) -> Any:
-    """A payload as the workload sees it: its JSON value, else its text."""
+    """A payload as the workload sees it: its JSON value, else (not JSON, or nested
+    deeper than a workload may be) its text."""
+    from flowtide.jsonvalues import nested_deeper
+
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        parsed = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return raw.decode("utf-8", errors="replace")
+    return raw.decode("utf-8", errors="replace") if nested_deeper(parsed) else parsed
 
 
 class _Ctx:

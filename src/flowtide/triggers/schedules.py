@@ -25,6 +25,9 @@ def schedule_from_fields(name: str, fields: Mapping[str, Any]) -> ScheduleSpec:
     """A schedule named `name` from its fields (None values left out), read exactly as a
     `kind: Schedule` document's `spec:` is. Raises TriggerError naming the field."""
     spec = {k: v for k, v in fields.items() if v is not None and k != "description"}
+    if "version" in spec:
+        # A document names a version inside `playbook:`; the flags and the API beside it.
+        spec["playbook"] = {"path": spec.get("playbook"), "version": spec.pop("version")}
     metadata: dict[str, Any] = {"name": name}
     if fields.get("description"):
         metadata["description"] = fields["description"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flowtide.errors import TriggerError
-from flowtide.triggers.when import Cron, Every, When, cron, every, parse_duration
+from flowtide.triggers.when import LATEST, Cron, Every, When, cron, every, parse_duration
 from flowtide.triggers.when import from_json as when_from_json
 from flowtide.triggers.when import to_json as when_to_json
 
@@ -44,6 +44,11 @@ _API_VERSIONS = ("noetl.io/", "flowtide.io/")
 
 #: Largest workload or notify list of a schedule, as JSON text.
 MAX_SPEC_JSON = 256 * 1024
+#: Deepest nesting of a trigger's workload, notify list or config (a person writes
+#: them; deeper ones broke the copies and answers made of them with a RecursionError).
+MAX_NESTING = 64
+#: Largest catalog version (the store's integer).
+MAX_VERSION = 2**31 - 1
 MAX_PLAYBOOK_REF = 1024
 MAX_DESCRIPTION = 4096
 
@@ -84,7 +89,9 @@ class ScheduleSpec:
         if len(self.playbook) > MAX_PLAYBOOK_REF or "\x00" in self.playbook:
             raise bad("not a playbook path", "playbook")
         if self.version is not None and (
-            isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1
+            isinstance(self.version, bool)
+            or not isinstance(self.version, int)
+            or not 1 <= self.version <= MAX_VERSION
         ):
             raise bad(f"version must be a positive integer, got {self.version!r}", "version")
         if not isinstance(self.when, Cron | Every):
@@ -104,9 +111,9 @@ class ScheduleSpec:
             if value is not None and (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not math.isfinite(value)
+                or not 0 <= value <= LATEST
             ):
-                raise bad(f"expected Unix seconds, got {value!r}", name)
+                raise bad(f"expected Unix seconds from 1970 to 9999, got {value!r}", name)
         if self.start is not None and self.end is not None and self.end <= self.start:
             raise bad("end must be after start", "end")
         _check_json(self.workload, self.name, "workload", dict)
@@ -138,11 +145,50 @@ def _unknown(what: str, value: Any, known: Sequence[str]) -> str:
     return f"unknown {what} {value!r} ({hint})"
 
 
+def nested_too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether `value` nests lists and mappings more than `limit` deep (walked without
+    recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def check_json_value(
+    value: Any, at: str, *, name: str | None = None, kind: str = "schedule"
+) -> None:
+    """Refuse (TriggerError naming `at`) a trigger's JSON field nested more than
+    MAX_NESTING deep or larger than MAX_SPEC_JSON as JSON text."""
+    if nested_too_deep(value):
+        raise TriggerError(
+            f"nested more than {MAX_NESTING} levels deep", name=name, field=at, kind=kind
+        )
+    try:
+        text = json.dumps(value, allow_nan=False, default=str)
+    except (TypeError, ValueError) as exc:
+        raise TriggerError(f"not JSON values ({exc})", name=name, field=at, kind=kind) from None
+    if len(text) > MAX_SPEC_JSON:
+        raise TriggerError(
+            f"larger than {MAX_SPEC_JSON // 1024} KiB", name=name, field=at, kind=kind
+        )
+
+
 def _check_json(value: Any, name: str, at: str, kind: type) -> None:
     if not isinstance(value, kind):
         raise TriggerError(
             f"must be a {'mapping' if kind is dict else 'list'}", name=name, field=at
         )
+    if nested_too_deep(value):
+        raise TriggerError(f"nested more than {MAX_NESTING} levels deep", name=name, field=at)
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -166,7 +212,7 @@ def parse_time(text: Any, field: str) -> float:
     if isinstance(text, bool):
         raise TriggerError(f"expected a time, got {text!r}", field=field)
     if isinstance(text, int | float):
-        seconds = float(text)
+        seconds = float(text) if abs(text) < 1e300 else math.inf  # no OverflowError
     elif isinstance(text, dt.datetime):
         if text.tzinfo is None:
             raise TriggerError(f"{text.isoformat()!r} has no time zone", field=field)
@@ -194,6 +240,11 @@ def parse_time(text: Any, field: str) -> float:
         raise TriggerError(f"expected a time, got {type(text).__name__}", field=field)
     if not math.isfinite(seconds):
         raise TriggerError(f"{text!r} is not a time", field=field)
+    if not 0 <= seconds <= LATEST:
+        raise TriggerError(
+            f"{text!r} is not a time from 1970 to the end of 9999 (Unix seconds 0 to {LATEST:.0f})",
+            field=field,
+        )
     return seconds
 
 

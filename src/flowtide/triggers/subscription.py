@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from flowtide.errors import TriggerError
-from flowtide.triggers.spec import Positions, validate_name
+from flowtide.triggers.spec import MAX_VERSION, Positions, check_json_value, validate_name
 from flowtide.triggers.when import parse_duration
 
 __all__ = [
@@ -61,6 +61,22 @@ _PER: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 #: The largest batch (messages one listener holds unacknowledged at once).
 MAX_BATCH: Final = 1000
 MAX_WORKLOAD_KEYS: Final = 1000
+#: What an `auth` mapping may hold: the credential's alias, and a server or a user name
+#: overriding the credential's (never a secret, never a file).
+AUTH_FIELDS: Final = (
+    "credential",
+    "key",
+    "alias",
+    "url",
+    "nats_url",
+    "server",
+    "servers",
+    "user",
+    "username",
+    "nats_user",
+)
+#: The most deliveries of a message whose run cannot start.
+MAX_DELIVER: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +127,7 @@ def parse_rate(value: object, field_name: str = "rate") -> float:
     if isinstance(value, bool):
         raise TriggerError(f"{value!r} is not a rate", field=field_name, kind=KIND)
     if isinstance(value, int | float):
-        rate = float(value)
+        rate = float(value) if abs(value) < 1e300 else math.inf  # no OverflowError
     elif isinstance(value, str) and (m := _RATE.match(value)):
         rate = float(m.group(1)) / _PER.get(m.group(2), 3600)
     else:
@@ -229,9 +245,13 @@ def _read_spec(
     if not isinstance(playbook, str) or not playbook.strip() or len(playbook) > 4096:
         raise r.fail((*at, "playbook"), "name the playbook: a catalog path", "playbook")
     if version is not None and (
-        isinstance(version, bool) or not isinstance(version, int) or version < 1
+        isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION
     ):
-        raise r.fail((*at, "version"), f"version must be a number >= 1, not {version!r}", "version")
+        raise r.fail(
+            (*at, "version"),
+            f"version must be a number from 1 to {MAX_VERSION}, not {version!r}",
+            "version",
+        )
     source = spec.get("source", "nats")
     if not isinstance(source, str) or not _SOURCE.match(source):
         raise r.fail((*at, "source"), f"source {source!r} is not a source name", "source")
@@ -240,11 +260,14 @@ def _read_spec(
         (isinstance(auth, str) and 0 < len(auth) <= 256) or isinstance(auth, Mapping)
     ):
         raise r.fail((*at, "auth"), "auth names a credential (or is a mapping)", "auth")
+    if isinstance(auth, Mapping):
+        _check_auth_mapping(r, auth)
     url = spec.get("url")
     if url is not None and (not isinstance(url, str) or not url.strip() or len(url) > 2048):
         raise r.fail((*at, "url"), "url must be a server URL (nats://host:4222)", "url")
-    if url is not None and any("@" in part.partition("://")[2] for part in url.split(",")):
-        # Definitions are shown to readers: a password belongs in a credential.
+    if url is not None and "@" in url:
+        # Definitions are shown to readers: a password belongs in a credential. (A
+        # server without a scheme is a URL too: `user:pw@host:4222` gets nats://.)
         raise r.fail(
             (*at, "url"),
             "url carries credentials: put them in a credential and name it in auth",
@@ -268,6 +291,11 @@ def _read_spec(
     config = spec.get("config") or {}
     if not isinstance(config, Mapping):
         raise r.fail((*at, "config"), "config must be a mapping (the source's fields)", "config")
+    for key, value in (("workload", workload), ("config", config)):
+        try:
+            check_json_value(value, key, name=name, kind=KIND)
+        except TriggerError as exc:
+            raise r.fail((*at, key), exc.message, key) from None
     paused = spec.get("paused", False)
     if not isinstance(paused, bool):
         raise r.fail((*at, "paused"), f"paused must be true or false, not {paused!r}", "paused")
@@ -284,8 +312,16 @@ def _read_spec(
         raise r.fail((*at, key), exc.message, key) from None
     max_deliver = spec.get("max_deliver")
     if max_deliver is not None:
-        if isinstance(max_deliver, bool) or not isinstance(max_deliver, int) or max_deliver < 1:
-            raise r.fail((*at, "max_deliver"), "max_deliver must be a number >= 1", "max_deliver")
+        if (
+            isinstance(max_deliver, bool)
+            or not isinstance(max_deliver, int)
+            or not 1 <= max_deliver <= MAX_DELIVER
+        ):
+            raise r.fail(
+                (*at, "max_deliver"),
+                f"max_deliver must be a number from 1 to {MAX_DELIVER}",
+                "max_deliver",
+            )
         values["max_deliver"] = max_deliver
     batch = spec.get("batch")
     if batch is not None:
@@ -306,6 +342,27 @@ def _read_spec(
         description=description,
         **values,
     )
+
+
+def _check_auth_mapping(r: _SubReader, auth: Mapping[str, Any]) -> None:
+    """An `auth` mapping names a credential and may override its server and user: a
+    secret belongs in the credential (a definition is stored and shown), and so does a
+    file (a path would be read by the process that listens, a server)."""
+    path = ("spec", "auth")
+    for key, value in auth.items():
+        if key not in AUTH_FIELDS:
+            raise r.fail(
+                (*path, key),
+                f"auth.{key}: an auth mapping holds {', '.join(AUTH_FIELDS)}; passwords,"
+                " tokens and files belong in the credential it names",
+                "auth",
+            )
+        if not isinstance(value, str) or len(value) > 2048:
+            raise r.fail((*path, key), f"auth.{key} must be a string", "auth")
+        if "@" in value and key not in ("credential", "key", "alias"):
+            raise r.fail(
+                (*path, key), f"auth.{key} carries credentials: put them in a credential", "auth"
+            )
 
 
 def _read_batch(r: _SubReader, batch: Any) -> Batch:

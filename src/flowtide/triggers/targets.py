@@ -50,8 +50,10 @@ def playbook_ref(
     """
     if not text or not text.strip():
         raise TriggerError("name a playbook: a catalog path or a file", field="playbook")
-    looks_like_file = (
-        text.endswith((".yaml", ".yml")) or (base or Path.cwd()).joinpath(text).is_file()
+    # For a server, the name alone decides: probing its file system would tell an API
+    # caller which files exist there.
+    looks_like_file = text.endswith((".yaml", ".yml")) or (
+        local and (base or Path.cwd()).joinpath(text).is_file()
     )
     if looks_like_file:
         if not local:

@@ -46,6 +46,13 @@ MAX_DURATION = 366 * 86400.0
 #: Shortest `every` interval.
 MIN_EVERY = 0.001
 
+#: The last instant a schedule fires at (9999-12-31T23:59:59Z); times given by users lie
+#: in [0, LATEST] (`spec.parse_time`). Past it a float no longer counts milliseconds
+#: exactly, and `datetime` has no year 10000.
+LATEST = 253402300799.0
+#: Where slots are looked for at the earliest (0001-01-08: days inside the calendar).
+EARLIEST = -62134992000.0
+
 
 @dataclass(frozen=True, slots=True)
 class Cron:
@@ -85,7 +92,7 @@ def parse_duration(text: str | float, *, field: str = "every", allow_zero: bool 
     if isinstance(text, bool):
         raise TriggerError(f"expected a duration like '15m', got {text!r}", field=field)
     if isinstance(text, int | float):
-        seconds = float(text)
+        seconds = float(text) if abs(text) < 1e300 else math.inf  # no OverflowError
         shown = repr(text)
     elif isinstance(text, str):
         body = text.strip().lower()
@@ -335,9 +342,11 @@ def _simple_day(day: dt.datetime, zone: ZoneInfo) -> float | None:
     base = start.timestamp()
     if dt.datetime.fromtimestamp(base, zone).replace(tzinfo=None) != day:
         return None
-    if dt.datetime.fromtimestamp(base + 86400, zone).replace(tzinfo=None) != day + dt.timedelta(
-        days=1
-    ):
+    try:
+        following = dt.datetime.fromtimestamp(base + 86400, zone).replace(tzinfo=None)
+    except (OverflowError, ValueError):  # the calendar's last day
+        return None
+    if following != day + dt.timedelta(days=1):
         return None
     return base
 
@@ -392,7 +401,9 @@ def _cron_instants(when: Cron, after: float) -> Iterator[float]:
 
 
 def _every_index(when: Every, after: float) -> int:
-    """The first k with k * every + offset > after."""
+    """The first k with k * every + offset > after (`after` within EARLIEST..LATEST:
+    beyond, a float cannot tell k from k + 1 and the search would not end)."""
+    after = min(max(after, EARLIEST), LATEST)
     k = math.floor((after - when.offset) / when.every) + 1
     while k * when.every + when.offset <= after:
         k += 1
@@ -408,10 +419,16 @@ def iter_slots(when: When, after: float) -> Iterator[float]:
         if not when.every > 0:
             raise TriggerError("an interval must be more than zero", field="every")
         k = _every_index(when, after)
-        while True:
-            yield k * when.every + when.offset
+        while (at := k * when.every + when.offset) <= LATEST:
+            yield at
             k += 1
-    yield from _cron_instants(when, after)
+        return
+    if after >= LATEST:
+        return
+    for at in _cron_instants(when, max(after, EARLIEST)):
+        if at > LATEST:
+            return
+        yield at
 
 
 def slots(when: When, after: float, until: float) -> Iterator[float]:
@@ -421,6 +438,7 @@ def slots(when: When, after: float, until: float) -> Iterator[float]:
         TriggerError(field="range"): more than `MAX_SLOTS` instants (checked before the
             first is yielded); TriggerError(field="cron"/"timezone") for a bad `Cron`.
     """
+    until = min(until, LATEST)
     if until <= after:
         return iter(())
     if isinstance(when, Every):

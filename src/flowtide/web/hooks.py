@@ -10,9 +10,11 @@ past the hook's rate, 429 with `Retry-After` (counted per server process); the b
 capped by the app's Gate like any other (413). A new run: 202.
 
 In a cluster of several shards, a hook is its shard's (`shard_for(trigger_id, n)`): a
-server of another shard sends the delivery on, raw body and headers intact, once
-(`ShardedReads.trigger_elsewhere`), so its firing and its run are written in the owner's
-one transaction and a delivery sent to two servers starts one run.
+server of another shard checks the signature and sends a signed delivery on, raw body
+and headers intact, once (`ShardedReads.trigger_elsewhere`), so its firing and its run
+are written in the owner's one transaction and a delivery sent to two servers starts one
+run. (A forged one is refused where it lands: it costs no forward, and a known name of
+another shard answers as fast as an unknown name.)
 
 Refused deliveries are kept in the memory of the process that refused them (the latest
 50 of each hook, `flowtide.triggers.hooks.Refusals`): a flood of bad requests costs no writes.
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol, TypeVar, runtime_checkable
@@ -91,6 +94,8 @@ _FRESH: Final = 2.0
 _GENERATIONS: Final = 16
 #: The largest body checked and parsed on the event loop (larger: in a thread).
 _INLINE_BODY: Final = 64 * 1024
+#: Unknown names remembered at most (the oldest forgotten first).
+_MAX_UNKNOWN: Final = 10_000
 #: What an unknown name is checked against: a signature never verifies with it.
 _NO_SECRET: Final = os.urandom(32)
 
@@ -127,6 +132,9 @@ class HookDesk:
     limits: RateLimits = field(default_factory=RateLimits)
     refusals: Refusals = field(default_factory=Refusals)
     _hooks: dict[str, _Hook] = field(default_factory=dict)
+    #: Names found to be no hook, and when: an unknown name costs what a known one does
+    #: (one store read per _FRESH s), so neither its timing nor a flood tells names apart.
+    _unknown: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _playbooks: dict[str, tuple[float, Playbook, int | None]] = field(default_factory=dict)
 
     @classmethod
@@ -142,6 +150,9 @@ class HookDesk:
         held = self._hooks.get(name)
         if held is not None and now - held.read_at < _FRESH:
             return held
+        missing = self._unknown.get(name)
+        if missing is not None and now - missing < _FRESH:
+            return None
 
         def read() -> _Hook | None:
             try:
@@ -154,7 +165,12 @@ class HookDesk:
         found = await asyncio.to_thread(read)
         if found is None:
             self._hooks.pop(name, None)
+            self._unknown[name] = now
+            self._unknown.move_to_end(name)
+            while len(self._unknown) > _MAX_UNKNOWN:
+                self._unknown.popitem(last=False)
         else:
+            self._unknown.pop(name, None)
             if len(self._hooks) >= 10_000:
                 self._hooks.clear()
             self._hooks[name] = found
@@ -162,6 +178,7 @@ class HookDesk:
 
     def forget(self, name: str) -> None:
         self._hooks.pop(name, None)
+        self._unknown.pop(name, None)
         self.refusals.forget(name)
 
     async def playbook(self, store: Store, ref: dict[str, Any]) -> tuple[Playbook, int | None]:
@@ -401,10 +418,6 @@ async def deliver(name: HookName, request: Request, reads: Reads, desk: Desk) ->
     body = await request.body()
     headers = {k.lower(): v for k, v in request.headers.items()}
     hook = await desk.hook(reads.store, name)
-    if hook is not None and isinstance(reads, ShardedReads):
-        there = await reads.trigger_elsewhere(request, hook.row.trigger_id)
-        if there is not None:
-            return there
     now = desk.clock()
     why = await _off_loop(
         len(body),
@@ -427,6 +440,12 @@ async def deliver(name: HookName, request: Request, reads: Reads, desk: Desk) ->
     if why is not None:
         return refuse(401, f"delivery refused: {why}")
     assert hook is not None  # an unknown name never verifies
+    if isinstance(reads, ShardedReads):
+        # Signed: on to the shard that owns the hook (only then: a forged delivery costs
+        # no forward, and a known name answers as fast as an unknown one).
+        there = await reads.trigger_elsewhere(request, hook.row.trigger_id)
+        if there is not None:
+            return there
     try:
         delivery = delivery_id(headers)
     except TriggerError as exc:

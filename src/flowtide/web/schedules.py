@@ -43,7 +43,7 @@ from flowtide.triggers.scheduler import Scheduler, fire_now, run_backfill
 from flowtide.triggers.schedules import define_schedule, schedule_from_fields
 from flowtide.triggers.spec import ScheduleSpec, parse_time, spec_from_json
 from flowtide.triggers.targets import TriggeredRun
-from flowtide.web.fields import RequestBody
+from flowtide.web.fields import INT32_MAX, RequestBody
 from flowtide.web.problems import RequestError, problem_responses
 from flowtide.web.reads import ExecutionReads, reads_of
 
@@ -143,7 +143,9 @@ class ScheduleRequest(RequestBody):
 
     name: str = Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     playbook: str = Field(max_length=4096, description="Catalog path of the playbook.")
-    version: int | None = Field(None, ge=1, description="Catalog version (default: the latest).")
+    version: int | None = Field(
+        None, ge=1, le=INT32_MAX, description="Catalog version (default: the latest)."
+    )
     cron: str | None = Field(None, max_length=256, description="5 fields (or 6, seconds first).")
     every: str | float | None = Field(None, description="An interval: `2s`, `15m`, `1h`.")
     offset: str | float | None = Field(None, description="Offset of `every`'s slots.")

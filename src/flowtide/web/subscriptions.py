@@ -33,7 +33,7 @@ from flowtide.store.triggers import TriggerRow
 from flowtide.triggers.listener import Listeners
 from flowtide.triggers.subscription import SubscriptionSpec, subscription_from_json
 from flowtide.triggers.subscriptions import define_subscription, subscription_from_fields
-from flowtide.web.fields import RequestBody
+from flowtide.web.fields import INT32_MAX, RequestBody
 from flowtide.web.problems import RequestError, problem_responses
 from flowtide.web.reads import ExecutionReads, reads_of
 from flowtide.web.schedules import ReadsFirer
@@ -77,7 +77,9 @@ class SubscriptionRequest(RequestBody):
 
     name: str = Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     playbook: str = Field(max_length=4096, description="Catalog path of the playbook.")
-    version: int | None = Field(None, ge=1, description="Catalog version (default: the latest).")
+    version: int | None = Field(
+        None, ge=1, le=INT32_MAX, description="Catalog version (default: the latest)."
+    )
     source: str | None = Field(None, max_length=64, description="nats, or a plugin's source.")
     auth: str | dict[str, Any] | None = Field(
         None, description="Credential alias with the server's url and login."

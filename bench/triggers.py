@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,11 @@ def _stack(home: Path, minute: int, second: int) -> tuple[list[float], list[floa
             f"({until - time.time():.0f} s)",
             flush=True,
         )
+        seen: dict[tuple[str, str], float] = {}
+        watch = threading.Thread(target=_watch, args=(stack.db_url, boundary - 60, until, seen))
+        watch.start()
         time.sleep(until - time.time())
+        watch.join()
         for name, _ in kinds:
             api.post(f"/api/schedules/{name}/pause").raise_for_status()
         minute_lags: list[float] = []
@@ -172,9 +177,56 @@ def _stack(home: Path, minute: int, second: int) -> tuple[list[float], list[floa
             before = page["next_before"]
             if not before:
                 break
-        return minute_lags, second_lags
+        _claimed(stack.db_url, boundary - 60)
+        print(f"dev stack, created stamp, every minute: {_quantiles(minute_lags)}")
+        print(f"dev stack, created stamp, every second: {_quantiles(second_lags)}")
+        visible = {k: t - _slot(k[1]) for k, t in seen.items()}
+        # The figures below (and the goal): when the run is committed, seen by a reader.
+        return (
+            [v for k, v in visible.items() if k[0].startswith("m")],
+            [v for k, v in visible.items() if k[0].startswith("s")],
+        )
     finally:
         stack.down(purge=True)
+
+
+def _watch(dsn: str, since: float, until: float, seen: dict[tuple[str, str], float]) -> None:
+    """Poll the database every 10 ms until `until`: when each scheduled run's row is
+    first visible to a reader, i.e. committed (its `created` is stamped before)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.time() < until:
+            # A row is stamped `created` before its commit, by less than a few seconds:
+            # the last 10 s of rows hold every one not yet seen.
+            rows = conn.execute(
+                "SELECT trigger_name, trigger_key FROM execution"
+                " WHERE trigger_kind = 'schedule' AND created >= %s",
+                (max(since, time.time() - 10),),
+            ).fetchall()
+            now = time.time()
+            for name, key in rows:
+                seen.setdefault((name, key), now)
+            time.sleep(0.01)
+
+
+def _claimed(dsn: str, since: float) -> None:
+    """A run's `created` is stamped before its transaction commits: print also when a
+    worker first claimed a command of each run (after the commit and the publish: an
+    upper bound of when the run became visible)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT x.trigger_name, x.trigger_key, min(e.time) FROM execution x"
+            " JOIN event e ON e.execution_id = x.execution_id AND e.type = 'command.claimed'"
+            " WHERE x.trigger_kind = 'schedule' AND x.created >= %s GROUP BY 1, 2",
+            (since,),
+        ).fetchall()
+    minute = [t - _slot(key) for name, key, t in rows if name.startswith("m")]
+    second = [t - _slot(key) for name, key, t in rows if not name.startswith("m")]
+    print(f"dev stack, first command claimed, every minute: {_quantiles(minute)}")
+    print(f"dev stack, first command claimed, every second: {_quantiles(second)}")
 
 
 def main() -> None:

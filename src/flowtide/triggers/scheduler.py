@@ -46,7 +46,7 @@ log = logging.getLogger("flowtide.scheduler")
 REFRESH_SECONDS = 2.0
 #: At most this many schedules fire at once (a minute's 1,000 schedules fire together):
 #: their runs are created in batches (`_Batched`).
-CONCURRENT_STARTS = 256
+CONCURRENT_STARTS = 2048
 #: A batch of runs to create goes when it has this many, or this long after its first.
 BATCH_SIZE = 64
 BATCH_WAIT = 0.005

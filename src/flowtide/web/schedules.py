@@ -66,6 +66,9 @@ class ReadsFirer:
 
     def __init__(self, reads: ExecutionReads) -> None:
         self.reads = reads
+        #: Runs started one by one (a read port without `start_many`), 16 at a time
+        #: across all batches.
+        self._gate = asyncio.Semaphore(16)
 
     @property
     def store(self) -> Store:
@@ -93,10 +96,8 @@ class ReadsFirer:
             # A server: the runs created together, a few commits for a burst.
             found: list[int | FlowtideError] = await batched(runs)
             return found
-        gate = asyncio.Semaphore(16)
-
         async def one(run: TriggeredRun) -> int | FlowtideError:
-            async with gate:
+            async with self._gate:
                 try:
                     return await self.reads.start(
                         run.playbook,

@@ -195,3 +195,35 @@ def test_a_playbook_target_starts_that_playbook_with_the_document(tmp_path: Path
         notifier = next(r for r in rows.values() if r.playbook_path != "tests/notify/after")
         (sent,) = store.events(notifier.execution_id, types=["notification.sent"])
         assert sent.payload["started_execution_id"] == after.execution_id
+
+
+@pytest.mark.parametrize(
+    ("example", "expected"),
+    [
+        ("nightly/report.yaml", "nightly report for 2026-11-27: failed (RuntimeError"),
+        ("notify_on_failure.yaml", "examples/notify_on_failure failed: RuntimeError"),
+    ],
+)
+def test_the_examples_notifications_render(tmp_path: Path, example: str, expected: str) -> None:
+    """The shipped examples' `notify:` templates render (their webhook pointed at a
+    loopback stub): the failure is delivered with its text, not a template error."""
+    source = Path(__file__).resolve().parents[2] / "examples" / example
+    with notify_target() as target:
+        playbook = tmp_path / "example.yaml"
+        playbook.write_text(source.read_text().replace("https://hooks.example.org", target.url))
+        run = _flowtide(
+            tmp_path,
+            "run",
+            str(playbook),
+            "--set",
+            "fail=true",
+            FLOWTIDE_NOTIFY_PUBLIC_URL="https://flowtide.example.org",
+            **FAST,
+        )
+        assert run.returncode != 0
+        notes = [e for e in _events(tmp_path) if e.type.startswith("notification.")]
+        assert [e.type for e in notes] == ["notification.sent"], [e.payload for e in notes]
+        (body,) = target.bodies()
+    assert body["text"].startswith(expected), body
+    run_page = f"https://flowtide.example.org/ui/executions/{notes[0].execution_id}"
+    assert body["link"] == run_page

@@ -3,6 +3,7 @@ step's transaction)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -18,6 +19,9 @@ __all__ = ["DOC_KIND", "owed", "transition_of"]
 #: The `kind` of a notification document: a playbook started with one as its workload
 #: gets the playbook's own `notify:` only, never the server's default again (no loop).
 DOC_KIND: Final = "flowtide.notification"
+
+#: A workload larger than this (JSON) is left out of the document (`workload: null`).
+MAX_WORKLOAD_BYTES: Final = 16 * 1024
 
 _TERMINAL: Final = {
     ev.PLAYBOOK_COMPLETED: "completed",
@@ -35,6 +39,16 @@ def transition_of(event: Event) -> str | None:
     return name
 
 
+def _workload(workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's workload for the templates (`{{ workload.day }}`), or None past
+    `MAX_WORKLOAD_BYTES` of JSON: a notification is a message, not a copy of the input."""
+    try:
+        size = len(json.dumps(workload, default=str))
+    except (TypeError, ValueError):
+        return None
+    return workload if size <= MAX_WORKLOAD_BYTES else None
+
+
 def _document(state: ExecutionState, event: Event, transition: str) -> dict[str, Any]:
     playbook = state.playbook
     doc: dict[str, Any] = {
@@ -50,6 +64,7 @@ def _document(state: ExecutionState, event: Event, transition: str) -> dict[str,
         "status": state.status,
         "error": event.error if event.error is not None else state.error,
         "time": event.time,
+        "workload": _workload(state.workload),
     }
     if transition == "deadline_missed":
         doc["deadline"] = dict(ev.payload_of(event, ev.EXECUTION_DEADLINE_MISSED))

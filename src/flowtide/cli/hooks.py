@@ -5,6 +5,7 @@ file (or a credential) and never printed."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import stat
 from pathlib import Path
 from typing import Annotated, Any
@@ -244,7 +245,10 @@ def hook_show(
     typer.echo(f"url       POST {doc['url']}")
     typer.echo(f"playbook  {_playbook_text(doc['playbook'])}")
     typer.echo(f"rate      {rate_text(doc['rate'])}")
-    typer.echo(f"workload  {doc['workload'] if doc['workload'] is not None else 'the delivery'}")
+    shape = doc["workload"]
+    typer.echo(
+        f"workload  {json.dumps(shape) if shape is not None else '{body, headers, delivery}'}"
+    )
     typer.echo("secret    kept sealed (never shown)")
     typer.echo(f"deliveries ({len(doc['deliveries'])})")
     for d in doc["deliveries"]:

@@ -88,13 +88,17 @@ def serve_local(
     )
     count = len(store.list_executions(limit=1000))
     schedules = len(store.list_triggers("schedule"))
+    hooks = len(store.list_triggers("hook"))
     where = getattr(store, "path", None) or getattr(store, "dsn_display", "the store")
     firing = (
         f"; firing its {schedules} schedule{'s' if schedules != 1 else ''}"
         if scheduler
         else "; schedules not fired (--no-scheduler)"
     )
-    typer.echo(f"{name}: {count if count < 1000 else '1000+'} executions in {where}{firing}")
+    serving = f"; taking deliveries for {hooks} hook{'s' if hooks != 1 else ''}" if hooks else ""
+    typer.echo(
+        f"{name}: {count if count < 1000 else '1000+'} executions in {where}{firing}{serving}"
+    )
     typer.echo(f"open http://{shown}:{port}/ui#token={secret}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         err(f"warning: listening on {host}: other machines can reach it (the token guards it)")

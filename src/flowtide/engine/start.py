@@ -16,8 +16,10 @@ from typing import Any
 from flowtide.engine import events as ev
 from flowtide.engine.context import NO_ENV, execution_ids
 from flowtide.engine.events import Event, InitializedPayload, SecretsAddedPayload
+from flowtide.errors import PlaybookError
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import render
+from flowtide.storable import bad_text
 
 __all__ = [
     "Start",
@@ -50,6 +52,7 @@ def render_workload(
 
     Raises:
         TemplateError: a workload value refers to something that does not exist.
+        PlaybookError: a value holds text that cannot be stored (NUL, a lone surrogate).
     """
     raw = _merge(playbook.workload, overrides)
     scope = {
@@ -63,6 +66,14 @@ def render_workload(
     out: dict[str, Any] = {}
     for key, value in raw.items():
         out[key] = render(value, scope, field=f"workload.{key}")
+    found = bad_text(out, "workload")
+    if found is not None:
+        where, what = found
+        raise PlaybookError(
+            f"holds {what}, which cannot be stored: a workload must be valid Unicode text"
+            " without NUL",
+            field=where,
+        )
     return out
 
 

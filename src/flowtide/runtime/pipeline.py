@@ -36,6 +36,7 @@ from flowtide.runtime.rendering import (
     timeout,
 )
 from flowtide.settings import LimitsSection, current
+from flowtide.storable import bad_text, clean_text, clean_value, maybe_bad_json
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
@@ -76,9 +77,22 @@ def _json_result(result: Any) -> Any:
     if result is None or type(result) is bool:
         return result
     try:
-        dumps(result)
+        text = dumps(result)
     except (TypeError, ValueError):  # a NaN, a Decimal, a cycle, a non-text key...
         result = to_json(result)
+        text = dumps(result)
+    if maybe_bad_json(text):
+        found = bad_text(result, "result")
+        if found is not None:
+            where, what = found
+            raise ToolError(
+                f"InvalidText: {where} holds {what}, which cannot be stored: results must"
+                " be valid Unicode text without NUL (replace it, e.g."
+                " text.encode('utf-8', 'replace').decode(), or return bytes as base64)",
+                kind="invalid_result",
+                code="InvalidText",
+                data={"path": where},
+            )
     return result
 
 
@@ -341,12 +355,12 @@ class StepRunner:
             result = _json_result(result)
             status = "ok"
         except ToolError as exc:
-            status, error = "error", error_dict(exc)
-            result = exc.data
+            status, error = "error", clean_value(error_dict(exc))
+            result = clean_value(exc.data)
         except TemplateError as exc:
-            status, error = "error", error_dict(exc)
+            status, error = "error", clean_value(error_dict(exc))
         except Exception as exc:  # noqa: BLE001 - a tool bug must fail the step, not the worker
-            status, error = "error", error_dict(exc)
+            status, error = "error", clean_value(error_dict(exc))
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         if status == "error" and tool_input is not None:
             # What the failed call was given, for whoever debugs it (masked where shown,
@@ -358,7 +372,8 @@ class StepRunner:
         if secrets:
             record.secrets |= secrets
             remember(secrets)
-        out_text = "".join(tctx.stdout)
+        # What a step printed is a log: text that cannot be stored is replaced (U+FFFD).
+        out_text = clean_text("".join(tctx.stdout))
         record.calls.append(
             Call(
                 task.name,

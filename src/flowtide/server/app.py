@@ -41,6 +41,7 @@ from flowtide.web import catalog, executions, hooks, schedules, session, subscri
 from flowtide.web.access import Gate, authorize
 from flowtide.web.errors import install_error_handlers
 from flowtide.web.openapi import install_openapi
+from flowtide.web.problems import TextSafeJSON
 from flowtide.web.schedules import scheduling
 from flowtide.web.subscriptions import listening
 
@@ -88,6 +89,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="flowtide",
+        default_response_class=TextSafeJSON,
         description="Runs NoETL-style playbooks: executions, events, commands, workers. "
         "Every endpoint but /healthz and /readyz needs `Authorization: Bearer <token>` "
         "(a flowtide API token or a JWT of the configured identity provider), or the "

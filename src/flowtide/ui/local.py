@@ -45,6 +45,7 @@ from flowtide.web.access import (
     authorizer,
 )
 from flowtide.web.errors import install_error_handlers
+from flowtide.web.problems import TextSafeJSON
 from flowtide.web.schedules import scheduling
 from flowtide.web.subscriptions import listening
 
@@ -163,6 +164,7 @@ def create_local_app(
     reads = LocalReads(store, folds, home, run_locks_for(store, home))
     app = FastAPI(
         title="flowtide ui",
+        default_response_class=TextSafeJSON,
         description="The web UI over the embedded store (`flowtide ui`).",
         version="1",
         dependencies=[Depends(authorizer(LOCAL_RULES))],

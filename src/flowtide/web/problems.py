@@ -6,6 +6,7 @@ the document carries besides); the app's handler answers it (`flowtide.web.error
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -96,3 +97,17 @@ def error_response(status: int, message: str, **extra: Any) -> JSONResponse:
     # this process knows.
     message = mask_text(message, known())
     return JSONResponse({"error": {"status": status, "message": message, **extra}}, status)
+
+
+class TextSafeJSON(JSONResponse):
+    """The apps' JSON answers (`default_response_class` of both): never a 500 for text
+    that UTF-8 cannot encode. Such text is refused where it enters (`flowtide.storable`);
+    anything older that holds it is written with ASCII escapes, which JSON allows."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(
+                content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+            ).encode("ascii")

@@ -96,6 +96,7 @@ class ReadsFirer:
             # A server: the runs created together, a few commits for a burst.
             found: list[int | FlowtideError] = await batched(runs)
             return found
+
         async def one(run: TriggeredRun) -> int | FlowtideError:
             async with self._gate:
                 try:

@@ -24,6 +24,7 @@ from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.notify import parse_notify
 from flowtide.playbook.source import MAX_PLAYBOOK_BYTES, load_yaml
 from flowtide.playbook.source import Path as NodePath
+from flowtide.storable import bad_char
 
 
 def parse_playbook(text: str, file: str | None = None) -> Playbook:
@@ -34,6 +35,20 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
     """
     data, positions = load_yaml(text, file)
     c = _Checker(file, positions)
+    bad = _bad_text(data, ())
+    if bad is not None:
+        # Names, paths and values travel into the database, events and HTTP answers:
+        # text none of them can hold is refused here, with its place.
+        place, what = bad
+        field = "".join(
+            f"[{p}]" if isinstance(p, int) else "." + _shown(str(p)) for p in place
+        ).lstrip(".")
+        c.error(
+            place,
+            f"holds {what}: a playbook must be valid Unicode text without NUL",
+            field=field or None,
+        )
+        raise PlaybookErrors(c.errors)
     if not isinstance(data, dict):
         raise PlaybookError(
             "a playbook must be a YAML mapping",
@@ -265,3 +280,29 @@ def load_playbook(path: str | Path) -> Playbook:
     except OSError as exc:
         raise PlaybookError(f"cannot read file: {exc.strerror}", file=str(path)) from exc
     return parse_playbook(text, str(path))
+
+
+def _shown(key: str) -> str:
+    text = key.encode("ascii", "backslashreplace").decode()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad_text(value: Any, path: NodePath) -> tuple[NodePath, str] | None:
+    """The first place in the document whose text (a value or a key) cannot be stored
+    (`flowtide.storable`), and what it holds."""
+    if isinstance(value, str):
+        what = bad_char(value)
+        return (path, what) if what is not None else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and (what := bad_char(key)) is not None:
+                return (*path, key), what
+            found = _bad_text(item, (*path, key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _bad_text(item, (*path, index))
+            if found is not None:
+                return found
+    return None

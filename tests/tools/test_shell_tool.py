@@ -136,6 +136,17 @@ def test_the_policy_sees_the_error_kind_through_a_playbook(open_dir: Path) -> No
 # ---------------------------------------------------------------------------------------
 
 
+def test_a_process_that_left_the_group_dies_when_the_step_ends() -> None:
+    """Issue 31: a daemon started in a session of its own (setsid) is no member of the
+    step's group; it still carries the step's mark and dies when the step ends."""
+    result = run({"cmds": ["sh -c 'setsid sleep 600 > /dev/null 2>&1 & echo $!'"]})
+    pid = int(result["data"]["commands"][0]["stdout"].split()[0])
+    deadline = time.monotonic() + 5
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(pid), "the setsid sleep survived its step"
+
+
 def test_timeout_kills_the_whole_process_group() -> None:
     started = time.monotonic()
     # sh starts a background sleep, prints its pid and waits for it.

@@ -312,3 +312,37 @@ def test_a_root_worker_whose_python_cannot_drop_privileges_refuses_to_start(
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "nobody cannot start" in done.stderr and "--python-user root" in done.stderr
+
+
+def _gone(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped yet (it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_process_that_left_the_group_dies_with_the_timed_out_step(
+    tool: PythonTool, tmp_path: Path
+) -> None:
+    """Issue 31: `Popen(..., start_new_session=True)` in a step outlived its timeout
+    (adopted by PID 1); the step's mark in its environment finds it."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    folder.chmod(0o777)  # the child may run as another user
+    tmp_path.chmod(0o755)
+    pid_file = folder / "pid"
+    code = (
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(3600)\n"
+    )
+    err = error_of(tool, {"code": code, "timeout": 1.0})
+    assert err.kind == "timeout"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(pid), "the setsid child survived the step's timeout"

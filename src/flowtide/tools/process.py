@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
+from flowtide.tools.sweep import MARK_VAR, new_mark, sweep
 
 __all__ = [
     "Finished",
@@ -155,12 +156,13 @@ def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool
     if user is not None:
         extra = {"user": user.uid, "group": user.gid, "extra_groups": []}
     started = time.monotonic()
+    mark = new_mark()
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        env=dict(launch.env),
+        env={**launch.env, MARK_VAR: mark},
         cwd=launch.cwd,
         start_new_session=True,
         **extra,
@@ -181,6 +183,8 @@ def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool
                 _killed.discard(proc.pid)
                 stopped = "cancelled"
         _kill_group(proc.pid)
+        # And what left the group (setsid, a daemon): it still carries the step's mark.
+        sweep(mark)
         returncode = proc.wait()
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:

@@ -50,6 +50,7 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.python_frames import frame_body, read_frame, write_frame
+from flowtide.tools.sweep import MARK_VAR, new_mark, sweep
 
 __all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation", "child_environment", "resolve_user"]
 
@@ -133,9 +134,13 @@ class _User:
 class _Child:
     """One child process and its two pipe ends."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], path: tuple[str, ...]) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], path: tuple[str, ...], mark: str = ""
+    ) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         self.proc = proc
+        #: In its environment and its descendants' (`flowtide.tools.sweep`).
+        self.mark = mark
         self.pid = proc.pid
         self.to_child = proc.stdin.fileno()
         self.from_child = proc.stdout.fileno()
@@ -157,6 +162,9 @@ class _Child:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self.mark:
+            # What its step started in a session of its own dies with it too.
+            sweep(self.mark)
 
     def cpu_seconds(self) -> float:
         try:
@@ -467,12 +475,13 @@ class ChildPool:
         extra: dict[str, Any] = {}
         if user is not None:
             extra = {"user": user.uid, "group": user.gid, "extra_groups": []}
+        mark = new_mark()
         try:
             proc = subprocess.Popen(
                 [self.executable, "-I", "-c", _BOOT, json.dumps(settings)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=self._environment(user),
+                env={**self._environment(user), MARK_VAR: mark},
                 start_new_session=True,
                 bufsize=0,
                 **extra,
@@ -482,7 +491,7 @@ class ChildPool:
             raise ToolError(
                 f"cannot start a python child process{who}: {exc}", kind="config_error"
             ) from None
-        child = _Child(proc, tuple(sys.path))
+        child = _Child(proc, tuple(sys.path), mark)
         if child.readable(START_TIMEOUT):
             frame = read_frame(child.from_child)
             if frame is not None and b"ready" in frame:

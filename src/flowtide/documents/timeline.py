@@ -116,6 +116,12 @@ def execution_timeline(
             lane[-1]["status"] = e.status or "completed"
         else:  # exited without entering (not admitted)
             lane.append({"started": e.time, "ended": e.time, "status": e.status or "skipped"})
+    if not running:
+        # What was still going when the execution ended ended with it (one truth per run).
+        for lane in runs.values():
+            for bar in lane:
+                if bar["ended"] is None:
+                    bar["ended"], bar["status"] = end, "cancelled"
     issued: dict[str, int] = dict.fromkeys(playbook.steps, 0)
     for step, _, _, _ in store.event_times(execution_id, types=(ev.COMMAND_ISSUED,)):
         if step in issued:
@@ -123,6 +129,11 @@ def execution_timeline(
     small = [s for s, n in issued.items() if 0 < n <= COMMANDS_SHOWN]
     big = [s for s, n in issued.items() if n > COMMANDS_SHOWN]
     commands = _commands(store, execution_id, small) if small else {}
+    if not running:
+        for bars in commands.values():
+            for command in bars:
+                if command["ended"] is None:
+                    command["ended"], command["status"] = end, "cancelled"
     width = max(end - start, 1e-3) / buckets
     density = _density(store, execution_id, big, start, width, buckets) if big else {}
     return {

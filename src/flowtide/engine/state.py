@@ -19,7 +19,7 @@ from flowtide.playbook.model import Playbook
 
 @dataclass
 class StepRecord:
-    status: str = "pending"  # pending | running | completed | failed | skipped
+    status: str = "pending"  # pending | running | completed | failed | skipped | cancelled
     runs: int = 0
     result: Any = None
     error: dict[str, Any] | None = None
@@ -381,6 +381,13 @@ class ExecutionState:
             self.status = "cancelled"
             self.error = event.error
         self.commands.clear()
+        # One truth per run: a step still running when its execution ends (a parallel
+        # branch when another failed it, a cancel) will get no step.exit; it ended here.
+        for rec in self.steps.values():
+            if rec.status == "running":
+                rec.status = "cancelled"
+                if rec.ended is None:
+                    rec.ended = event.time
 
     def _on_cancel(self, event: Event) -> None:
         if not self.terminal:

@@ -207,7 +207,7 @@ def test_health_metrics_pools_and_outbox(stack: Stack) -> None:
     with stack.client(timeout=30) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
         ready = client.get("/readyz").json()
-        assert ready["ready"] and ready["checks"] == {"database": "ok", "nats": "ok"}
+        assert ready["ready"] and ready["checks"] == {"database": "ok", "nats": "ok", "kv": "ok"}
         pools = {p["pool"]: p["workers"] for p in client.get("/api/worker/pools").json()["pools"]}
         assert len([w for w in pools["default"] if w["status"] == "ready"]) >= 2
         assert client.get("/api/internal/outbox/pending-count").json()["pending"] >= 0

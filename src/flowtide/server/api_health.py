@@ -16,6 +16,9 @@ __all__ = ["router"]
 
 router = APIRouter()
 
+#: Seconds the KV check of /readyz waits for the bucket's status.
+KV_TIMEOUT = 2.0
+
 
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
@@ -41,6 +44,13 @@ async def readyz(runtime: RuntimeDep) -> JSONResponse:
         checks["database"] = f"error: {exc}"
     if runtime.nc is not None:
         checks["nats"] = "ok" if runtime.nc.is_connected else "disconnected"
+    if runtime.kv is not None:
+        # The loop-state bucket answers (a JetStream stream info; in memory: at once).
+        try:
+            await asyncio.wait_for(runtime.kv.status(), KV_TIMEOUT)
+            checks["kv"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            checks["kv"] = f"error: {type(exc).__name__}: {exc}"[:300]
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse({"ready": ok, "checks": checks}, 200 if ok else 503)
 

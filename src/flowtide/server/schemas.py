@@ -166,4 +166,4 @@ class OutboxMark(RequestBody):
 
 class Readiness(BaseModel):
     ready: bool
-    checks: dict[str, str] = Field(description="database, nats: `ok` or what is wrong.")
+    checks: dict[str, str] = Field(description="database, nats, kv: `ok` or what is wrong.")

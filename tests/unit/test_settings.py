@@ -36,6 +36,7 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_PUBLIC_METRICS": False,
     # issue 30: variables added since the tree (with their defaults)
     "FLOWTIDE_SCHEDULER": True,
+    "FLOWTIDE_STALLED_AFTER": 600.0,
     "FLOWTIDE_STATE_CACHE_MB": 256,
     "FLOWTIDE_JWKS_URL": None,
     "FLOWTIDE_JWT_ISSUER": None,

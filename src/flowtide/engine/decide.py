@@ -475,6 +475,17 @@ def decide(state: ExecutionState, event: Event, now: float, new_id: IdSource) ->
                     "message": f"the run went past its timeout of {_seconds(missed['limit'])}",
                 },
             )
+    elif kind == ev.EXECUTION_STALLED:
+        stalled = payload_of(event, ev.EXECUTION_STALLED)
+        _fail(
+            out,
+            None,
+            {
+                "kind": "stalled",
+                "message": f"nothing ran or waited for {_seconds(stalled['idle'])} and a"
+                " re-drive found nothing to do: the run cannot go on",
+            },
+        )
     elif kind == ev.STEP_ENTER:
         _enter_step(out, event.step or "")
     elif kind == ev.LOOP_STARTED:

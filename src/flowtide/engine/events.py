@@ -44,6 +44,9 @@ EXECUTION_CANCELLED: Final = "execution.cancelled"
 SECRETS_ADDED: Final = "secrets.added"
 # A playbook's `timeout:` or `sla:` passed (flowtide.triggers deadlines).
 EXECUTION_DEADLINE_MISSED: Final = "execution.deadline_missed"
+# An open execution had nothing in flight for too long and a re-drive found nothing to do
+# (a server's stall watch): the engine fails it (`error.kind: stalled`).
+EXECUTION_STALLED: Final = "execution.stalled"
 # One attempt to deliver a notification (flowtide.notify): appended to the execution's
 # log after the transition it reports (also after its terminal event); the fold ignores
 # them, so they never change the execution's status.
@@ -236,6 +239,13 @@ class DeadlineMissedPayload(TypedDict):
     elapsed: float
 
 
+class StalledPayload(TypedDict):
+    """`execution.stalled`: how long nothing was in flight (seconds) and since when."""
+
+    idle: float
+    since: float
+
+
 class NotificationPayload(TypedDict):
     """`notification.sent` and `notification.failed`: one delivery attempt of one target
     of a playbook's `notify:` (or the server's default), never a secret: the target is
@@ -307,6 +317,7 @@ PAYLOADS: Final[Mapping[str, type[Mapping[str, Any]]]] = {
     EXECUTION_CANCELLED: NoPayload,
     SECRETS_ADDED: SecretsAddedPayload,
     EXECUTION_DEADLINE_MISSED: DeadlineMissedPayload,
+    EXECUTION_STALLED: StalledPayload,
     NOTIFICATION_SENT: NotificationPayload,
     NOTIFICATION_FAILED: NotificationPayload,
 }
@@ -413,6 +424,8 @@ def payload_of(event: Event, kind: Literal["secrets.added"]) -> SecretsAddedPayl
 def payload_of(
     event: Event, kind: Literal["execution.deadline_missed"]
 ) -> DeadlineMissedPayload: ...
+@overload
+def payload_of(event: Event, kind: Literal["execution.stalled"]) -> StalledPayload: ...
 @overload
 def payload_of(
     event: Event, kind: Literal["notification.sent", "notification.failed"]

@@ -52,6 +52,8 @@ __all__ = [
     "COMMANDS_ISSUED",
     "CONTENT_TYPE",
     "COMMANDS_REISSUED",
+    "EXECUTIONS_REDRIVEN",
+    "EXECUTIONS_STALLED",
     "MULTIPROC_ENV",
     "REPORTS_STALE",
     "exposition",
@@ -128,6 +130,16 @@ FORWARDED: Final = Counter(
     ["shard", "outcome"],
     registry=None,
 )
+EXECUTIONS_REDRIVEN: Final = Counter(
+    "flowtide_executions_redriven",
+    "Running executions with nothing in flight for FLOWTIDE_STALLED_AFTER, stepped again.",
+    registry=None,
+)
+EXECUTIONS_STALLED: Final = Counter(
+    "flowtide_executions_stalled",
+    "Executions failed as stalled: a re-drive left them with nothing in flight.",
+    registry=None,
+)
 _LIVE: Final = (
     COMMANDS_ISSUED,
     COMMANDS_CLAIMED,
@@ -137,6 +149,8 @@ _LIVE: Final = (
     REPORTS_STALE,
     CLAIM_LATENCY,
     FORWARDED,
+    EXECUTIONS_REDRIVEN,
+    EXECUTIONS_STALLED,
 )
 _PLATFORM: Final = PlatformCollector(registry=None)
 

@@ -33,6 +33,7 @@ from flowtide.server.notifying import start_notifications
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
+from flowtide.server.stalls import StallWatch
 from flowtide.server.vault import ServerVault, server_home
 from flowtide.server.worker_registry import WorkerRegistry
 from flowtide.sharding import shard_for
@@ -163,6 +164,12 @@ class Runtime:
         self.tasks.append(
             asyncio.create_task(DeadlineWatch(self.coordinator).run(), name="flowtide-deadlines")
         )
+        if s.stalled_after > 0:
+            self.tasks.append(
+                asyncio.create_task(
+                    StallWatch(self.coordinator, s.stalled_after).run(), name="flowtide-stalls"
+                )
+            )
         self.tasks.append(asyncio.create_task(self._watch_map(), name="flowtide-shard-map"))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # SIGHUP: read the map now (one process; uvicorn's supervisor of --workers N

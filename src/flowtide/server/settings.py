@@ -56,6 +56,9 @@ class ServerSettings:
     public_metrics: bool = False
     #: Fire the schedules this server's shard owns (flowtide.triggers.scheduler).
     scheduler: bool = True
+    #: Seconds with nothing in flight before a running execution is re-driven, then
+    #: failed as stalled (flowtide.server.stalls); 0: never.
+    stalled_after: float = 600.0
     #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
     #: carry none.
     nats_auth: NatsAuth = field(default_factory=NatsAuth)
@@ -108,6 +111,7 @@ class ServerSettings:
             max_body=tree.max_body,
             public_metrics=tree.public_metrics,
             scheduler=tree.scheduler,
+            stalled_after=tree.stalled_after,
             nats_auth=NatsAuth.from_env(),
             shards=tree.shards,
             shard_index=tree.shard_index,

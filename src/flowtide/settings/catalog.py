@@ -100,6 +100,13 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "server.stalled_after": Entry(
+        "FLOWTIDE_STALLED_AFTER",
+        600.0,
+        "Seconds a running execution may have nothing in flight (no command issued or claimed, nothing to publish, no event) before the server re-drives it once and, if that gives it nothing to do, fails it (error kind stalled). 0: never.",
+        0,
+        None,
+    ),
     "server.scheduler": Entry(
         "FLOWTIDE_SCHEDULER",
         True,

@@ -114,6 +114,13 @@ class ServerSection(BaseSettings):
         16 * MIB, "Largest request body in bytes; larger ones get 413 unread.", ge=1024
     )
     public_metrics: Flag = setting(False, "Serve /metrics without a token.")
+    stalled_after: float = setting(
+        600.0,
+        "Seconds a running execution may have nothing in flight (no command issued or"
+        " claimed, nothing to publish, no event) before the server re-drives it once and,"
+        " if that gives it nothing to do, fails it (error kind stalled). 0: never.",
+        ge=0,
+    )
     scheduler: Flag = setting(
         True,
         "Fire the schedules this server's shard owns (every server does; each slot starts"

@@ -17,10 +17,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CancelState",
+    "Idle",
     "Outcome",
     "PlaybookSource",
     "count_by_status",
     "exists",
+    "idle_executions",
+    "in_flight",
     "lock",
     "open_children",
     "outcome",
@@ -204,6 +207,42 @@ def take_deadline(conn: psycopg.Connection, execution_id: int, kind: str) -> boo
     row = conn.execute(
         f"UPDATE execution SET {column} = NULL"  # noqa: S608 - a name from the table above
         f" WHERE execution_id = %s AND {column} IS NOT NULL RETURNING 1",
+        (execution_id,),
+    ).fetchone()
+    return row is not None
+
+
+class Idle(NamedTuple):
+    """A running execution with nothing in flight (`idle_executions`): the time of its
+    last event."""
+
+    execution_id: int
+    last: float
+
+
+def idle_executions(conn: psycopg.Connection, before: float, limit: int = 20) -> list[Idle]:
+    """Executions `running` whose last event is older than `before` and that have no
+    command issued or claimed and no outbox row to publish: nothing is in flight, nothing
+    will wake them."""
+    rows = conn.execute(
+        "SELECT x.execution_id, l.time FROM execution x"
+        " CROSS JOIN LATERAL (SELECT e.time FROM event e WHERE e.execution_id = x.execution_id"
+        " ORDER BY e.seq DESC LIMIT 1) l"
+        " WHERE x.status = 'running' AND x.updated < %s AND l.time < %s"
+        " AND NOT EXISTS (SELECT 1 FROM command c WHERE c.execution_id = x.execution_id"
+        " AND c.status IN ('issued', 'claimed'))"
+        " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.execution_id = x.execution_id"
+        " AND o.published IS NULL)"
+        " ORDER BY x.execution_id LIMIT %s",
+        (before, before, limit),
+    ).fetchall()
+    return [Idle(int(r[0]), float(r[1])) for r in rows]
+
+
+def in_flight(conn: psycopg.Connection, execution_id: int) -> bool:
+    """Whether the execution has a command issued or claimed (read under its row lock)."""
+    row = conn.execute(
+        "SELECT 1 FROM command WHERE execution_id = %s AND status IN ('issued', 'claimed') LIMIT 1",
         (execution_id,),
     ).fetchone()
     return row is not None

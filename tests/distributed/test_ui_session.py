@@ -114,6 +114,20 @@ def test_revoking_a_token_ends_its_sessions(stack: Stack) -> None:
     assert all(row[3] != token_id for row in _session_rows(stack).values())
 
 
+def test_a_session_ends_when_its_token_expires(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        made = admin.post("/api/tokens", json={"role": "reader", "name": "ui-expiring"})
+        token, token_id = made.json()["token"], made.json()["id"]
+    with httpx.Client(base_url=stack.url, timeout=30) as browser:
+        assert browser.post("/api/session", json={"token": token}).status_code == 200
+        session_id = browser.cookies["flowtide_session"]
+    with psycopg.connect(stack.db) as conn:
+        conn.execute(
+            "UPDATE api_token SET expires = %s WHERE token_id = %s", (time.time(), token_id)
+        )
+    assert _with_cookie(stack, session_id).status_code == 401
+
+
 def test_a_session_ends_at_its_lifetime_and_when_idle(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30) as browser:
         ids = []

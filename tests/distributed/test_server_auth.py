@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import jwt
+import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -149,8 +150,18 @@ def test_a_server_with_no_way_in_refuses_to_start_until_an_admin_token_exists(
         assert reader.returncode == 0, reader.stderr
         anonymous = _cli("token", "list", "--server", server.url, env=env)
         assert anonymous.returncode == 2 and "FLOWTIDE_TOKEN" in anonymous.stderr
-        revoked = _cli("token", "revoke", "first", "--db", fresh_db, env=env)
-        assert revoked.returncode == 0, revoked.stderr
+        with httpx.Client(base_url=server.url, timeout=30) as browser:
+            assert browser.post("/api/session", json={"token": token}).status_code == 200
+            assert browser.get("/api/whoami").json()["role"] == "admin"
+            # Revoked in the database (not through this server): its session ends too.
+            revoked = _cli("token", "revoke", "first", "--db", fresh_db, env=env)
+            assert revoked.returncode == 0, revoked.stderr
+            deadline = time.monotonic() + 5  # a server caches a session for 2 s
+            while browser.get("/api/whoami").status_code != 401:
+                assert time.monotonic() < deadline, "the session outlived its token"
+                time.sleep(0.2)
+        with psycopg.connect(fresh_db) as conn:
+            assert conn.execute("SELECT count(*) FROM ui_session").fetchone() == (0,)
     finally:
         server.stop()
 
@@ -201,6 +212,14 @@ def test_jwts_of_the_identity_provider_map_to_roles(
         assert get(idp.token(groups="data-team", iss="https://evil.test")).status_code == 401
         forger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         assert get(idp.token(key=forger, groups="data-team")).status_code == 401
+        # A browser signed in with a JWT: its session ends when the JWT would have.
+        with httpx.Client(base_url=server.url, timeout=30) as browser:
+            assert browser.post("/api/session", json={"token": operator}).status_code == 200
+            assert browser.get("/api/whoami").json()["role"] == "operator"
+        exp = jwt.decode(operator, options={"verify_signature": False})["exp"]
+        with psycopg.connect(fresh_db) as conn:
+            row = conn.execute("SELECT token_id, expires, role FROM ui_session").fetchone()
+        assert row == (None, float(exp), "operator")
     finally:
         server.stop()
 
@@ -213,6 +232,10 @@ def test_insecure_no_auth_serves_everyone_and_says_so(
         server.ready()
         assert httpx.get(f"{server.url}/api/executions", timeout=30).status_code == 200
         assert "AUTHENTICATION IS OFF" in server.log.read_text()
+        # The UI still signs in (anyone is everyone here).
+        with httpx.Client(base_url=server.url, timeout=30) as browser:
+            assert browser.post("/api/session", json={"token": "anything"}).status_code == 200
+            assert browser.get("/api/whoami").json()["name"] == "anonymous"
     finally:
         server.stop()
 

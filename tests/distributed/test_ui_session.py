@@ -1,11 +1,15 @@
 """The web UI's page, assets and browser session on a real server: the page is public
 and carries a strict CSP; a browser signs in with a token and is then known by an
-HttpOnly cookie; a cookie alone cannot change anything without the CSRF header; nothing
-outside the shipped assets is served."""
+HttpOnly cookie holding a session of its own (never the token; only its hash in the
+cluster database); signing out, revoking the token, the session's lifetime and idle time
+end it; a worker's token cannot sign in; a cookie alone cannot change anything without
+the CSRF header; nothing outside the shipped assets is served."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -50,10 +54,118 @@ def test_signing_in_sets_an_httponly_strict_cookie_the_api_takes(stack: Stack) -
             "/api/executions/123/cancel", json={"reason": "x"}, headers={"x-flowtide-csrf": "1"}
         )
         assert r.status_code == 403 and "needs operator" in r.json()["error"]["message"]
-        # Signing out clears the cookie.
+        # Signing out clears the cookie, and ends the session: a copy of it is refused.
+        session_id = browser.cookies["flowtide_session"]
         out = browser.delete("/api/session")
         assert out.status_code == 200 and "max-age=0" in out.headers["set-cookie"].lower()
         assert browser.get("/api/whoami").status_code == 401
+        assert _with_cookie(stack, session_id).status_code == 401
+
+
+def _with_cookie(stack: Stack, value: str, path: str = "/api/whoami") -> httpx.Response:
+    """A GET with only this session cookie, from a fresh client."""
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        client.cookies.set("flowtide_session", value)
+        return client.get(path)
+
+
+def _session_rows(stack: Stack) -> dict[bytes, tuple[object, ...]]:
+    with psycopg.connect(stack.db) as conn:
+        rows = conn.execute(
+            "SELECT digest, subject, name, role, token_id, created, expires, seen FROM ui_session"
+        ).fetchall()
+    return {bytes(r[0]): tuple(r[1:]) for r in rows}
+
+
+def test_the_cookie_is_a_session_of_its_own_kept_hashed(stack: Stack) -> None:
+    token = stack.tokens["operator"]
+    with _session(stack, "operator") as browser:
+        session_id = browser.cookies["flowtide_session"]
+        assert session_id != token and token not in session_id and len(session_id) == 43
+        digest = hashlib.sha256(session_id.encode()).digest()
+        kept = _session_rows(stack)[digest]
+        subject, name, role, token_id, created, expires, seen = kept
+        assert role == "operator" and token_id == subject and token.startswith(f"ftk_{token_id}_")
+        assert expires == created + 12 * 3600 and seen == created  # the defaults
+        # Nothing in the table authenticates: no row holds the id or the token.
+        with psycopg.connect(stack.db) as conn:
+            dump = json.dumps(
+                [[str(c) for c in r] for r in conn.execute("SELECT * FROM ui_session")]
+            )
+        assert session_id not in dump and token.split("_")[-1] not in dump
+    # A cookie holding a valid token is not a session.
+    assert _with_cookie(stack, token).status_code == 401
+    with stack.client("operator") as api:
+        assert api.get("/api/whoami").status_code == 200  # the token itself still works
+
+
+def test_revoking_a_token_ends_its_sessions(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        made = admin.post("/api/tokens", json={"role": "reader", "name": "ui-revoke"})
+        assert made.status_code == 201, made.text
+        token, token_id = made.json()["token"], made.json()["id"]
+        with httpx.Client(base_url=stack.url, timeout=30) as browser:
+            assert browser.post("/api/session", json={"token": token}).status_code == 200
+            assert browser.get("/api/whoami").status_code == 200  # cached by the server now
+            session_id = browser.cookies["flowtide_session"]
+            assert admin.delete(f"/api/tokens/{token_id}").status_code == 200
+            assert browser.get("/api/whoami").status_code == 401
+            assert _with_cookie(stack, session_id).status_code == 401
+    assert all(row[3] != token_id for row in _session_rows(stack).values())
+
+
+def test_a_session_ends_when_its_token_expires(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        made = admin.post("/api/tokens", json={"role": "reader", "name": "ui-expiring"})
+        token, token_id = made.json()["token"], made.json()["id"]
+    with httpx.Client(base_url=stack.url, timeout=30) as browser:
+        assert browser.post("/api/session", json={"token": token}).status_code == 200
+        session_id = browser.cookies["flowtide_session"]
+    with psycopg.connect(stack.db) as conn:
+        conn.execute(
+            "UPDATE api_token SET expires = %s WHERE token_id = %s", (time.time(), token_id)
+        )
+    assert _with_cookie(stack, session_id).status_code == 401
+
+
+def test_a_session_ends_at_its_lifetime_and_when_idle(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as browser:
+        ids = []
+        for _ in range(3):
+            assert browser.post("/api/session", json={"token": stack.tokens["reader"]}).is_success
+            ids.append(browser.cookies["flowtide_session"])
+            browser.cookies.clear()
+    over, idle, live = ids
+    now = time.time()
+    with psycopg.connect(stack.db) as conn:
+        # Not yet looked up, so not cached: the server reads these rows as they are.
+        digest = {s: hashlib.sha256(s.encode()).digest() for s in ids}
+        conn.execute("UPDATE ui_session SET expires = %s WHERE digest = %s", (now, digest[over]))
+        conn.execute(
+            "UPDATE ui_session SET seen = %s WHERE digest = %s", (now - 3601, digest[idle])
+        )
+    assert _with_cookie(stack, over).status_code == 401
+    assert _with_cookie(stack, idle).status_code == 401
+    assert _with_cookie(stack, live).status_code == 200
+
+
+def test_a_workers_token_cannot_sign_in(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as anon:
+        r = anon.post("/api/session", json={"token": stack.tokens["worker"]})
+        assert r.status_code == 403 and "worker" in r.json()["error"]["message"]
+        assert "set-cookie" not in r.headers
+
+
+def test_credential_set_on_a_server_prints_its_warnings(stack: Stack) -> None:
+    body = json.dumps({"user": "app", "password": "abc"})
+    done = stack.run("credential", "set", "weak_ui_cred", "--json", body)
+    assert done.returncode == 0, done.stderr
+    assert "stored on" in done.stdout
+    assert "warning: credential 'weak_ui_cred': the value of 'password'" in done.stderr
+    assert "abc" not in done.stderr  # named, never shown
+    strong = json.dumps({"password": "a-long-and-uncommon-secret-417"})
+    done = stack.run("credential", "set", "strong_ui_cred", "--json", strong)
+    assert done.returncode == 0 and "warning" not in done.stderr
 
 
 def test_a_cookie_alone_cannot_change_anything_without_the_csrf_header(stack: Stack) -> None:

@@ -91,6 +91,9 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_HOOK_REPLAY_WINDOW": 300.0,
     "FLOWTIDE_HOOK_DEDUP_WINDOW": 86400.0,
     "FLOWTIDE_HOOK_RATE": 50.0,
+    # The web UI's sessions (flowtide.web.session).
+    "FLOWTIDE_SESSION_LIFETIME": 43200.0,
+    "FLOWTIDE_SESSION_IDLE": 3600.0,
 }
 
 #: Variables older than the tree whose names do not follow its rule.

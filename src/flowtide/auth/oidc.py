@@ -16,6 +16,8 @@ issuer and audience; then maps claims to a flowtide role:
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -24,7 +26,7 @@ from flowtide.auth.principal import Principal
 from flowtide.auth.tokens import ROLES, check_fields
 from flowtide.errors import AuthError, FlowtideError
 
-__all__ = ["JwtSettings", "JwtVerifier", "looks_like_jwt", "parse_role_map"]
+__all__ = ["JwtSettings", "JwtVerifier", "jwt_expiry", "looks_like_jwt", "parse_role_map"]
 
 _ALGORITHMS: Final = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA")
 _PEOPLE: Final = ("admin", "operator", "reader")
@@ -32,6 +34,18 @@ _PEOPLE: Final = ("admin", "operator", "reader")
 
 def looks_like_jwt(text: str) -> bool:
     return text.count(".") == 2 and not text.startswith("ftk_")
+
+
+def jwt_expiry(token: str) -> float | None:
+    """The `exp` claim of a JWT already verified (None when it cannot be read): a
+    session opened with it ends when it would have."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        exp = claims["exp"]
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
 
 
 def parse_role_map(items: list[str] | str | None) -> dict[str, str]:

@@ -186,7 +186,8 @@ class TokenStore:
         return records if include_inactive else [r for r in records if r.active(now)]
 
     def revoke(self, id_or_name: str) -> TokenRecord:
-        """Revoke the active token with this id or name (idempotent for an id).
+        """Revoke the active token with this id or name (idempotent for an id), and end
+        the web UI sessions it opened.
 
         Raises:
             NotFoundError: no token has this id, and no active token this name.
@@ -198,6 +199,9 @@ class TokenStore:
                 f" WHERE token_id = %s OR (name = %s AND revoked IS NULL) RETURNING {_COLUMNS}",
                 (now, id_or_name, id_or_name),
             ).fetchone()
+            if row is not None:
+                # Its browsers' sign-ins end with it (flowtide.auth.sessions).
+                conn.execute("DELETE FROM ui_session WHERE token_id = %s", (row[0],))
         if row is None:
             raise NotFoundError(f"no token has the id or name {id_or_name!r}")
         return _record(row)

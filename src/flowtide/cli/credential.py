@@ -66,8 +66,12 @@ def credential_set(
         raise typer.Exit(EXIT_INVALID)
     if server:
         with server_client(server) as api:
-            remote_or_exit(lambda: api.set_credential(name, data, kind))
+            reply = remote_or_exit(lambda: api.set_credential(name, data, kind))
         typer.echo(f"credential '{name}' stored on {redact_url(server)}")
+        # The server names the fields too weak to be masked (never their values).
+        warnings = reply.get("warnings") if isinstance(reply, dict) else None
+        for warning in warnings if isinstance(warnings, list) else ():
+            err(f"warning: {warning}")
         return
     from flowtide.redaction import weak_fields, weak_message
 

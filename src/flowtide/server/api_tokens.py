@@ -97,6 +97,9 @@ async def revoke_token(
     token: Annotated[Text, Path(min_length=1, max_length=128, description="Id or name.")],
     runtime: RuntimeDep,
 ) -> TokenInfo:
-    """Revoke a token by id or name; servers stop taking it within seconds."""
+    """Revoke a token by id or name; servers stop taking it within seconds. The web UI
+    sessions it opened end with it."""
     record = await asyncio.to_thread(TokenStore(runtime.store).revoke, token)
+    if runtime.auth is not None:
+        runtime.auth.sessions.forget_token(record.token_id)
     return _info(record)

@@ -223,6 +223,7 @@ class Runtime:
     def _authenticator(self) -> Authenticator:
         """Tokens of the cluster database, and JWTs when configured. Without either way
         in (no active token, no JWKS), the server would answer nobody: it refuses."""
+        from flowtide.auth.sessions import PgSessions, Sessions
         from flowtide.auth.tokens import TokenStore
 
         s = self.settings
@@ -241,7 +242,12 @@ class Runtime:
                 " --insecure-no-auth",
                 status=401,
             )
-        return Authenticator(tokens, JwtVerifier(s.jwt) if s.jwt else None)
+        return Authenticator(
+            tokens,
+            JwtVerifier(s.jwt) if s.jwt else None,
+            # The web UI's sessions: in the cluster database, so every server takes them.
+            sessions=Sessions(PgSessions(self.store)),
+        )
 
     async def _watch_map(self) -> None:
         """Read the map again on SIGHUP, and every MAP_EVERY seconds when it is the

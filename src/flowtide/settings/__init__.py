@@ -1,9 +1,9 @@
 """flowtide's settings: one tree, each setting declared once (pydantic-settings).
 
 - `tree`: the sections (`ServerSection`, `NatsSection`, `ClientSection`, `HomeSection`,
-  `LimitsSection`, `PythonSection`, `SparkSection`, `HooksSection`), each setting with its type,
-  default, bounds, one line of help and its variable (the section's prefix and the
-  field's name: FLOWTIDE_MAX_RESULT_BYTES, FLOWTIDE_NATS_USER...).
+  `LimitsSection`, `PythonSection`, `SparkSection`, `HooksSection`, `SessionSection`),
+  each setting with its type, default, bounds, one line of help and its variable (the
+  section's prefix and the field's name: FLOWTIDE_MAX_RESULT_BYTES, FLOWTIDE_NATS_USER...).
 - `reading`: a section from the environment when a process starts (`read`), once per
   process (`current`, `reset`), a bad value as a `SettingsError` naming the variable.
 - `catalog`: what the command line needs of the tree (variable, default, help, bounds),
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         NatsSection,
         PythonSection,
         ServerSection,
+        SessionSection,
         SparkSection,
     )
 
@@ -41,6 +42,7 @@ __all__ = [
     "NatsSection",
     "PythonSection",
     "ServerSection",
+    "SessionSection",
     "SparkSection",
     "current",
     "env_name",

@@ -478,4 +478,18 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "session.lifetime": Entry(
+        "FLOWTIDE_SESSION_LIFETIME",
+        43200.0,
+        "Seconds a browser's sign-in lasts at most, however active (the token's own expiry and revocation end it sooner).",
+        None,
+        None,
+    ),
+    "session.idle": Entry(
+        "FLOWTIDE_SESSION_IDLE",
+        3600.0,
+        "Seconds without a request after which a browser's sign-in ends.",
+        None,
+        None,
+    ),
 }

@@ -30,6 +30,7 @@ __all__ = [
     "NotifySection",
     "PythonSection",
     "ServerSection",
+    "SessionSection",
     "SparkSection",
     "setting",
 ]
@@ -335,6 +336,23 @@ class HooksSection(BaseSettings):
     )
 
 
+class SessionSection(BaseSettings):
+    """A browser signed in to the web UI (`POST /api/session`, flowtide.web.session), on
+    the server and on `flowtide ui`."""
+
+    model_config = _config("FLOWTIDE_SESSION_")
+
+    lifetime: float = setting(
+        43200.0,
+        "Seconds a browser's sign-in lasts at most, however active (the token's own expiry"
+        " and revocation end it sooner).",
+        gt=0,
+    )
+    idle: float = setting(
+        3600.0, "Seconds without a request after which a browser's sign-in ends.", gt=0
+    )
+
+
 #: The tree: each section by its name (`flowtide.settings.reading("limits")`), in the order
 #: the README's table lists them.
 SECTIONS: dict[str, type[BaseSettings]] = {
@@ -347,4 +365,5 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "python": PythonSection,
     "spark": SparkSection,
     "hooks": HooksSection,
+    "session": SessionSection,
 }

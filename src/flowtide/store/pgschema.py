@@ -4,7 +4,7 @@
   variables). Every row is reachable by execution_id, so executions can be spread over
   several databases by `shard_for(execution_id, n)` without a schema change.
 * `cluster`: tables shared by the whole cluster (catalog, credential, the worker-pool
-  registry and the keychain).
+  registry, the keychain, API tokens and the web UI's sessions).
 
 Each part keeps its own version in `flowtide_schema (component, version, applied)` of the
 database it lives in, so both parts can share one database (the default) or live in
@@ -413,6 +413,26 @@ CLUSTER: Final = Component(
                 PRIMARY KEY (kind, name)
             )
             """,
+        ),
+        # The web UI's sessions (flowtide.auth.sessions): the SHA-256 of each session id,
+        # never the id, with the principal it stands for and the token it was opened with
+        # (revoking the token deletes them).
+        9: (
+            """
+            CREATE TABLE ui_session (
+                digest   bytea PRIMARY KEY,
+                subject  text NOT NULL,
+                name     text NOT NULL,
+                role     text NOT NULL,
+                pool     text,
+                token_id text,
+                created  double precision NOT NULL,
+                expires  double precision NOT NULL,
+                seen     double precision NOT NULL
+            )
+            """,
+            "CREATE INDEX ui_session_token ON ui_session (token_id) WHERE token_id IS NOT NULL",
+            "CREATE INDEX ui_session_expires ON ui_session (expires)",
         ),
     },
 )

@@ -6,9 +6,10 @@
    signature authenticates (`PUBLIC_REQUESTS`), and `/metrics` when the server is told
    so): a bearer flowtide token (`flowtide.auth.tokens`) or a JWT of the
    organisation's identity provider (`flowtide.auth.oidc`), or, from a browser signed in
-   to the UI, the same token in its session cookie (`flowtide.web.session`; a cookie alone
-   may change nothing without the `X-Flowtide-CSRF: 1` header). No credential, or one
-   that does not verify: 401, before the body is read. It also caps every request body,
+   to the UI, the id of its session in its cookie (`flowtide.auth.sessions`, never a
+   token: a token in the cookie is refused; a cookie alone may change nothing without the
+   `X-Flowtide-CSRF: 1` header). No credential, or one that does not verify: 401, before
+   the body is read. It also caps every request body,
    public ones included (413).
 2. `RULES` says which roles may call each route, and `authorize`, a dependency of every
    route of the app, enforces it (403 otherwise). A route without a rule is refused, so
@@ -40,8 +41,9 @@ from fastapi import Depends, Request
 from fastapi.exceptions import HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from flowtide.auth.oidc import looks_like_jwt
+from flowtide.auth.oidc import jwt_expiry, looks_like_jwt
 from flowtide.auth.principal import ANONYMOUS, Principal, outranks
+from flowtide.auth.sessions import Sessions
 from flowtide.errors import AuthError
 
 if TYPE_CHECKING:
@@ -215,7 +217,7 @@ PUBLIC_PREFIXES: Final = ("/ui/",)
 #: Requests public by method and path: a webhook's delivery, which its signature
 #: authenticates (`flowtide.web.hooks`), not a token.
 PUBLIC_REQUESTS: Final = (("POST", re.compile(r"/api/hooks/[^/]+")),)
-#: The cookie that carries a signed-in browser's token (`flowtide.web.session`).
+#: The cookie that carries a signed-in browser's session id (`flowtide.web.session`).
 SESSION_COOKIE: Final = "flowtide_session"
 #: The header a cookie-authenticated request that changes something must carry: no
 #: other site's page can make a browser send it (the API allows no CORS).
@@ -225,7 +227,7 @@ _SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def cookie_token(header: bytes | None) -> str | None:
-    """The session cookie's token in a raw Cookie header, if any."""
+    """The session cookie's value (a session id) in a raw Cookie header, if any."""
     if not header:
         return None
     for part in header.decode("latin-1").split(";"):
@@ -293,7 +295,9 @@ authorize = authorizer(RULES)
 
 
 class Authenticator:
-    """Turns a request's `Authorization` header into a principal.
+    """Turns a request's `Authorization` header, or a browser's session cookie, into a
+    principal; opens and ends the browsers' sessions (`flowtide.auth.sessions`, kept in
+    `sessions`: in memory unless given a store).
 
     Verified tokens are cached for `ttl` seconds per server process (a revoked token
     stops working within that time); failures for a second, so a flood of bad tokens
@@ -308,13 +312,36 @@ class Authenticator:
         insecure: bool = False,
         ttl: float = 5.0,
         max_entries: int = 10_000,
+        sessions: Sessions | None = None,
     ) -> None:
         self.tokens = tokens
         self.jwt = jwt
         self.insecure = insecure
         self.ttl = ttl
         self.max_entries = max_entries
+        self.sessions = sessions if sessions is not None else Sessions()
         self._cache: OrderedDict[bytes, tuple[float, Principal | AuthError]] = OrderedDict()
+
+    async def open_session(self, principal: Principal, token: str) -> tuple[str, float]:
+        """A new session for `principal`, who `token` verified as: its id (for the
+        cookie, never stored) and its lifetime in seconds (a JWT's expiry caps it).
+
+        Raises:
+            AuthError: 403 for a worker (workers have no business in the UI).
+        """
+        if principal.role == "worker":
+            raise AuthError("a worker's token cannot sign in to the web UI", status=403)
+        if looks_like_jwt(token):
+            return await self.sessions.open(principal, None, jwt_expiry(token))
+        # A token's principal is named by the token's id: revoking it ends the session.
+        token_id = principal.subject if self.tokens is not None and not principal.insecure else None
+        return await self.sessions.open(principal, token_id)
+
+    async def resume(self, session_id: str) -> Principal:
+        """The principal of a browser's live session (AuthError 401 otherwise)."""
+        if self.insecure:
+            return ANONYMOUS
+        return await self.sessions.resume(session_id)
 
     async def authenticate(self, header: str | None) -> Principal:
         """The principal of `Authorization: Bearer <token>`.
@@ -424,7 +451,8 @@ class Gate:
             await _reply(send, 503, "server is starting", {})
             return
         header = headers.get(b"authorization")
-        if header is None and (token := cookie_token(headers.get(b"cookie"))) is not None:
+        session_id = None
+        if header is None and (session_id := cookie_token(headers.get(b"cookie"))) is not None:
             # A browser signed in to the UI. What changes something must say it comes
             # from the UI's own page (CSRF).
             if scope["method"] not in _SAFE_METHODS and headers.get(CSRF_HEADER.encode()) != b"1":
@@ -436,9 +464,11 @@ class Gate:
                     {},
                 )
                 return
-            header = f"Bearer {token}".encode("latin-1", "replace")
         try:
-            principal = await auth.authenticate(header.decode("latin-1") if header else None)
+            if session_id is not None:
+                principal = await auth.resume(session_id)
+            else:
+                principal = await auth.authenticate(header.decode("latin-1") if header else None)
         except AuthError as exc:
             extra = {b"www-authenticate": b'Bearer realm="flowtide"'} if exc.status == 401 else {}
             await _reply(send, exc.status, exc.message, extra)

@@ -2,19 +2,27 @@
 `flowtide ui`), and who the caller is.
 
 A browser signs in by posting a token to `POST /api/session`; the app verifies it as a
-bearer token and keeps it in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) for
-`SESSION_SECONDS`, which the Gate (`flowtide.web.access`) takes where a request has no
-Authorization header. A request that changes something and is authenticated by the
-cookie must also carry `X-Flowtide-CSRF: 1`, a header no other site's page can make a
-browser send (no CORS is allowed), so a forged form or image cannot act as the user.
+bearer token, refuses a worker's (403), and opens a session of its own
+(`flowtide.auth.sessions`): a random id, kept in an HttpOnly, SameSite=Strict cookie
+(Secure over HTTPS, Path=/) that the Gate (`flowtide.web.access`) takes where a request
+has no Authorization header. The token is never in the cookie, and a token put there is
+refused. The session ends at sign-out (`DELETE /api/session` deletes it: the same cookie
+then gets 401), after its lifetime or idle time (FLOWTIDE_SESSION_LIFETIME,
+FLOWTIDE_SESSION_IDLE), and when its token is revoked. A request that changes something
+and is authenticated by the cookie must also carry `X-Flowtide-CSRF: 1`, a header no
+other site's page can make a browser send (no CORS is allowed), so a forged form or
+image cannot act as the user.
 
-The app keeps what verifies tokens in `app.state.authenticator` (a callable: None while
-a server starts) and its read port in `app.state.reads`.
+The server keeps sessions in its cluster database (every server takes them); `flowtide
+ui` in its memory (its one token is made at start, so they could not outlive it).
+
+The app keeps what verifies tokens and sessions in `app.state.authenticator` (a
+callable: None while a server starts) and its read port in `app.state.reads`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Final, NotRequired
+from typing import Annotated, NotRequired
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -23,13 +31,12 @@ from typing_extensions import TypedDict
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError
-from flowtide.web.access import SESSION_COOKIE, caller
+from flowtide.web.access import SESSION_COOKIE, caller, cookie_token
 from flowtide.web.fields import RequestBody
 from flowtide.web.problems import problem_responses
 from flowtide.web.reads import ExecutionReads, reads_of
 
 __all__ = [
-    "SESSION_SECONDS",
     "SessionRequest",
     "Whoami",
     "router",
@@ -37,22 +44,21 @@ __all__ = [
     "signed_out",
 ]
 
-#: How long a browser stays signed in (the token's own expiry still applies).
-SESSION_SECONDS: Final = 12 * 3600
-
 
 class SessionRequest(RequestBody):
     token: str = Field(min_length=1, max_length=16_384, description="An API token or a JWT.")
 
 
-def signed_in(principal: Principal, token: str, request: Request) -> JSONResponse:
-    """The reply to `POST /api/session` once `token` verified as `principal`: who it is,
-    and the token kept in the browser's session cookie."""
+def signed_in(
+    principal: Principal, session_id: str, lifetime: float, request: Request
+) -> JSONResponse:
+    """The reply to `POST /api/session` once a session is open for `principal`: who it
+    is, and the session's id in the browser's cookie for the session's `lifetime`."""
     reply = JSONResponse({"name": principal.name, "role": principal.role})
     reply.set_cookie(
         SESSION_COOKIE,
-        token,
-        max_age=SESSION_SECONDS,
+        session_id,
+        max_age=max(1, int(lifetime)),
         path="/",
         secure=request.url.scheme == "https",
         httponly=True,
@@ -62,7 +68,7 @@ def signed_in(principal: Principal, token: str, request: Request) -> JSONRespons
 
 
 def signed_out(request: Request) -> JSONResponse:
-    """The reply to `DELETE /api/session`: the cookie cleared (the token stays valid)."""
+    """The reply to `DELETE /api/session`: the cookie cleared."""
     reply = JSONResponse({"signed_out": True})
     reply.delete_cookie(
         SESSION_COOKIE,
@@ -89,23 +95,33 @@ router = APIRouter()
 @router.post(
     "/api/session",
     tags=["ui"],
-    responses=problem_responses((401, "The token is invalid, expired or revoked.")),
+    responses=problem_responses(
+        (401, "The token is invalid, expired or revoked."),
+        (403, "A worker's token: workers cannot sign in to the UI."),
+    ),
 )
 async def open_session(body: SessionRequest, request: Request) -> JSONResponse:
     """Sign a browser in: the token is verified as an `Authorization: Bearer` one would
-    be, then kept in an HttpOnly cookie (`flowtide_session`, SameSite=Strict, Secure over
-    HTTPS) that the API takes in its place. A request that changes something must also
-    send `X-Flowtide-CSRF: 1`. Answers who the token is."""
+    be, then a session is opened and its random id (never the token) kept in an HttpOnly
+    cookie (`flowtide_session`, SameSite=Strict, Secure over HTTPS) that the API takes
+    in its place. A request that changes something must also send `X-Flowtide-CSRF: 1`.
+    Answers who the token is."""
     auth = request.app.state.authenticator()
     if auth is None:
         raise AuthError("server is starting", status=503)
     principal = await auth.authenticate(f"Bearer {body.token}")
-    return signed_in(principal, body.token, request)
+    session_id, lifetime = await auth.open_session(principal, body.token)
+    return signed_in(principal, session_id, lifetime, request)
 
 
 @router.delete("/api/session", tags=["ui"])
 async def close_session(request: Request) -> JSONResponse:
-    """Sign a browser out (the cookie is cleared; the token itself stays valid)."""
+    """Sign a browser out: its session ends (the same cookie is refused from now on) and
+    the cookie is cleared. The token it signed in with stays valid."""
+    session_id = cookie_token(request.headers.get("cookie", "").encode("latin-1", "replace"))
+    auth = request.app.state.authenticator()
+    if session_id is not None and auth is not None:
+        await auth.sessions.close(session_id)
     return signed_out(request)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from flowtide.errors import FlowtideError, NotFoundError
 
-__all__ = ["Pruned", "parse_age", "prune"]
+__all__ = ["Pruned", "execution_folders", "folder_size", "parse_age", "prune"]
 
 ENDED = frozenset({"completed", "failed", "cancelled"})
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -64,7 +64,7 @@ class Pruned:
         }
 
 
-def _execution_folders(data: Path) -> Iterator[tuple[int, Path]]:
+def execution_folders(data: Path) -> Iterator[tuple[int, Path]]:
     """(execution id, folder) of every execution's folder under `data`."""
     candidates = [data]
     results = data / "results"
@@ -76,7 +76,7 @@ def _execution_folders(data: Path) -> Iterator[tuple[int, Path]]:
                 yield int(folder.name), folder
 
 
-def _size(folder: Path) -> int:
+def folder_size(folder: Path) -> int:
     total = 0
     for path in folder.rglob("*"):
         if path.is_file() and not path.is_symlink():
@@ -89,7 +89,7 @@ def prune(store: Any, data: Path, *, older_than: float, now: float, dry_run: boo
     before `now` (see the module); with `dry_run`, only say what would go."""
     out = Pruned()
     verdicts: dict[int, str] = {}
-    for execution_id, folder in sorted(_execution_folders(data)):
+    for execution_id, folder in sorted(execution_folders(data)):
         verdict = verdicts.get(execution_id)
         if verdict is None:
             try:
@@ -115,7 +115,7 @@ def prune(store: Any, data: Path, *, older_than: float, now: float, dry_run: boo
         if verdict != "prune":
             continue
         out.folders += 1
-        out.bytes += _size(folder)
+        out.bytes += folder_size(folder)
         if not dry_run:
             shutil.rmtree(folder)
     return out

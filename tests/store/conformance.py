@@ -28,6 +28,7 @@ from flowtide.store import (
     Store,
 )
 
+from .retention_conformance import RetentionConformance
 from .trigger_conformance import TriggerConformance
 
 StoreFactory = Callable[[], Store]
@@ -61,7 +62,7 @@ def command(
     return CommandUpdate(command_id=command_id, execution_id=execution_id, status=status, **fields)
 
 
-class StoreConformance(TriggerConformance):
+class StoreConformance(TriggerConformance, RetentionConformance):
     """Behaviour every `Store` adapter must show."""
 
     __test__ = False

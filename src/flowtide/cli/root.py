@@ -14,6 +14,7 @@ from flowtide.cli.data import data, prune_cmd
 from flowtide.cli.db import db_app
 from flowtide.cli.dev import dev_app
 from flowtide.cli.executions import events, list_executions, status
+from flowtide.cli.gc import gc_cmd
 from flowtide.cli.hooks import hook_app
 from flowtide.cli.kv import kv_app
 from flowtide.cli.options import err
@@ -48,6 +49,7 @@ app.command("execute")(execute)
 app.command("cancel")(cancel)
 app.command("data")(data)
 app.command("prune")(prune_cmd)
+app.command("gc")(gc_cmd)
 app.command("list")(list_executions)
 app.command("ui")(ui_cmd)
 app.command("scheduler")(scheduler_cmd)

@@ -24,6 +24,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 from flowtide.engine.events import Command, Event
 from flowtide.store.catalogpaths import catalog_path_problem
 from flowtide.store.notifications import NotificationStore, PendingNotification
+from flowtide.store.retention import RetentionStore
 from flowtide.store.triggers import Firing, TriggerStore
 
 __all__ = [
@@ -190,7 +191,7 @@ class CatalogRow:
 
 
 @runtime_checkable
-class Store(TriggerStore, NotificationStore, Protocol):
+class Store(TriggerStore, NotificationStore, RetentionStore, Protocol):
     """Event log, commands, execution projection, playbook catalog and credentials."""
 
     # -- executions ------------------------------------------------------------------

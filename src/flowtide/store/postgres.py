@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from flowtide.errors import NotFoundError, StoreError
 from flowtide.sealing import Sealer
@@ -137,6 +137,15 @@ def _check_idle(conn: psycopg.Connection) -> None:
 
 class PostgresStore(SQLStore, KeychainTables):
     """The store port on PostgreSQL; usable from any number of threads."""
+
+    #: Its outbox rows go with an execution too.
+    GC_TABLES: ClassVar[tuple[str, ...]] = (
+        "event",
+        "command",
+        "execution_summary",
+        "notification",
+        "outbox",
+    )
 
     PARAM = "%s"
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"

@@ -15,7 +15,7 @@ detection (`_is_duplicate`) and `close`. An adapter sets
 Modules: `adapter` (what an adapter provides, and the placeholder conversion), then one
 per group of tables, each a part of `SQLStore`: `executions` (executions, their events,
 commands and kept summaries: the shard part), `notifications` (the deliveries transitions owe: shard part), `catalog` and
-`credentials` (the cluster
+`retention` (removing ended executions: `flowtide gc`), `credentials` (the cluster
 part; `credentials` also re-seals every sealed value when the master key changes).
 """
 
@@ -30,9 +30,12 @@ from flowtide.store.sql.executions import (
     ExecutionTables,
 )
 from flowtide.store.sql.notifications import NotificationTables
+from flowtide.store.sql.retention import RetentionTables
 
 __all__ = ["INSERT_EVENT", "PUT_SUMMARY", "UPSERT_COMMAND", "SQLStore"]
 
 
-class SQLStore(ExecutionTables, NotificationTables, CatalogTables, CredentialTables):
+class SQLStore(
+    ExecutionTables, NotificationTables, RetentionTables, CatalogTables, CredentialTables
+):
     """The shared half of the SQL adapters (see the module docstring)."""

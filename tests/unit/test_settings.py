@@ -37,6 +37,7 @@ BEFORE: dict[str, Any] = {
     # issue 30: variables added since the tree (with their defaults)
     "FLOWTIDE_SCHEDULER": True,
     "FLOWTIDE_STALLED_AFTER": 600.0,
+    "FLOWTIDE_RETENTION": None,
     "FLOWTIDE_STATE_CACHE_MB": 256,
     "FLOWTIDE_JWKS_URL": None,
     "FLOWTIDE_JWT_ISSUER": None,

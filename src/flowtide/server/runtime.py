@@ -31,6 +31,7 @@ from flowtide.server.deadlines import DeadlineWatch
 from flowtide.server.forwarding import Peers, forwarded
 from flowtide.server.notifying import start_notifications
 from flowtide.server.outbox import OutboxRelay, OutboxStore
+from flowtide.server.retention import RetentionWatch
 from flowtide.server.servers import ServerRegistry
 from flowtide.server.settings import ServerSettings
 from flowtide.server.stalls import StallWatch
@@ -164,6 +165,12 @@ class Runtime:
         self.tasks.append(
             asyncio.create_task(DeadlineWatch(self.coordinator).run(), name="flowtide-deadlines")
         )
+        if s.retention is not None:
+            self.tasks.append(
+                asyncio.create_task(
+                    RetentionWatch(self.store, s.retention).run(), name="flowtide-retention"
+                )
+            )
         if s.stalled_after > 0:
             self.tasks.append(
                 asyncio.create_task(

@@ -59,6 +59,9 @@ class ServerSettings:
     #: Seconds with nothing in flight before a running execution is re-driven, then
     #: failed as stalled (flowtide.server.stalls); 0: never.
     stalled_after: float = 600.0
+    #: Seconds after their end that executions are kept (flowtide.server.retention);
+    #: None: forever.
+    retention: float | None = None
     #: Credentials of the NATS connections (--nats and a nats:// --kv) when their URLs
     #: carry none.
     nats_auth: NatsAuth = field(default_factory=NatsAuth)
@@ -89,6 +92,15 @@ class ServerSettings:
                 " FLOWTIDE_CLUSTER_DB the shards and the cluster database)",
                 env="FLOWTIDE_DB",
             )
+        retention = None
+        if tree.retention:
+            from flowtide.errors import FlowtideError
+            from flowtide.prune import parse_age
+
+            try:
+                retention = parse_age(tree.retention)
+            except FlowtideError as exc:
+                raise SettingsError(str(exc), env="FLOWTIDE_RETENTION") from None
         jwt = None
         if tree.jwks_url:
             jwt = JwtSettings(
@@ -112,6 +124,7 @@ class ServerSettings:
             public_metrics=tree.public_metrics,
             scheduler=tree.scheduler,
             stalled_after=tree.stalled_after,
+            retention=retention,
             nats_auth=NatsAuth.from_env(),
             shards=tree.shards,
             shard_index=tree.shard_index,

@@ -100,6 +100,13 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "server.retention": Entry(
+        "FLOWTIDE_RETENTION",
+        None,
+        "Remove executions of this server's shard that ended longer ago than this (30d, 12h, 2w), with their events, commands and deliveries, once an hour (`flowtide gc` on the shard). Unset: kept forever.",
+        None,
+        None,
+    ),
     "server.stalled_after": Entry(
         "FLOWTIDE_STALLED_AFTER",
         600.0,

@@ -115,6 +115,12 @@ class ServerSection(BaseSettings):
         16 * MIB, "Largest request body in bytes; larger ones get 413 unread.", ge=1024
     )
     public_metrics: Flag = setting(False, "Serve /metrics without a token.")
+    retention: str | None = setting(
+        None,
+        "Remove executions of this server's shard that ended longer ago than this (30d,"
+        " 12h, 2w), with their events, commands and deliveries, once an hour (`flowtide gc`"
+        " on the shard). Unset: kept forever.",
+    )
     stalled_after: float = setting(
         600.0,
         "Seconds a running execution may have nothing in flight (no command issued or"

@@ -23,7 +23,8 @@ from flowtide.cli.options import (
 from flowtide.urls import scrub_url
 
 db_app = typer.Typer(
-    help="The event store's schema: show its version, apply pending migrations.",
+    help="The event store: its schema (status, upgrade), and backups of the embedded store"
+    " (backup, restore).",
     no_args_is_help=True,
 )
 
@@ -197,3 +198,13 @@ def db_status(
     )
     if pending:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _backups() -> None:
+    from flowtide.cli.dbbackup import backup_cmd, restore_cmd
+
+    db_app.command("backup")(backup_cmd)
+    db_app.command("restore")(restore_cmd)
+
+
+_backups()

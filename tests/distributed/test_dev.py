@@ -266,21 +266,23 @@ def test_dev_up_with_two_shards_runs_playbooks_on_both_and_keeps_its_shard_count
     other = shards[1]["server"]["url"]
     assert other != url
 
-    run = _flowtide(home, "run", "examples/quickstart.yaml", "--server", url, "--json")
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["status"] == "completed"
-    # Through shard 1's server (its token and TLS files found on their own, as for
-    # shard 0's): the execution is shard 1's, and shard 0's server answers for it by
-    # forwarding (mutual TLS between the servers).
-    on_one = _flowtide(home, "run", "examples/quickstart.yaml", "--server", other, "--json")
-    assert on_one.returncode == 0, on_one.stderr
-    eid = json.loads(on_one.stdout)["execution_id"]
     from flowtide.sharding import shard_for
 
-    assert shard_for(int(eid), 2) == 1
-    forwarded = _flowtide(home, "status", eid, "--server", url, "--json")
-    assert forwarded.returncode == 0, forwarded.stderr
-    assert json.loads(forwarded.stdout)["status"] == "completed"
+    # Two runs through shard 0's server: the shards in turn take them (one each).
+    eids = []
+    for _ in range(2):
+        run = _flowtide(home, "run", "examples/quickstart.yaml", "--server", url, "--json")
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["status"] == "completed"
+        eids.append(json.loads(run.stdout)["execution_id"])
+    assert sorted(shard_for(int(e), 2) for e in eids) == [0, 1], eids
+    # Through shard 1's server (its token and TLS files found on their own, as for
+    # shard 0's): each run is answered by forwarding to its shard's server where it is
+    # not this one's (mutual TLS between the servers).
+    for eid in eids:
+        forwarded = _flowtide(home, "status", eid, "--server", other, "--json")
+        assert forwarded.returncode == 0, forwarded.stderr
+        assert json.loads(forwarded.stdout)["status"] == "completed"
 
     # The stack keeps its shard count: another one is refused, nothing is touched.
     refused = _flowtide(home, "dev", "up", "--shards", "3")

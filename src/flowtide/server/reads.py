@@ -136,6 +136,11 @@ class ServerReads:
             there = await self.runtime.elsewhere(request, body.parent_execution_id)
             if there is not None:
                 return there
+        elif who.role != "worker":
+            # A new top-level run goes to the shards in turn (or the one asked for).
+            placed = await self.runtime.placed(request, body.shard)
+            if placed is not None:
+                return placed
         if who.role == "worker" and not who.insecure:
             if body.parent_execution_id is None:
                 raise AuthError("a worker starts sub-playbooks only (parent_execution_id)")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import secrets
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
@@ -28,7 +30,7 @@ from flowtide.redaction import install_log_masking
 from flowtide.server import metrics
 from flowtide.server.coordinator import Coordinator
 from flowtide.server.deadlines import DeadlineWatch
-from flowtide.server.forwarding import Peers, forwarded
+from flowtide.server.forwarding import Peers, ShardUnavailable, forwarded
 from flowtide.server.notifying import start_notifications
 from flowtide.server.outbox import OutboxRelay, OutboxStore
 from flowtide.server.retention import RetentionWatch
@@ -72,6 +74,8 @@ class Runtime:
         self.settings = settings
         self.store: Any = None
         self.kv: Any = None
+        #: Where the next new top-level execution goes (`placed`): shards in turn.
+        self._placement = itertools.count(secrets.randbelow(1 << 16))
         self.nc: Any = None
         self.coordinator: Coordinator | None = None
         self.relay: OutboxRelay | None = None
@@ -219,6 +223,35 @@ class Runtime:
                 421, f"this server serves shard {own}; execution {execution_id} is shard {home}'s"
             )
         return await forwarded(peers, home, server_id, request)  # type: ignore[no-any-return]
+
+    async def placed(self, request: Request, chosen: int | None) -> Response | None:
+        """For a new top-level execution: None when it is to be created here; else the
+        answer of the shard it is placed on (the request forwarded once). Without
+        `chosen`, the next shard in turn (each process starts at a random one):
+        executions spread evenly over the cluster whichever server a client reaches (a
+        client's keep-alive connection sticks to one). A shard that cannot take it (no server answers, or a 5xx) makes it land here; a
+        chosen one answers as it does."""
+        ctx = self.route_context()
+        if ctx is None or ctx[1] <= 1 or FORWARDED_HEADER in request.headers:
+            return None
+        own, shards, server_id, peers = ctx
+        if chosen is not None and chosen >= shards:
+            return error_response(
+                400, f"shard {chosen}: the cluster has {shards} (0..{shards - 1})"
+            )
+        target = chosen if chosen is not None else next(self._placement) % shards
+        if target == own or peers is None:
+            return None
+        try:
+            answer: Response = await forwarded(peers, target, server_id, request)
+        except ShardUnavailable:
+            if chosen is not None:
+                raise
+            return None
+        if answer.status_code >= 500 and chosen is None:
+            # That shard cannot take it now (its database down...): it runs here.
+            return None
+        return answer
 
     def vault(self) -> ServerVault:
         """The credential vault over this runtime's store (the key is loaded once)."""

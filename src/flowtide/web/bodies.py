@@ -22,6 +22,13 @@ class ExecuteRequest(RequestBody):
     playbook: str | None = Field(None, max_length=4_000_000, description="Inline playbook YAML.")
     payload: dict[str, Any] = Field(default_factory=dict, description="Workload overrides.")
     pool: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    shard: int | None = Field(
+        None,
+        ge=0,
+        le=1023,
+        description="On a cluster, the shard to run it on (default: the shards in turn;"
+        " a sub-playbook runs on its parent's). Ignored by `flowtide ui`.",
+    )
     parent_execution_id: Id | None = None
     parent_command_id: Id | None = None
 

@@ -90,6 +90,8 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_HOOK_REPLAY_WINDOW": 300.0,
     "FLOWTIDE_HOOK_DEDUP_WINDOW": 86400.0,
     "FLOWTIDE_HOOK_RATE": 50.0,
+    # Added since the tree (templates pasted into SQL, flowtide.web.catalog).
+    "FLOWTIDE_SQL_STRICT": False,
 }
 
 #: Variables older than the tree whose names do not follow its rule.

@@ -123,6 +123,7 @@ def test_lint_names_file_line_step_and_field_of_every_pasted_template() -> None:
     assert found == [
         ("workbook:lookup", "tool.query", "{{ name }}", line_of("SELECT * FROM t WHERE name = '")),
         ("start", "tool.command", "{{ name }}", line_of("WHERE name = '{{ name }}' LIMIT")),
+        ("start", "tool.command", "{{ n }}", line_of("WHERE name = '{{ name }}' LIMIT")),
         ("claim", "loop.cursor.claim", "{{ name }}", line_of("UPDATE q SET owner")),
         ("claim", "tool[1].commands[1]", "{{ row.id }}", line_of("SELECT '{{ row.id }}'")),
         ("spark", "tool.sql", "{{ name }}", line_of('name = "{{ name }}"')),
@@ -140,6 +141,8 @@ def test_lint_names_file_line_step_and_field_of_every_pasted_template() -> None:
         "step": "start",
         "field": "tool.command",
         "template": "{{ name }}",
+        "position": "string",
+        "role": None,
         "message": warnings[1].message,
     }
 

@@ -42,6 +42,13 @@ _NAME_AFTER: Final = frozenset(
     {"FROM", "JOIN", "INTO", "UPDATE", "TABLE", "BY", "AS", "ASC", "DESC", "SCHEMA", "VIEW"}
     | {"INDEX", "EXISTS", "TRUNCATE", "COPY", "ONLY", "LATERAL", "USING", "SEQUENCE"}
 )
+# Keywords after which a bare template is a value; after any other word (or another
+# template) it is a name or keyword: `ORDER BY a {{ dir }}`, `SELECT a {{ alias }}`.
+_VALUE_AFTER: Final = frozenset(
+    {"SELECT", "WHERE", "AND", "OR", "NOT", "IN", "THEN", "ELSE", "WHEN", "CASE", "SET"}
+    | {"VALUES", "RETURNING", "ON", "HAVING", "BETWEEN", "LIKE", "ILIKE", "IS", "DISTINCT"}
+    | {"ANY", "ALL", "SOME", "RETURN", "PERFORM", "INTERVAL", "ARRAY", "DEFAULT"}
+)
 _LIMIT_AFTER: Final = frozenset({"LIMIT", "OFFSET", "FETCH", "FIRST", "NEXT", "TOP"})
 # Clause words remembered so that `ORDER BY a, {{ b }}` (a list of names) is told from
 # `IN (1, {{ b }})` (a list of values).
@@ -223,11 +230,13 @@ class _Scanner:
         after = sql[end] if end < self.n else ""
         if before in _IDENT_CHARS or before == "." or after in _IDENT_CHARS or after == ".":
             return "name"  # part of a name: t_{{ x }}, {{ schema }}.t
-        last = self.recent[0]
+        last, previous = self.recent
         if last in _LIMIT_AFTER:
             return "limit"
-        if last in _NAME_AFTER:
+        if last in _NAME_AFTER or (last == ":" and previous == ":"):  # x::{{ type }}
             return "name"
         if last == "," and self.clause in ("ORDER", "GROUP", "FROM", "PARTITION"):
+            return "name"
+        if last == "{{}}" or (_WORD.fullmatch(last) and last not in _VALUE_AFTER):
             return "name"
         return "value"

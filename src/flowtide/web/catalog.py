@@ -160,7 +160,7 @@ def sql_refused(playbook: Playbook, file: str | None) -> RequestError | None:
     ]
     first = warnings[0].render("error")
     more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
-    message = f"this server refuses templates pasted into SQL (FLOWTIDE_SQL_STRICT): {first}{more}"
+    message = f"refused: a template pasted into SQL (FLOWTIDE_SQL_STRICT): {first}{more}"
     return RequestError(400, message, field="content", fields=fields)
 
 

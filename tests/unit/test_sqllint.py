@@ -131,6 +131,8 @@ def test_lint_names_file_line_step_and_field_of_every_pasted_template() -> None:
         ("spark", "tool.inputs.src.query", "{{ name }}", line_of("src: {format: jdbc")),
     ]
     assert all(w.file.endswith(FILE) for w in warnings if w.file)
+    assert "a jdbc source's `query` takes no `params`" in warnings[-1].message
+    assert "(spark: `:name` with `params: {name:" in warnings[-2].message
     rendered = lint_playbook(playbook, "shown.yaml")[1].render()
     assert rendered.startswith(
         f"shown.yaml:{line_of('LIMIT')}: warning: step 'start', field 'tool.command': "

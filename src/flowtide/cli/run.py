@@ -123,8 +123,8 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
 
 
 def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
-    """Print (on stderr) and return the playbook's SQL warnings: templates pasted inside
-    SQL string literals, where `params` belongs. Warnings never stop a run."""
+    """Print (on stderr) and return the playbook's SQL warnings: templates pasted into
+    SQL text (flowtide.playbook.sqllint). Warnings never stop a run."""
     from flowtide.playbook.sqllint import lint_playbook
 
     warnings = lint_playbook(playbook, file)

@@ -92,7 +92,8 @@ class SqlWarning:
     form: str = "'...'"
     #: value, limit or name when bare.
     role: Role | None = None
-    #: The tool whose placeholders the fix shows (postgres, duckdb, spark).
+    #: The tool whose placeholders the fix shows (postgres, duckdb, spark; jdbc: a spark
+    #: source's query, which takes none).
     tool: str = "postgres"
     #: The bare template follows a `-`: a negative number would start a `--` comment.
     after_minus: bool = False
@@ -106,6 +107,11 @@ class SqlWarning:
             f"bind the value with `params` instead ({self.tool}: `{named.format(name)}` with "
             f'`params: {{{name}: "{t}"}}`, or {positional} with a list)'
         )
+        if self.tool == "jdbc":
+            bind = (
+                "a jdbc source's `query` takes no `params`: read the table and filter in the "
+                f"step's `sql` with `params` (`:{name}`)"
+            )
         ends = _ENDS.get(self.form, "a quote")
         if self.position == "string":
             return (
@@ -132,7 +138,7 @@ class SqlWarning:
         if self.role == "limit":
             count = (
                 f"make it a number ({{{{ {name} | int }}}})"
-                if self.tool == "spark"
+                if self.tool in ("spark", "jdbc")
                 else f"bind it with `params` (`LIMIT {named.format(name)}`) or make it a "
                 f"number ({{{{ {name} | int }}}})"
             )
@@ -325,7 +331,7 @@ def _task_sql(step: str, label: str, task: Task) -> Iterator[tuple[str, str, Tas
         # A jdbc source's `query` runs on the database, as text: the same hazard.
         for name, spec in inputs.items():
             if isinstance(spec, Mapping) and isinstance(spec.get("query"), str):
-                yield step, f"{label}.inputs.{name}.query", task, spec["query"], "postgres"
+                yield step, f"{label}.inputs.{name}.query", task, spec["query"], "jdbc"
 
 
 def _line_of(lines: list[str], start: int | None, needles: tuple[str, ...]) -> int | None:

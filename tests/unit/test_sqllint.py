@@ -10,7 +10,13 @@ import pytest
 
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook import parse_playbook
-from flowtide.playbook.sqllint import SqlWarning, lint_playbook, pasted_templates, safe_template
+from flowtide.playbook.sqllint import (
+    MAX_WARNINGS,
+    SqlWarning,
+    lint_playbook,
+    pasted_templates,
+    safe_template,
+)
 
 FILE = "pb.yaml"
 HEADER = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: lint}\n"
@@ -355,3 +361,11 @@ def test_templates_that_cannot_end_a_token_are_exempt_everywhere(template: str) 
 )
 def test_other_templates_are_not_exempt(template: str) -> None:
     assert not safe_template(template)
+
+
+def test_a_quoted_multi_line_sql_keeps_its_line_and_warnings_are_capped() -> None:
+    sql = "".join(f"SELECT '{{{{ a{i} }}}}';\n" for i in range(MAX_WARNINGS + 100))
+    warnings = lint_sql(sql)  # one YAML line: a double-quoted scalar with \n escapes
+    assert len(warnings) == MAX_WARNINGS
+    assert {w.line for w in warnings} == {6}
+    assert warnings[-1].template == f"{{{{ a{MAX_WARNINGS - 1} }}}}"

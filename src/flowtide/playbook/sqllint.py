@@ -21,6 +21,7 @@ Pure: works on the parsed `Playbook` (and its text, for line numbers).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from flowtide.playbook.sqlscan import Position, Role, placements
 from flowtide.playbook.template import ENV, is_template
 
 __all__ = [
+    "MAX_WARNINGS",
     "SQL_FIELDS",
     "SqlWarning",
     "lint_playbook",
@@ -47,6 +49,8 @@ SQL_FIELDS: dict[str, tuple[str, ...]] = {
     "duckdb": ("query", "command", "commands", "sql"),
     "spark": ("sql",),
 }
+#: Warnings `lint_playbook` returns at most (the first ones, in step order).
+MAX_WARNINGS: Final = 500
 PARAMS_EXPECTED = "a list (positional placeholders) or a mapping (named placeholders)"
 
 # Values the engine itself provides, always digits: NoETL playbooks write
@@ -182,6 +186,7 @@ def pasted_templates(sql: str, *, dialect: str = "postgres") -> list[str]:
     return [p.template for p in placements(sql, dialect) if p.position == "string"]
 
 
+@functools.lru_cache(maxsize=1024)
 def safe_template(template: str) -> bool:
     """Whether the `{{ ... }}` template renders text that cannot end a token of the SQL it
     is pasted into: an engine number, a constant, a value filtered to a number, an
@@ -264,26 +269,38 @@ def lint_playbook(playbook: Playbook, file: str | None = None) -> list[SqlWarnin
     loop's `claim` and a jdbc input's `query` included), in step order: inside a literal,
     a quoted identifier, a comment or bare, the safe ones (`safe_template`) left out.
 
-    `file` names the playbook in the warnings (default: `playbook.file`).
+    `file` names the playbook in the warnings (default: `playbook.file`). At most
+    `MAX_WARNINGS`: a machine-made playbook with a million pasted templates is checked in
+    bounded time (the server lints at registration under FLOWTIDE_SQL_STRICT).
     """
     lines = playbook.text.splitlines()
     where = file if file is not None else playbook.file
     warnings: list[SqlWarning] = []
+    seen: set[SqlWarning] = set()
     for step_name, field, task, sql, dialect in _sql_fields(playbook):
         # Templates come in text order: each is looked for from the line of the one before
         # (the next line when it sits on a later SQL line), so repeated SQL lines map to
-        # their own YAML lines.
-        line, sql_row = task.line, 0
+        # their own YAML lines. Rows are counted from the template before: linear.
+        line, sql_row, row, counted = task.line, 0, 0, 0
         for place in placements(sql, dialect):
+            if len(warnings) >= MAX_WARNINGS:
+                return warnings
             offset, template = place.offset, place.template
             after_minus = place.position == "bare" and sql[offset - 1 : offset] == "-"
             if safe_template(template) and not after_minus:
                 continue
-            row = sql.count("\n", 0, offset)
-            if line is not None and row > sql_row and warnings and warnings[-1].field == field:
-                line += 1
-            sql_line = sql[sql.rfind("\n", 0, offset) + 1 :].split("\n", 1)[0].strip()
-            line = _line_of(lines, line, (sql_line, template.split("\n", 1)[0]))
+            row, counted = row + sql.count("\n", counted, offset), offset
+            start = sql.rfind("\n", 0, offset) + 1
+            stop = sql.find("\n", offset)
+            sql_line = sql[start : len(sql) if stop < 0 else stop].strip()
+            needles = (sql_line, template.split("\n", 1)[0])
+            if line is not None:
+                # A later SQL row is on a later YAML line in a block scalar; in a quoted
+                # one (`"a\nb"`) it is on the same line.
+                later = row > sql_row and bool(warnings) and warnings[-1].field == field
+                line = (later and _line_of(lines, line + 1, needles)) or (
+                    _line_of(lines, line, needles) or line
+                )
             sql_row = row
             warning = SqlWarning(
                 file=where,
@@ -297,7 +314,8 @@ def lint_playbook(playbook: Playbook, file: str | None = None) -> list[SqlWarnin
                 tool=dialect,
                 after_minus=after_minus,
             )
-            if warning not in warnings:  # the same template twice on one line: one warning
+            if warning not in seen:  # the same template twice on one line: one warning
+                seen.add(warning)
                 warnings.append(warning)
     return warnings
 
@@ -334,14 +352,12 @@ def _task_sql(step: str, label: str, task: Task) -> Iterator[tuple[str, str, Tas
                 yield step, f"{label}.inputs.{name}.query", task, spec["query"], "jdbc"
 
 
-def _line_of(lines: list[str], start: int | None, needles: tuple[str, ...]) -> int | None:
+def _line_of(lines: list[str], start: int, needles: tuple[str, ...]) -> int | None:
     """The first line at or after the task's own that holds a needle, tried in order: the
     SQL line around the template (as a block scalar keeps it), then the template alone
-    (the model keeps the task's line, not each field's)."""
-    if start is None:
-        return None
+    (the model keeps the task's line, not each field's); None when none holds one."""
     for needle in needles:
         for number in range(start, len(lines) + 1):
             if needle in lines[number - 1]:
                 return number
-    return start
+    return None

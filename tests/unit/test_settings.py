@@ -95,6 +95,8 @@ BEFORE: dict[str, Any] = {
     # The web UI's sessions (flowtide.web.session).
     "FLOWTIDE_SESSION_LIFETIME": 43200.0,
     "FLOWTIDE_SESSION_IDLE": 3600.0,
+    # Added since the tree (templates pasted into SQL, flowtide.web.catalog).
+    "FLOWTIDE_SQL_STRICT": False,
 }
 
 #: Variables older than the tree whose names do not follow its rule.

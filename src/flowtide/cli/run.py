@@ -123,8 +123,8 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
 
 
 def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
-    """Print (on stderr) and return the playbook's SQL warnings: templates pasted inside
-    SQL string literals, where `params` belongs. Warnings never stop a run."""
+    """Print (on stderr) and return the playbook's SQL warnings: templates pasted into
+    SQL text (flowtide.playbook.sqllint). Warnings never stop a run."""
     from flowtide.playbook.sqllint import lint_playbook
 
     warnings = lint_playbook(playbook, file)
@@ -447,33 +447,25 @@ def resume(
 def validate(
     files: Annotated[list[Path], typer.Argument(help="Playbook files to check.")],
     as_json: JsonOpt = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Templates pasted into SQL text are errors, not warnings (exit code 2).",
+        ),
+    ] = False,
 ) -> None:
-    """Check playbooks without running anything. Exit code 2 when any is invalid."""
+    """Check playbooks without running anything. Exit code 2 when any is invalid (with
+    --strict: or pastes a template into SQL text)."""
     from flowtide.errors import PlaybookError, PlaybookErrors
     from flowtide.playbook.loader import load_playbook
+    from flowtide.playbook.sqllint import lint_playbook
 
     report = []
     bad = False
     for file in files:
         try:
             playbook = load_playbook(file)
-            if as_json:
-                from flowtide.playbook.sqllint import lint_playbook
-
-                warnings = [w.to_dict() for w in lint_playbook(playbook, str(file))]
-            else:
-                warnings = _warn_pasted_sql(playbook, str(file))
-            report.append(
-                {
-                    "file": str(file),
-                    "valid": True,
-                    "name": playbook.name,
-                    "steps": len(playbook.steps),
-                    "warnings": warnings,
-                }
-            )
-            if not as_json:
-                typer.echo(f"{file}: ok ({len(playbook.steps)} steps, entry '{playbook.entry}')")
         except PlaybookError as exc:
             bad = True
             errors = exc.errors if isinstance(exc, PlaybookErrors) else [exc]
@@ -483,6 +475,29 @@ def validate(
             if not as_json:
                 for e in errors:
                     err(e.render())
+            continue
+        warnings = lint_playbook(playbook, str(file))
+        if not as_json:
+            for warning in warnings:
+                err(warning.render("error" if strict else "warning"))
+        found = [w.to_dict() for w in warnings]
+        if strict and warnings:
+            bad = True
+            report.append({"file": str(file), "valid": False, "errors": found})
+            if not as_json:
+                err(f"{file}: invalid with --strict ({len(warnings)} SQL template(s) pasted)")
+            continue
+        report.append(
+            {
+                "file": str(file),
+                "valid": True,
+                "name": playbook.name,
+                "steps": len(playbook.steps),
+                "warnings": found,
+            }
+        )
+        if not as_json:
+            typer.echo(f"{file}: ok ({len(playbook.steps)} steps, entry '{playbook.entry}')")
     if as_json:
         print_json(report)
     raise typer.Exit(EXIT_INVALID if bad else EXIT_OK)

@@ -136,6 +136,9 @@ def server_cmd(
     state_cache_mb: Annotated[int, setting("server.state_cache_mb", "--state-cache-mb")] = (
         default("server.state_cache_mb")
     ),
+    sql_strict: Annotated[bool, setting("server.sql_strict", "--sql-strict")] = default(
+        "server.sql_strict"
+    ),
     scheduler: Annotated[
         bool, setting("server.scheduler", "--scheduler/--no-scheduler", env=False)
     ] = default("server.scheduler"),
@@ -230,6 +233,7 @@ def server_cmd(
             insecure_no_auth=insecure_no_auth,
             public_metrics=public_metrics,
             scheduler=scheduler,
+            sql_strict=sql_strict,
             state_cache_mb=state_cache_mb,
             jwks_url=jwks_url,
             jwt_issuer=jwt_issuer,

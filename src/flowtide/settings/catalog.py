@@ -170,6 +170,13 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "server.sql_strict": Entry(
+        "FLOWTIDE_SQL_STRICT",
+        False,
+        "Refuse playbooks that paste a template into SQL text (as `flowtide validate --strict`): at catalog registration and at /api/execute with an inline playbook.",
+        None,
+        None,
+    ),
     "server.tls_cert": Entry(
         "FLOWTIDE_TLS_CERT",
         None,

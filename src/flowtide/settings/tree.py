@@ -155,6 +155,11 @@ class ServerSection(BaseSettings):
     jwt_pool_claim: str = setting(
         "flowtide_pool", "Claim naming a worker's pool (absent: any pool)."
     )
+    sql_strict: Flag = setting(
+        False,
+        "Refuse playbooks that paste a template into SQL text (as `flowtide validate"
+        " --strict`): at catalog registration and at /api/execute with an inline playbook.",
+    )
     tls_cert: Path | None = setting(
         None, "Serve HTTPS with this certificate (PEM, with its chain)."
     )

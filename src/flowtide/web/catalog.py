@@ -10,7 +10,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
@@ -37,6 +37,8 @@ __all__ = [
     "playbook_refused",
     "requested_playbook",
     "router",
+    "sql_strict",
+    "sql_refused",
 ]
 
 _CATALOG_VERSION: Final = re.compile(r"(.+)@([0-9]{1,10})", re.ASCII)
@@ -124,6 +126,44 @@ def playbook_refused(exc: PlaybookError) -> RequestError:
     return RequestError(400, str(exc), field="content", fields=fields)
 
 
+def sql_strict(request: Request) -> bool:
+    """Whether this app refuses playbooks that paste templates into SQL text: the app's
+    `state.sql_strict` when set (tests), else the server setting FLOWTIDE_SQL_STRICT
+    (`flowtide server --sql-strict`; `flowtide ui` reads the same variable)."""
+    held = getattr(request.app.state, "sql_strict", None)
+    if held is not None:
+        return bool(held)
+    from flowtide.settings import ServerSection, current
+
+    return current(ServerSection).sql_strict
+
+
+def sql_refused(playbook: Playbook, file: str | None) -> RequestError | None:
+    """400 for a playbook that pastes templates into SQL text (the `validate --strict`
+    messages, each with its file, line, step and field), None when it pastes none."""
+    from flowtide.playbook.sqllint import lint_playbook
+
+    warnings = lint_playbook(playbook, file)
+    if not warnings:
+        return None
+    fields = [
+        {
+            "field": "content",
+            "message": w.render("error"),
+            "file": w.file,
+            "line": w.line,
+            "step": w.step,
+            "playbook_field": w.field,
+            "position": w.position,
+        }
+        for w in warnings
+    ]
+    first = warnings[0].render("error")
+    more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+    message = f"refused: a template pasted into SQL (FLOWTIDE_SQL_STRICT): {first}{more}"
+    return RequestError(400, message, field="content", fields=fields)
+
+
 async def requested_playbook(store: Store, body: ExecuteRequest) -> tuple[Playbook, int | None]:
     """The playbook a `POST /api/execute` names (a catalog path and version, a catalog id,
     or inline text; parsed in a thread) and its catalog version (None when inline).
@@ -163,9 +203,15 @@ router = APIRouter(tags=["catalog"])
 @router.post(
     "/api/catalog/register",
     status_code=201,
-    responses=problem_responses((400, "Invalid playbook: file:line:column and field.")),
+    responses=problem_responses(
+        (
+            400,
+            "Invalid playbook: file:line:column and field; or, with FLOWTIDE_SQL_STRICT, a"
+            " template pasted into SQL text.",
+        )
+    ),
 )
-async def register_playbook(body: RegisterRequest, reads: Reads) -> Registered:
+async def register_playbook(body: RegisterRequest, reads: Reads, request: Request) -> Registered:
     """Validate a playbook (as `flowtide catalog register` does) and record it under
     its metadata.path: a new version when the text changed, else the latest one."""
     file = body.source_file
@@ -186,6 +232,10 @@ async def register_playbook(body: RegisterRequest, reads: Reads) -> Registered:
             expected="the catalog path to record, a string",
         )
         raise playbook_refused(error)
+    if sql_strict(request):
+        refused = await asyncio.to_thread(sql_refused, playbook, file)
+        if refused is not None:
+            raise refused
     store = reads.store
     version = await asyncio.to_thread(
         lambda: store.register_playbook(path, playbook.text, source_file=file, created=time.time())

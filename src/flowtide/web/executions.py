@@ -48,7 +48,7 @@ from flowtide.playbook.loader import parse_playbook
 from flowtide.store.base import ENDED_STATUSES
 from flowtide.web.access import caller
 from flowtide.web.bodies import CancelRequest, ExecuteRequest, RerunRequest
-from flowtide.web.catalog import requested_playbook
+from flowtide.web.catalog import requested_playbook, sql_refused, sql_strict
 from flowtide.web.fields import INT64_MAX, IdPath, Text
 from flowtide.web.problems import RequestError, problem_responses
 from flowtide.web.queries import events_query, list_query
@@ -106,6 +106,10 @@ async def execute(body: ExecuteRequest, request: Request, who: Caller, reads: Re
         return answered  # type: ignore[return-value]  # the owning shard's reply
     try:
         playbook, version = await requested_playbook(reads.store, body)
+        if body.playbook and sql_strict(request):
+            refused = await asyncio.to_thread(sql_refused, playbook, None)
+            if refused is not None:
+                raise refused
         execution_id = await reads.start(
             playbook,
             workload=body.payload,

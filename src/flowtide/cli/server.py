@@ -438,6 +438,11 @@ def worker_cmd(
             loop.add_signal_handler(sig, worker.stop)
         await worker.run()
 
+    from flowtide.hardening import keep_to_ourselves
+
+    # The steps it runs (same user unless it is root) cannot read its environment, memory
+    # or attach to it: its token and NATS credentials are its own.
+    keep_to_ourselves()
     err(f"flowtide worker {worker.worker_id} (pool {pool}) -> {redact_url(server)}")
     err(f"steps' files: {worker.files.describe()}")
     try:

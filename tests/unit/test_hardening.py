@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from flowtide.tools.python_interpreter import reachable_by_others
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +43,20 @@ def _settings_read_afresh() -> Iterator[None]:
     settings.reset()
     yield
     settings.reset()
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder any user may enter and read, for the files a step's program reads: steps
+    run as another user (`nobody`) when the tests run as root, and then `tmp_path` (under
+    /tmp/pytest-of-root, 0700) is out of their reach. A step that writes gets a subfolder
+    made writable for it (`pyuser.writable`)."""
+    path = Path(tempfile.mkdtemp(prefix="ft-open-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -29,11 +29,12 @@ def _free_port() -> int:
 
 @functools.cache
 def _python_user() -> dict[str, str]:
-    """As root where `nobody` cannot run this interpreter (one under /root), workers
-    refuse to start unless told to run python steps as root: the tests say so."""
-    from flowtide.tools.python_pool import default_user_works
+    """As root, workers run python steps as nobody (through the system's interpreter
+    when this one is under /root); only where nobody can start none do they refuse to
+    start unless told to run them as root, and the tests say so (`pyuser`)."""
+    from pyuser import PYTHON_USER
 
-    return {} if default_user_works() else {"FLOWTIDE_PYTHON_USER": "root"}
+    return {} if PYTHON_USER is None else {"FLOWTIDE_PYTHON_USER": PYTHON_USER}
 
 
 def flowtide_env(home: Path) -> dict[str, str]:

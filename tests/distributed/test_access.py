@@ -17,6 +17,7 @@ import pytest
 
 from flowtide.auth.principal import outranks
 from flowtide.web.access import PUBLIC_PATHS, RULES
+from pyuser import writable
 
 from .stack import Stack
 from .test_faults import ONE_STEP, _events, _wait, _waiting_commands
@@ -123,8 +124,9 @@ def test_a_bad_or_missing_token_is_401_and_says_nothing_more(stack: Stack) -> No
         assert "ftk_" not in r.text
 
 
-def test_running_code_needs_an_operator_token(stack: Stack, tmp_path: Path) -> None:
-    marker = tmp_path / "owned"
+def test_running_code_needs_an_operator_token(stack: Stack, open_dir: Path) -> None:
+    # Where the step (nobody, on a root worker) can write.
+    marker = writable(open_dir / "out") / "owned"
     body = {"playbook": RCE.format(marker=marker)}
     assert httpx.post(f"{stack.url}/api/execute", json=body, timeout=30).status_code == 401
     with stack.client("reader") as reader:

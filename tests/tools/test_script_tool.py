@@ -43,12 +43,18 @@ def python_user() -> Iterator[None]:
 
 
 @pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    folder = tmp_path / "scripts"
+def scripts(open_dir: Path) -> Path:
+    """The scripts, where their user (nobody, when the tests run as root) can read them."""
+    folder = open_dir / "scripts"
     folder.mkdir()
+    folder.chmod(0o755)
     (folder / "job.py").write_text(SCRIPT)
     (folder / "slow.py").write_text("import time\ntime.sleep(60)\n")
-    return tmp_path
+    (folder / "packages.py").write_text(
+        "import json, sys\nimport flowtide, httpx\n"
+        "print(json.dumps([list(sys.version_info[:2]), flowtide.__file__, httpx.__name__]))\n"
+    )
+    return open_dir
 
 
 def ctx(base: Path, **fields: Any) -> ToolContext:
@@ -77,6 +83,19 @@ def test_a_path_string_and_file_uri_work(scripts: Path) -> None:
     assert ScriptTool().run({"script": "scripts/job.py"}, ctx(scripts))["status"] == "completed"
     uri = f"file://{scripts / 'scripts' / 'job.py'}"
     assert ScriptTool().run({"script": {"uri": uri}}, ctx(scripts))["exit_code"] == 0
+
+
+def test_a_script_has_this_python_and_its_packages_as_python_steps_do(scripts: Path) -> None:
+    """As root, the script runs as nobody with the interpreter python steps get (the
+    system's of this version when this one is out of nobody's reach), and still imports
+    what this process has installed (flowtide, httpx)."""
+    import json
+    import sys
+
+    result = ScriptTool().run({"script": "scripts/packages.py"}, ctx(scripts))
+    version, flowtide_file, httpx_name = json.loads(result["output"])
+    assert version == list(sys.version_info[:2])
+    assert flowtide_file == flowtide.__file__ and httpx_name == "httpx"
 
 
 def test_a_failing_script_is_a_script_error_with_its_output(scripts: Path) -> None:

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
-import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +26,6 @@ from flowtide.playbook.shellsyntax import normalize_command, shell_syntax
 from flowtide.playbook.template import render
 from flowtide.tools.base import ToolContext
 from flowtide.tools.shell import ShellTool
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A folder any user may enter and read (the tmp_path of a root run is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="ft-shell-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def ctx(base: Path | None = None, **fields: Any) -> ToolContext:

@@ -19,7 +19,7 @@ from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 from flowtide.tools.python import PythonTool
 from flowtide.tools.python_pool import ChildPool, Isolation
-from pyuser import PYTHON_USER
+from pyuser import PYTHON_USER, writable
 
 SLEEP = "import time\ntime.sleep(3600)\n"
 
@@ -125,8 +125,8 @@ def test_cpu_limit() -> None:
         tool.configure(Isolation())
 
 
-def test_processes_the_code_started_die_with_it(tool: PythonTool, tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
+def test_processes_the_code_started_die_with_it(tool: PythonTool, open_dir: Path) -> None:
+    pid_file = writable(open_dir / "out") / "pid"
     code = (
         "import subprocess, time\n"
         "p = subprocess.Popen(['sleep', '3600'])\n"
@@ -207,89 +207,125 @@ def test_settings_from_the_environment() -> None:
         Isolation.from_env({"FLOWTIDE_PYTHON_MEMORY_MB": "lots"})
 
 
-def _interpreter_for(uid: int) -> str | None:
-    """An interpreter of this Python version that user `uid` can run, if any."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (sys.executable, f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
-        if not os.path.exists(candidate):
-            continue
-        probe = [candidate, "-I", "-c", "import sys"]
-        try:
-            done = subprocess.run(probe, user=uid, group=uid, capture_output=True, timeout=30)
-        except OSError:
-            continue
-        if done.returncode == 0:
-            return candidate
-    return None
+_READS = (
+    "import os\n"
+    "def readable(path):\n"
+    "    try:\n"
+    "        open(path).read()\n"
+    "        return True\n"
+    "    except PermissionError:\n"
+    "        return False\n"
+    "result = [os.getuid(), os.getgid(), os.getgroups(), readable(secret), readable(shared)]\n"
+)
+
+
+def _root_and_public_files(folder: Path) -> tuple[Path, Path]:
+    """A root-only file (0600) and a readable one beside it, in a folder any user may
+    enter: what stops a step reading the first is its mode alone."""
+    secret = folder / "master-key"
+    secret.write_text("s3cret-master-key")
+    secret.chmod(0o600)
+    shared = folder / "shared"
+    shared.write_text("for all")
+    shared.chmod(0o644)
+    return secret, shared
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
-def test_children_of_a_root_process_run_as_nobody(tmp_path: Path) -> None:
+def test_children_of_a_root_process_run_as_nobody(open_dir: Path) -> None:
+    """Issue 31: as root, python steps run as nobody by default (through an interpreter
+    nobody can start, the system's when this one lives under /root), never as root: a
+    root-only file is out of their reach."""
     import pwd
 
-    nobody = pwd.getpwnam("nobody")
-    executable = _interpreter_for(nobody.pw_uid)
-    if executable is None:
+    if PYTHON_USER is not None:
         pytest.skip("no interpreter of this Python version that nobody may run")
-    secret = tmp_path / "root-only"
-    secret.write_text("s3cret")
-    secret.chmod(0o600)
-    pool = ChildPool(Isolation(mode="process"), executable=executable)
-    code = (
-        "import os\n"
-        "try:\n"
-        "    open(path).read()\n"
-        "    readable = True\n"
-        "except PermissionError:\n"
-        "    readable = False\n"
-        "result = [os.getuid(), os.getgid(), os.getgroups(), readable]\n"
-    )
+    nobody = pwd.getpwnam("nobody")
+    secret, shared = _root_and_public_files(open_dir)
+    pool = ChildPool(Isolation(mode="process", embedded=False))
     request = {
-        "source": code,
+        "source": _READS,
         "filename": "<code>",
-        "input": {"path": str(secret)},
+        "input": {"secret": str(secret), "shared": str(shared)},
         "execution_id": 1,
     }
     try:
         assert pool.user == "nobody"
         reply = pool.run(request)
+        shadow = pool.run({**request, "input": {"secret": "/etc/shadow", "shared": str(shared)}})
     finally:
         pool.close()
     assert reply["ok"], reply
-    assert reply["result"] == [nobody.pw_uid, nobody.pw_gid, [], False]
+    assert reply["result"] == [nobody.pw_uid, nobody.pw_gid, [], False, True]
+    if os.path.exists("/etc/shadow"):
+        assert shadow["result"][3:] == [False, True]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
-def test_an_unknown_python_user_is_a_config_error() -> None:
-    with pytest.raises(ToolError, match="no such user") as info:
-        ChildPool(Isolation(mode="process", user="no-such-user-here"))
-    assert info.value.kind == "config_error"
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
+def test_a_python_step_of_a_root_run_cannot_open_a_root_only_file(open_dir: Path) -> None:
+    """Through a playbook run, python steps in child processes as a worker has them (the
+    default user): `open()` of a root-only file is a PermissionError that fails the
+    step, and nothing of the file reaches the run's document."""
+    import flowtide
+    from flowtide.tools.registry import get_tool
+
+    if PYTHON_USER is not None:
+        pytest.skip("no interpreter of this Python version that nobody may run")
+    secret, shared = _root_and_public_files(open_dir)
+    book = open_dir / "steal.yaml"
+    book.write_text(
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: steal, path: steal}\n"
+        f"workload: {{path: {str(shared)!r}}}\n"
+        "workflow:\n"
+        "- step: start\n"
+        "  tool: {kind: python, code: 'result = open(path).read()', input: {path: '{{ path }}'}}\n"
+    )
+    tool = get_tool("python")
+    old = tool.isolation
+    tool.configure(Isolation(mode="process", embedded=False))
+    try:
+        shared_doc = flowtide.run(book, home=open_dir / "home")
+        stolen = flowtide.run(book, workload={"path": str(secret)}, home=open_dir / "home")
+    finally:
+        tool.configure(old)
+    assert shared_doc["status"] == "completed", shared_doc
+    assert shared_doc["steps"]["start"]["result"] == "for all"
+    assert stolen["status"] == "failed"
+    error = stolen["steps"]["start"]["error"]
+    assert "PermissionError" in str(error) and str(secret) in str(error)
+    assert "s3cret-master-key" not in repr(stolen)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
-def test_a_default_user_that_cannot_start_python_is_an_error_never_root() -> None:
+def _nobody_runs(executable: str) -> bool:
     import pwd
 
-    from flowtide.tools.python_pool import default_user_works
-
     nobody = pwd.getpwnam("nobody")
-    probe = [sys.executable, "-I", "-c", "import sys"]
+    probe = [executable, "-I", "-c", "import sys"]
     try:
         runs = subprocess.run(probe, user=nobody.pw_uid, capture_output=True, timeout=30)
     except PermissionError:
-        pass
-    else:
-        if runs.returncode == 0:
-            pytest.skip("nobody can run this interpreter here")
-    assert not default_user_works()
-    pool = ChildPool(Isolation(mode="process"))
+        return False
+    return runs.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_a_default_user_that_cannot_start_python_is_an_error_never_root(tmp_path: Path) -> None:
+    from flowtide.tools.python_pool import default_user_works
+
+    # An interpreter nobody cannot start: this one, by a path through a 0700 folder.
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    executable = hidden / "python"
+    executable.symlink_to(sys.executable)
+    assert not default_user_works(str(executable))
+    pool = ChildPool(Isolation(mode="process"), executable=str(executable))
     try:
         with pytest.raises(ToolError, match="--python-user root") as info:
             pool.prestart(1)
         assert info.value.kind == "config_error"
         assert "nobody cannot start" in info.value.message
         # Asked for out loud, root it is.
-        chosen = ChildPool(Isolation(mode="process", user="root"))
+        chosen = ChildPool(Isolation(mode="process", user="root"), executable=str(executable))
         try:
             chosen.prestart(1)
             assert chosen.user == "root"
@@ -303,11 +339,18 @@ def test_a_default_user_that_cannot_start_python_is_an_error_never_root() -> Non
 def test_a_root_worker_whose_python_cannot_drop_privileges_refuses_to_start(
     tmp_path: Path,
 ) -> None:
-    if PYTHON_USER is None:
+    """No interpreter nobody can start (this one out of its reach, no system one found):
+    the worker refuses, never runs steps as root unasked."""
+    if _nobody_runs(sys.executable):
         pytest.skip("nobody can run this interpreter here")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTIDE_")}
+    # The worker looks for no system interpreter (there is one on this machine).
+    boot = (
+        "import runpy, flowtide.tools.python_interpreter as p; p._CANDIDATES = ();"
+        " runpy.run_module('flowtide.cli', run_name='__main__', alter_sys=True)"
+    )
     # Refused before it looks for the server or NATS (neither is there).
-    argv = [sys.executable, "-m", "flowtide.cli", "worker", "--server", "http://127.0.0.1:9"]
+    argv = [sys.executable, "-c", boot, "worker", "--server", "http://127.0.0.1:9"]
     argv += ["--nats", "nats://127.0.0.1:9", "--home", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1, done.stderr
@@ -324,15 +367,11 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_process_that_left_the_group_dies_with_the_timed_out_step(
-    tool: PythonTool, tmp_path: Path
+    tool: PythonTool, open_dir: Path
 ) -> None:
     """Issue 31: `Popen(..., start_new_session=True)` in a step outlived its timeout
     (adopted by PID 1); the step's mark in its environment finds it."""
-    folder = tmp_path / "out"
-    folder.mkdir()
-    folder.chmod(0o777)  # the child may run as another user
-    tmp_path.chmod(0o755)
-    pid_file = folder / "pid"
+    pid_file = writable(open_dir / "out") / "pid"  # the child may run as another user
     code = (
         "import subprocess, time\n"
         "p = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"

@@ -351,13 +351,14 @@ def test_libs_from_import() -> None:
 
 
 def test_libs_from_import_of_unimported_submodule(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    open_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pkg = tmp_path / "flowtide_libs_probe"
-    pkg.mkdir()
+    # In a folder the child's user (nobody, under a root run) can read.
+    pkg = open_dir / "flowtide_libs_probe"
+    pkg.mkdir(mode=0o755)
     (pkg / "__init__.py").write_text("")
     (pkg / "sub.py").write_text("VALUE = 'from-submodule'\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(open_dir))
     config = {
         "libs": {"storage": {"from": "flowtide_libs_probe", "import": "sub"}},
         "code": "result = storage.VALUE",

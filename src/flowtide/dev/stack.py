@@ -469,16 +469,20 @@ class DevStack(StackLayout):
         return [sys.executable, "-m", "flowtide.cli"]
 
     def _python_user(self, progress: Progress) -> dict[str, str]:
-        """Who the workers' python steps run as. As root they run as `nobody`; where
-        `nobody` cannot run this interpreter (one installed under /root), the dev stack
-        runs them as root rather than not at all, and says so."""
+        """Who the workers' python steps run as. As root they run as `nobody`, through
+        this interpreter or, when it lives where `nobody` cannot start it (under /root),
+        the system's of the same version (`flowtide.tools.python_interpreter`). Only
+        where neither works does the dev stack run them as root rather than not at all,
+        and it says so."""
         from flowtide.settings import PythonSection, read
         from flowtide.tools.python_pool import default_user_works
 
         if read(PythonSection).user or default_user_works():
             return {}
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         progress(
-            f"workers: python steps run as root: user nobody cannot start {sys.executable}"
+            f"workers: python steps run as root: user nobody cannot start {sys.executable},"
+            f" and no {version} it can start was found in /usr/bin or /usr/local/bin"
             " (install Python where nobody can read it, or set FLOWTIDE_PYTHON_USER)"
         )
         return {"FLOWTIDE_PYTHON_USER": "root"}

@@ -19,7 +19,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-__all__ = ["child_executable", "reachable_by_others"]
+__all__ = ["child_executable", "child_pythonpath", "reachable_by_others"]
 
 _CANDIDATES = ("/usr/bin", "/usr/local/bin")
 
@@ -62,3 +62,15 @@ def child_executable() -> str:
         if os.path.exists(candidate) and _usable(candidate, stdlib):
             return candidate
     return sys.executable
+
+
+def child_pythonpath() -> str | None:
+    """The PYTHONPATH a program run with `child_executable()` needs to import this
+    process's packages (the `script` tool's scripts): None when that interpreter is this
+    one (it has them); else the entries of this process's `sys.path` other users can
+    read, in order (this interpreter's own standard library, out of their reach, is
+    left out: the other interpreter has its own)."""
+    if child_executable() == sys.executable:
+        return None
+    entries = [entry for entry in sys.path if entry and reachable_by_others(entry)]
+    return os.pathsep.join(dict.fromkeys(entries))

@@ -50,6 +50,7 @@ from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.python_frames import frame_body, read_frame, write_frame
+from flowtide.tools.python_interpreter import child_executable
 from flowtide.tools.sweep import MARK_VAR, new_mark, sweep
 
 __all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation", "child_environment", "resolve_user"]
@@ -211,11 +212,12 @@ class ChildPool:
         executable: str | None = None,
         max_reply_bytes: int | None = None,
     ) -> None:
-        """`executable`: the interpreter of the children (default: this one).
+        """`executable`: the interpreter of the children (default: this one, or one of
+        its version the children's user can run: `python_interpreter`).
         `max_reply_bytes`: largest reply taken (default: four times the result limit,
         FLOWTIDE_MAX_RESULT_BYTES, plus 1 MiB for the output)."""
         self.settings = settings
-        self.executable = executable or sys.executable
+        self.executable = executable or child_executable()
         if max_reply_bytes is None:
             from flowtide.settings import LimitsSection, current
 

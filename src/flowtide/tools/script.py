@@ -5,7 +5,9 @@ In NoETL (`noetl/tools/script/__init__.py`, `noetl/tools/container/loader.py`) a
 | s3 | http}}` and runs it as a Kubernetes Job: `python3 /scripts/script.py
 '<args as JSON>'`, with `job.env` as its environment and `job.timeout` (default 600 s),
 then returns the pod's log. flowtide runs the same script the same way, without
-Kubernetes: this interpreter, the script file, the task's `args` as JSON in `argv[1]`,
+Kubernetes: this interpreter (or, on a root worker whose interpreter other users cannot
+run, the one its python steps run with: `flowtide.tools.python_interpreter`, given this
+process's packages through PYTHONPATH), the script file, the task's `args` as JSON in `argv[1]`,
 and returns NoETL's result shape::
 
     {"status": "completed", "job_name": "script-<task>-<execution_id>",
@@ -19,8 +21,8 @@ and returns NoETL's result shape::
   the script next to the playbook and use `source: {type: file}`.
 * `job.image`, `job.namespace`, `job.resources`, `job.backoffLimit`,
   `job.ttlSecondsAfterFinished` and `job.install_dependencies` describe a Kubernetes
-  Job and are not used: the script runs with this process's Python and the packages
-  installed there.
+  Job and are not used: the script runs with this process's Python (its version) and the
+  packages installed there, as python steps do.
 * Environment, output cap (`max_output`), process group, cancellation and user are the
   `shell` tool's (`flowtide.tools.shell`): the environment is not the worker's (PATH,
   LANG, HOME... and the variables templates may see), then `job.env` (or `env`); a
@@ -32,15 +34,17 @@ and returns NoETL's result shape::
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext, seconds
-from flowtide.tools.process import RunsPrograms, start_error, stopped_error
+from flowtide.tools.process import Launch, RunsPrograms, start_error, stopped_error
+from flowtide.tools.python_interpreter import child_executable, child_pythonpath
 from flowtide.tools.script_source import script_path
 from flowtide.tools.shell import last_line, launch_of
 
@@ -103,6 +107,17 @@ def _args(config: Mapping[str, Any]) -> str:
         raise _invalid(f"script `args` are not JSON: {exc}") from None
 
 
+def _with_our_packages(launch: Launch) -> Launch:
+    """`launch`, its PYTHONPATH ending with this process's packages when the script runs
+    with another interpreter than this one (`python_interpreter.child_pythonpath`)."""
+    ours = child_pythonpath()
+    if not ours:
+        return launch
+    theirs = launch.env.get("PYTHONPATH")
+    env = {**launch.env, "PYTHONPATH": f"{theirs}{os.pathsep}{ours}" if theirs else ours}
+    return dataclasses.replace(launch, env=env)
+
+
 class ScriptTool(RunsPrograms):
     """Run a script file as a local process (tool kind `script`); see the module
     docstring."""
@@ -119,7 +134,8 @@ class ScriptTool(RunsPrograms):
         launch = launch_of(config, ctx, job.get("env") or config.get("env"), "job.env")
         name = str(config.get("name") or ctx.task or ctx.step or "script_job")
         job_name = f"script-{name.replace('_', '-')}-{ctx.execution_id}"[:63]
-        argv = [sys.executable, str(path), args]
+        launch = _with_our_packages(launch)
+        argv = [child_executable(), str(path), args]
         try:
             run = launch.run(argv, timeout, merge_stderr=True)
         except OSError as exc:

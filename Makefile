@@ -1,6 +1,7 @@
 # flowtide — the two commands the README starts with:
-#   make run    install into .venv (Java too, for Spark) and run examples/quickstart.yaml and
-#               examples/spark_etl.yaml embedded
+#   make run    install into .venv what running needs (flowtide, pyspark, the web UI's server;
+#               Java for Spark) and run examples/quickstart.yaml and examples/spark_etl.yaml
+#               embedded
 #   make test   install what the tests need (PostgreSQL server, Java, the JDBC driver, HAProxy, nginx,
 #               Chromium) and run
 #               them all (examples/plugin's own tests too: tests/plugins installs it)
@@ -9,6 +10,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: run test install dev lint typecheck bench clean
 
@@ -23,11 +25,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[postgres,spark,nats,server,dev]'
 	@touch $(STAMP)
 
+# What running needs, without the test tools: pyspark (spark steps) and FastAPI/uvicorn
+# (flowtide ui and flowtide server). `make test` installs the dev extras on top.
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "make run: installing flowtide into .venv with pyspark (for spark steps) and the web UI's server (fastapi, uvicorn); the test tools come with make test"
+	$(BIN)/pip install -q -e '.[spark,server]'
+	@touch $@
+
 install: $(STAMP)
 
-run: install
+run: $(RUN_STAMP)
 	$(BIN)/flowtide run examples/quickstart.yaml
-	@bash scripts/ensure-spark.sh
+	@bash scripts/ensure-spark.sh --java-only
 	$(BIN)/flowtide run examples/spark_etl.yaml
 	@echo
 	@echo "See these runs in the web UI: $(BIN)/flowtide ui   (then open the URL it prints; Ctrl-C stops it)"

@@ -6,14 +6,19 @@
 # libpostgresql-jdbc-java), as root or through sudo. Quiet and exit 0 when all is present.
 set -euo pipefail
 
+# With --java-only (make run), only the Java runtime: the JDBC driver is for the tests.
 PG_JDBC_JAR=/usr/share/java/postgresql.jar
+JAVA_ONLY=0
+if [ "${1:-}" = "--java-only" ]; then
+    JAVA_ONLY=1
+fi
 
 missing_packages() {
     local packages=()
     if ! command -v java >/dev/null 2>&1; then
         packages+=(default-jre-headless)
     fi
-    if [ ! -f "$PG_JDBC_JAR" ]; then
+    if [ "$JAVA_ONLY" = 0 ] && [ ! -f "$PG_JDBC_JAR" ]; then
         packages+=(libpostgresql-jdbc-java)
     fi
     echo "${packages[@]}"
@@ -21,9 +26,12 @@ missing_packages() {
 
 packages="$(missing_packages)"
 if [ -z "$packages" ]; then
-    echo "ensure-spark: java and $PG_JDBC_JAR present"
+    if [ "$JAVA_ONLY" = 0 ]; then
+        echo "ensure-spark: java and $PG_JDBC_JAR present"
+    fi
     exit 0
 fi
+echo "ensure-spark: Spark runs on the JVM; installing what is missing: $packages"
 
 # Word splitting of $packages is intended: a space-separated list of package names.
 # shellcheck disable=SC2086

@@ -68,6 +68,16 @@ app.add_typer(kv_app, name="kv")
 app.add_typer(shards_app, name="shards")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import platform
+
+        from flowtide import __version__
+
+        typer.echo(f"flowtide {__version__} (Python {platform.python_version()})")
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
     ca: Annotated[
@@ -80,6 +90,15 @@ def _options(
             show_default=False,
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print flowtide's version (and Python's) and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
 ) -> None:
     if ca:
         os.environ["FLOWTIDE_CA"] = ca

@@ -110,7 +110,10 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
     from rich.console import Console
     from rich.pretty import Pretty
 
-    console = Console(stderr=False)
+    # On a terminal, one readable summary; piped or redirected, the status and the error
+    # go to stderr and stdout carries the result alone, as JSON (`| jq` works).
+    terminal = sys.stdout.isatty()
+    console = Console(stderr=not terminal)
     style = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(doc["status"], "")
     console.print(f"execution [bold]{doc['execution_id']}[/] [{style}]{doc['status']}[/]")
     if doc["error"]:
@@ -118,6 +121,9 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
         where = f" ({location})" if location else ""
         step = f" in step [bold]{error.get('step')}[/]" if error.get("step") else ""
         console.print(f"[red]error[/]{step}{where} ({error.get('kind')}): {error.get('message')}")
+    if not terminal:
+        print_json(doc["result"])
+        return
     console.print("result:")
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
 

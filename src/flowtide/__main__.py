@@ -1,0 +1,5 @@
+"""`python -m flowtide` is the `flowtide` command."""
+
+from flowtide.cli import main
+
+main()

@@ -35,6 +35,16 @@ NOETL_E2E = Path(os.environ.get("FLOWTIDE_NOETL_E2E", SHARED / "noetl-e2e"))
 
 
 @pytest.fixture(autouse=True)
+def _own_user_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command run with no home and no .flowtide folder above it keeps its state in
+    the user's own home (flowtide.home.user_home): each test gets one of its own, so
+    that tests never share runs nor write into the real ~/.local/share."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
+
+
+@pytest.fixture(autouse=True)
 def _settings_read_afresh() -> Iterator[None]:
     """Each test reads the settings tree from its own environment (flowtide.settings
     keeps what a process read; a test's monkeypatch.setenv must reach it)."""

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
+from flowtide.home import find_home
 from flowtide.jsonvalues import dumps, loads
 
 __all__ = [
@@ -174,7 +175,7 @@ def tier_root(tier: str, data_dir: Path | None) -> str:
             f"{ENV_STORE}_{tier.upper()} (e.g. {'s3' if tier == 's3' else 'gs'}://bucket/prefix)",
             kind="config_error",
         )
-    base = (data_dir or Path(".flowtide") / "data").absolute()
+    base = (data_dir or find_home() / "data").absolute()
     return str(base / "results" / tier)
 
 

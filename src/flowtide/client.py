@@ -50,7 +50,8 @@ class ServerClient:
         self.url = url.rstrip("/")
         try:
             self.token = resolve_token(self.url, token)
-            verify = client_tls(self.url, ca=ca).context()
+            self._tls = client_tls(self.url, ca=ca)
+            verify = self._tls.context()
         except FlowtideError as exc:
             raise ServerError(str(exc)) from None
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
@@ -69,11 +70,32 @@ class ServerClient:
 
     # -- plumbing ------------------------------------------------------------------------
 
+    def _unreachable(self, exc: httpx.HTTPError) -> ServerError:
+        """The error of a call that got no answer, with what to do when TLS is why."""
+        text = str(exc) or type(exc).__name__
+        hint = ""
+        if self.url.startswith("https://"):
+            if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+                hint = (
+                    "; the server's certificate is not signed by a CA this client trusts:"
+                    " give the CA's file with --ca FILE or FLOWTIDE_CA (the dev stack's is"
+                    " HOME/dev/tls/ca.pem, found on its own with --home HOME)"
+                )
+            elif self._tls.cert is None and isinstance(
+                exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)
+            ):
+                hint = (
+                    "; if the server requires mutual TLS, show a client certificate:"
+                    " FLOWTIDE_CLIENT_CERT and FLOWTIDE_CLIENT_KEY (for the dev stack,"
+                    " --home HOME finds HOME/dev/tls/admin.pem and its key on their own)"
+                )
+        return ServerError(f"cannot reach the server at {redact_url(self.url)}: {text}{hint}")
+
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             r = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ServerError(f"cannot reach the server at {redact_url(self.url)}: {exc}") from None
+            raise self._unreachable(exc) from None
         if r.status_code >= 400:
             self._raise_for(r)
         return r.json()
@@ -84,7 +106,7 @@ class ServerClient:
         try:
             r = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ServerError(f"cannot reach the server at {redact_url(self.url)}: {exc}") from None
+            raise self._unreachable(exc) from None
         if r.status_code >= 400:
             self._raise_for(r)
         return None if r.status_code == 204 else r.json()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flowtide.errors import CredentialError, NotFoundError
+from flowtide.home import find_home
 
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
@@ -72,7 +73,7 @@ class MasterKey:
     them again (another process rotated them)."""
 
     def __init__(self, home: Path | None = None) -> None:
-        self.home = Path(home) if home is not None else Path.cwd() / ".flowtide"
+        self.home = find_home(home)
         self._fernet: MultiFernet | None = None
         self._loaded_stamp: int | None = None
         self._lock = threading.Lock()

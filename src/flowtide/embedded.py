@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowtide.home import find_home
 from flowtide.playbook.model import Playbook
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def run(
     playbook: str | Path | Playbook,
     *,
     workload: Mapping[str, Any] | None = None,
-    home: str | Path = ".flowtide",
+    home: str | Path | None = None,
     db: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run `playbook` (a file, or a loaded Playbook) to the end in this process.
@@ -77,7 +78,9 @@ def run(
     Args:
         playbook: path of a playbook file, or a `Playbook` from `flowtide.load_playbook`.
         workload: overrides of workload keys (mappings merge into mappings).
-        home: state folder (event store, credentials key).
+        home: state folder (event store, credentials key); default FLOWTIDE_HOME, else
+            the nearest .flowtide folder from the working directory up, else
+            ~/.local/share/flowtide (flowtide.home).
         db: the SQLite event store (default: HOME/flowtide.db).
     Returns:
         The `flowtide run --json` document: execution_id, status, result, steps, error.
@@ -90,7 +93,7 @@ def run(
     from flowtide.store.sqlite import SQLiteStore
 
     loaded = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
-    home_path = Path(home)
+    home_path = find_home(home)
     store = SQLiteStore(Path(db) if db is not None else home_path / "flowtide.db")
 
     async def start(runtime: LocalRuntime) -> int:

@@ -51,9 +51,10 @@ class ClientTls:
 
 def _dev_tls(server: str, home: Path | None) -> ClientTls | None:
     if home is None:
+        from flowtide.home import find_home
         from flowtide.settings import HomeSection, read
 
-        home = read(HomeSection).home
+        home = find_home(read(HomeSection).home)
     tls = home / "dev" / "tls"
     try:
         doc = json.loads((home / "dev" / "tokens.json").read_text(encoding="utf-8"))

@@ -33,7 +33,9 @@ def test_a_run_past_its_timeout_fails_at_once_and_its_child_is_killed(
     assert [e["payload"]["kind"] for e in missed] == ["timeout"]
     assert events[-1]["type"] == "playbook.failed"
     human = ft("run", playbook)
-    assert human.returncode == 1 and "deadline_exceeded" in human.stdout, describe(human)
+    # Off a terminal the status and the error go to stderr, the result (null) to stdout.
+    assert human.returncode == 1 and "deadline_exceeded" in human.stderr, describe(human)
+    assert human.stdout.strip() == "null"
 
 
 def test_a_run_past_its_sla_records_it_once_and_completes(ft: Flowtide, tmp_path: Path) -> None:

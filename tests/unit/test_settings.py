@@ -67,7 +67,7 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_CA": None,
     "FLOWTIDE_CLIENT_CERT": None,
     "FLOWTIDE_CLIENT_KEY": None,
-    "FLOWTIDE_HOME": Path(".flowtide"),
+    "FLOWTIDE_HOME": None,
     "FLOWTIDE_MASTER_KEY": None,
     "FLOWTIDE_FILE_ROOTS": None,
     "FLOWTIDE_RESULT_STORE": None,

@@ -61,9 +61,10 @@ def dev_urls(doc: dict[str, object]) -> list[str]:
 def dev_token(server: str, home: Path | None = None) -> str | None:
     """The dev stack's admin token when `server` is that stack's URL."""
     if home is None:
+        from flowtide.home import find_home
         from flowtide.settings import HomeSection, read
 
-        home = read(HomeSection).home
+        home = find_home(read(HomeSection).home)
     try:
         doc = json.loads((home / DEV_TOKENS).read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flowtide.cli.options import EXIT_FAILED, EXIT_INVALID, JsonOpt, err, home_dir, setting
+from flowtide.cli.options import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    JsonOpt,
+    choose_home,
+    err,
+    home_dir,
+    setting,
+)
 
 if TYPE_CHECKING:
     from flowtide.dev.stack import DevStack
@@ -30,8 +38,12 @@ HomeOpt = Annotated[
     setting(
         "home.home",
         "--home",
-        help="State folder; the stack lives in HOME/dev (default: ./.flowtide).",
+        help=(
+            "State folder; the stack lives in HOME/dev (default: FLOWTIDE_HOME, else the"
+            " nearest .flowtide folder from here up, else ~/.local/share/flowtide)."
+        ),
         show_default=False,
+        callback=choose_home,
     ),
 ]
 

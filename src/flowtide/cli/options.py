@@ -47,9 +47,27 @@ def default(key: str) -> Any:
     return CATALOG[key].default
 
 
+def choose_home(home: Path | None) -> Path | None:
+    """--home's callback: every part of the command that looks for the home (the dev
+    stack's token and certificates for --server, too) finds this one."""
+    from flowtide.home import choose
+
+    choose(home)
+    return home
+
+
 HomeOpt = Annotated[
     Path | None,
-    setting("home.home", "--home", help="State folder (default: ./.flowtide).", show_default=False),
+    setting(
+        "home.home",
+        "--home",
+        help=(
+            "State folder (default: FLOWTIDE_HOME, else the nearest .flowtide folder from"
+            " here up, else ~/.local/share/flowtide)."
+        ),
+        show_default=False,
+        callback=choose_home,
+    ),
 ]
 DbOpt = Annotated[
     str | None,
@@ -111,7 +129,17 @@ ExecutionIdArg = Annotated[int, typer.Argument(help="Execution id.")]
 
 
 def home_dir(home: Path | None) -> Path:
-    return home or Path(".flowtide")
+    """--home, else FLOWTIDE_HOME, else the nearest .flowtide up from here, else the
+    user's own home (flowtide.home); the first use of the user's own says so on stderr."""
+    from flowtide.home import find_home, user_home
+
+    found = find_home(home)
+    if home is None and found == user_home() and not found.exists():
+        err(
+            f"flowtide: state goes to {found} (FLOWTIDE_HOME, --home or a .flowtide folder"
+            " in a project keep it elsewhere)"
+        )
+    return found
 
 
 def err(message: str) -> None:

@@ -102,6 +102,11 @@ def _options(
 ) -> None:
     if ca:
         os.environ["FLOWTIDE_CA"] = ca
+    # A command's --home is chosen while its options are read (options.choose_home);
+    # nothing of an earlier command in this process stays.
+    from flowtide.home import choose
+
+    choose(None)
 
 
 def main() -> None:

@@ -60,12 +60,11 @@ def scheduler_cmd(
         f"flowtide scheduler: {count} schedule{'s' if count != 1 else ''}{listening}"
         f" in {where}; firing due slots (Ctrl-C stops)"
     )
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    from flowtide.logsetup import configure
+
+    configure("WARNING")
     for name in ("flowtide.scheduler", "flowtide.subscriptions"):
-        logger = logging.getLogger(name)
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+        logging.getLogger(name).setLevel(logging.INFO)
     home_path = home_dir(home).absolute()
 
     async def serve() -> None:

@@ -292,6 +292,8 @@ def server_cmd(
         ssl_options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
         if client_ca:
             ssl_options |= {"ssl_ca_certs": str(client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    from flowtide.logsetup import config_dict
+
     try:
         uvicorn.run(
             "flowtide.server.app:app_factory",
@@ -300,6 +302,8 @@ def server_cmd(
             port=port,
             workers=workers,
             log_level="warning",
+            # Every line with its time and level, uvicorn's too, in each of its processes.
+            log_config=config_dict("WARNING"),
             # Requests in flight get this long to finish on SIGTERM; then open streams
             # (SSE followers, other shards' keep-alive connections) are closed.
             timeout_graceful_shutdown=5,
@@ -443,7 +447,9 @@ def worker_cmd(
         await worker.run()
 
     from flowtide.hardening import keep_to_ourselves
+    from flowtide.logsetup import configure
 
+    configure("WARNING")  # one line each, with its time and level
     # The steps it runs (same user unless it is root) cannot read its environment, memory
     # or attach to it: its token and NATS credentials are its own.
     keep_to_ourselves()

@@ -102,7 +102,11 @@ def serve_local(
     typer.echo(f"open http://{shown}:{port}/ui#token={secret}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         err(f"warning: listening on {host}: other machines can reach it (the token guards it)")
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    from flowtide.logsetup import config_dict
+
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, log_config=config_dict("WARNING")
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

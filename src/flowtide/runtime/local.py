@@ -25,6 +25,7 @@ from flowtide.engine.events import Command, Event
 from flowtide.engine.start import start_execution
 from flowtide.engine.state import ExecutionState, fold
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
+from flowtide.home import find_home
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
@@ -89,7 +90,7 @@ class LocalRuntime:
         )
         # Datasets that tools write (spark results without a sink) live here, one folder
         # per execution; absolute, because a Spark Connect server or cluster reads it too.
-        self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
+        self.data_dir = (data_dir or find_home() / "data").absolute()
         # The result limits, read now: a bad value stops the run before its first step.
         current(LimitsSection)
         self.kv = kv

@@ -23,6 +23,7 @@ class ServerVault(CredentialVault):
 
 def server_home() -> Path:
     # Where `flowtide worker` looks too (its --home defaults to $FLOWTIDE_HOME).
+    from flowtide.home import find_home
     from flowtide.settings import HomeSection, read
 
-    return read(HomeSection).home
+    return find_home(read(HomeSection).home)

@@ -270,8 +270,8 @@ CATALOG: dict[str, Entry] = {
     ),
     "home.home": Entry(
         "FLOWTIDE_HOME",
-        ".flowtide",
-        "State folder.",
+        None,
+        "State folder (default: the nearest .flowtide folder from the working directory up, else ~/.local/share/flowtide).",
         None,
         None,
     ),

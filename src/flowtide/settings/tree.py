@@ -265,7 +265,11 @@ class HomeSection(BaseSettings):
 
     model_config = _config("FLOWTIDE_")
 
-    home: Path = setting(Path(".flowtide"), "State folder.")
+    home: Path | None = setting(
+        None,
+        "State folder (default: the nearest .flowtide folder from the working directory up,"
+        " else ~/.local/share/flowtide).",
+    )
     master_key: str | None = setting(
         None,
         "Fernet key(s) that seal credentials, comma-separated (default: HOME/master.key).",

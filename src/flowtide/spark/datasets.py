@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from flowtide.errors import ToolError
+from flowtide.home import find_home
 from flowtide.jsonvalues import to_json
 from flowtide.spark.records import records_frame
 from flowtide.tools.base import ToolContext
@@ -89,7 +90,7 @@ def default_location(ctx: ToolContext) -> str:
     if configured:
         root = Path(resolve_path(str(configured), ctx.base_dir))
     else:
-        root = Path(ctx.data_dir or Path(".flowtide") / "data").absolute()
+        root = Path(ctx.data_dir or find_home() / "data").absolute()
     return (root / leaf).as_uri()
 
 

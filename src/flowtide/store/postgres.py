@@ -189,9 +189,10 @@ class PostgresStore(SQLStore, KeychainTables):
             ) from exc
         self.dsn_display = display_dsn(dsn)
         if sealer is None:
+            from flowtide.home import find_home
             from flowtide.settings import HomeSection, read
 
-            sealer = Sealer(read(HomeSection).home)
+            sealer = Sealer(find_home(read(HomeSection).home))
         self.sealer = sealer
         self._secrets = {s for s in (_password(dsn), _password(cluster_dsn or "")) if s}
         self._dsns = {"shard": dsn, "cluster": cluster_dsn or dsn}

@@ -30,6 +30,7 @@ from fastapi import Depends, FastAPI
 
 from flowtide.auth.principal import Principal
 from flowtide.errors import AuthError
+from flowtide.home import find_home
 from flowtide.runlock import run_locks_for
 from flowtide.store.base import Store
 from flowtide.ui import pages
@@ -154,7 +155,7 @@ def create_local_app(
     folded in a background thread from the start: the run a user just made is the one
     they open first, and a long one takes seconds to fold. With `scheduler`, the app
     fires the store's due schedules while it serves (`flowtide.web.schedules`)."""
-    home = (home or Path(".flowtide")).absolute()
+    home = find_home(home).absolute()
     folds = FoldCache(store)
     if prewarm:
         threading.Thread(

@@ -193,8 +193,11 @@ class Reporter:
             if result.code >= 500:
                 problem = f"HTTP {result.code}: {result.message}"
                 continue
-            if result.code >= 400:
-                # 409: stale (the command was issued again meanwhile).
+            if result.code == 409:
+                # Stale: the command was issued again meanwhile (its lease ran out); the
+                # newer attempt's report counts. Routine after a pause, not a problem.
+                log.debug("report for execution %s stale: %s", p.execution_id, result.to_dict())
+            elif result.code >= 400:
                 log.warning("report for execution %s refused: %s", p.execution_id, result.to_dict())
             claimed = result.claimed
             share = shares.get(claimed.command.execution_id) if claimed else None

@@ -18,6 +18,7 @@ import httpx
 
 from flowtide import trace
 from flowtide.errors import ServerError
+from flowtide.home import find_home
 from flowtide.ids import default_generator, lease_margin
 from flowtide.natsauth import NatsAuth, connect_nats
 from flowtide.playbook.template import visible_env
@@ -98,7 +99,7 @@ class Worker:
         self.pool = pool
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.home = home or Path(".flowtide")
+        self.home = find_home(home)
         # The process-wide generator (run_command's events draw from it too), under the
         # machine id the server leases to this worker at register (flowtide.machines).
         self.ids = default_generator()

@@ -1,0 +1,55 @@
+"""Where flowtide keeps its state when no command says: the home.
+
+    find_home(None)   # FLOWTIDE_HOME, else the nearest .flowtide folder from the working
+                      # directory up, else the user's own (~/.local/share/flowtide)
+
+A project keeps its runs beside it by holding a `.flowtide` folder (every command run in
+it or below it finds that one); without one, every command of a user shares one home, so
+`flowtide list` and `flowtide ui` show the same runs from whatever folder they start in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["PROJECT_HOME", "choose", "find_home", "user_home"]
+
+# The folder name a project's home has.
+PROJECT_HOME = ".flowtide"
+
+# The command line's --home, for every part of this process that looks for the home
+# (the dev stack's token and certificates for a --server, a vault, the runtime's data).
+_chosen: Path | None = None
+
+
+def choose(home: str | Path | None) -> None:
+    """Make `home` (a command's --home) this process's home; None forgets it."""
+    global _chosen
+    _chosen = Path(home) if home is not None and str(home) != "" else None
+
+
+def user_home() -> Path:
+    """The user's own home: $XDG_DATA_HOME/flowtide, else ~/.local/share/flowtide."""
+    data = os.environ.get("XDG_DATA_HOME", "").strip()
+    base = Path(data) if data and Path(data).is_absolute() else Path.home() / ".local" / "share"
+    return base / "flowtide"
+
+
+def find_home(explicit: str | Path | None = None, cwd: Path | None = None) -> Path:
+    """`explicit` when given, else the command's --home (`choose`), else FLOWTIDE_HOME,
+    else the nearest `.flowtide` folder in `cwd` (the working directory) or above it,
+    else `user_home()`."""
+    if explicit is not None and str(explicit) != "":
+        return Path(explicit)
+    if _chosen is not None:
+        return _chosen
+    env = os.environ.get("FLOWTIDE_HOME", "").strip()
+    if env:
+        return Path(env)
+    here = (cwd or Path.cwd()).absolute()
+    for folder in (here, *here.parents):
+        candidate = folder / PROJECT_HOME
+        if candidate.is_dir():
+            return candidate
+    return user_home()

@@ -159,7 +159,7 @@ _LIVE: Final = (
 _PLATFORM: Final = PlatformCollector(registry=None)
 
 #: Seconds a read of the open executions serves scrapes (and `flowtide dev status`).
-OPEN_REFRESH: Final = 5.0
+OPEN_REFRESH: Final = 3.0
 
 
 class OpenExecutionsReader:

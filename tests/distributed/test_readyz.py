@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-
 from natsserver import NatsServer  # tests/kv, on sys.path (conftest.py)
-from pgserver import PgServer  # tests/, on sys.path (tests/conftest.py)
 
 from flowtide.dev.postgres import LocalPostgres
+from pgserver import PgServer  # tests/, on sys.path (tests/conftest.py)
 
 from .stack import Stack
 

@@ -91,7 +91,7 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
 def _health_line(shard: int, health: dict[str, float] | None) -> str:
     """One shard's backlog, as `flowtide dev status` prints it."""
     if health is None:
-        return f"shard {shard} health:  unknown (its server does not answer /metrics)"
+        return f"shard {shard} health:  unknown (its server is not running or not answering)"
     return (
         f"shard {shard} health:  outbox {health['outbox_pending']:g} pending"
         f" (oldest {health['outbox_oldest_age_seconds']:.1f} s),"
@@ -99,6 +99,7 @@ def _health_line(shard: int, health: dict[str, float] | None) -> str:
         f" (oldest {health['oldest_open_age_seconds']:.1f} s),"
         f"  {health['idle_past_stalled_after']:g} idle past FLOWTIDE_STALLED_AFTER,"
         f"  {health['stalled']:g} failed as stalled so far"
+        f" ({health['redriven']:g} re-driven)"
     )
 
 

@@ -284,6 +284,18 @@ def test_dev_up_with_two_shards_runs_playbooks_on_both_and_keeps_its_shard_count
         assert forwarded.returncode == 0, forwarded.stderr
         assert json.loads(forwarded.stdout)["status"] == "completed"
 
+    # Each shard's backlog as its server's /metrics says: the runs ended, nothing open.
+    r = _flowtide(home, "dev", "status", "--json")
+    healths = [s["health"] for s in json.loads(r.stdout)["shards"]]
+    for health in healths:
+        assert health is not None and health["open_executions"] == 0, healths
+        assert health["oldest_open_age_seconds"] == 0 and health["stalled"] == 0, healths
+        assert health["outbox_pending"] >= 0 and health["idle_past_stalled_after"] == 0
+    text = _flowtide(home, "dev", "status").stdout
+    for shard in (0, 1):
+        assert f"shard {shard} health:  outbox " in text, text
+    assert "0 open executions (oldest 0.0 s)" in text and "0 failed as stalled so far" in text
+
     # The stack keeps its shard count: another one is refused, nothing is touched.
     refused = _flowtide(home, "dev", "up", "--shards", "3")
     assert refused.returncode == 1 and "does not re-shard" in refused.stderr

@@ -287,3 +287,39 @@ def test_counters_add_up_over_server_processes(
     # Stopped processes give their machine ids back.
     assert not machines & _server_machine_ids(stack)
     assert not list(tmp_path.glob("flowtide-metrics-*")), "the server removes its directory"
+
+
+def test_oldest_open_execution_and_idle_gauges(stack: Stack) -> None:
+    """An execution left waiting (its pool has no worker) shows as the oldest open one,
+    its age growing with the clock; once it ends the gauge falls back to 0."""
+    gauge = "flowtide_oldest_open_execution_age_seconds"
+    with stack.client(timeout=30) as client:
+        started = time.time()
+        r = client.post("/api/execute", json={"playbook": ONE_STEP, "pool": "nobody-here"})
+        eid = r.json()["execution_id"]
+        seen: Samples = {}
+
+        def aged(minimum: float) -> Callable[[], bool]:
+            def check() -> bool:
+                nonlocal seen
+                seen = _scrape(stack.url, stack.headers("reader"))
+                return _value(seen, gauge) >= minimum
+
+            return check
+
+        # Read at most every metrics.OPEN_REFRESH seconds: seen within a few.
+        _eventually(aged(0.5), timeout=15)
+        assert _value(seen, gauge) <= time.time() - started + 0.5
+        assert _value(seen, "flowtide_executions", status="running") >= 1
+        # Idle past FLOWTIDE_STALLED_AFTER (600 s here): none; its command is issued anyway.
+        assert ("flowtide_executions_idle_past_stalled_after", frozenset()) in seen
+        assert _value(seen, "flowtide_executions_idle_past_stalled_after") == 0
+        first = _value(seen, gauge)
+        _eventually(aged(first + 1), timeout=15)  # the age grows with the clock
+        assert client.post(f"/api/executions/{eid}/cancel", json={"reason": "test over"}).is_success
+        assert _wait(client, eid) == "cancelled"
+
+        def cleared() -> bool:
+            return _value(_scrape(stack.url, stack.headers("reader")), gauge) == 0
+
+        _eventually(cleared, timeout=15)

@@ -76,3 +76,59 @@ def test_a_run_with_nothing_in_flight_is_failed_as_stalled_once(pg_database: str
     assert types[-3:] == [ev.EXECUTION_STALLED, ev.WORKFLOW_FAILED, ev.PLAYBOOK_FAILED]
     error = got["events"][-1][1]
     assert error["kind"] == "stalled" and "re-drive found nothing" in error["message"]
+
+
+def test_open_executions_oldest_and_idle_read_at_most_every_refresh(pg_database: str) -> None:
+    """The gauges of /metrics: the oldest running execution's creation time, and the runs
+    idle past the threshold with nothing in flight (what the stall watch would take);
+    read from the database once per refresh period whatever the number of reads."""
+    from flowtide.server.metrics import OpenExecutionsReader
+    from flowtide.store import pg
+
+    async def main() -> dict[str, Any]:
+        kv = await connect("memory://", "flowtide_state", ttl=60)
+        store = await asyncio.to_thread(PostgresStore, pg_database, max_size=4)
+        try:
+            coordinator = Coordinator(store, loopstate=LoopState(kv), local_kv=True)
+            playbook = parse_playbook(WAITS, "waits.yaml")
+            lost = await coordinator.execute(playbook)
+            await coordinator.execute(playbook)  # its command stays issued
+            with psycopg.connect(pg_database, autocommit=True) as conn:
+                conn.execute(
+                    "UPDATE command SET status = 'completed' WHERE execution_id = %s", (lost,)
+                )
+                created = conn.execute(
+                    "SELECT created FROM execution WHERE execution_id = %s", (lost,)
+                ).fetchone()
+            with store.transaction("test") as conn:
+                now = pg.executions.open_executions(conn, time.time() - 600)
+                later = pg.executions.open_executions(conn, time.time() + 1000)
+                unasked = pg.executions.open_executions(conn, None)
+            clock = [0.0]
+            reader = OpenExecutionsReader(store, 600, refresh=3.0, clock=lambda: clock[0])
+            first = reader.read()
+            with psycopg.connect(pg_database, autocommit=True) as conn:
+                conn.execute("UPDATE execution SET status = 'completed'")
+            cached = reader.read()
+            clock[0] = 3.0
+            fresh = reader.read()
+            return {
+                "created": created[0] if created else None,
+                "now": now,
+                "later": later,
+                "unasked": unasked,
+                "first": first,
+                "cached": cached,
+                "fresh": fresh,
+            }
+        finally:
+            store.close()
+            await kv.close()
+
+    got = asyncio.run(main())
+    assert got["now"] == (got["created"], 0)
+    assert got["later"] == (got["created"], 1)  # `lost` only: the other has a command issued
+    assert got["unasked"] == (got["created"], 0)
+    assert got["first"].oldest_created == got["created"]
+    assert got["cached"] == got["first"]  # within the refresh period: no new read
+    assert got["fresh"] == (None, 0)

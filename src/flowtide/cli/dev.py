@@ -80,6 +80,8 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
         pid = f"pid {c.pid}" if c.pid else ""
         where = c.url or c.detail
         typer.echo(f"{c.name:<{width}}  {c.state:<9}  {pid:<10}  {where}")
+    for shard in shards["shards"]:
+        typer.echo(_health_line(shard["shard"], shard["health"]))
     if shards["count"] > 1:
 
         def up(part: dict[str, object]) -> str:
@@ -96,6 +98,21 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
                 f"shard {shard['shard']}:  postgres 127.0.0.1:{pg['port']} {up(pg)},"
                 f"  server {server['url']} {up(server)}"
             )
+
+
+def _health_line(shard: int, health: dict[str, float] | None) -> str:
+    """One shard's backlog, as `flowtide dev status` prints it."""
+    if health is None:
+        return f"shard {shard} health:  unknown (its server is not running or not answering)"
+    return (
+        f"shard {shard} health:  outbox {health['outbox_pending']:g} pending"
+        f" (oldest {health['outbox_oldest_age_seconds']:.1f} s),"
+        f"  {health['open_executions']:g} open executions"
+        f" (oldest {health['oldest_open_age_seconds']:.1f} s),"
+        f"  {health['idle_past_stalled_after']:g} idle past FLOWTIDE_STALLED_AFTER,"
+        f"  {health['stalled']:g} failed as stalled so far"
+        f" ({health['redriven']:g} re-driven)"
+    )
 
 
 @dev_app.command("up")

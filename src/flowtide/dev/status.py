@@ -11,7 +11,26 @@ from typing import Any
 from flowtide.dev.layout import StackLayout, pg_role, server_role
 from flowtide.dev.processes import Processes, tcp_ok
 
-__all__ = ["Component", "components", "shard_status", "worker_pools", "worker_state"]
+__all__ = [
+    "Component",
+    "components",
+    "shard_health",
+    "shard_status",
+    "worker_pools",
+    "worker_state",
+]
+
+#: What `shard_health` reads of a server's /metrics: its key, the metric (a sum of its
+#: samples with these labels).
+_HEALTH: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("outbox_pending", "flowtide_outbox_pending", {}),
+    ("outbox_oldest_age_seconds", "flowtide_outbox_oldest_pending_age_seconds", {}),
+    ("open_executions", "flowtide_executions", {"status": "running"}),
+    ("oldest_open_age_seconds", "flowtide_oldest_open_execution_age_seconds", {}),
+    ("idle_past_stalled_after", "flowtide_executions_idle_past_stalled_after", {}),
+    ("stalled", "flowtide_executions_stalled_total", {}),
+    ("redriven", "flowtide_executions_redriven_total", {}),
+)
 
 
 @dataclass
@@ -131,6 +150,9 @@ def shard_status(layout: StackLayout, components: list[Component]) -> dict[str, 
                     "database": pg.database,
                 },
                 "server": {**state(server.name), "url": server.url, "port": server.port},
+                "health": shard_health(layout, server.url)
+                if found.get(server.name) is not None and found[server.name].state == "running"
+                else None,
             }
         )
     cluster = parts[0]
@@ -143,6 +165,29 @@ def shard_status(layout: StackLayout, components: list[Component]) -> dict[str, 
         },
         "shards": shards,
     }
+
+
+def shard_health(layout: StackLayout, base: str) -> dict[str, float] | None:
+    """A shard's backlog as its server's /metrics tells it (outbox pending and the age of
+    the oldest, open executions and the age of the oldest, runs idle past the stalled
+    threshold, runs failed as stalled and re-driven so far); None when it does not
+    answer."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        r = layout.http_get("/metrics", base=base, **layout.admin_headers())
+        if r.status_code != 200:
+            return None
+        samples = [s for f in text_string_to_metric_families(r.text) for s in f.samples]
+    except (httpx.HTTPError, ValueError):
+        return None
+    out: dict[str, float] = {}
+    for key, name, labels in _HEALTH:
+        out[key] = sum(
+            s.value for s in samples if s.name == name and labels.items() <= s.labels.items()
+        )
+    return out
 
 
 def worker_pools(layout: StackLayout, base: str | None = None) -> list[Any] | None:

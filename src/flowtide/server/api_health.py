@@ -68,5 +68,5 @@ async def readyz(runtime: RuntimeDep) -> JSONResponse:
 async def prometheus_metrics(runtime: RuntimeDep) -> Response:
     """Prometheus text format: counters of every server process, gauges read from
     the database now (see flowtide.server.metrics)."""
-    body = await asyncio.to_thread(metrics.exposition, runtime.store)
+    body = await asyncio.to_thread(metrics.exposition, runtime.store, runtime.open_executions)
     return Response(body, media_type=metrics.CONTENT_TYPE)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -55,6 +57,8 @@ __all__ = [
     "EXECUTIONS_REDRIVEN",
     "EXECUTIONS_STALLED",
     "MULTIPROC_ENV",
+    "OPEN_REFRESH",
+    "OpenExecutionsReader",
     "REPORTS_STALE",
     "exposition",
     "process_started",
@@ -154,9 +158,45 @@ _LIVE: Final = (
 )
 _PLATFORM: Final = PlatformCollector(registry=None)
 
+#: Seconds a read of the open executions serves scrapes (and `flowtide dev status`).
+OPEN_REFRESH: Final = 3.0
 
-def exposition(store: PostgresStore) -> bytes:
-    """Every metric in the text format; blocking (it queries `store`)."""
+
+class OpenExecutionsReader:
+    """The oldest running execution of a shard and those idle past `stalled_after` (0:
+    not counted), read from its database at most every `refresh` seconds whatever the
+    number of scrapes; blocking (call it off the event loop)."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        stalled_after: float,
+        *,
+        refresh: float = OPEN_REFRESH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.stalled_after = stalled_after
+        self.refresh = refresh
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._last = pg.executions.OpenExecutions(None, 0)
+
+    def read(self) -> pg.executions.OpenExecutions:
+        with self._lock:
+            now = self.clock()
+            if self._read_at is None or now - self._read_at >= self.refresh:
+                before = time.time() - self.stalled_after if self.stalled_after > 0 else None
+                with self.store.transaction("metrics open executions") as conn:
+                    self._last = pg.executions.open_executions(conn, before)
+                self._read_at = now
+            return self._last
+
+
+def exposition(store: PostgresStore, open_executions: OpenExecutionsReader | None = None) -> bytes:
+    """Every metric in the text format; blocking (it queries `store`, and reads the open
+    executions through `open_executions`, one made here when None)."""
     registry = CollectorRegistry(auto_describe=False)
     if _MULTIPROC_DIR:
         MultiProcessCollector(registry, _MULTIPROC_DIR)  # type: ignore[no-untyped-call]
@@ -166,7 +206,7 @@ def exposition(store: PostgresStore) -> bytes:
             registry.register(metric)
         ProcessCollector(registry=registry)
     registry.register(_PLATFORM)
-    registry.register(_DatabaseGauges(store))
+    registry.register(_DatabaseGauges(store, open_executions or OpenExecutionsReader(store, 0)))
     return generate_latest(registry)
 
 
@@ -211,8 +251,9 @@ class _ServerProcesses(Collector):
 class _DatabaseGauges(Collector):
     """Gauges read from PostgreSQL at scrape time (a few index scans)."""
 
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: PostgresStore, open_executions: OpenExecutionsReader) -> None:
         self.store = store
+        self.open_executions = open_executions
 
     def collect(self) -> Iterable[Metric]:
         from flowtide.server.outbox import OutboxStore
@@ -221,6 +262,7 @@ class _DatabaseGauges(Collector):
             with self.store.transaction("metrics executions") as conn:
                 by_status = pg.executions.count_by_status(conn)
             outbox = OutboxStore(self.store).pending()
+            found = self.open_executions.read()
         except StoreError as exc:
             # Counters are still worth a scrape; the database's own gauges go missing.
             log.warning("metrics: %s", exc)
@@ -241,4 +283,18 @@ class _DatabaseGauges(Collector):
             "Age of the oldest unpublished command notification (0 when none).",
             value=outbox["oldest_age_seconds"],
         )
-        return [executions, pending, age]
+        oldest = GaugeMetricFamily(
+            "flowtide_oldest_open_execution_age_seconds",
+            "Age of the oldest execution still running on this server's shard (0 when none;"
+            f" read at most every {OPEN_REFRESH:g} s).",
+            value=max(0.0, round(time.time() - found.oldest_created, 3))
+            if found.oldest_created is not None
+            else 0.0,
+        )
+        idle = GaugeMetricFamily(
+            "flowtide_executions_idle_past_stalled_after",
+            "Running executions of this shard unchanged for FLOWTIDE_STALLED_AFTER with no"
+            " command in flight: the stall watch re-drives or fails them at its next scan.",
+            value=found.idle,
+        )
+        return [executions, pending, age, oldest, idle]

@@ -81,6 +81,8 @@ class Runtime:
         self.relay: OutboxRelay | None = None
         self.notifications: NotificationRelay | None = None
         self.outbox: OutboxStore | None = None
+        #: The open executions of /metrics, read at most every few seconds.
+        self.open_executions: metrics.OpenExecutionsReader | None = None
         self.auth: Authenticator | None = None
         self.workers: WorkerRegistry | None = None
         self._vault: ServerVault | None = None
@@ -136,6 +138,7 @@ class Runtime:
         await asyncio.to_thread(self.machine.acquire)
         self.tasks.append(asyncio.create_task(self.machine.keep(), name="flowtide-machine-id"))
         self.outbox = OutboxStore(self.store)
+        self.open_executions = metrics.OpenExecutionsReader(self.store, s.stalled_after)
         self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
         self.auth = await asyncio.to_thread(self._authenticator)
         self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)

@@ -33,6 +33,12 @@ from flowtide.wire import (
 
 __all__ = ["CommandCredentials", "CommandRunner"]
 
+#: Seconds a cancellation check's answer serves the execution's other commands.
+CANCEL_TTL = 1.0
+#: Answers kept at most: past it, the expired ones go (one per execution ever run would
+#: otherwise stay for the worker's life).
+CANCEL_CACHE_MAX = 256
+
 
 class CommandCredentials:
     """A command's credential resolver: the server gives a credential's body to the
@@ -106,6 +112,7 @@ class CommandRunner:
         self._runners: dict[tuple[str, str | None], StepRunner] = {}
         self._runners_lock = threading.Lock()
         self._cancel_cache: dict[int, tuple[float, bool]] = {}
+        self._cancel_lock = threading.Lock()
         #: Commands whose thread is still inside `run` (a stuck one keeps the process
         #: from exiting normally: see `Worker.stuck`).
         self.in_threads = 0
@@ -132,14 +139,22 @@ class CommandRunner:
     def cancelled(self, execution_id: int) -> bool:
         now = time.monotonic()
         cached = self._cancel_cache.get(execution_id)
-        if cached is not None and now - cached[0] < 1.0:
+        if cached is not None and now - cached[0] < CANCEL_TTL:
             return cached[1]
         try:
             r = self.client.get(CANCELLATION_CHECK_PATH.format(execution_id=execution_id))
             flag = bool(r.json().get("cancelled")) if r.status_code == 200 else False
         except httpx.HTTPError:
             flag = False
-        self._cancel_cache[execution_id] = (now, flag)
+        with self._cancel_lock:
+            cache = self._cancel_cache
+            cache.pop(execution_id, None)  # re-inserted last: the dict stays oldest first
+            cache[execution_id] = (now, flag)
+            if len(cache) > CANCEL_CACHE_MAX:
+                for key in [k for k, (at, _) in cache.items() if now - at >= CANCEL_TTL]:
+                    del cache[key]
+                while len(cache) > CANCEL_CACHE_MAX:
+                    del cache[next(iter(cache))]
         if flag:
             cancel_running(execution_id)
         return flag

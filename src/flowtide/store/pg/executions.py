@@ -154,6 +154,34 @@ def count_by_status(conn: psycopg.Connection) -> dict[str, int]:
     return {str(status): int(n) for status, n in rows}
 
 
+class OpenExecutions(NamedTuple):
+    #: When the oldest `running` execution was created (None when none runs).
+    oldest_created: float | None
+    #: `running` executions unchanged since before the threshold given, with no command
+    #: issued or claimed: what the stall watch would re-drive or fail.
+    idle: int
+
+
+def open_executions(conn: psycopg.Connection, idle_before: float | None) -> OpenExecutions:
+    """The oldest running execution and the idle ones (`OpenExecutions`): the first row
+    of the execution_status index (ids grow with time), then the running rows only."""
+    row = conn.execute(
+        "SELECT created FROM execution WHERE status = 'running' ORDER BY execution_id LIMIT 1"
+    ).fetchone()
+    if row is None:
+        return OpenExecutions(None, 0)
+    idle = 0
+    if idle_before is not None:
+        found = conn.execute(
+            "SELECT count(*) FROM execution x WHERE x.status = 'running' AND x.updated < %s"
+            " AND NOT EXISTS (SELECT 1 FROM command c WHERE c.execution_id = x.execution_id"
+            " AND c.status IN ('issued', 'claimed'))",
+            (idle_before,),
+        ).fetchone()
+        idle = int(found[0]) if found else 0
+    return OpenExecutions(float(row[0]), idle)
+
+
 def count_estimate(conn: psycopg.Connection) -> int | None:
     """PostgreSQL's estimate of the execution rows (its statistics; None before the
     table was ever analysed): cheap at any size, unlike count(*)."""

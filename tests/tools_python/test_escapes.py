@@ -173,42 +173,45 @@ def test_shell_step_cancel(mode: str, out: Path) -> None:
 # -- when the process that runs the step shuts down ---------------------------------------
 
 _SHUTDOWN = """\
-import sys, threading, time
+import sys, threading
 from pathlib import Path
 from flowtide.tools import reaper
 from flowtide.tools.base import ToolContext
+from flowtide.tools.python import PythonTool
+from flowtide.tools.python_pool import Isolation
+from flowtide.tools.shell import ShellTool
 if sys.argv[1] == "subreaper":
     reaper._base_known, reaper._base = True, None
 ctx = ToolContext(execution_id=7, step="s", task="t", base_dir=Path.cwd())
-if sys.argv[2] == "python":
-    from flowtide.tools.python import PythonTool
-    from flowtide.tools.python_pool import Isolation
-    user = sys.argv[4] or None
-    tool = PythonTool(isolation=Isolation(mode="process", user=user))
-    call = lambda: tool.run({"code": sys.argv[3]}, ctx)
-else:
-    from flowtide.tools.shell import ShellTool
-    call = lambda: ShellTool().run({"cmds": [sys.argv[3]]}, ctx)
-def quietly():
+python = PythonTool(isolation=Isolation(mode="process", user=sys.argv[4] or None))
+calls = [
+    lambda: python.run({"code": sys.argv[2]}, ctx),
+    lambda: ShellTool().run({"cmds": [sys.argv[3]]}, ctx),
+]
+def quietly(call):
     try:
         call()
     except Exception:
         pass  # cancelled: this process is going
-threading.Thread(target=quietly, daemon=True).start()
+for call in calls:
+    threading.Thread(target=quietly, args=(call,), daemon=True).start()
 sys.stdin.readline()  # the test says when: then this process exits (atexit runs)
 """
 
 
-@pytest.mark.parametrize("kind", ["python", "shell"])
-def test_shutdown_of_the_running_process(mode: str, kind: str, out: Path) -> None:
-    program = python_code(out) if kind == "python" else shell_command(out)
-    argv = [sys.executable, "-c", _SHUTDOWN, mode, kind, program, PYTHON_USER or ""]
+def test_shutdown_of_the_process_running_the_steps(mode: str, open_dir: Path) -> None:
+    """A python step and a shell step run in threads of a process that then exits."""
+    py_out = writable(open_dir / "py") / "pid"
+    sh_out = writable(open_dir / "sh") / "pid"
+    argv = [sys.executable, "-c", _SHUTDOWN, mode, python_code(py_out), shell_command(sh_out)]
+    argv.append(PYTHON_USER or "")
     with subprocess.Popen(argv, stdin=subprocess.PIPE, text=True) as proc:
         try:
-            pid = escaped_pid(out)
+            pids = {"python": escaped_pid(py_out), "shell": escaped_pid(sh_out)}
         except AssertionError:
             proc.kill()
             raise
         proc.communicate("\n", timeout=20)
     assert proc.returncode == 0
-    assert_dies(pid, f"the shutdown of the process that ran the {kind} step ({mode})")
+    for kind, pid in pids.items():
+        assert_dies(pid, f"the shutdown of the process that ran the {kind} step ({mode})")

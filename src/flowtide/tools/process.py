@@ -11,8 +11,10 @@ What `Launch.run` guarantees:
   rest counted), so a chatty program neither fills memory nor blocks on a full pipe;
 * on the timeout, on cancellation (`cancelled()` asked every `POLL` seconds, or
   `kill_running(execution_id)`, which the tools' `cancel` call), when the caller's
-  thread is interrupted or this process exits, the whole process group is killed
-  (SIGKILL), what it started included;
+  thread is interrupted or this process exits, the program and everything it started
+  are killed (SIGKILL): its process group, its cgroup or subreaper tree
+  (`flowtide.tools.reaper`: also what left the session and cleared its environment),
+  and what carries the step's mark (`flowtide.tools.sweep`);
 * once the program has exited (and its pipes closed, or `EXIT_GRACE` passed: a
   background job it left may hold them open), whatever it left running in its group is
   killed too, before the program is reaped, so the group id cannot have been reused by

@@ -22,6 +22,7 @@ The callers also kill the program's process group and sweep the step's mark, as 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import os
@@ -62,6 +63,24 @@ def _load_prctl() -> Callable[..., int] | None:
 
 
 _prctl = _load_prctl()
+
+
+@atexit.register
+def _remove_base() -> None:
+    """The step cgroups' folder goes with this process (runs after the pools closed:
+    registered before them)."""
+    if _base is None:
+        return
+    try:
+        left = [p for p in _base.iterdir() if p.is_dir()]
+    except OSError:
+        left = []
+    for cgroup in left:  # of a call still running in a thread that is not coming back
+        _remove(cgroup)
+    try:
+        _base.rmdir()
+    except OSError:
+        pass
 
 
 def cgroup_base() -> Path | None:
@@ -129,7 +148,6 @@ class Confinement:
                 self.cgroup = None
         procs = None if self.cgroup is None else str(self.cgroup / "cgroup.procs")
         self._procs = procs
-        self.pid: int | None = None
 
     def preexec(self) -> None:
         """In the child, between fork and exec."""
@@ -149,35 +167,32 @@ class Confinement:
             os.setgid(user.gid)
             os.setuid(user.uid)
 
-    def kill(self, pid: int | None = None) -> None:
-        """SIGKILL the program (`pid`, else the one `started` was told) and every
-        descendant: the cgroup's members, and its tree (stopped first)."""
-        root = pid if pid is not None else self.pid
-        if root is not None:
-            kill_tree(root)
+    def kill(self, pid: int) -> None:
+        """SIGKILL the program `pid` and every descendant: the cgroup's members (all of
+        them), else its tree (stopped first)."""
         if self.cgroup is not None:
             _kill_cgroup(self.cgroup)
-
-    def kill_descendants(self, pid: int) -> None:
-        """SIGKILL what `pid` started, not `pid` itself (a pool child between calls)."""
-        kill_tree(pid, include_root=False)
-        if self.cgroup is not None:
-            _kill_cgroup(self.cgroup, spare=pid)
+        else:
+            kill_tree(pid)
 
     def close(self) -> None:
         """Remove the cgroup (killing what is still in it)."""
         cgroup, self.cgroup = self.cgroup, None
-        if cgroup is None:
+        if cgroup is not None:
+            _remove(cgroup)
+
+
+def _remove(cgroup: Path) -> None:
+    """Kill what is in `cgroup` and remove it (waiting a second at most)."""
+    _kill_cgroup(cgroup)
+    for _ in range(100):
+        try:
+            cgroup.rmdir()
             return
-        _kill_cgroup(cgroup)
-        for _ in range(100):
-            try:
-                cgroup.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:  # members not gone yet
-                time.sleep(0.01)
+        except FileNotFoundError:
+            return
+        except OSError:  # members not gone yet
+            time.sleep(0.01)
 
 
 def _members(cgroup: Path) -> list[int]:
@@ -187,15 +202,14 @@ def _members(cgroup: Path) -> list[int]:
         return []
 
 
-def _kill_cgroup(cgroup: Path, spare: int | None = None) -> None:
-    if spare is None:
-        try:
-            (cgroup / "cgroup.kill").write_text("1")
-            return
-        except OSError:
-            pass  # before Linux 5.14: one by one
+def _kill_cgroup(cgroup: Path) -> None:
+    try:
+        (cgroup / "cgroup.kill").write_text("1")
+        return
+    except OSError:
+        pass  # before Linux 5.14: one by one
     for _ in range(_ROUNDS):
-        found = [p for p in _members(cgroup) if p != spare]
+        found = _members(cgroup)
         if not found:
             return
         for p in found:
@@ -207,6 +221,15 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _alive(pid: int) -> bool:
+    """Runs (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _parents() -> dict[int, int]:
@@ -244,8 +267,8 @@ def kill_tree(root: int, *, include_root: bool = True) -> int:
     """Stop every descendant of `root` (again until no new one turns up), then SIGKILL
     them all, `root` too unless `include_root` is False; how many were killed. With
     `root` a subreaper this is its whole tree, orphans included."""
-    if not sys.platform.startswith("linux"):
-        return 0
+    if not sys.platform.startswith("linux") or not _alive(root):
+        return 0  # an exited program holds no tree: its orphans went up already
     stopped: set[int] = set()
     if include_root:
         _signal(root, signal.SIGSTOP)

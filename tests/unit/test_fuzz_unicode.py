@@ -119,13 +119,20 @@ def test_the_operations_are_found() -> None:
 VALID: dict[str, dict[str, Any]] = {
     "/api/execute": {"path": "tests/anytext", "payload": {"value": "{}"}},
     "/api/catalog/validate": {"content": "PLAYBOOK"},
+    "/api/catalog/register": {"content": "PLAYBOOK"},
     "/api/schedules": {"name": "s", "playbook": "tests/anytext", "every": "1h", "paused": True},
     "/api/schedules/{name}/backfill": {"start": "2024-01-01T00:00:00Z", "end": "2024-01-02"},
-    "/api/hooks": {"name": "h", "playbook": "tests/anytext", "workload": {"a": 1}},
+    "/api/hooks": {
+        "name": "h",
+        "playbook": "tests/anytext",
+        "secret": "s3cret-s3cret-s3cret",
+        "workload": {"a": 1},
+    },
     "/api/subscriptions": {
         "name": "n",
         "playbook": "tests/anytext",
         "subject": "a.b",
+        "url": "nats://127.0.0.1:9",
         "paused": True,
     },
     "/api/session": {"token": "tok"},
@@ -138,16 +145,20 @@ def _near_valid(path: str) -> st.SearchStrategy[Any]:
         return JSON
     base = {k: PLAYBOOK if v == "PLAYBOOK" else v for k, v in base.items()}
 
-    def replaced(key: str, value: Any, text: str) -> dict[str, Any]:
-        body = dict(base)
-        if key == "content":  # a playbook holding the text in its name and a step's code
-            named = "{name: " + json.dumps(text) + ","  # YAML reads JSON's escapes
-            body[key] = PLAYBOOK.replace("{name: anytext,", named)
-        else:
-            body[key] = value
-        return body
+    def value_for(key: str) -> st.SearchStrategy[Any]:
+        if key == "content":  # a playbook holding the text in its name
+            return TEXT.map(
+                lambda t: PLAYBOOK.replace("{name: anytext,", f"{{name: {json.dumps(t)},")
+            )
+        if isinstance(base[key], dict):  # keys and values
+            return st.dictionaries(TEXT, JSON, min_size=1, max_size=3)
+        if isinstance(base[key], str):
+            return TEXT
+        return JSON
 
-    return st.builds(replaced, st.sampled_from(sorted(base)), JSON, TEXT)
+    return st.sampled_from(sorted(base)).flatmap(
+        lambda key: value_for(key).map(lambda value: {**base, key: value})
+    )
 
 
 def _shaped(fields: list[str]) -> st.SearchStrategy[Any]:
@@ -157,16 +168,18 @@ def _shaped(fields: list[str]) -> st.SearchStrategy[Any]:
     return st.dictionaries(st.sampled_from(fields), JSON, min_size=1, max_size=len(fields))
 
 
-def _names_the_field(doc: Any) -> bool:
-    """A 4xx answer says what was wrong and where: FastAPI's `loc`, or flowtide's message
-    naming the field (a refused text names its place: `workload['a']`)."""
-    detail = doc.get("detail") if isinstance(doc, dict) else None
-    if isinstance(detail, list):
-        return all(isinstance(d, dict) and d.get("loc") and d.get("msg") for d in detail)
-    message = json.dumps(doc)
-    if "surrogate" in message or "NUL" in message:
-        return "[" in message or "field" in message or "'" in message
-    return bool(detail or (isinstance(doc, dict) and doc.get("error")))
+def _names_the_field(status: int, doc: Any) -> bool:
+    """A 4xx answer says what was wrong; a refused body (400, 422) also says where: the
+    field, or each field."""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(error, dict) or not error.get("message"):
+        return False
+    if status not in (400, 422):
+        return True
+    fields = error.get("fields") or []
+    return bool(error.get("field")) or (
+        bool(fields) and all(isinstance(f, dict) and f.get("field") for f in fields)
+    )
 
 
 @pytest.mark.parametrize(("method", "path", "fields"), OPERATIONS, ids=lambda v: str(v))
@@ -184,7 +197,7 @@ def test_every_json_body_takes_any_unicode(
     assert r.status_code < 500, (r.status_code, r.text)
     if r.status_code >= 400:
         doc = r.json()  # valid JSON
-        assert _names_the_field(doc), (r.status_code, r.text)
+        assert _names_the_field(r.status_code, doc), (r.status_code, r.text)
 
 
 # -- python steps returning and printing any text ------------------------------------------
@@ -264,3 +277,38 @@ def test_the_result_check_refuses_exactly_what_cannot_be_stored(result: Any) -> 
         return
     assert bad_text(kept) is None, kept
     json.dumps(kept, allow_nan=False).encode("utf-8")
+
+
+# -- what the fuzzing found ----------------------------------------------------------------
+
+
+def _post(client: TestClient, path: str, body: Any) -> Any:
+    raw = json.dumps(body).encode()
+    return client.post(path, content=raw, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/hooks", {**VALID["/api/hooks"], "workload": {"": {"\ud800": None}}}),
+        ("/api/schedules", {**VALID["/api/schedules"], "workload": {"a": "nul\x00"}}),
+        ("/api/subscriptions", {**VALID["/api/subscriptions"], "workload": {"k\udfff": 1}}),
+    ],
+    ids=["hook", "schedule", "subscription"],
+)
+def test_a_trigger_workload_that_cannot_be_stored_is_refused_naming_it(
+    client: TestClient, path: str, body: dict[str, Any]
+) -> None:
+    """It was stored, and its answer (holding it) failed with a 500."""
+    r = _post(client, path, body)
+    assert r.status_code in (400, 422), r.text
+    assert "workload[" in r.text and ("surrogate" in r.text or "NUL" in r.text), r.text
+    error = r.json()["error"]
+    assert error.get("field") == "workload" or error["fields"][0]["field"] == "workload", error
+
+
+def test_a_playbook_name_too_long_for_a_file_is_no_server_error(client: TestClient) -> None:
+    """The local store probes whether a trigger's playbook names a file: a name longer
+    than a file name may be made the probe fail (500)."""
+    r = _post(client, "/api/hooks", {**VALID["/api/hooks"], "playbook": "x" * 300})
+    assert r.status_code == 404, r.text

@@ -18,7 +18,9 @@ What the parent enforces while it waits for a reply:
 The child caps its own address space (`memory_mb`, RLIMIT_AS) before running any user
 code. A child that dies (killed, out of memory, `os._exit`) gives kind `crashed` with its
 exit status; it is replaced by a fresh one on the next call. Every child is in its own
-process group, so what it started (a `subprocess`) is killed with it.
+process group, cgroup (where there is one) and subreaper tree (`flowtide.tools.reaper`),
+so what it started (a `subprocess`, also one that left the session and cleared its
+environment) is killed with it.
 
 Who the child runs as: the worker's own user, except when the worker runs as root, then
 as `user` (default `nobody`), with no supplementary groups. A child that cannot start as

@@ -385,15 +385,16 @@ def test_the_playbook_knows_tool_kinds_not_their_runners() -> None:
 
 
 #: The pure side of triggers (when a schedule fires, the schedule as written, what a
-#: scheduler does now): each other and the error tree; outside flowtide the standard
-#: library and croniter, which only functions import (it stays off `flowtide --help`).
+#: scheduler does now): each other, the error tree and the text check (`storable`, pure);
+#: outside flowtide the standard library and croniter, which only functions import (it
+#: stays off `flowtide --help`).
 TRIGGERS_PURE = (
     "flowtide.triggers.when",
     "flowtide.triggers.spec",
     "flowtide.triggers.plan",
     "flowtide.triggers.subscription",
 )
-TRIGGERS_MAY_IMPORT = (*TRIGGERS_PURE, "flowtide.errors")
+TRIGGERS_MAY_IMPORT = (*TRIGGERS_PURE, "flowtide.errors", "flowtide.storable")
 TRIGGERS_MAY_IMPORT_OUTSIDE = ("croniter",)
 
 

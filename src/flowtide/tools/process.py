@@ -11,8 +11,10 @@ What `Launch.run` guarantees:
   rest counted), so a chatty program neither fills memory nor blocks on a full pipe;
 * on the timeout, on cancellation (`cancelled()` asked every `POLL` seconds, or
   `kill_running(execution_id)`, which the tools' `cancel` call), when the caller's
-  thread is interrupted or this process exits, the whole process group is killed
-  (SIGKILL), what it started included;
+  thread is interrupted or this process exits, the program and everything it started
+  are killed (SIGKILL): its process group, its cgroup or subreaper tree
+  (`flowtide.tools.reaper`: also what left the session and cleared its environment),
+  and what carries the step's mark (`flowtide.tools.sweep`);
 * once the program has exited (and its pipes closed, or `EXIT_GRACE` passed: a
   background job it left may hold them open), whatever it left running in its group is
   killed too, before the program is reaped, so the group id cannot have been reused by
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.errors import ToolError
+from flowtide.tools.reaper import Confinement
 from flowtide.tools.sweep import MARK_VAR, new_mark, sweep
 
 __all__ = [
@@ -53,10 +56,10 @@ EXIT_GRACE = 0.5
 _CHUNK = 65536
 
 
-# The programs running now: pid (also its process group) -> the execution it runs for.
-# A pid is taken out under the lock before the program is reaped, and killed only under
-# it, so a pid reused by another process is never killed.
-_running: dict[int, int | None] = {}
+# The programs running now: pid (also its process group) -> the execution it runs for
+# and its confinement. A pid is taken out under the lock before the program is reaped,
+# and killed only under it, so a pid reused by another process is never killed.
+_running: dict[int, tuple[int | None, Confinement]] = {}
 _killed: set[int] = set()
 _running_lock = threading.Lock()
 
@@ -65,9 +68,11 @@ def kill_running(execution_id: int | None = None) -> int:
     """Kill the programs (process groups) running for `execution_id`, every one when
     None (at exit too); their calls end with kind `cancelled`. How many."""
     with _running_lock:
-        pids = [pid for pid, owner in _running.items() if execution_id in (None, owner)]
+        pids = [pid for pid, (owner, _) in _running.items() if execution_id in (None, owner)]
         for pid in pids:
             _killed.add(pid)
+            # Its tree first: the program (their subreaper) must hold it while it is found.
+            _running[pid][1].kill(pid)
             _kill_group(pid)
     return len(pids)
 
@@ -151,24 +156,27 @@ class Launch:
 
 def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool) -> Finished:
     """`Launch.run`."""
-    user, limit = launch.user, launch.limit
-    extra: dict[str, Any] = {}
-    if user is not None:
-        extra = {"user": user.uid, "group": user.gid, "extra_groups": []}
+    limit = launch.limit
     started = time.monotonic()
     mark = new_mark()
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        env={**launch.env, MARK_VAR: mark},
-        cwd=launch.cwd,
-        start_new_session=True,
-        **extra,
-    )
+    # Its own cgroup where there is one, a subreaper always; it switches to the user.
+    confined = Confinement(launch.user)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            env={**launch.env, MARK_VAR: mark},
+            cwd=launch.cwd,
+            start_new_session=True,
+            preexec_fn=confined.preexec,
+        )
+    except BaseException:
+        confined.close()
+        raise
     with _running_lock:
-        _running[proc.pid] = launch.owner
+        _running[proc.pid] = (launch.owner, confined)
     out, err = _Stream(limit), _Stream(limit)
     stopped: str | None = None
     try:
@@ -182,10 +190,14 @@ def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool
             if proc.pid in _killed:
                 _killed.discard(proc.pid)
                 stopped = "cancelled"
+        # What left the group too (setsid, a daemon, a cleared environment): in the
+        # program's cgroup or tree (it is their subreaper: first, while it holds them),
+        # or still carrying the step's mark.
+        confined.kill(proc.pid)
         _kill_group(proc.pid)
-        # And what left the group (setsid, a daemon): it still carries the step's mark.
         sweep(mark)
         returncode = proc.wait()
+        confined.close()
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()

@@ -92,6 +92,19 @@ def main(settings: dict[str, Any]) -> None:
             )
             data = json.dumps({"ok": False, "error": _error_doc(error), "stdout": stdout}).encode()
         write_frame(proto_out, data)
+        _reap_orphans()
+
+
+def _reap_orphans() -> None:
+    """Collect the exit status of processes this one adopted (it is their subreaper:
+    `flowtide.tools.reaper`), so that they do not stay zombies while it waits."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _error_doc(exc: Any) -> dict[str, Any]:

@@ -18,7 +18,9 @@ What the parent enforces while it waits for a reply:
 The child caps its own address space (`memory_mb`, RLIMIT_AS) before running any user
 code. A child that dies (killed, out of memory, `os._exit`) gives kind `crashed` with its
 exit status; it is replaced by a fresh one on the next call. Every child is in its own
-process group, so what it started (a `subprocess`) is killed with it.
+process group, cgroup (where there is one) and subreaper tree (`flowtide.tools.reaper`),
+so what it started (a `subprocess`, also one that left the session and cleared its
+environment) is killed with it.
 
 Who the child runs as: the worker's own user, except when the worker runs as root, then
 as `user` (default `nobody`), with no supplementary groups. A child that cannot start as
@@ -51,6 +53,7 @@ from typing import Any
 from flowtide.errors import ToolError
 from flowtide.tools.python_frames import frame_body, read_frame, write_frame
 from flowtide.tools.python_interpreter import child_executable
+from flowtide.tools.reaper import Confinement
 from flowtide.tools.sweep import MARK_VAR, new_mark, sweep
 
 __all__ = ["DEFAULT_MEMORY_MB", "ChildPool", "Isolation", "child_environment", "resolve_user"]
@@ -136,10 +139,16 @@ class _Child:
     """One child process and its two pipe ends."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], path: tuple[str, ...], mark: str = ""
+        self,
+        proc: subprocess.Popen[bytes],
+        path: tuple[str, ...],
+        mark: str = "",
+        confined: Confinement | None = None,
     ) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         self.proc = proc
+        #: Its cgroup and subreaper tree (`flowtide.tools.reaper`).
+        self.confined = confined
         #: In its environment and its descendants' (`flowtide.tools.sweep`).
         self.mark = mark
         self.pid = proc.pid
@@ -159,6 +168,10 @@ class _Child:
     def kill(self, reason: str) -> None:
         if self.killed is None:
             self.killed = reason
+        if self.confined is not None and self.proc.returncode is None:
+            # Its cgroup, its tree (orphans included: it is their subreaper, so first,
+            # while it holds them).
+            self.confined.kill(self.pid)
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -190,6 +203,8 @@ class _Child:
                     stream.close()
                 except OSError:
                     pass
+        if self.confined is not None:
+            self.confined.close()
         return code
 
 
@@ -474,10 +489,9 @@ class ChildPool:
             "max_bytes": self.max_reply_bytes - 1024,
             "parent": os.getpid(),
         }
-        extra: dict[str, Any] = {}
-        if user is not None:
-            extra = {"user": user.uid, "group": user.gid, "extra_groups": []}
         mark = new_mark()
+        # Its own cgroup where there is one, a subreaper always; it switches to the user.
+        confined = Confinement(user)
         try:
             proc = subprocess.Popen(
                 [self.executable, "-I", "-c", _BOOT, json.dumps(settings)],
@@ -486,14 +500,15 @@ class ChildPool:
                 env={**self._environment(user), MARK_VAR: mark},
                 start_new_session=True,
                 bufsize=0,
-                **extra,
+                preexec_fn=confined.preexec,
             )
         except OSError as exc:
+            confined.close()
             who = f" as user {user.name}" if user is not None else ""
             raise ToolError(
                 f"cannot start a python child process{who}: {exc}", kind="config_error"
             ) from None
-        child = _Child(proc, tuple(sys.path), mark)
+        child = _Child(proc, tuple(sys.path), mark, confined)
         if child.readable(START_TIMEOUT):
             frame = read_frame(child.from_child)
             if frame is not None and b"ready" in frame:

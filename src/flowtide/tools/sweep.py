@@ -10,8 +10,8 @@ on the step's process. `sweep(mark)` kills every process holding that mark, a fe
 
 What escapes: a descendant that clears or rewrites its environment before it is found,
 and one running as another user whose environment this process cannot read (a setuid
-program). A cgroup per step would catch those; it needs a cgroup the worker may manage,
-which most containers do not give.
+program). `flowtide.tools.reaper` holds those: a cgroup per step program where there is
+one, else the program as the subreaper of its tree; this sweep is the net behind them.
 """
 
 from __future__ import annotations

@@ -167,11 +167,13 @@ def check_json_value(
     value: Any, at: str, *, name: str | None = None, kind: str = "schedule"
 ) -> None:
     """Refuse (TriggerError naming `at`) a trigger's JSON field nested more than
-    MAX_NESTING deep or larger than MAX_SPEC_JSON as JSON text."""
+    MAX_NESTING deep, larger than MAX_SPEC_JSON as JSON text, or holding text that cannot
+    be stored (NUL, a lone surrogate)."""
     if nested_too_deep(value):
         raise TriggerError(
             f"nested more than {MAX_NESTING} levels deep", name=name, field=at, kind=kind
         )
+    _check_text(value, at, name, kind)
     try:
         text = json.dumps(value, allow_nan=False, default=str)
     except (TypeError, ValueError) as exc:
@@ -182,6 +184,19 @@ def check_json_value(
         )
 
 
+def _check_text(value: Any, at: str, name: str | None, kind: str | None) -> None:
+    """Refuse text that cannot be stored or sent (`flowtide.storable`), naming where."""
+    from flowtide.storable import bad_text
+
+    found = bad_text(value, at)
+    if found is not None:
+        where, what = found
+        extra = {} if kind is None else {"kind": kind}
+        raise TriggerError(
+            f"{where} holds {what}, which cannot be stored", name=name, field=at, **extra
+        )
+
+
 def _check_json(value: Any, name: str, at: str, kind: type) -> None:
     if not isinstance(value, kind):
         raise TriggerError(
@@ -189,6 +204,7 @@ def _check_json(value: Any, name: str, at: str, kind: type) -> None:
         )
     if nested_too_deep(value):
         raise TriggerError(f"nested more than {MAX_NESTING} levels deep", name=name, field=at)
+    _check_text(value, at, name, None)
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -53,7 +53,7 @@ def playbook_ref(
     # For a server, the name alone decides: probing its file system would tell an API
     # caller which files exist there.
     looks_like_file = text.endswith((".yaml", ".yml")) or (
-        local and (base or Path.cwd()).joinpath(text).is_file()
+        local and _is_file((base or Path.cwd()).joinpath(text))
     )
     if looks_like_file:
         if not local:
@@ -64,11 +64,22 @@ def playbook_ref(
             )
         if version is not None:
             raise TriggerError("a version names a catalog playbook, not a file", field="version")
-        path = (base or Path.cwd()).joinpath(text).resolve()
-        if not path.is_file():
+        try:
+            path = (base or Path.cwd()).joinpath(text).resolve()
+        except (OSError, ValueError):
+            raise TriggerError(f"no playbook file {text!r}", field="playbook") from None
+        if not _is_file(path):
             raise TriggerError(f"no playbook file {str(path)!r}", field="playbook")
         return {"file": str(path)}
     return {"path": text, "version": version}
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; False for a name no file can have (too long, a NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def ref_text(ref: dict[str, Any]) -> str:

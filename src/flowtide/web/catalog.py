@@ -173,9 +173,13 @@ async def requested_playbook(store: Store, body: ExecuteRequest) -> tuple[Playbo
         PlaybookError: the text is not a valid playbook.
         NotFoundError: no such catalog path or version (404).
     """
-    given = [x for x in (body.path, body.catalog_id, body.playbook) if x]
+    named = {"path": body.path, "catalog_id": body.catalog_id, "playbook": body.playbook}
+    given = [name for name, value in named.items() if value]
     if len(given) != 1:
-        raise RequestError(400, "give exactly one of path, catalog_id, playbook")
+        message = "give exactly one of path, catalog_id, playbook"
+        # The field at fault: the one missing (path, the usual), or each of those given.
+        fields = [{"field": f, "message": message} for f in given or ["path"]]
+        raise RequestError(400, message, field=fields[0]["field"], fields=fields)
     if body.playbook:
         return await asyncio.to_thread(parse_playbook, body.playbook, None), None
     path, version = body.path or "", body.version

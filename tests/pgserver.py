@@ -51,7 +51,11 @@ class PgServer(LocalPostgres):
         # As root, a root-only TMPDIR could be untraversable for the server's account.
         base = "/tmp" if os.geteuid() == 0 and os.path.isdir("/tmp") else None
         root = Path(tempfile.mkdtemp(prefix="flowtide-pg-", dir=base))
-        server = cls(root=root, port=0, password="pw-" + secrets.token_hex(12))
+        # Its login is a superuser (tests create roles and databases through it); the dev
+        # stack's is not.
+        server = cls(
+            root=root, port=0, password="pw-" + secrets.token_hex(12), login_superuser=True
+        )
         try:
             server.init()
             last_error: Exception | None = None
@@ -64,6 +68,7 @@ class PgServer(LocalPostgres):
                     last_error = exc
             else:
                 raise last_error or PgServerError("PostgreSQL did not start")
+            server.secure()
             server.create_database(server.database)
         except BaseException:
             server.stop()

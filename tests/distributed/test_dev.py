@@ -23,6 +23,7 @@ import pytest
 from flowtide.dev.postgres import find_pg_bin, free_port
 
 from .stack import flowtide_env
+from .test_dev_roles import assert_plain_owner
 
 pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server not installed")
 
@@ -169,6 +170,8 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     with psycopg.connect(verified, connect_timeout=5) as conn:
         row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
         assert row == (True,)
+    # The login is no superuser: it owns the stack's database, nothing more.
+    assert_plain_owner(verified)
 
     logs = _flowtide(home, "dev", "logs", "server")
     assert logs.returncode == 0 and f"flowtide server on {url}" in logs.stdout
@@ -263,6 +266,13 @@ def test_dev_up_with_two_shards_runs_playbooks_on_both_and_keeps_its_shard_count
     pg_ports = {doc["cluster_database"]["port"], *(s["postgres"]["port"] for s in shards)}
     assert len(pg_ports) == 3 and int(ports[2]) == doc["cluster_database"]["port"]
     assert shards[0]["server"]["url"] == url
+    # Each shard's database is the login's own, and the login no superuser there either.
+    password = json.loads((home / "dev" / "stack.json").read_text())["pg_password"]
+    shard_db = (
+        f"postgresql://flowtide:{password}@127.0.0.1:{shards[1]['postgres']['port']}"
+        f"/flowtide_shard_1?sslmode=verify-full&sslrootcert={home / 'dev' / 'tls' / 'ca.pem'}"
+    )
+    assert_plain_owner(shard_db)
     other = shards[1]["server"]["url"]
     assert other != url
 

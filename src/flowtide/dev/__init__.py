@@ -12,6 +12,7 @@ loopback; the tests start their PostgreSQL and nats-server through it too.
 - `tokens`: the stack's admin and worker API tokens (tokens.json).
 - `status`: what `status` shows (`Component`), per part and per shard.
 - `processes`: each program in its own session, its pid and log, stopping it.
-- `postgres` (a PostgreSQL cluster through initdb and pg_ctl), `nats` (nats-server, its
+- `postgres` (a PostgreSQL cluster through initdb and pg_ctl; `pgroles`, its roles and
+  who may log in as which), `nats` (nats-server, its
   users and their permissions), `tls` (the stack's local CA).
 """

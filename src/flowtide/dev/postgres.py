@@ -5,11 +5,14 @@ the test suite makes throw-away ones (tests/pgserver.py).
     cluster = LocalPostgres(Path(".flowtide/dev/pg"), port=55432, password="...")
     cluster.init()          # once; no-op when the data directory exists
     cluster.start()         # pg_ctl start -w; TCP on 127.0.0.1 only
+    cluster.secure()        # the login role, with its password and limits
     cluster.ensure_database("flowtide")
     cluster.stop()          # fast shutdown; the data stays
 
-Unix-socket connections use trust auth; TCP connections need the password of the cluster's
-user. initdb refuses to run as root, so as root the cluster is created and run by an
+The login (`user`, with `password`) is reached over TCP; unless `login_superuser` (the test
+suite's throw-away clusters) it is no superuser, only the owner of the databases the
+cluster makes (flowtide.dev.pgroles); the superuser `postgres` is reached over the Unix
+socket only, as the server's OS account (peer), without a password. initdb refuses to run as root, so as root the cluster is created and run by an
 unprivileged account (`postgres`, else `nobody`) through runuser/su: that account must be
 able to reach the directory.
 """
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from flowtide.dev import pgroles
 from flowtide.errors import FlowtideError
 
 __all__ = ["LocalPostgres", "PostgresSetupError", "find_pg_bin", "free_port"]
@@ -100,6 +104,8 @@ class LocalPostgres:
     #: (certificate, key, CA) in PEM: the server then takes TCP connections over TLS
     #: only (`hostssl` in pg_hba.conf) and its URLs verify it (sslmode=verify-full).
     tls: tuple[Path, Path, Path] | None = None
+    #: The login is a superuser too (throw-away test clusters only).
+    login_superuser: bool = False
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
@@ -141,34 +147,28 @@ class LocalPostgres:
             return False
         self._need_bin()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.socket_dir.mkdir(exist_ok=True)
-        pwfile = self.root / "pwfile"
-        pwfile.write_text(self.password + "\n")
-        os.chmod(pwfile, 0o600)
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         (self.root / "commands.log").touch()
-        for path in (self.root, self.socket_dir, pwfile, self.root / "commands.log"):
+        for path in (self.root, self.socket_dir, self.root / "commands.log"):
             self._chown(path)
         self._check_reachable()
-        try:
-            self._run(
-                [
-                    "initdb",
-                    "-D",
-                    str(self.datadir),
-                    "-U",
-                    self.user,
-                    "--pwfile",
-                    str(pwfile),
-                    "--auth-local=trust",
-                    "--auth-host=scram-sha-256",
-                    "-E",
-                    "UTF8",
-                    "--no-locale",
-                    "--no-sync",
-                ]
-            )
-        finally:
-            pwfile.unlink(missing_ok=True)
+        # The bootstrap superuser has no password: it logs in on the socket only (peer).
+        self._run(
+            [
+                "initdb",
+                "-D",
+                str(self.datadir),
+                "-U",
+                pgroles.ADMIN_ROLE,
+                "--auth-local=peer",
+                "--auth-host=reject",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ]
+        )
+        pgroles.write_auth(self)
         return True
 
     def start(self, *, durable: bool = True, timeout: float = 60.0) -> None:
@@ -187,11 +187,14 @@ class LocalPostgres:
             "-c listen_addresses=127.0.0.1",
             f"-p {self.port}",
             f"-k {self.socket_dir}",
+            "-c unix_socket_permissions=0700",
             "-c max_connections=200",
         ]
         if not durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
         self._configure_tls()
+        os.chmod(self.socket_dir, 0o700)  # older clusters made it world-readable
+        pgroles.write_auth(self, legacy=pgroles.is_legacy(self))
         if self.tls is not None:
             # Relative to the data directory, where _configure_tls put them.
             options += ["-c ssl=on", "-c ssl_cert_file=server.crt", "-c ssl_key_file=server.key"]
@@ -256,68 +259,58 @@ class LocalPostgres:
 
     # -- databases -------------------------------------------------------------------------
 
-    def ensure_database(self, name: str) -> str:
-        """Create database `name` unless it exists; its DSN."""
-        import psycopg
+    def secure(self) -> str | None:
+        """The login role with its password and limits (flowtide.dev.pgroles.secure); a
+        line saying what changed when an older cluster's superuser login was demoted."""
+        return pgroles.secure(self)
 
+    def reload(self) -> None:
+        """Have the running server read its configuration files again."""
+        self._run(["pg_ctl", "-D", str(self.datadir), "reload"])
+
+    def ensure_database(self, name: str) -> str:
+        """Create database `name`, owned by the login, unless it exists; its DSN."""
         _check_db_name(name)
-        with psycopg.connect(self._admin_dsn(), autocommit=True) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if exists.fetchone() is None:
-                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        with pgroles.admin(self) as conn:
+            owner = conn.execute(
+                "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
+            if owner is None:
+                conn.execute(f'CREATE DATABASE "{name}" OWNER "{self.user}" TEMPLATE template0')
+            elif owner[0] != self.user:
+                conn.execute(f'ALTER DATABASE "{name}" OWNER TO "{self.user}"')
         return self.url(name)
 
     def create_database(self, name: str) -> str:
-        """Create an empty database `name` (lowercase identifier); its DSN."""
-        import psycopg
-
+        """Create an empty database `name` (lowercase identifier) owned by the login; its
+        DSN."""
         _check_db_name(name)
-        with psycopg.connect(self._admin_dsn(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        with pgroles.admin(self) as conn:
+            conn.execute(f'CREATE DATABASE "{name}" OWNER "{self.user}" TEMPLATE template0')
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
         """Drop database `name`, disconnecting whoever is still connected."""
-        import psycopg
-
         _check_db_name(name)
-        with psycopg.connect(self._admin_dsn(), autocommit=True) as conn:
+        with pgroles.admin(self) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    def _admin_dsn(self) -> str:
-        dsn = (
-            f"host={self.host} port={self.port} user={self.user} "
-            f"password={self.password} dbname=postgres"
-        )
-        if self.tls is not None:
-            dsn += f" sslmode=verify-full sslrootcert='{self.tls[2]}'"
-        return dsn
 
     def _configure_tls(self) -> None:
         """Put the certificate and key in the data directory (the key readable by the
-        server's account only, as PostgreSQL demands) and make pg_hba.conf take TCP
-        connections over TLS only (`hostssl`), or over either without TLS."""
-        hba = self.datadir / "pg_hba.conf"
-        lines = hba.read_text().splitlines(keepends=True)
-        if self.tls is not None:
-            for name, source, mode in (
-                ("server.crt", self.tls[0], 0o644),
-                ("server.key", self.tls[1], 0o600),
-            ):
-                target = self.datadir / name
-                target.unlink(missing_ok=True)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(Path(source).read_bytes())
-                self._chown(target)
-            old, new = "host ", "hostssl "
-        else:
-            old, new = "hostssl ", "host "
-        changed = [new + line[len(old) :] if line.startswith(old) else line for line in lines]
-        if changed != lines:
-            # Written in place: the file keeps its owner (the server's account).
-            with open(hba, "w") as handle:
-                handle.writelines(changed)
+        server's account only, as PostgreSQL demands); pgroles.write_auth makes TCP take
+        TLS only then (`hostssl`)."""
+        if self.tls is None:
+            return
+        for name, source, mode in (
+            ("server.crt", self.tls[0], 0o644),
+            ("server.key", self.tls[1], 0o600),
+        ):
+            target = self.datadir / name
+            target.unlink(missing_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(Path(source).read_bytes())
+            self._chown(target)
 
     # -- steps -----------------------------------------------------------------------------
 

@@ -26,7 +26,11 @@ workers spread over them. N is kept in stack.json: flowtide does not re-shard, s
 stack with data keeps its N until `down --purge`.
 
 The database password is generated on first `up`; it reaches the server through its
-environment (FLOWTIDE_DB), never through a command line others can read in `ps`.
+environment (FLOWTIDE_DB), never through a command line others can read in `ps`. It is
+the password of a login that only owns the stack's databases (no superuser, no
+CREATEDB/CREATEROLE: flowtide.dev.pgroles); the superuser is reached on each cluster's
+Unix socket only, by the OS account running it. A stack made by an older flowtide, whose
+login was the superuser, is converted on `up` (one line says so).
 
 nats-server runs with users (flowtide.subjects says what each may do): `server` for the
 flowtide server, which alone publishes commands, manages the stream and its consumers and
@@ -219,6 +223,9 @@ class DevStack(StackLayout):
                 else:
                     pg.start(timeout=timeout)
                     lines.append(f"{part.name}: started on 127.0.0.1:{pg.port}{what}")
+                note = pg.secure()
+                if note is not None:
+                    lines.append(f"{part.name}: {note}")
                 pg.ensure_database(part.database)
             except PostgresSetupError as exc:
                 raise DevStackError(f"{part.name}: {exc}") from None

@@ -28,12 +28,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from flowtide.tracing.sdk import Recorder
+from typing import Any, Protocol
 
 __all__ = [
+    "Recorder",
     "TraceContext",
     "command_context",
     "current",
@@ -47,6 +45,26 @@ __all__ = [
     "start",
     "use",
 ]
+
+
+class Recorder(Protocol):
+    """Where finished spans go (`flowtide.tracing.sdk.Recorder`, the SDK's)."""
+
+    def record(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        sampled: bool,
+        parent_span_id: int | None,
+        started: float,
+        ended: float,
+        attributes: Mapping[str, Any],
+        error_kind: str | None,
+    ) -> None: ...
+
+    def flush(self) -> None: ...
+
 
 #: Whether spans are recorded (set by `start` when an endpoint is configured).
 enabled = False
@@ -163,13 +181,17 @@ def span(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[str
     finally:
         recorder.record(
             name,
-            child,
+            *_ids(child),
             parent.span_id,
             started,
             _now(),
             dict(attributes or {}),
             error,
         )
+
+
+def _ids(span: TraceContext) -> tuple[int, int, bool]:
+    return span.trace_id, span.span_id, span.sampled
 
 
 def _now() -> float:
@@ -210,7 +232,7 @@ def record_command(
         attributes["flowtide.error.kind"] = error_kind
     _recorder.record(
         f"step {step}",
-        command_context(execution_id, command_id, attempt, traceparent),
+        *_ids(command_context(execution_id, command_id, attempt, traceparent)),
         execution.span_id,
         started,
         ended,
@@ -248,7 +270,7 @@ def record_execution(
         attributes["flowtide.error.kind"] = error_kind
     _recorder.record(
         "execution",
-        execution_context(execution_id, traceparent),
+        *_ids(execution_context(execution_id, traceparent)),
         parent.span_id if parent else None,
         started,
         ended,

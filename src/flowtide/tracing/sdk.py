@@ -26,8 +26,6 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from flowtide.tracing import TraceContext
-
 __all__ = ["Recorder", "otlp_recorder", "recorder_with"]
 
 
@@ -66,24 +64,26 @@ class Recorder:
     def record(
         self,
         name: str,
-        span: TraceContext,
+        trace_id: int,
+        span_id: int,
+        sampled: bool,
         parent_span_id: int | None,
         started: float,
         ended: float,
         attributes: Mapping[str, Any],
         error_kind: str | None,
     ) -> None:
-        """One finished span: its context, its parent span in the same trace (None: a
-        root), its start and end (Unix seconds)."""
-        flags = TraceFlags(TraceFlags.SAMPLED if span.sampled else TraceFlags.DEFAULT)
+        """One finished span: its ids, its parent span in the same trace (None: a root),
+        its start and end (Unix seconds)."""
+        flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
         if parent_span_id is None:
             # A root: no parent in the context, and the trace id is the one given.
             parent = otel_context.Context()
-            self.ids.given.trace_id = span.trace_id
+            self.ids.given.trace_id = trace_id
         else:
-            remote = SpanContext(span.trace_id, parent_span_id, is_remote=True, trace_flags=flags)
+            remote = SpanContext(trace_id, parent_span_id, is_remote=True, trace_flags=flags)
             parent = trace.set_span_in_context(NonRecordingSpan(remote))
-        self.ids.given.span_id = span.span_id
+        self.ids.given.span_id = span_id
         try:
             made = self.tracer.start_span(
                 name, context=parent, attributes=dict(attributes), start_time=_ns(started)

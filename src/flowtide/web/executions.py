@@ -20,6 +20,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from typing_extensions import TypedDict
 
+from flowtide import tracing
 from flowtide.auth.principal import Principal
 from flowtide.documents.events import (
     SSE_KEEPALIVE,
@@ -53,7 +54,7 @@ from flowtide.web.fields import INT64_MAX, IdPath, Text
 from flowtide.web.problems import RequestError, problem_responses
 from flowtide.web.queries import events_query, list_query
 from flowtide.web.reads import EventFeed, ExecutionReads, ResumableReads, reads_of
-from flowtide.wire import EXECUTE_PATH
+from flowtide.wire import EXECUTE_PATH, TRACEPARENT_HEADER
 
 __all__ = ["STREAM_KEEPALIVE", "STREAM_POLL", "resume_router", "router", "sse_stream"]
 
@@ -117,6 +118,7 @@ async def execute(body: ExecuteRequest, request: Request, who: Caller, reads: Re
             parent_execution_id=body.parent_execution_id,
             parent_command_id=body.parent_command_id,
             pool=body.pool,
+            traceparent=tracing.incoming(request.headers.get(TRACEPARENT_HEADER)),
         )
     except (PlaybookError, TemplateError) as exc:
         raise RequestError(400, str(exc), field="playbook") from None

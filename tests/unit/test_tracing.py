@@ -9,14 +9,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -25,6 +22,7 @@ from flowtide.playbook.loader import load_playbook
 from flowtide.runtime.local import LocalRuntime
 from flowtide.store.sqlite import SQLiteStore
 from flowtide.tracing.sdk import recorder_with
+from otlp import Collector
 
 CHILD = """
 apiVersion: noetl.io/v2
@@ -176,37 +174,13 @@ def test_without_a_traceparent_the_trace_comes_from_the_execution_id(
     }
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list[ExportTraceServiceRequest] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/v1/traces":
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            self.received.append(request)
-        self.send_response(200 if self.path == "/v1/traces" else 404)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def collector() -> Iterator[tuple[str, list[ExportTraceServiceRequest]]]:
-    """A tiny OTLP/HTTP receiver on loopback that decodes what it is sent."""
-    received: list[ExportTraceServiceRequest] = []
-    handler = type("Collector", (_Collector,), {"received": received})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def collector() -> Iterator[Collector]:
+    found = Collector()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", received
+        yield found
     finally:
-        server.shutdown()
-        server.server_close()
+        found.close()
 
 
 def _embedded(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -250,37 +224,28 @@ def _embedded(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def test_off_imports_nothing_and_sends_nothing(
-    tmp_path: Path, collector: tuple[str, list[ExportTraceServiceRequest]]
-) -> None:
-    _url, received = collector
+def test_off_imports_nothing_and_sends_nothing(tmp_path: Path, collector: Collector) -> None:
     got = _embedded(tmp_path, {})
     assert got["status"] == "completed"
     assert not got["enabled"] and got["otel"] == []
-    assert received == []
+    assert collector.posts == 0
 
 
 @pytest.mark.parametrize("variable", ["FLOWTIDE_OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"])
 def test_a_real_collector_receives_the_run(
-    tmp_path: Path, collector: tuple[str, list[ExportTraceServiceRequest]], variable: str
+    tmp_path: Path, collector: Collector, variable: str
 ) -> None:
-    url, received = collector
-    got = _embedded(tmp_path, {variable: url})
+    got = _embedded(tmp_path, {variable: collector.url})
     assert got["status"] == "completed" and got["enabled"]
-    spans = [
-        (span, resource.resource)
-        for request in received
-        for resource in request.resource_spans
-        for scope in resource.scope_spans
-        for span in scope.spans
-    ]
-    names = sorted(span.name for span, _ in spans)
-    assert names == ["execution", "step a", "step b"]
-    trace_ids = {span.trace_id for span, _ in spans}
-    assert trace_ids == {tracing.execution_context(int(got["id"])).trace_id.to_bytes(16, "big")}
-    root = next(span for span, _ in spans if span.name == "execution")
-    for span, resource in spans:
-        if span is not root:
-            assert span.parent_span_id == root.span_id
-        service = {a.key: a.value.string_value for a in resource.attributes}
-        assert service["service.name"] == "flowtide"
+    # The process flushed what it recorded before it exited.
+    spans = list(collector.spans)
+    assert sorted(g.span.name for g in spans) == ["execution", "step a", "step b"]
+    trace_id = tracing.execution_context(int(got["id"])).trace_id.to_bytes(16, "big")
+    assert {g.span.trace_id for g in spans} == {trace_id}
+    root = next(g.span for g in spans if g.span.name == "execution")
+    for g in spans:
+        if g.span is not root:
+            assert g.span.parent_span_id == root.span_id
+            assert g.attrs["flowtide.worker_id"]
+        assert g.resource["service.name"] == "flowtide"
+        assert g.resource["flowtide.role"] == "embedded"

@@ -249,3 +249,21 @@ def test_a_real_collector_receives_the_run(
             assert g.attrs["flowtide.worker_id"]
         assert g.resource["service.name"] == "flowtide"
         assert g.resource["flowtide.role"] == "embedded"
+
+
+def test_an_endpoint_without_the_sdk_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flowtide import settings
+    from flowtide.errors import SettingsError
+
+    monkeypatch.setenv("FLOWTIDE_OTEL_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setitem(sys.modules, "flowtide.tracing.sdk", None)
+    monkeypatch.setattr(tracing, "_started", False)
+    settings.reset()
+    try:
+        with pytest.raises(SettingsError, match=r"FLOWTIDE_OTEL_ENDPOINT .*flowtide\[otel\]"):
+            tracing.start("test")
+        assert not tracing.enabled
+    finally:
+        settings.reset()

@@ -295,8 +295,18 @@ def start(role: str) -> bool:
         endpoint = home.otel_endpoint or home.otlp_endpoint
         if not endpoint:
             return False
-        from flowtide.tracing.sdk import otlp_recorder
+        try:
+            from flowtide.tracing.sdk import otlp_recorder
+        except ImportError as exc:
+            from flowtide.errors import SettingsError
 
+            name = "FLOWTIDE_OTEL_ENDPOINT" if home.otel_endpoint else "OTEL_EXPORTER_OTLP_ENDPOINT"
+            raise SettingsError(
+                f"{name} asks for traces but the OpenTelemetry SDK is missing ({exc.name}):"
+                " pip install 'flowtide[otel]', or unset it",
+                env=name,
+                value=endpoint,
+            ) from None
         _install(otlp_recorder(endpoint, role))
         return True
 

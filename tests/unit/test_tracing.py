@@ -267,3 +267,13 @@ def test_an_endpoint_without_the_sdk_is_refused_naming_it(
         assert not tracing.enabled
     finally:
         settings.reset()
+
+
+def test_the_claim_share_carries_the_traceparent_only_when_there_is_one() -> None:
+    from flowtide.wire import ExecutionShare
+
+    share = ExecutionShare("text", None, {"ctx": {}}, revision=3, traceparent=GIVEN)
+    assert ExecutionShare.from_dict(share.to_dict()).traceparent == GIVEN
+    plain = ExecutionShare("text", None, {"ctx": {}}, revision=3)
+    assert "traceparent" not in plain.to_dict()
+    assert ExecutionShare.from_dict(plain.to_dict()).traceparent is None

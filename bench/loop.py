@@ -5,7 +5,7 @@
     .venv/bin/python bench/loop.py --scaling [--scaling-n 10000 100000]
     .venv/bin/python bench/loop.py --profile [--profile-n 10000] [--profile-out DIR]
     .venv/bin/python bench/loop.py --isolation [--n 4000] [--repeat 5]
-    .venv/bin/python bench/loop.py --traces [--n 4000] [--repeat 5]
+    .venv/bin/python bench/loop.py --traces [--n 4000] [--repeat 5] [--base-src DIR]
 
 The work is the same on both sides: N tiny iterations, `{"i": item, "sq": item * item}`.
 
@@ -39,7 +39,11 @@ loop figure is the steady-state cost of isolation, not the one-off process start
 `--traces` (flowtide only) runs the same loop with traces off (no OTLP endpoint: the
 default) and on (FLOWTIDE_OTEL_ENDPOINT at a loopback sink that accepts every export),
 interleaved, and prints both medians, their ratio and whether the run without an
-endpoint imported anything of OpenTelemetry (it must not: off costs nothing).
+endpoint imported anything of OpenTelemetry (it must not: off costs nothing). With
+`--base-src DIR` (e.g. `git archive COMMIT src | tar -x -C DIR`, then DIR/src), a third
+interleaved mode runs the code before traces existed, to compare "off" with it. Each
+mode's median CPU seconds are printed too: on a loaded machine they vary less than
+throughput.
 """
 
 from __future__ import annotations
@@ -858,14 +862,16 @@ def traces(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     url, server = _sink()
     base = {k: v for k, v in os.environ.items() if "OTEL" not in k}
     envs = {"off": base, "on": {**base, "FLOWTIDE_OTEL_ENDPOINT": url}}
-    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    if args.base_src:
+        envs["before"] = {**base, "PYTHONPATH": str(Path(args.base_src).resolve())}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in envs}
     try:
         for i in range(repeat):
-            for mode in ("off", "on"):
+            for mode in envs:
                 r = measure_embedded(n, mif, env=envs[mode])
                 runs[mode].append(r)
                 log(
-                    f"  {i + 1}/{repeat} traces {mode:>3}: loop {r['loop_it_s']:6,.0f} it/s,"
+                    f"  {i + 1}/{repeat} traces {mode:>6}: loop {r['loop_it_s']:6,.0f} it/s,"
                     f" run {r['run_it_s']:6,.0f} it/s, CPU {r['process_cpu_s']:.2f}s"
                     f" (load {_load()})"
                 )
@@ -877,17 +883,22 @@ def traces(args: argparse.Namespace, log: Any) -> dict[str, Any]:
             "runs": rows,
             "loop_it_s": _median(rows, "loop_it_s"),
             "run_it_s": _median(rows, "run_it_s"),
-            "otel_imported": any(r["otel_imported"] for r in rows),
+            "process_cpu_s": _median(rows, "process_cpu_s"),
+            "otel_imported": any(r.get("otel_imported", False) for r in rows),
         }
     report["ratio_run"] = report["on"]["run_it_s"] / report["off"]["run_it_s"]
     log(f"traces, N={n:,}, max_in_flight={mif}, medians of {repeat} interleaved runs:")
-    for mode in ("off", "on"):
+    for mode in envs:
         r = report[mode]
         log(
-            f"  {mode:>3}: loop {r['loop_it_s']:6,.0f} it/s, whole run {r['run_it_s']:6,.0f} it/s,"
+            f"  {mode:>6}: loop {r['loop_it_s']:6,.0f} it/s, whole run {r['run_it_s']:6,.0f} it/s,"
+            f" CPU {r['process_cpu_s']:.2f}s,"
             f" OpenTelemetry imported: {'yes' if r['otel_imported'] else 'no'}"
         )
     log(f"  on / off (whole run): {report['ratio_run']:.2f}")
+    if "before" in report:
+        report["ratio_off_before"] = report["off"]["run_it_s"] / report["before"]["run_it_s"]
+        log(f"  off / before traces (whole run): {report['ratio_off_before']:.2f}")
     return report
 
 
@@ -1014,6 +1025,9 @@ def main() -> None:
         "--traces",
         action="store_true",
         help="flowtide only: traces off (no endpoint) vs on (a loopback sink), interleaved",
+    )
+    parser.add_argument(
+        "--base-src", help="with --traces: also run the flowtide package under this folder"
     )
     parser.add_argument("--child", choices=["embedded"], help=argparse.SUPPRESS)
     parser.add_argument("--child-isolation", choices=["thread", "process"], help=argparse.SUPPRESS)

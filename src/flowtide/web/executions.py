@@ -101,7 +101,8 @@ async def execute(body: ExecuteRequest, request: Request, who: Caller, reads: Re
     """Start an execution of a catalog playbook (path/version or catalog_id) or of an
     inline playbook, with `payload` as workload overrides. A worker may start only
     sub-playbooks of the commands it holds, on its own pool. A sub-playbook starts on its
-    parent's shard (its cancel cascade and the parent's checks stay in one database)."""
+    parent's shard (its cancel cascade and the parent's checks stay in one database).
+    With traces on, a W3C `traceparent` header makes the run part of that trace."""
     answered = await reads.admit(body, who, request)
     if answered is not None:
         return answered  # type: ignore[return-value]  # the owning shard's reply

@@ -5,6 +5,7 @@
     .venv/bin/python bench/loop.py --scaling [--scaling-n 10000 100000]
     .venv/bin/python bench/loop.py --profile [--profile-n 10000] [--profile-out DIR]
     .venv/bin/python bench/loop.py --isolation [--n 4000] [--repeat 5]
+    .venv/bin/python bench/loop.py --traces [--n 4000] [--repeat 5] [--base-src DIR]
 
 The work is the same on both sides: N tiny iterations, `{"i": item, "sq": item * item}`.
 
@@ -34,6 +35,15 @@ Every measurement runs in its own subprocess so peak RSS (ru_maxrss) does not mi
 process, thread, process, ...), and prints both medians and their ratio. The child pool is
 started before the run (max_in_flight + 1 children, timed apart as "prestart"), so the
 loop figure is the steady-state cost of isolation, not the one-off process starts.
+
+`--traces` (flowtide only) runs the same loop with traces off (no OTLP endpoint: the
+default) and on (FLOWTIDE_OTEL_ENDPOINT at a loopback sink that accepts every export),
+interleaved, and prints both medians, their ratio and whether the run without an
+endpoint imported anything of OpenTelemetry (it must not: off costs nothing). With
+`--base-src DIR` (e.g. `git archive COMMIT src | tar -x -C DIR`, then DIR/src), a third
+interleaved mode runs the code before traces existed, to compare "off" with it. Each
+mode's median CPU seconds are printed too: on a loaded machine they vary less than
+throughput.
 """
 
 from __future__ import annotations
@@ -264,6 +274,7 @@ def child_embedded(
         "run_s": timings["run_s"],
         "rss_before_run_mb": timings["rss_before_mb"],
         "peak_rss_mb": peak,
+        "otel_imported": any(m.startswith("opentelemetry") for m in sys.modules),
         **span,
     }
     if profile:
@@ -337,7 +348,9 @@ def run_measured(
         )
 
 
-def measure_embedded(n: int, max_in_flight: int, isolation: str | None = None) -> dict[str, Any]:
+def measure_embedded(
+    n: int, max_in_flight: int, isolation: str | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -349,7 +362,7 @@ def measure_embedded(n: int, max_in_flight: int, isolation: str | None = None) -
         str(max_in_flight),
         *(["--child-isolation", isolation] if isolation else []),
     ]
-    code, out, err, wall, usage = run_measured(cmd)
+    code, out, err, wall, usage = run_measured(cmd, env=env)
     if code != 0:
         raise RuntimeError(f"embedded child failed ({code}):\n{err[-4000:]}")
     figures = json.loads(out.strip().splitlines()[-1])
@@ -824,6 +837,71 @@ def isolation(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     return report
 
 
+def _sink() -> tuple[str, Any]:
+    """An OTLP/HTTP endpoint on loopback that accepts (and drops) every export."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+def traces(args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    n, mif = args.n, args.max_in_flight
+    repeat = args.repeat or 5
+    url, server = _sink()
+    base = {k: v for k, v in os.environ.items() if "OTEL" not in k}
+    envs = {"off": base, "on": {**base, "FLOWTIDE_OTEL_ENDPOINT": url}}
+    if args.base_src:
+        envs["before"] = {**base, "PYTHONPATH": str(Path(args.base_src).resolve())}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in envs}
+    try:
+        for i in range(repeat):
+            for mode in envs:
+                r = measure_embedded(n, mif, env=envs[mode])
+                runs[mode].append(r)
+                log(
+                    f"  {i + 1}/{repeat} traces {mode:>6}: loop {r['loop_it_s']:6,.0f} it/s,"
+                    f" run {r['run_it_s']:6,.0f} it/s, CPU {r['process_cpu_s']:.2f}s"
+                    f" (load {_load()})"
+                )
+    finally:
+        server.shutdown()
+    report: dict[str, Any] = {"n": n, "max_in_flight": mif, "repeat": repeat}
+    for mode, rows in runs.items():
+        report[mode] = {
+            "runs": rows,
+            "loop_it_s": _median(rows, "loop_it_s"),
+            "run_it_s": _median(rows, "run_it_s"),
+            "process_cpu_s": _median(rows, "process_cpu_s"),
+            "otel_imported": any(r.get("otel_imported", False) for r in rows),
+        }
+    report["ratio_run"] = report["on"]["run_it_s"] / report["off"]["run_it_s"]
+    log(f"traces, N={n:,}, max_in_flight={mif}, medians of {repeat} interleaved runs:")
+    for mode in envs:
+        r = report[mode]
+        log(
+            f"  {mode:>6}: loop {r['loop_it_s']:6,.0f} it/s, whole run {r['run_it_s']:6,.0f} it/s,"
+            f" CPU {r['process_cpu_s']:.2f}s,"
+            f" OpenTelemetry imported: {'yes' if r['otel_imported'] else 'no'}"
+        )
+    log(f"  on / off (whole run): {report['ratio_run']:.2f}")
+    if "before" in report:
+        report["ratio_off_before"] = report["off"]["run_it_s"] / report["before"]["run_it_s"]
+        log(f"  off / before traces (whole run): {report['ratio_off_before']:.2f}")
+    return report
+
+
 def _short(path: str) -> str:
     for marker in ("/site-packages/", "/src/", "/lib/python3."):
         if marker in path:
@@ -943,6 +1021,14 @@ def main() -> None:
         action="store_true",
         help="flowtide only: python steps in-process vs in child processes, interleaved",
     )
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="flowtide only: traces off (no endpoint) vs on (a loopback sink), interleaved",
+    )
+    parser.add_argument(
+        "--base-src", help="with --traces: also run the flowtide package under this folder"
+    )
     parser.add_argument("--child", choices=["embedded"], help=argparse.SUPPRESS)
     parser.add_argument("--child-isolation", choices=["thread", "process"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -968,9 +1054,11 @@ def main() -> None:
         report["scaling"] = scaling(args, log)
     if args.isolation:
         report["isolation"] = isolation(args, log)
+    if args.traces:
+        report["traces"] = traces(args, log)
     if args.profile:
         report["profile"] = profile(args, log)
-    if not args.scaling and not args.profile and not args.isolation:
+    if not args.scaling and not args.profile and not args.isolation and not args.traces:
         report["compare"] = compare(args, log)
     report["loadavg_after"] = os.getloadavg()
     log(f"load average after: {_load()}")

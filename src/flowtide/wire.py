@@ -17,6 +17,7 @@ travel between them, with their JSON round-trips.
       EXECUTE_PATH, CANCELLATION_CHECK_PATH, CHILD_RESULT_PATH
       EXECUTION_HEADER, SHARD_HEADER   which execution / shard a request is for (routing)
       FORWARDED_HEADER                 a request one server forwarded to another
+      TRACEPARENT_HEADER               the W3C trace context a sub-playbook starts under
 
 Both `flowtide.server` and `flowtide.worker` import this module; it imports neither (the
 engine's `Command` is the only flowtide type it carries). The server parses requests with
@@ -56,6 +57,7 @@ __all__ = [
     "RELEASE_PATH",
     "REPORTS_PATH",
     "SHARD_HEADER",
+    "TRACEPARENT_HEADER",
     "ClaimItem",
     "ClaimRefused",
     "ClaimReply",
@@ -125,6 +127,9 @@ SHARD_HEADER: Final = "X-Flowtide-Shard"
 #: Set by a server on a request it forwards to another shard's server (which answers it
 #: itself or refuses it with 421: a request is forwarded once at most).
 FORWARDED_HEADER: Final = "X-Flowtide-Forwarded"
+#: W3C trace context: a worker's sub-playbook starts under its command's span, as any
+#: `POST /api/execute` or webhook delivery carrying it does (flowtide.tracing).
+TRACEPARENT_HEADER: Final = "traceparent"
 CLAIM_PATH: Final = "/api/commands/claim"
 REPORTS_PATH: Final = "/api/events/reports"
 REGISTER_PATH: Final = "/api/worker/pool/register"
@@ -334,16 +339,21 @@ class ExecutionShare:
     revision: int = 0
     #: Only the revision and the flag were sent: the worker holds the rest.
     held: bool = False
+    #: The W3C traceparent the execution started under, with traces on (`flowtide.tracing`).
+    traceparent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         if self.held:
             return {"revision": str(self.revision), "held": True, "cancelled": self.cancelled}
-        return {
+        doc = {
             "playbook": {"text": self.playbook_text, "file": self.playbook_file},
             "context": self.context,
             "cancelled": self.cancelled,
             "revision": str(self.revision),
         }
+        if self.traceparent is not None:
+            doc["traceparent"] = self.traceparent
+        return doc
 
     def as_held(self) -> ExecutionShare:
         """This share as sent to a worker that holds its revision."""
@@ -356,7 +366,14 @@ class ExecutionShare:
         if doc.get("held"):
             return cls("", None, {}, cancelled, revision, held=True)
         playbook = doc["playbook"]
-        return cls(playbook["text"], playbook.get("file"), doc["context"], cancelled, revision)
+        return cls(
+            playbook["text"],
+            playbook.get("file"),
+            doc["context"],
+            cancelled,
+            revision,
+            traceparent=doc.get("traceparent"),
+        )
 
 
 class ShareCache:

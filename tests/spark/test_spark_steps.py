@@ -479,3 +479,39 @@ def test_progress_view_shows_the_running_spark_job(tmp_path: Path) -> None:
     screen = seen[0]
     assert "spark step" in screen and "crunch" in screen
     assert re.search(r"\d+/\d+", screen.split("spark step", 1)[1])  # tasks done/total
+
+
+def test_a_traced_spark_step_is_a_child_span_and_its_driver_gets_the_traceparent(
+    run_playbook: Runner,
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from flowtide import tracing
+    from flowtide.tracing.sdk import recorder_with
+
+    exporter = InMemorySpanExporter()
+    tracing._install(recorder_with(exporter))
+    try:
+        result = run_playbook(
+            """\
+            workflow:
+              - step: start
+                tool:
+                  kind: spark
+                  code: |
+                    def main(spark):
+                        seen = spark.sparkContext.getLocalProperty("flowtide.traceparent")
+                        return spark.createDataFrame([(seen,)], "seen string")
+            """
+        )
+    finally:
+        tracing._install(None)
+    assert result.doc["status"] == "completed", result.doc["error"]
+    [seen] = [row["seen"] for row in result.step("start")["result"]["preview"]]
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    spark, command = spans["spark"], spans["step start"]
+    assert spark.context is not None and command.context is not None
+    assert spark.parent is not None and spark.parent.span_id == command.context.span_id
+    # The driver's jobs carry the spark span's own traceparent.
+    assert seen == tracing.TraceContext(spark.context.trace_id, spark.context.span_id).header
+    assert (spark.attributes or {})["flowtide.step"] == "start"

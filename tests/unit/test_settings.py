@@ -76,6 +76,9 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_RESULT_STORE_S3": None,
     "FLOWTIDE_RESULT_STORE_GCS": None,
     "FLOWTIDE_TRACE": None,
+    # Traces (flowtide.tracing): flowtide's name, then the OpenTelemetry standard one.
+    "FLOWTIDE_OTEL_ENDPOINT": None,
+    "OTEL_EXPORTER_OTLP_ENDPOINT": None,
     "WORKER_ID": None,
     "FLOWTIDE_MAX_RESULT_BYTES": 4 * 1024 * 1024,
     "FLOWTIDE_MAX_STORED_RESULT_BYTES": 512 * 1024 * 1024,
@@ -99,8 +102,8 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_SQL_STRICT": False,
 }
 
-#: Variables older than the tree whose names do not follow its rule.
-HISTORIC = {"WORKER_ID"}
+#: Variables whose names do not follow the tree's rule: older than it, or a standard's.
+HISTORIC = {"WORKER_ID", "OTEL_EXPORTER_OTLP_ENDPOINT"}
 
 
 def _all() -> list[tuple[str, str, Any, str]]:

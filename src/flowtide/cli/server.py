@@ -473,6 +473,9 @@ def worker_cmd(
         from flowtide.tools.registry import cancel_running
 
         cancel_running(None)
+        from flowtide import tracing
+
+        tracing.flush()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_OK)

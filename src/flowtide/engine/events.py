@@ -85,6 +85,9 @@ class InitializedPayload(TypedDict):
     #: What the trigger that started it adds to the playbook's own `notify:` (a
     #: schedule's targets, as `NotifyTarget.to_json`); absent when nothing.
     notify: NotRequired[list[dict[str, Any]]]
+    #: The W3C traceparent it was started under (a request's, a parent's command), kept
+    #: when traces are on: its spans join that trace (`flowtide.tracing`).
+    traceparent: NotRequired[str]
 
 
 class StepExitPayload(TypedDict):

@@ -88,6 +88,7 @@ def initialized_event(
     parent_command_id: int | None = None,
     pool: str | None = None,
     notify: Sequence[dict[str, Any]] = (),
+    traceparent: str | None = None,
 ) -> Event:
     """The `playbook.initialized` event that starts an execution (with the workers'
     `pool` that runs its commands, when there is one: the server's executions; and the
@@ -107,6 +108,8 @@ def initialized_event(
         payload["pool"] = pool
     if notify:
         payload["notify"] = [dict(target) for target in notify]
+    if traceparent is not None:
+        payload["traceparent"] = traceparent
     return Event(
         event_id=event_id,
         execution_id=execution_id,
@@ -190,11 +193,13 @@ def start_execution(
     pool: str | None = None,
     execution_id: int | None = None,
     notify: Sequence[dict[str, Any]] = (),
+    traceparent: str | None = None,
 ) -> Start:
     """A new execution of `playbook` with the workload `overrides`: ids from `next_id`
     (the execution's first, unless `execution_id` is given: a sharded server picks one
     its own shard owns), `inherited` the parent's secret set, `pool` the workers'
-    pool that runs its commands (recorded in `playbook.initialized`; none embedded).
+    pool that runs its commands (recorded in `playbook.initialized`; none embedded),
+    `traceparent` the W3C trace context it starts under (recorded there too).
 
     Raises:
         TemplateError: the workload does not render.
@@ -212,6 +217,7 @@ def start_execution(
         parent_command_id=parent_command_id,
         pool=pool,
         notify=notify,
+        traceparent=traceparent,
     )
     events = [first]
     if inherited and parent_execution_id is not None:

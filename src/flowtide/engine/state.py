@@ -119,6 +119,9 @@ class ExecutionState:
         self.parent_command_id: int | None = None
         #: Notify targets its trigger added to the playbook's (`NotifyTarget.to_json`).
         self.trigger_notify: tuple[dict[str, Any], ...] = ()
+        #: The W3C traceparent it started under (`flowtide.tracing`), and when it started.
+        self.traceparent: str | None = None
+        self.started_at: float | None = None
         #: The deadlines recorded as missed (`timeout`, `sla`): each is recorded once.
         self.deadlines_missed: frozenset[str] = frozenset()
         self.last_event_id: int = 0
@@ -199,6 +202,8 @@ class ExecutionState:
         self.parent_execution_id = payload.get("parent_execution_id")
         self.parent_command_id = payload.get("parent_command_id")
         self.trigger_notify = tuple(payload.get("notify") or ())
+        self.traceparent = payload.get("traceparent")
+        self.started_at = event.time
         self.status = "running"
         self._touch()
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from flowtide import tracing
 from flowtide.engine import events as ev
 from flowtide.engine.events import (
     CallPayload,
@@ -35,33 +36,69 @@ def run_command(
     element: Any = None,
     credentials: Any = None,
     cancelled: Callable[[], bool] | None = None,
+    traceparent: str | None = None,
 ) -> list[Event]:
     """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
     when it is an iteration) against the execution's context `base` and `ctx`; the
     events to report, ids from `next_id`. A runtime bug becomes a failed command, never
     a lost one. `credentials`: the command's resolver (default: the runner's own).
+    With traces on, the command is a span of its execution's trace (`traceparent`: what
+    the execution started under), current while its tools run.
     """
+    if not tracing.enabled:
+        outcome = _outcome(runner, command, base, ctx, iterator, element, credentials, cancelled)
+        return outcome_events(command, outcome, next_id, worker_id)
+    span = tracing.command_context(
+        command.execution_id, command.command_id, command.attempt, traceparent
+    )
+    with tracing.use(span.header):
+        outcome = _outcome(runner, command, base, ctx, iterator, element, credentials, cancelled)
+    events = outcome_events(command, outcome, next_id, worker_id)
+    tracing.record_command(
+        execution_id=command.execution_id,
+        command_id=command.command_id,
+        attempt=command.attempt,
+        step=command.step,
+        worker_id=worker_id,
+        traceparent=traceparent,
+        started=outcome.started or events[0].time,
+        ended=events[-1].time,
+        status=outcome.status,
+        error_kind=(outcome.error or {}).get("kind") if outcome.status == "error" else None,
+        loop_index=command.loop_index,
+    )
+    return events
+
+
+def _outcome(
+    runner: StepRunner,
+    command: Command,
+    base: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    iterator: str | None,
+    element: Any,
+    credentials: Any,
+    cancelled: Callable[[], bool] | None,
+) -> Outcome:
     step = runner.playbook.steps[command.step]
     try:
         if command.extra.get("cursor"):
-            outcome = runner.claim(
+            return runner.claim(
                 step, base, ctx, execution_id=command.execution_id, credentials=credentials
             )
-        else:
-            outcome = runner.run(
-                step,
-                base,
-                ctx,
-                execution_id=command.execution_id,
-                credentials=credentials,
-                iterator=iterator,
-                element=element,
-                index=command.loop_index,
-                cancelled=cancelled,
-            )
+        return runner.run(
+            step,
+            base,
+            ctx,
+            execution_id=command.execution_id,
+            credentials=credentials,
+            iterator=iterator,
+            element=element,
+            index=command.loop_index,
+            cancelled=cancelled,
+        )
     except Exception as exc:  # noqa: BLE001 - report, never lose a command
-        outcome = crashed(exc)
-    return outcome_events(command, outcome, next_id, worker_id)
+        return crashed(exc)
 
 
 def outcome_events(

@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowtide import tracing
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.start import start_execution
 from flowtide.engine.state import ExecutionState, fold
-from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
+from flowtide.errors import FlowtideError, NotFoundError, TemplateError, ToolError
 from flowtide.home import find_home
 from flowtide.ids import Snowflake
 from flowtide.loopstate import LoopState
-from flowtide.playbook.loader import load_playbook, parse_playbook
+from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.playbook.template import visible_env
 from flowtide.redaction import remember
@@ -38,6 +39,8 @@ from flowtide.runtime.command import run_command
 from flowtide.runtime.deadlines import arm_deadlines
 from flowtide.runtime.notifying import LocalNotifier
 from flowtide.runtime.pipeline import StepRunner
+from flowtide.runtime.playbooks import playbook_file
+from flowtide.runtime.spans import execution_ended
 from flowtide.runtime.threads import WorkerPool
 from flowtide.settings import LimitsSection, current
 from flowtide.store.base import ExecutionUpdate, Store
@@ -122,6 +125,7 @@ class LocalRuntime:
     async def __aenter__(self) -> LocalRuntime:
         self._loop = asyncio.get_running_loop()
         self._inbox = asyncio.Queue()
+        tracing.start("embedded")
         if self.kv is None:
             from flowtide.kv import connect
 
@@ -171,9 +175,11 @@ class LocalRuntime:
         parent_command_id: int | None = None,
         firing: Firing | None = None,
         notify: Sequence[dict[str, Any]] = (),
+        traceparent: str | None = None,
     ) -> int:
         """Create an execution of `playbook` and start it. Returns its execution_id.
-        `firing` (a trigger's) is recorded with it.
+        `firing` (a trigger's) is recorded with it; with traces on, the execution's trace
+        is `traceparent`'s when one is given.
 
         Raises:
             TemplateError: the workload does not render.
@@ -191,6 +197,7 @@ class LocalRuntime:
             parent_command_id=parent_command_id,
             inherited=parent.secrets if parent is not None else frozenset(),
             notify=notify,
+            traceparent=traceparent if tracing.enabled else None,
         )
         if self.locks is not None:
             self.locks.acquire(start.execution_id)
@@ -438,6 +445,7 @@ class LocalRuntime:
                 cancel_running(execution_id)
             for timer in execution.timers:
                 timer.cancel()
+            execution_ended(execution.state, time.time())
             # Clean up before waking waiters: a caller that closes the runtime as soon as
             # `wait` returns would cancel a cleanup still waiting on a remote KV.
             if self.loopstate is not None:
@@ -491,6 +499,7 @@ class LocalRuntime:
             iterator=iterator,
             element=element,
             cancelled=execution.cancelled.is_set,
+            traceparent=execution.state.traceparent,
         )
         self._post_threadsafe(events)
 
@@ -509,30 +518,9 @@ class LocalRuntime:
             return parse_playbook(row.text, row.source_file), row.version
         except NotFoundError:
             pass
-        candidates: list[Path] = []
-        direct = Path(path)
-        for suffix in ("", ".yaml", ".yml"):
-            p = Path(str(direct) + suffix)
-            if p.is_file():
-                candidates.append(p)
-        if base_dir is not None:
-            leaf = path.rstrip("/").rsplit("/", 1)[-1]
-            for suffix in (".yaml", ".yml"):
-                p = base_dir / f"{leaf}{suffix}"
-                if p.is_file():
-                    candidates.append(p)
-            candidates.extend(sorted(base_dir.rglob("*.y*ml"))[:500])
-        seen: set[Path] = set()
-        for candidate in candidates:
-            if candidate in seen:
-                continue
-            seen.add(candidate)
-            try:
-                playbook = load_playbook(candidate)
-            except PlaybookError:
-                continue
-            if playbook.path == path or candidate == direct or str(candidate) == path:
-                return playbook, None
+        found = playbook_file(path, base_dir)
+        if found is not None:
+            return found, None
         raise NotFoundError(
             f"no playbook with path '{path}' in the catalog"
             + (f" or under {base_dir}" if base_dir else "")
@@ -549,8 +537,11 @@ class LocalRuntime:
         base_dir: Path,
     ) -> Any:
         assert self._loop is not None
+        # The command running in this thread is the child's parent span.
+        under = tracing.current()
         future = asyncio.run_coroutine_threadsafe(
-            self._run_child(path, workload, return_step, parent_execution_id, base_dir), self._loop
+            self._run_child(path, workload, return_step, parent_execution_id, base_dir, under),
+            self._loop,
         )
         return future.result()
 
@@ -561,6 +552,7 @@ class LocalRuntime:
         return_step: str | None,
         parent_execution_id: int,
         base_dir: Path,
+        traceparent: str | None = None,
     ) -> Any:
         try:
             playbook, version = self.resolve_playbook(path, base_dir)
@@ -578,6 +570,7 @@ class LocalRuntime:
                 workload=workload,
                 catalog_version=version,
                 parent_execution_id=parent_execution_id,
+                traceparent=traceparent,
             )
         except (TemplateError, FlowtideError) as exc:
             raise ToolError(f"sub-playbook '{path}': {exc}", kind="playbook_error") from exc

@@ -190,7 +190,12 @@ class Claims:
             cancelled = got.stopping or snap.status in ("cancelling", "cancelled")
             if shared is None:
                 batch.executions[item.execution_id] = ExecutionShare(
-                    snap.playbook.text, snap.playbook.file, snap.parts, cancelled, snap.revision
+                    snap.playbook.text,
+                    snap.playbook.file,
+                    snap.parts,
+                    cancelled,
+                    snap.revision,
+                    traceparent=snap.traceparent,
                 )
             elif cancelled:
                 shared.cancelled = True

@@ -185,10 +185,11 @@ class Coordinator:
         pool: str = "default",
         firing: Firing | None = None,
         notify: Sequence[dict[str, Any]] = (),
+        traceparent: str | None = None,
     ) -> int:
         """Create an execution and take its first engine step in one transaction;
         `firing` (a trigger's) is recorded in it (AlreadyFired: it fired before, nothing
-        is written)."""
+        is written); `traceparent`: the W3C trace context it starts under."""
         inherited: frozenset[str] = frozenset()
         if parent_execution_id is not None:
             # A sub-playbook's workload comes from its parent's data: it is sealed (and
@@ -207,6 +208,7 @@ class Coordinator:
             inherited=inherited,
             pool=pool,
             notify=notify,
+            traceparent=traceparent,
         )
         execution_id = start.execution_id
         insert = self.store.execution_insert(execution_id, **start.columns(), firing=firing)

@@ -160,6 +160,7 @@ class ServerReads:
         pool: str = "default",
         firing: Firing | None = None,
         notify: Sequence[dict[str, Any]] = (),
+        traceparent: str | None = None,
     ) -> int:
         return await self.coordinator.execute(
             playbook,
@@ -170,6 +171,7 @@ class ServerReads:
             pool=pool,
             firing=firing,
             notify=notify,
+            traceparent=traceparent,
         )
 
     async def start_many(self, runs: Sequence[TriggeredRun]) -> list[int | FlowtideError]:

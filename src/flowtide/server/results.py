@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from flowtide.engine.state import ExecutionState
 from flowtide.runtime.advance import Advance
 from flowtide.server.claims import Taken
 from flowtide.store.pg.outbox import OutboxRow
@@ -69,3 +70,5 @@ class After(NamedTuple):
     out: Advance
     #: The outbox rows to publish now (when the server publishes them itself).
     notices: list[OutboxRow]
+    #: The state of an execution the step ended, with traces on (its span is recorded).
+    ended: ExecutionState | None = None

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import Response
 
-from flowtide import topology, trace
+from flowtide import topology, trace, tracing
 from flowtide.auth.oidc import JwtVerifier
 from flowtide.errors import AuthError
 from flowtide.ids import default_generator
@@ -106,6 +106,7 @@ class Runtime:
         # Secrets this process meets (executions' secret sets) are masked in its logs.
         install_log_masking()
         trace.start("server")
+        tracing.start("server")
         # Which database is this process's: its shard's, and the cluster database
         # (flowtide.topology: a shard list, the cluster database's shard map, or --db).
         self.topology = await asyncio.to_thread(

@@ -152,6 +152,8 @@ class Snapshot:
     loops: dict[tuple[str, int], LoopRecord]
     #: `ExecutionState.context_rev` of `parts`.
     revision: int = 0
+    #: What the execution started under (`flowtide.tracing`).
+    traceparent: str | None = None
 
     @classmethod
     def of(cls, state: ExecutionState) -> Snapshot:
@@ -162,6 +164,7 @@ class Snapshot:
             dict(state.commands),
             dict(state.loops),
             state.context_rev,
+            state.traceparent,
         )
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flowtide import trace
+from flowtide import trace, tracing
 from flowtide.documents.summary import SUMMARY_FORMAT, kept_part
 from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
@@ -41,6 +41,7 @@ from flowtide.loopstate import LoopState
 from flowtide.notify.owed import owed
 from flowtide.playbook.notify import NotifyTarget
 from flowtide.runtime.advance import Advance, Advancer
+from flowtide.runtime.spans import execution_ended
 from flowtide.server import metrics
 from flowtide.server.claims import Taken
 from flowtide.server.creations import Creations
@@ -234,7 +235,8 @@ class Stepper(GroupCommit, Creations):
                     if held:
                         await asyncio.to_thread(self._give_back, pool, held[0])
         self.cache.remember(execution_id, cached)
-        return results, After(execution_id, cached.pool, results, out, notices)
+        ended = cached.state if tracing.enabled and out.finished else None
+        return results, After(execution_id, cached.pool, results, out, notices, ended)
 
     @staticmethod
     def _give_back(pool: Any, conn: psycopg.Connection) -> None:
@@ -581,6 +583,8 @@ class Stepper(GroupCommit, Creations):
             self.on_outbox()
         if after.out.finished and self.loopstate is not None:
             await self.loopstate.cleanup(after.execution_id)
+        if after.ended is not None:
+            execution_ended(after.ended, time.time())
 
 
 def _summary_text(state: ExecutionState) -> str | None:

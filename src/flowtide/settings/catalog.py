@@ -331,6 +331,20 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "home.otel_endpoint": Entry(
+        "FLOWTIDE_OTEL_ENDPOINT",
+        None,
+        "OTLP/HTTP endpoint that receives traces (http://HOST:4318); none: no traces.",
+        None,
+        None,
+    ),
+    "home.otlp_endpoint": Entry(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        None,
+        "The OpenTelemetry standard endpoint, used when FLOWTIDE_OTEL_ENDPOINT is unset.",
+        None,
+        None,
+    ),
     "home.worker_id": Entry(
         "WORKER_ID",
         None,

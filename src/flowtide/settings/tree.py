@@ -290,6 +290,15 @@ class HomeSection(BaseSettings):
     trace: str | None = setting(
         None, "Folder where each process writes its per-command trace marks (benchmarks)."
     )
+    otel_endpoint: str | None = setting(
+        None,
+        "OTLP/HTTP endpoint that receives traces (http://HOST:4318); none: no traces.",
+    )
+    otlp_endpoint: str | None = setting(
+        None,
+        "The OpenTelemetry standard endpoint, used when FLOWTIDE_OTEL_ENDPOINT is unset.",
+        env="OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
     worker_id: str | None = setting(
         None,
         "Name from which the process's snowflake machine id is hashed (default: HOST:PID).",

@@ -19,7 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SparkRun", "begin", "cancel_all", "cancel_execution", "end", "snapshot"]
+__all__ = [
+    "TRACEPARENT_PROPERTY",
+    "TRACEPARENT_TAG",
+    "SparkRun",
+    "begin",
+    "cancel_all",
+    "cancel_execution",
+    "end",
+    "snapshot",
+]
 
 _POLL_SECONDS = 0.2
 _SNAPSHOT_TTL = 0.25
@@ -41,7 +50,14 @@ class SparkRun:
     stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (done, total)
     stages_done: set[int] = field(default_factory=set)
     inflight: int = 0
+    #: The W3C traceparent of the run's span (flowtide.tracing), handed to the driver.
+    traceparent: str | None = None
 
+
+#: The classic driver's local property, and the prefix of the Connect operation tag, that
+#: carry a run's traceparent to Spark (listeners and plugins on the driver may read it).
+TRACEPARENT_PROPERTY = "flowtide.traceparent"
+TRACEPARENT_TAG = "flowtide-traceparent-"
 
 _lock = threading.Lock()
 _runs: dict[str, SparkRun] = {}
@@ -55,10 +71,14 @@ def begin(run: SparkRun) -> None:
     global _monitor
     if run.connect:
         run.session.addTag(run.tag)
+        if run.traceparent:
+            run.session.addTag(TRACEPARENT_TAG + run.traceparent)
         run.session.registerProgressHandler(_on_progress)
     else:
         sc = run.session.sparkContext
         sc.setJobGroup(run.tag, f"flowtide {run.execution_id} {run.step}", interruptOnCancel=True)
+        if run.traceparent:
+            sc.setLocalProperty(TRACEPARENT_PROPERTY, run.traceparent)
     _current.run = run
     with _lock:
         _runs[run.tag] = run
@@ -77,6 +97,8 @@ def end(run: SparkRun) -> list[Any]:
     if run.connect:
         try:
             run.session.removeTag(run.tag)
+            if run.traceparent:
+                run.session.removeTag(TRACEPARENT_TAG + run.traceparent)
         except Exception:
             pass
         return list(dict.fromkeys(run.operations))
@@ -84,6 +106,8 @@ def end(run: SparkRun) -> list[Any]:
         sc = run.session.sparkContext
         jobs = sorted(int(j) for j in sc.statusTracker().getJobIdsForGroup(run.tag))
         sc.setLocalProperty("spark.jobGroup.id", None)
+        if run.traceparent:
+            sc.setLocalProperty(TRACEPARENT_PROPERTY, None)
         return jobs
     except Exception:
         return []

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from flowtide import tracing
 from flowtide.errors import ToolError
 from flowtide.tools.base import ToolContext
 
@@ -212,6 +213,14 @@ class SparkTool:
                 "cancelled", "python_error" (from `code`).
         """
         _check_config(config)
+        # With traces on, the Spark work is a span under the command's, and its
+        # traceparent goes to the driver with the run (flowtide.spark.activity).
+        with tracing.span("spark", {"flowtide.step": ctx.step}) as traceparent:
+            return self._run(config, ctx, traceparent)
+
+    def _run(
+        self, config: dict[str, Any], ctx: ToolContext, traceparent: str | None
+    ) -> dict[str, Any]:
         from flowtide.spark import activity
         from flowtide.spark.datasets import empty_reference, load_input, reference, write
         from flowtide.spark.session import resolve_settings, sessions
@@ -240,6 +249,7 @@ class SparkTool:
                     connect=settings.connect,
                     cancelled=ctx.cancelled,
                     deadline=(time.monotonic() + timeout) if timeout else None,
+                    traceparent=traceparent,
                 )
                 activity.begin(run)
                 try:

@@ -147,6 +147,7 @@ class LocalReads:
         pool: str = "default",
         firing: Firing | None = None,
         notify: Sequence[dict[str, Any]] = (),
+        traceparent: str | None = None,
     ) -> int:
         """In this process (`pool` names a server's workers: nothing here)."""
         return await self._live().start(
@@ -155,6 +156,7 @@ class LocalReads:
             catalog_version=catalog_version,
             firing=firing,
             notify=notify,
+            traceparent=traceparent,
         )
 
     async def cancel(self, execution_id: int, reason: str) -> str:

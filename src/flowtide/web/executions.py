@@ -20,6 +20,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from typing_extensions import TypedDict
 
+from flowtide import tracing
 from flowtide.auth.principal import Principal
 from flowtide.documents.events import (
     SSE_KEEPALIVE,
@@ -53,7 +54,7 @@ from flowtide.web.fields import INT64_MAX, IdPath, Text
 from flowtide.web.problems import RequestError, problem_responses
 from flowtide.web.queries import events_query, list_query
 from flowtide.web.reads import EventFeed, ExecutionReads, ResumableReads, reads_of
-from flowtide.wire import EXECUTE_PATH
+from flowtide.wire import EXECUTE_PATH, TRACEPARENT_HEADER
 
 __all__ = ["STREAM_KEEPALIVE", "STREAM_POLL", "resume_router", "router", "sse_stream"]
 
@@ -100,7 +101,8 @@ async def execute(body: ExecuteRequest, request: Request, who: Caller, reads: Re
     """Start an execution of a catalog playbook (path/version or catalog_id) or of an
     inline playbook, with `payload` as workload overrides. A worker may start only
     sub-playbooks of the commands it holds, on its own pool. A sub-playbook starts on its
-    parent's shard (its cancel cascade and the parent's checks stay in one database)."""
+    parent's shard (its cancel cascade and the parent's checks stay in one database).
+    With traces on, a W3C `traceparent` header makes the run part of that trace."""
     answered = await reads.admit(body, who, request)
     if answered is not None:
         return answered  # type: ignore[return-value]  # the owning shard's reply
@@ -117,6 +119,7 @@ async def execute(body: ExecuteRequest, request: Request, who: Caller, reads: Re
             parent_execution_id=body.parent_execution_id,
             parent_command_id=body.parent_command_id,
             pool=body.pool,
+            traceparent=tracing.incoming(request.headers.get(TRACEPARENT_HEADER)),
         )
     except (PlaybookError, TemplateError) as exc:
         raise RequestError(400, str(exc), field="playbook") from None

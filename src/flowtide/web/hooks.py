@@ -45,6 +45,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from flowtide import tracing
 from flowtide.errors import (
     AlreadyFired,
     CredentialError,
@@ -68,6 +69,7 @@ from flowtide.triggers.hooks import (
 from flowtide.web.fields import INT32_MAX, RequestBody
 from flowtide.web.problems import RequestError, error_response, problem_responses
 from flowtide.web.reads import ExecutionReads, reads_of
+from flowtide.wire import TRACEPARENT_HEADER
 
 if TYPE_CHECKING:
     from flowtide.playbook.model import Playbook
@@ -482,7 +484,11 @@ async def deliver(name: HookName, request: Request, reads: Reads, desk: Desk) ->
     firing = Firing(trigger_id=hook.row.trigger_id, kind=HOOK, name=name, key=key)
     try:
         execution_id = await reads.start(
-            playbook, workload=workload, catalog_version=version, firing=firing
+            playbook,
+            workload=workload,
+            catalog_version=version,
+            firing=firing,
+            traceparent=tracing.incoming(headers.get(TRACEPARENT_HEADER)),
         )
     except AlreadyFired as exc:  # the same delivery, raced here by another request
         return _duplicate(exc.execution_id, delivery)

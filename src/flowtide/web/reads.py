@@ -120,9 +120,11 @@ class ExecutionReads(Protocol):
         pool: str = "default",
         firing: Firing | None = None,
         notify: Sequence[dict[str, Any]] = (),
+        traceparent: str | None = None,
     ) -> int:
-        """Start an execution of `playbook`; its id. Raises PlaybookError,
-        TemplateError, ExecutionFinished (a parent that is ending)."""
+        """Start an execution of `playbook` (under the W3C trace context `traceparent`,
+        with traces on); its id. Raises PlaybookError, TemplateError, ExecutionFinished
+        (a parent that is ending)."""
         ...
 
     async def cancel(self, execution_id: int, reason: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from flowtide import tracing
 from flowtide.engine.events import Event
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
@@ -27,6 +28,7 @@ from flowtide.wire import (
     CREDENTIALS_PATH,
     EXECUTE_PATH,
     EXECUTION_HEADER,
+    TRACEPARENT_HEADER,
     Claimed,
     ExecutionShare,
 )
@@ -188,6 +190,7 @@ class CommandRunner:
             element=claimed.element,
             credentials=credentials,
             cancelled=lambda: self.cancelled(command.execution_id),
+            traceparent=share.traceparent,
         )
 
     def run_child(
@@ -202,6 +205,12 @@ class CommandRunner:
         """A `playbook` step: start the child through the API and wait for it."""
         from flowtide.errors import ToolError
 
+        # A gateway sends it to the parent's shard, whose servers hold the command; the
+        # command running in this thread is the child's parent span.
+        headers = {EXECUTION_HEADER: str(parent_execution_id)}
+        under = tracing.current()
+        if under is not None:
+            headers[TRACEPARENT_HEADER] = under
         r = self.client.post(
             EXECUTE_PATH,
             json={
@@ -210,8 +219,7 @@ class CommandRunner:
                 "pool": self.pool,
                 "parent_execution_id": parent_execution_id,
             },
-            # A gateway sends it to the parent's shard, whose servers hold the command.
-            headers={EXECUTION_HEADER: str(parent_execution_id)},
+            headers=headers,
         )
         if r.status_code >= 400:
             message = r.json().get("error", {}).get("message", r.text)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from flowtide import trace
+from flowtide import trace, tracing
 from flowtide.errors import ServerError
 from flowtide.home import find_home
 from flowtide.ids import default_generator, lease_margin
@@ -166,6 +166,7 @@ class Worker:
         # Values the steps' tools touch are masked in this process's logs.
         install_log_masking()
         trace.start("worker")
+        tracing.start("worker")
         # The files in-process tools may use, for this process (see flowtide.tools.files).
         configure_files(self.files)
         # Before it registers: a worker whose python steps cannot start takes no command.

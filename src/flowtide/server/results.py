@@ -10,11 +10,12 @@ from typing import Any, NamedTuple
 
 from flowtide.engine.state import ExecutionState
 from flowtide.runtime.advance import Advance
+from flowtide.server import metrics
 from flowtide.server.claims import Taken
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.wire import ClaimItem
 
-__all__ = ["After", "Handed", "SubmitResult", "Taker"]
+__all__ = ["After", "Handed", "SubmitResult", "Taker", "count_step"]
 
 
 class Taker(NamedTuple):
@@ -72,3 +73,21 @@ class After(NamedTuple):
     notices: list[OutboxRow]
     #: The state of an execution the step ended, with traces on (its span is recorded).
     ended: ExecutionState | None = None
+
+
+def count_step(pool: str, results: list[SubmitResult], out: Advance) -> None:
+    """Count what a committed step wrote (counting before the commit would count steps
+    that roll back)."""
+    if out.commands:
+        metrics.COMMANDS_ISSUED.labels(pool).inc(len(out.commands))
+    reissued = sum(r.reissued for r in results)
+    if reissued:
+        metrics.COMMANDS_REISSUED.labels(pool).inc(reissued)
+    stale = sum(r.stale for r in results)
+    if stale:
+        metrics.REPORTS_STALE.labels(pool).inc(stale)
+    for row in out.command_rows:
+        if row.status == "completed":
+            metrics.COMMANDS_COMPLETED.labels(pool).inc()
+        elif row.status == "failed":
+            metrics.COMMANDS_FAILED.labels(pool).inc()

@@ -42,13 +42,12 @@ from flowtide.notify.owed import owed
 from flowtide.playbook.notify import NotifyTarget
 from flowtide.runtime.advance import Advance, Advancer
 from flowtide.runtime.spans import execution_ended
-from flowtide.server import metrics
 from flowtide.server.claims import Taken
 from flowtide.server.creations import Creations
 from flowtide.server.group_commit import GroupCommit
 from flowtide.server.leases import reissue_events
 from flowtide.server.outbox import OUTBOX_HOLD
-from flowtide.server.results import After, Handed, SubmitResult, Taker
+from flowtide.server.results import After, Handed, SubmitResult, Taker, count_step
 from flowtide.server.stale import disjoint_events, drop_stale, reported_commands, settle
 from flowtide.server.statecache import CachedState, StateCache, apply_logged
 from flowtide.store import pg
@@ -568,7 +567,7 @@ class Stepper(GroupCommit, Creations):
         """What follows a committed step, outside the lock."""
         if trace.enabled:
             trace.marks([c.command_id for c in after.out.commands], "issued")
-        _count(after.pool, after.results, after.out)
+        count_step(after.pool, after.results, after.out)
         if self.publish is not None:
             # This process publishes what it commits (the commands claimed for reporting
             # workers have nothing to publish): no relay pass.
@@ -595,21 +594,3 @@ def _summary_text(state: ExecutionState) -> str | None:
     except StoreError as exc:
         log.warning("execution %s: summary not kept: %s", state.execution_id, exc)
         return None
-
-
-def _count(pool: str, results: list[SubmitResult], out: Advance) -> None:
-    """Count what a committed step wrote (counting before the commit would count steps
-    that roll back)."""
-    if out.commands:
-        metrics.COMMANDS_ISSUED.labels(pool).inc(len(out.commands))
-    reissued = sum(r.reissued for r in results)
-    if reissued:
-        metrics.COMMANDS_REISSUED.labels(pool).inc(reissued)
-    stale = sum(r.stale for r in results)
-    if stale:
-        metrics.REPORTS_STALE.labels(pool).inc(stale)
-    for row in out.command_rows:
-        if row.status == "completed":
-            metrics.COMMANDS_COMPLETED.labels(pool).inc()
-        elif row.status == "failed":
-            metrics.COMMANDS_FAILED.labels(pool).inc()

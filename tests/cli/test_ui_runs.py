@@ -74,9 +74,9 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
     # Runs (killed at the end) for longer than the test takes on a loaded machine.
     busy, busy_id = _start_cli_run(ft, tmp_path, "busy", n=100_000, pause=0.05)
     orphan, orphan_id = _start_cli_run(ft, tmp_path, "orphan", n=1000, pause=0.05)
-    # Long enough (9 s) to be still running when killed on a slow machine (started last:
-    # killed a second after its execution is in the store).
-    dead, dead_id = _start_cli_run(ft, tmp_path, "dead", n=60, pause=0.3)
+    # Long enough (15 s) to be still running when killed, and once resumed, on a loaded
+    # machine (started last: killed a second after its execution is in the store).
+    dead, dead_id = _start_cli_run(ft, tmp_path, "dead", n=60, pause=0.5)
     try:
         # Two runs lose their process (as a closed terminal or a crash would).
         time.sleep(1.0)

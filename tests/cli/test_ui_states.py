@@ -159,7 +159,9 @@ def test_a_cancelled_execution_shows_one_state(page: Any, ui: LocalUi) -> None:
     shot(page, "states-cancelled")
     page.get_by_test_id("tab-timeline").click()
     page.locator('[data-testid="timeline"][data-status="cancelled"]').wait_for()
-    runs = page.locator('[data-testid="timeline-lane"][data-step="each"] [data-testid="timeline-run"]')
+    runs = page.locator(
+        '[data-testid="timeline-lane"][data-step="each"] [data-testid="timeline-run"]'
+    )
     assert runs.first.get_attribute("data-status") == "cancelled"
     assert "running" not in _statuses(page, "timeline-run")
     assert "running" not in _statuses(page, "timeline-command")
@@ -182,7 +184,9 @@ def test_a_killed_run_is_interrupted_until_resumed(page: Any, ui: LocalUi) -> No
     banner = page.get_by_test_id("detail-error")
     assert banner.get_attribute("data-status") == "interrupted"
     assert "Interrupted" in banner.inner_text() and "failed" not in banner.inner_text()
-    page.locator('[data-testid="graph-node"][data-step="work"][data-status="interrupted"]').wait_for()
+    page.locator(
+        '[data-testid="graph-node"][data-step="work"][data-status="interrupted"]'
+    ).wait_for()
     assert "running" not in _statuses(page, "graph-node")
     summary = ui.get(f"/api/executions/{eid}/summary")
     assert summary["status"] == "interrupted" and summary["run_here"] is False
@@ -190,9 +194,7 @@ def test_a_killed_run_is_interrupted_until_resumed(page: Any, ui: LocalUi) -> No
     resume = page.get_by_test_id("resume-button")
     assert resume.is_visible()
     resume.click()
-    page.locator('[data-testid="detail-status"][data-status="completed"]').wait_for(
-        timeout=60_000
-    )
+    page.locator('[data-testid="detail-status"][data-status="completed"]').wait_for(timeout=60_000)
     # The note follows the run: it says how it ended, not "running".
     note = page.get_by_test_id("action-message")
     page.wait_for_function(

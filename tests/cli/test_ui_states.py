@@ -176,7 +176,7 @@ def test_a_cancelled_execution_shows_one_state(page: Any, ui: LocalUi) -> None:
 def test_a_killed_run_is_interrupted_until_resumed(page: Any, ui: LocalUi) -> None:
     eid = ui.ids["killed"]
     page.goto(f"{ui.url}/executions?status=interrupted")
-    row = page.locator(f'[data-testid="exec-row"][data-status="interrupted"]')
+    row = page.locator('[data-testid="exec-row"][data-status="interrupted"]')
     row.first.wait_for()
     assert row.count() == 1
     page.goto(f"{ui.url}/executions/{eid}")
@@ -219,7 +219,7 @@ def test_retries_are_counted_and_drawn(page: Any, ui: LocalUi) -> None:
     assert [t["attempt"] for t in tries] == [1, 2, 3]
     assert [t["status"] for t in tries] == ["failed", "failed", "completed"]
     # The backoff is the gap between one try's end and the next one's start.
-    assert all(b["started"] - a["ended"] >= 0.25 for a, b in zip(tries, tries[1:]))
+    assert all(b["started"] - a["ended"] >= 0.25 for a, b in zip(tries, tries[1:], strict=False))
     page.get_by_test_id("tab-timeline").click()
     drawn = page.locator('[data-testid="timeline-try"]')
     drawn.first.wait_for()

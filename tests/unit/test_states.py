@@ -143,7 +143,9 @@ def test_the_documents_of_an_interrupted_run(store: Any) -> None:
         (3, "completed"),
     ]
     # Each try lasted 0.1 s; the 0.5 s before the next is its backoff.
-    assert [round(b["started"] - a["ended"], 6) for a, b in zip(tries, tries[1:])] == [0.5, 0.5]
+    assert [
+        round(b["started"] - a["ended"], 6) for a, b in zip(tries, tries[1:], strict=False)
+    ] == [0.5, 0.5]
     ended = execution_timeline(store, state.playbook, EXECUTION_ID, "cancelled")
     lane = next(s for s in ended["steps"] if s["step"] == "start")
     assert [r["status"] for r in lane["runs"]] == ["cancelled"]

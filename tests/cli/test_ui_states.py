@@ -126,6 +126,10 @@ def page(browser: Any, ui: LocalUi) -> Iterator[Any]:
     context.close()
 
 
+def _colour(page: Any, testid: str) -> str:
+    return str(page.eval_on_selector(f'[data-testid="{testid}"]', "n => getComputedStyle(n).color"))
+
+
 def _statuses(page: Any, testid: str) -> set[str]:
     return set(
         page.eval_on_selector_all(
@@ -152,6 +156,7 @@ def test_a_cancelled_execution_shows_one_state(page: Any, ui: LocalUi) -> None:
     text = banner.inner_text()
     assert text.startswith("Cancelled") and "enough of this" in text
     assert "failed" not in text.lower()
+    assert _colour(page, "detail-error") == _colour(page, "detail-status")  # one colour
     # The step it was running was stopped with it: cancelled, not running.
     page.locator('[data-testid="graph-node"][data-step="each"][data-status="cancelled"]').wait_for()
     assert "running" not in _statuses(page, "graph-node")
@@ -184,6 +189,7 @@ def test_a_killed_run_is_interrupted_until_resumed(page: Any, ui: LocalUi) -> No
     banner = page.get_by_test_id("detail-error")
     assert banner.get_attribute("data-status") == "interrupted"
     assert "Interrupted" in banner.inner_text() and "failed" not in banner.inner_text()
+    assert _colour(page, "detail-error") == _colour(page, "detail-status")
     page.locator(
         '[data-testid="graph-node"][data-step="work"][data-status="interrupted"]'
     ).wait_for()

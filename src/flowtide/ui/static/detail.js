@@ -198,8 +198,8 @@ export function mountDetail(root, ctx, id) {
     if (errorBox.hidden) return;
     if (kind === 'interrupted') {
       fill(errorBox, h('strong', null, 'Interrupted'), ': the process running it went away before it ended.',
-        ' Resume carries it on from its log (finished steps and iterations are kept), as `flowtide resume ',
-        h('span', { class: 'mono' }, id), '` does.');
+        ' Resume carries it on from its log (finished steps and iterations are kept), as ',
+        h('span', { class: 'mono' }, `flowtide resume ${id}`), ' does.');
       return;
     }
     const title = kind === 'cancelled' ? 'Cancelled' : err.step ? `Step ${err.step} failed` : 'Execution failed';

@@ -137,7 +137,7 @@ function lane(st, y, X, t0, t1) {
           parts.push(svg('rect', {
             class: `tl-cmd tl-try ${statusClass(tstatus)}${Number(t.attempt) > 1 ? ' retry' : ''}`,
             'data-testid': 'timeline-try', 'data-status': tstatus, 'data-attempt': Number(t.attempt) || 1,
-            x: f1(ta), y: cy, width: f1(Math.max(1.5, X(t.ended) - ta)), height: SUB_H,
+            x: f1(ta), y: cy - 1, width: f1(Math.max(4, X(t.ended) - ta)), height: SUB_H + 2,
           }, svg('title', null, `${what}, ${t.task ?? 'task'} try ${Number(t.attempt) || 1}:`
             + ` ${secs(Number(t.ended) - Number(t.started))} (${tstatus})${j ? `, after a ${secs(wait)} backoff` : ''}`)));
         });

@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowtide.errors import FlowtideError, NotFoundError
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from flowtide.store.base import Store
-
-#: What an embedded execution whose row says running is shown as once no live process
-#: runs it (it was stopped): derived when read, never written; `flowtide resume` (or the
-#: UI's Resume) carries it on.
-INTERRUPTED = "interrupted"
 
 __all__ = ["INTERRUPTED", "ExecutionBusy", "RunLocks", "run_locks_for", "stopped_runs"]
 
@@ -144,7 +140,7 @@ def stopped_runs(store: Store, locks: RunLocks, execution_ids: Iterable[int]) ->
             row = store.get_execution(execution_id)
         except NotFoundError:
             continue
-        if row.status in ("completed", "failed", "cancelled"):
+        if row.status in ENDED_STATUSES:
             continue
         span = store.event_span(execution_id)
         out[execution_id] = span[1] if span is not None else row.updated

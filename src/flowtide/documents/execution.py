@@ -15,7 +15,7 @@ from typing_extensions import TypedDict
 
 from flowtide.engine.state import ExecutionState
 from flowtide.redaction import mask_value
-from flowtide.runlock import INTERRUPTED
+from flowtide.store.base import INTERRUPTED
 
 __all__ = [
     "ChildResult",

@@ -11,8 +11,7 @@ from typing_extensions import TypedDict
 
 from flowtide.documents.summary import Progress
 from flowtide.engine.events import Event
-from flowtide.runlock import INTERRUPTED
-from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED, ExecutionRow, Store
 
 __all__ = [
     "EventsQuery",

@@ -20,7 +20,7 @@ from flowtide.engine.events import Event, payload_of
 from flowtide.engine.state import ExecutionState
 from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
-from flowtide.runlock import INTERRUPTED
+from flowtide.store.base import INTERRUPTED
 
 __all__ = [
     "CALL_TYPES",

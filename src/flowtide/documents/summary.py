@@ -26,8 +26,7 @@ from flowtide.errors import StoreError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
-from flowtide.runlock import INTERRUPTED
-from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED, ExecutionRow, Store
 
 __all__ = [
     "SUMMARY_FORMAT",

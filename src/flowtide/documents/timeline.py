@@ -16,8 +16,7 @@ from typing_extensions import TypedDict
 from flowtide.engine import events as ev
 from flowtide.engine.events import payload_of
 from flowtide.playbook.model import Playbook
-from flowtide.runlock import INTERRUPTED
-from flowtide.store.base import Store
+from flowtide.store.base import INTERRUPTED, Store
 
 __all__ = [
     "COMMANDS_SHOWN",

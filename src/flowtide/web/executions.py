@@ -47,8 +47,7 @@ from flowtide.documents.summary import as_interrupted as summary_interrupted
 from flowtide.documents.timeline import MAX_BUCKETS, TimelineDocument, execution_timeline
 from flowtide.errors import ExecutionFinished, NotFoundError, PlaybookError, TemplateError
 from flowtide.playbook.loader import parse_playbook
-from flowtide.runlock import INTERRUPTED
-from flowtide.store.base import ENDED_STATUSES
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED
 from flowtide.web.access import caller
 from flowtide.web.bodies import CancelRequest, ExecuteRequest, RerunRequest
 from flowtide.web.catalog import requested_playbook, sql_refused, sql_strict

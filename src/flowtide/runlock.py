@@ -18,12 +18,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flowtide.errors import FlowtideError
+from flowtide.errors import FlowtideError, NotFoundError
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from flowtide.store.base import Store
 
-__all__ = ["ExecutionBusy", "RunLocks", "run_locks_for"]
+__all__ = ["INTERRUPTED", "ExecutionBusy", "RunLocks", "run_locks_for", "stopped_runs"]
 
 
 class ExecutionBusy(FlowtideError):
@@ -122,3 +125,23 @@ def run_locks_for(store: Store, home: Path) -> RunLocks:
         db = Path(path).absolute()
         return RunLocks(db.with_name(db.name + ".runs"))
     return RunLocks(home.absolute() / "runs")
+
+
+def stopped_runs(store: Store, locks: RunLocks, execution_ids: Iterable[int]) -> dict[int, float]:
+    """Of `execution_ids` (rows that said running), those that no live process runs any
+    more, each with when it stopped (its last event's time): nobody holds its run lock,
+    and its row, read again after the lock, still has not ended (a run that ends lets go
+    of its lock after its row says so). Blocks on the store and the file system."""
+    out: dict[int, float] = {}
+    for execution_id in execution_ids:
+        if locks.holds(execution_id) or locks.busy(execution_id) is not None:
+            continue
+        try:
+            row = store.get_execution(execution_id)
+        except NotFoundError:
+            continue
+        if row.status in ENDED_STATUSES:
+            continue
+        span = store.event_span(execution_id)
+        out[execution_id] = span[1] if span is not None else row.updated
+    return out

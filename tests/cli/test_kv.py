@@ -486,7 +486,7 @@ def test_resume_ignores_loop_state_ahead_of_the_log(
         assert proc.wait(timeout=30) == 130
     (row,) = ft.executions()
     eid = row["execution_id"]
-    assert row["status"] == "running"
+    assert row["status"] == "interrupted"
     (meta,) = ft.json("kv", "ls", f"exec.{eid}.loop.work.*.meta", "--url", nats.url)
     prefix = meta.removesuffix(".meta")
 

@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .helpers import PLAYBOOKS, Flowtide, wait_until
 
 
@@ -49,7 +51,17 @@ def interrupt_mid_loop(
     assert stdout_path.read_text(encoding="utf-8") == ""  # no document for a stopped run
     rows = ft.executions()
     assert len(rows) == 1, rows
-    assert rows[0]["status"] == "running"
+    # Nobody runs it any more: `interrupted` (its row is not written so), its duration
+    # stopped at its last event.
+    assert rows[0]["status"] == "interrupted"
+    assert rows[0]["ended"] is None
+    events = ft.events(rows[0]["execution_id"])
+    last = max(e["time"] for e in events)
+    assert rows[0]["duration"] == pytest.approx(last - rows[0]["created"])
+    assert ft.executions() == rows
+    assert ft.json("list", "--json", "--status", "interrupted") == rows
+    assert ft.json("list", "--json", "--status", "running") == []
+    assert "interrupted" in ft.ok("list").stdout
     return rows[0]["execution_id"], out_file, code, stderr_path.read_text(encoding="utf-8")
 
 
@@ -67,8 +79,12 @@ def resume_and_check(
     assert 0 < len(done_before) < total, "the kill did not land mid-loop"
     assert [e["type"] for e in before].count("playbook.completed") == 0
     status = ft.status(eid)
-    assert status["status"] == "running"
+    assert status["status"] == "interrupted"
+    assert status["steps"]["work"]["status"] == "interrupted"
     assert status["steps"]["finish"]["status"] == "pending"
+    table = ft.ok("status", eid).stdout
+    assert f"flowtide resume {eid}" in table and "running" not in table
+    assert ft.events(eid) == before  # reading it wrote nothing
 
     doc = ft.json("resume", eid)
     assert doc["execution_id"] == eid
@@ -151,7 +167,7 @@ def test_resume_closes_sub_playbook_runs_the_kill_abandoned(ft: Flowtide, tmp_pa
                 proc.wait()
     rows = ft.executions()
     parent = next(r for r in rows if r["playbook"] == "tests/cli/slow_parent")
-    orphans = [r["execution_id"] for r in rows if r["status"] == "running" and r is not parent]
+    orphans = [r["execution_id"] for r in rows if r["status"] == "interrupted" and r is not parent]
     assert orphans, "the kill did not land while a child was running"
 
     doc = ft.json("resume", parent["execution_id"])
@@ -161,4 +177,4 @@ def test_resume_closes_sub_playbook_runs_the_kill_abandoned(ft: Flowtide, tmp_pa
     for orphan in orphans:
         assert after[orphan] == "cancelled"
         assert ft.status(orphan)["status"] == "cancelled"
-    assert "running" not in after.values()
+    assert not {"running", "interrupted"} & set(after.values())

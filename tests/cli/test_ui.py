@@ -86,7 +86,7 @@ def test_the_local_api_answers_its_token_and_its_host_only(
         db.execute("DELETE FROM execution_summary")
     assert api.get(f"/api/executions/{ids['done']}/summary").json() == summary
     refused = api.post(f"/api/executions/{ids['done']}/cancel", json={})
-    assert refused.status_code == 409 and "completed already" in refused.text
+    assert refused.status_code == 409 and "already completed" in refused.text
     # A page of another site rebinding its name to loopback sends its own Host.
     rebound = api.get("/api/executions", headers={"host": "attacker.example"})
     assert rebound.status_code == 403

@@ -71,10 +71,12 @@ def _start_cli_run(
 def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
     ft: Flowtide, tmp_path: Path
 ) -> None:
-    busy, busy_id = _start_cli_run(ft, tmp_path, "busy", n=1000, pause=0.05)
-    # Long enough (9 s) to be still running when killed on a slow machine.
-    dead, dead_id = _start_cli_run(ft, tmp_path, "dead", n=60, pause=0.3)
+    # Runs (killed at the end) for longer than the test takes on a loaded machine.
+    busy, busy_id = _start_cli_run(ft, tmp_path, "busy", n=100_000, pause=0.05)
     orphan, orphan_id = _start_cli_run(ft, tmp_path, "orphan", n=1000, pause=0.05)
+    # Long enough (15 s) to be still running when killed, and once resumed, on a loaded
+    # machine (started last: killed a second after its execution is in the store).
+    dead, dead_id = _start_cli_run(ft, tmp_path, "dead", n=60, pause=0.5)
     try:
         # Two runs lose their process (as a closed terminal or a crash would).
         time.sleep(1.0)
@@ -89,6 +91,24 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
                 assert r.status_code == 409, r.text
                 assert f"process {busy.pid}" in r.json()["error"]["message"]
             assert _status(api, busy_id) == "running"
+            # The runs whose process died are `interrupted` in every document (no
+            # process runs them; nothing is written to say so), the live one running.
+            listed = {i["execution_id"]: i for i in api.get("/api/executions").json()["items"]}
+            assert listed[busy_id]["status"] == "running"
+            for gone in (dead_id, orphan_id):
+                assert listed[gone]["status"] == "interrupted"
+                assert _status(api, gone) == "interrupted"
+                assert api.get(f"/api/executions/{gone}").json()["status"] == "interrupted"
+                step = api.get(f"/api/executions/{gone}/steps/each").json()
+                assert step["status"] == "interrupted" and step["loop"]["in_flight"] == 0
+            stopped = api.get("/api/executions", params={"status": "interrupted"}).json()
+            assert {i["execution_id"] for i in stopped["items"]} == {dead_id, orphan_id}
+            duration = listed[dead_id]["duration"]
+            assert api.get(f"/api/executions/{dead_id}").json()["status"] == "interrupted"
+            again_listed = api.get("/api/executions", params={"status": "interrupted"}).json()
+            assert {i["execution_id"]: i["duration"] for i in again_listed["items"]}[
+                dead_id
+            ] == duration  # stopped, not counting
 
             # A run whose process died: resumed here, it finishes here.
             r = api.post(f"/api/executions/{dead_id}/resume", json={})
@@ -100,6 +120,12 @@ def test_the_ui_runs_resumes_and_cancels_but_leaves_other_processes_runs_alone(
             cli = ft("resume", dead_id)
             assert cli.returncode == 2 and f"running in process {ui.proc.pid}" in cli.stderr
             _wait_status(api, dead_id, "completed")
+            # An ended run's log is closed: cancel refuses it and writes nothing.
+            every = {"limit": 10_000}
+            log = api.get(f"/api/executions/{dead_id}/events", params=every).json()
+            r = api.post(f"/api/executions/{dead_id}/cancel", json={})
+            assert r.status_code == 409 and "already completed" in r.text
+            assert api.get(f"/api/executions/{dead_id}/events", params=every).json() == log
             loop = api.get(f"/api/executions/{dead_id}/steps/each").json()["loop"]
             assert loop["done"] == 60 and loop["failed"] == 0
 

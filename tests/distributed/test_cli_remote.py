@@ -67,6 +67,10 @@ def test_execute_status_events_and_list(stack: Stack, tmp_path: Path) -> None:
     assert any(item["execution_id"] == eid for item in listing)
     table = stack.run("status", eid)
     assert "completed" in table.stdout and "second" in table.stdout
+    # An ended run's log is closed: cancel refuses it (exit 2) and writes nothing.
+    refused = stack.run("cancel", eid)
+    assert refused.returncode == 2 and f"execution {eid} is already completed" in refused.stderr
+    assert json.loads(stack.run("events", eid, "--json").stdout) == as_json
 
 
 def test_cancel_from_the_command_line(stack: Stack, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ store or (with --server) a flowtide server."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,11 +23,15 @@ from flowtide.cli.options import (
     JsonOpt,
     ServerOpt,
     err,
+    home_dir,
     print_json,
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from flowtide.engine.events import Event
+    from flowtide.store.base import Store
 
 
 def status(
@@ -43,13 +47,16 @@ def status(
             doc = remote_or_exit(lambda: api.execution(execution_id))
         label = doc.pop("playbook", None)
     else:
-        from flowtide.documents.execution import shown
+        from flowtide.documents.execution import as_interrupted, shown
 
         store = open_store(home, db)
         row, state = folded(store, execution_id)
-        doc = dict(shown(state))
+        shown_doc = shown(state)
         if not state.terminal:
-            doc["status"] = "running" if row.status == "running" else row.status
+            shown_doc["status"] = "running" if row.status == "running" else row.status
+            if _stopped(store, home, [execution_id]):
+                shown_doc = as_interrupted(shown_doc)
+        doc = dict(shown_doc)
         store.close()
         label = row.playbook_path or row.playbook_file
     if as_json:
@@ -61,12 +68,17 @@ def status(
     console = Console()
     console.print(f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {label}")
     table = Table(box=None)
-    for col in ("step", "status", "runs", "error"):
+    for col in ("step", "status", "runs", "attempts", "error"):
         table.add_column(col)
     for name, step in doc["steps"].items():
         error = (step["error"] or {}).get("message", "") if step["error"] else ""
-        table.add_row(name, step["status"], str(step["runs"]), str(error)[:80])
+        table.add_row(name, step["status"], str(step["runs"]), _attempts(step), str(error)[:80])
     console.print(table)
+    if doc["status"] == "interrupted":
+        console.print(
+            "its process went away before it ended:"
+            f" `flowtide resume {doc['execution_id']}` carries it on"
+        )
     if doc["error"]:
         console.print(f"[red]error[/]: {doc['error']}")
 
@@ -176,24 +188,45 @@ def list_executions(
         for item in items:
             ts = datetime.datetime.fromtimestamp(item["created"]).strftime("%Y-%m-%d %H:%M:%S")
             by = _started_by(item.get("trigger"))
-            typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<10} {item['playbook']}{by}")
+            typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<11} {item['playbook']}{by}")
         return
     from flowtide.documents.listing import execution_item
 
     store = open_store(home, db)
     if trigger is not None:
         _check_trigger_filter(trigger)
-    rows = store.list_executions(status=status_filter, limit=limit, trigger=trigger)
+    # Rows say running; which of them stopped (interrupted) is known when read.
+    by_row = "running" if status_filter in ("running", "interrupted") else status_filter
+    rows = store.list_executions(status=by_row, limit=limit, trigger=trigger)
+    ended = ("completed", "failed", "cancelled")
+    stopped = _stopped(store, home, [r.execution_id for r in rows if r.status not in ended])
     store.close()
+    items = [execution_item(r, stopped=stopped.get(r.execution_id)) for r in rows]
+    if by_row != status_filter or status_filter == "running":
+        items = [item for item in items if item["status"] == status_filter]
     if as_json:
-        print_json([execution_item(r) for r in rows])
+        print_json(items)
         return
-    for r in rows:
-        ts = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
-        by = _started_by(r.trigger)
-        typer.echo(
-            f"{r.execution_id}  {ts}  {r.status:<10} {r.playbook_path or r.playbook_file}{by}"
-        )
+    for item in items:
+        ts = datetime.datetime.fromtimestamp(item["created"]).strftime("%Y-%m-%d %H:%M:%S")
+        by = _started_by(item["trigger"])
+        typer.echo(f"{item['execution_id']}  {ts}  {item['status']:<11} {item['playbook']}{by}")
+
+
+def _stopped(store: Store, home: Path | None, running: list[int]) -> dict[int, float]:
+    """Of the `running` executions of an embedded store, those no process runs any more
+    (shown `interrupted`), by their run locks."""
+    from flowtide.runlock import run_locks_for, stopped_runs
+
+    if not running:
+        return {}
+    return stopped_runs(store, run_locks_for(store, home_dir(home)), running)
+
+
+def _attempts(step: dict[str, Any]) -> str:
+    """`3 (2 retries)`: a step's task calls and how many were retries."""
+    attempts, retries = step.get("attempts", 0), step.get("retries", 0)
+    return f"{attempts} ({retries} retries)" if retries else str(attempts)
 
 
 def _started_by(trigger: dict[str, str] | None) -> str:

@@ -15,9 +15,11 @@ from typing_extensions import TypedDict
 
 from flowtide.engine.state import ExecutionState
 from flowtide.redaction import mask_value
+from flowtide.store.base import INTERRUPTED
 
 __all__ = [
     "ChildResult",
+    "as_interrupted",
     "ExecutionDocument",
     "ExecutionError",
     "StepView",
@@ -32,9 +34,13 @@ __all__ = [
 class StepView(TypedDict):
     """One step of an execution document."""
 
-    #: pending, running, completed, failed, skipped, cancelled.
+    #: pending, running, completed, failed, skipped, cancelled; interrupted (running
+    #: when its execution's process went away).
     status: str
     runs: int
+    #: Calls of its tasks (each try of each task), and how many were retries.
+    attempts: int
+    retries: int
     result: Any
     error: dict[str, Any] | None
 
@@ -49,7 +55,8 @@ class ExecutionError(TypedDict):
 
 class ExecutionDocument(TypedDict):
     execution_id: str
-    #: running, completed, failed or cancelled.
+    #: running, completed, failed or cancelled; `interrupted` for an embedded run whose
+    #: process went away before it ended (resumable: `flowtide resume`).
     status: str
     result: Any
     steps: dict[str, StepView]
@@ -86,7 +93,14 @@ def step_view(state: ExecutionState) -> dict[str, StepView]:
             # Stopped with its execution (a cancel, or another branch failing it): no
             # step.exit will ever come.
             status = "cancelled"
-        steps[name] = {"status": status, "runs": rec.runs, "result": rec.result, "error": rec.error}
+        steps[name] = {
+            "status": status,
+            "runs": rec.runs,
+            "attempts": rec.attempts,
+            "retries": rec.retries,
+            "result": rec.result,
+            "error": rec.error,
+        }
     return steps
 
 
@@ -136,3 +150,13 @@ def child_result(state: ExecutionState) -> ChildResult:
         "result": doc["result"],
         "steps": {name: step["result"] for name, step in doc["steps"].items()},
     }
+
+
+def as_interrupted(doc: ExecutionDocument) -> ExecutionDocument:
+    """The document of a run that no process runs any more (`flowtide.runlock`): it and
+    the steps it was running are `interrupted`, not running."""
+    steps = {
+        name: {**step, "status": INTERRUPTED} if step["status"] == "running" else step
+        for name, step in doc["steps"].items()
+    }
+    return {**doc, "status": INTERRUPTED, "steps": steps}  # type: ignore[typeddict-item]

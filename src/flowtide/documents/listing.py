@@ -11,7 +11,7 @@ from typing_extensions import TypedDict
 
 from flowtide.documents.summary import Progress
 from flowtide.engine.events import Event
-from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED, ExecutionRow, Store
 
 __all__ = [
     "EventsQuery",
@@ -31,12 +31,15 @@ class ExecutionItem(TypedDict):
     execution_id: str
     playbook: str | None
     version: int | None
-    status: str
     created: float
     updated: float
     #: When it ended (null while it runs).
     ended: float | None
-    #: Seconds from its creation to its end (or to now, while it runs).
+    #: running, completed, failed, cancelled; `interrupted` for an embedded run whose
+    #: process went away before it ended (resumable).
+    status: str
+    #: Seconds from its creation to its end (or to now, while it runs; to its last event
+    #: when interrupted).
     duration: float
     parent_execution_id: str | None
     parent_command_id: str | None
@@ -93,20 +96,29 @@ def listed(store: Store, q: ListQuery) -> list[ExecutionRow]:
 
 
 def execution_item(
-    row: ExecutionRow, progress: Progress | None = None, now: float | None = None
+    row: ExecutionRow,
+    progress: Progress | None = None,
+    now: float | None = None,
+    stopped: float | None = None,
 ) -> ExecutionItem:
     """An execution as a list shows it: `progress` when known cheaply (see
-    `flowtide.documents.summary.progress_of`), else None."""
+    `flowtide.documents.summary.progress_of`), else None. `stopped`: when a running one's
+    process went away (`flowtide.runlock.stopped_runs`): it is `interrupted`, its
+    duration up to then."""
     ended = row.updated if row.status in ENDED_STATUSES else None
+    status = row.status
+    last = ended if ended is not None else (now or time.time())
+    if stopped is not None and ended is None:
+        status, last = INTERRUPTED, stopped
     return {
         "execution_id": str(row.execution_id),
         "playbook": row.playbook_path or row.playbook_file,
         "version": row.playbook_version,
-        "status": row.status,
+        "status": status,
         "created": row.created,
         "updated": row.updated,
         "ended": ended,
-        "duration": max(0.0, (ended if ended is not None else (now or time.time())) - row.created),
+        "duration": max(0.0, last - row.created),
         "parent_execution_id": str(row.parent_execution_id) if row.parent_execution_id else None,
         "parent_command_id": str(row.parent_command_id) if row.parent_command_id else None,
         "progress": progress,

@@ -20,6 +20,7 @@ from flowtide.engine.events import Event, payload_of
 from flowtide.engine.state import ExecutionState
 from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
+from flowtide.store.base import INTERRUPTED
 
 __all__ = [
     "CALL_TYPES",
@@ -96,8 +97,12 @@ class StepDocument(TypedDict):
     execution_id: str
     step: str
     kind: str | None
+    #: Its status (`interrupted`: running when its execution's process went away).
     status: str
     runs: int
+    #: Calls of its tasks (each try of each task), and how many were retries.
+    attempts: int
+    retries: int
     started: float | None
     ended: float | None
     duration: float | None
@@ -180,10 +185,14 @@ def _spark(calls: Sequence[Event], result: Any) -> SparkRun | None:
     return run
 
 
-def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> StepDocument:
+def step_document(
+    state: ExecutionState, step: str, calls: Sequence[Event], interrupted: bool = False
+) -> StepDocument:
     """One step of an execution: status, times, error, its YAML source, its result (when
     small enough), its loop's counts, its newest calls (`calls`: its `CALL_TYPES`
     events, oldest first) and, for a Spark step, the Spark run and the written dataset.
+    `interrupted`: no process runs the execution any more (`flowtide.runlock`): a step
+    it was running is `interrupted`, nothing in flight.
 
     Raises:
         KeyError: the playbook has no such step.
@@ -193,12 +202,18 @@ def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> S
     line, source = step_source(state.playbook, step)
     loop = state.loop_of(step)
     result, truncated, size = _sized(rec.result)
+    stopped = state.terminal or interrupted
+    status = rec.status
+    if interrupted and status == "running":
+        status = INTERRUPTED
     doc: StepDocument = {
         "execution_id": str(state.execution_id),
         "step": step,
         "kind": definition.tasks[0].kind if definition.tasks else None,
-        "status": rec.status,
+        "status": status,
         "runs": rec.runs,
+        "attempts": rec.attempts,
+        "retries": rec.retries,
         "started": rec.started,
         "ended": rec.ended,
         "duration": (
@@ -217,7 +232,7 @@ def step_document(state: ExecutionState, step: str, calls: Sequence[Event]) -> S
                 "done": loop.completed,
                 "succeeded": loop.success,
                 "failed": loop.failed,
-                "in_flight": 0 if state.terminal else len(loop.in_flight),
+                "in_flight": 0 if stopped else len(loop.in_flight),
                 "finished": loop.finished,
             }
             if loop is not None

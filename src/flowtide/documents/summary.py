@@ -26,13 +26,14 @@ from flowtide.errors import StoreError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
 from flowtide.redaction import mask_value
-from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED, ExecutionRow, Store
 
 __all__ = [
     "SUMMARY_FORMAT",
     "Progress",
     "SummaryDocument",
     "SummaryPart",
+    "as_interrupted",
     "execution_summary",
     "keep_summary",
     "kept_part",
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 #: The shape of the kept summary part; bump it when `execution_summary` changes shape
 #: (kept ones of another shape are then ignored and the log folded instead).
-SUMMARY_FORMAT: Final = 1
+SUMMARY_FORMAT: Final = 2
 
 #: Step statuses that count as done in the progress.
 FINISHED = ("completed", "failed", "skipped")
@@ -79,6 +80,9 @@ class LoopSummary(TypedDict):
 class StepSummary(TypedDict):
     status: str
     runs: int
+    #: Calls of its tasks (each try of each task), and how many were retries.
+    attempts: int
+    retries: int
     started: float | None
     ended: float | None
     duration: float | None
@@ -174,6 +178,8 @@ def execution_summary(state: ExecutionState) -> SummaryPart:
         steps[name] = {
             "status": rec.status,
             "runs": rec.runs,
+            "attempts": rec.attempts,
+            "retries": rec.retries,
             "started": rec.started,
             "ended": rec.ended,
             "duration": (
@@ -264,3 +270,20 @@ def keep_summary(store: Store, state: ExecutionState) -> None:
         store.put_summary(state.execution_id, dict(kept_part(state)), format=SUMMARY_FORMAT)
     except StoreError as exc:
         log.warning("execution %s: summary not kept: %s", state.execution_id, exc)
+
+
+def as_interrupted(doc: SummaryDocument, stopped: float) -> SummaryDocument:
+    """The summary of a run that no process runs any more (`flowtide.runlock`), stopped
+    at `stopped`: it and the steps it was running are `interrupted` (ended then, nothing
+    in flight), not running."""
+    steps: dict[str, StepSummary] = {}
+    for name, step in doc["steps"].items():
+        if step["status"] == "running":
+            loop = step["loop"]
+            step = {
+                **step,
+                "status": INTERRUPTED,
+                "loop": {**loop, "in_flight": 0} if loop is not None else None,
+            }
+        steps[name] = step
+    return {**doc, "status": INTERRUPTED, "steps": steps, "updated": stopped}

@@ -16,7 +16,7 @@ from typing_extensions import TypedDict
 from flowtide.engine import events as ev
 from flowtide.engine.events import payload_of
 from flowtide.playbook.model import Playbook
-from flowtide.store.base import Store
+from flowtide.store.base import INTERRUPTED, Store
 
 __all__ = [
     "COMMANDS_SHOWN",
@@ -25,6 +25,7 @@ __all__ = [
     "Density",
     "RunBar",
     "TimelineDocument",
+    "Try",
     "TimelineStep",
     "execution_timeline",
 ]
@@ -42,6 +43,8 @@ _COMMAND_TYPES: Final = (
     ev.COMMAND_FAILED,
 )
 _ENDED: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
+_CALLS: Final = (ev.CALL_DONE, ev.CALL_ERROR)
+_STOPPED: Final = ("completed", "failed", "cancelled", INTERRUPTED)
 
 
 class RunBar(TypedDict):
@@ -49,6 +52,18 @@ class RunBar(TypedDict):
 
     started: float
     ended: float | None
+    status: str
+
+
+class Try(TypedDict):
+    """One call of one of a command's tasks (a `call.done`/`call.error`): a retry when
+    its attempt is above 1; the gap before it is the retry's backoff."""
+
+    task: str | None
+    attempt: int
+    started: float
+    ended: float
+    #: completed or failed.
     status: str
 
 
@@ -61,8 +76,11 @@ class CommandBar(TypedDict):
     issued: float
     started: float | None
     ended: float | None
-    #: issued, running, completed or failed.
+    #: issued, running, completed, failed; cancelled or interrupted when its execution
+    #: ended or stopped while it ran.
     status: str
+    #: Its task calls in order (retries among them).
+    tries: list[Try]
 
 
 class Density(TypedDict):
@@ -97,10 +115,13 @@ def execution_timeline(
 ) -> TimelineDocument:
     """`start` and `end` (event times; `end` is now while the execution runs), and per
     step of `playbook` (in its order) its `runs`, and either its `commands` (at most
-    `COMMANDS_SHOWN`) or its `density` over `buckets` buckets, with `total_commands`."""
+    `COMMANDS_SHOWN`, each with its task calls: `tries`) or its `density` over `buckets`
+    buckets, with `total_commands`. An `interrupted` execution (no process runs it any
+    more) ends at its last event, and what it was running is `interrupted` there."""
     buckets = max(1, min(buckets, MAX_BUCKETS))
     span = store.event_span(execution_id)
-    running = status not in ("completed", "failed", "cancelled")
+    running = status not in _STOPPED
+    closed = INTERRUPTED if status == INTERRUPTED else "cancelled"
     start, end = span if span is not None else (time.time(), time.time())
     if running:
         end = max(end, time.time())
@@ -121,7 +142,7 @@ def execution_timeline(
         for lane in runs.values():
             for bar in lane:
                 if bar["ended"] is None:
-                    bar["ended"], bar["status"] = end, "cancelled"
+                    bar["ended"], bar["status"] = end, closed
     issued: dict[str, int] = dict.fromkeys(playbook.steps, 0)
     for step, _, _, _ in store.event_times(execution_id, types=(ev.COMMAND_ISSUED,)):
         if step in issued:
@@ -133,7 +154,7 @@ def execution_timeline(
         for bars in commands.values():
             for command in bars:
                 if command["ended"] is None:
-                    command["ended"], command["status"] = end, "cancelled"
+                    command["ended"], command["status"] = end, closed
     width = max(end - start, 1e-3) / buckets
     density = _density(store, execution_id, big, start, width, buckets) if big else {}
     return {
@@ -156,12 +177,29 @@ def execution_timeline(
 
 def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, list[CommandBar]]:
     """Each command of `steps` with its issue, start and end (the latest attempt's
-    issue starts a new bar: a retry shows as one bar per attempt)."""
+    issue starts a new bar: a command issued again shows as one bar per attempt), and
+    its task calls (`tries`: a task's retries, with the backoff between them)."""
     bars: dict[int, CommandBar] = {}
     out: dict[str, list[CommandBar]] = {s: [] for s in steps}
-    for e in store.events(execution_id, types=_COMMAND_TYPES, steps=steps):
+    for e in store.events(execution_id, types=_COMMAND_TYPES + _CALLS, steps=steps):
         cid = e.command_id
         if cid is None:
+            continue
+        if e.type in _CALLS:
+            owner = bars.get(cid)
+            if owner is not None:
+                call = payload_of(e, ev.CALL_DONE)
+                ms = call.get("duration_ms")
+                took = float(ms) / 1000 if isinstance(ms, (int, float)) else 0.0
+                owner["tries"].append(
+                    {
+                        "task": call.get("task"),
+                        "attempt": int(call.get("attempt") or 1),
+                        "started": e.time,
+                        "ended": e.time + max(0.0, took),
+                        "status": "completed" if e.type == ev.CALL_DONE else "failed",
+                    }
+                )
             continue
         if e.type == ev.COMMAND_ISSUED:
             issued = payload_of(e, ev.COMMAND_ISSUED)
@@ -173,6 +211,7 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
                 "started": None,
                 "ended": None,
                 "status": "issued",
+                "tries": [],
             }
             bars[cid] = bar
             out.setdefault(e.step or "", []).append(bar)

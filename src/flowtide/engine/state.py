@@ -28,6 +28,10 @@ class StepRecord:
     # When its last run entered and exited (event times; None: not yet).
     started: float | None = None
     ended: float | None = None
+    # Calls of its tasks over all its runs (`call.done`/`call.error`: each try of each
+    # task), and how many of them were retries (attempt > 1).
+    attempts: int = 0
+    retries: int = 0
 
 
 @dataclass
@@ -333,6 +337,14 @@ class ExecutionState:
         rec.error = event.error
         rec.outcome = ev.CALL_DONE if status == "ok" else ev.CALL_ERROR
 
+    def _on_call(self, event: Event) -> None:
+        rec = self.steps.get(event.step or "")
+        if rec is None:
+            return
+        rec.attempts += 1
+        if int(payload_of(event, ev.CALL_DONE).get("attempt") or 1) > 1:
+            rec.retries += 1
+
     def _on_loop_done(self, event: Event) -> None:
         step = event.step or ""
         loop = self.loop_of(step)
@@ -436,6 +448,8 @@ _APPLY = {
     ev.COMMAND_ISSUED: ExecutionState._on_command_issued,
     ev.COMMAND_COMPLETED: ExecutionState._on_command_done,
     ev.COMMAND_FAILED: ExecutionState._on_command_done,
+    ev.CALL_DONE: ExecutionState._on_call,
+    ev.CALL_ERROR: ExecutionState._on_call,
     ev.LOOP_CLAIMED: ExecutionState._on_loop_claimed,
     ev.LOOP_DONE: ExecutionState._on_loop_done,
     ev.CTX_UPDATED: ExecutionState._on_ctx_updated,

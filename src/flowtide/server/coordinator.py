@@ -21,6 +21,7 @@ optimisation, and a transaction that fails leaves no trace and evicts the cache 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -321,6 +322,13 @@ class Coordinator:
         )
 
         def mark(conn: psycopg.Connection) -> None:
+            # An ended execution's log is closed: nothing is written to it (the row lock
+            # taken here is the one the step takes next, so it cannot end in between).
+            status = pg.executions.lock(conn, execution_id).result()
+            if status is None:
+                raise NotFoundError(f"execution {execution_id} not found")
+            if status in TERMINAL:
+                raise ExecutionFinished(execution_id, status)
             pg.executions.request_cancel(conn, execution_id, time.time())
 
         def open_children() -> list[int]:
@@ -331,7 +339,8 @@ class Coordinator:
         # Its sub-playbook executions go with it, and theirs with them. A child being
         # created now is refused (`execute` reads the parent under a share lock).
         for child in await asyncio.to_thread(open_children):
-            await self.cancel(child, f"parent execution {execution_id} cancelled")
+            with contextlib.suppress(ExecutionFinished, NotFoundError):  # ended meanwhile
+                await self.cancel(child, f"parent execution {execution_id} cancelled")
         return result
 
     async def finalize(self, execution_id: int, status: str, reason: str) -> FinalizeResult:

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from flowtide.documents.summary import Progress, progress_of
-from flowtide.errors import AuthError, FlowtideError, NotFoundError
+from flowtide.errors import AuthError, ExecutionFinished, FlowtideError, NotFoundError
 from flowtide.server.coordinator import TERMINAL, Coordinator
 from flowtide.server.forwarding import LIST_TIMEOUT, gather_shards
 from flowtide.sharding import shard_for
@@ -22,6 +22,7 @@ from flowtide.store.codec import load_json
 from flowtide.store.pg.events import LogPosition
 from flowtide.store.triggers import Firing
 from flowtide.triggers.targets import TriggeredRun
+from flowtide.web.problems import RequestError
 from flowtide.web.reads import FeedRead
 
 if TYPE_CHECKING:
@@ -86,6 +87,11 @@ class ServerReads:
             if snap is not None:
                 out[execution_id] = progress_of(snap.loops.values())
         return out
+
+    async def stopped(self, running: list[int]) -> dict[int, float]:
+        """None: a server's executions are its to run (`flowtide.server.stale` finds the
+        stalled ones)."""
+        return {}
 
     async def merge_shards(
         self, page: Awaitable[list[ExecutionItem]], limit: int, request: Request
@@ -188,8 +194,12 @@ class ServerReads:
         return await self.runtime.elsewhere(request, owner_id)
 
     async def cancel(self, execution_id: int, reason: str) -> str:
-        """Recorded at once; running workers see it through cancellation-check."""
-        result = await self.coordinator.cancel(execution_id, reason)
+        """Recorded at once; running workers see it through cancellation-check. An
+        ended execution is refused (409) and its log left as it is."""
+        try:
+            result = await self.coordinator.cancel(execution_id, reason)
+        except ExecutionFinished as exc:
+            raise RequestError(409, f"execution {execution_id} is already {exc.status}") from None
         return result.status
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "COMMAND_STATUSES",
     "ENDED_STATUSES",
     "EXECUTION_CREATED",
+    "INTERRUPTED",
     "PENDING_COMMAND_STATUSES",
     "UNSET",
     "CatalogRow",
@@ -48,6 +49,9 @@ EXECUTION_CREATED: Final = "created"
 
 #: The statuses of an execution that has ended (its log no longer grows).
 ENDED_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
+#: What an embedded execution whose row says running is shown as once no live process
+#: runs it (`flowtide.runlock.stopped_runs`): derived when read, never stored.
+INTERRUPTED: Final = "interrupted"
 COMMAND_STATUSES: Final = frozenset({"issued", "claimed", "completed", "failed", "cancelled"})
 #: Statuses of commands a worker still has to finish (`pending_commands`).
 PENDING_COMMAND_STATUSES: Final = ("issued", "claimed")

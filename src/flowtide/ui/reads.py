@@ -23,7 +23,7 @@ from fastapi.responses import Response
 
 from flowtide.documents.summary import Progress, execution_summary, keep_summary
 from flowtide.errors import NotFoundError, PlaybookError
-from flowtide.runlock import ExecutionBusy, RunLocks
+from flowtide.runlock import ExecutionBusy, RunLocks, stopped_runs
 from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
 from flowtide.store.triggers import Firing
 from flowtide.ui.fold import FoldCache, overlap_floor
@@ -114,6 +114,12 @@ class LocalReads:
 
         return await asyncio.to_thread(fold) if running else {}
 
+    async def stopped(self, running: list[int]) -> dict[int, float]:
+        """By the run locks: nobody holds one any more (its process went away)."""
+        if not running:
+            return {}
+        return await asyncio.to_thread(stopped_runs, self._store, self.locks, running)
+
     async def merge_shards(
         self, page: Awaitable[list[ExecutionItem]], limit: int, request: Request
     ) -> tuple[list[ExecutionItem], list[ShardMissing]]:
@@ -164,7 +170,7 @@ class LocalReads:
         cancelled; refuse (409) one that another live process runs."""
         row = await self.row(execution_id)
         if row.status in ENDED_STATUSES:
-            raise RequestError(409, f"execution {execution_id} is {row.status} already")
+            raise RequestError(409, f"execution {execution_id} is already {row.status}")
         runtime = self._live()
         if self.runs_here(execution_id):
             await runtime.cancel(execution_id, reason)

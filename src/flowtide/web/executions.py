@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Final
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -30,7 +31,7 @@ from flowtide.documents.events import (
     sse_end,
     sse_events,
 )
-from flowtide.documents.execution import ShownExecution, shown
+from flowtide.documents.execution import ShownExecution, as_interrupted, shown
 from flowtide.documents.listing import (
     EventsQuery,
     ExecutionItem,
@@ -43,10 +44,11 @@ from flowtide.documents.listing import (
 from flowtide.documents.notifications import notifications_of
 from flowtide.documents.step import CALL_TYPES, CALLS_SHOWN, StepDocument, step_document
 from flowtide.documents.summary import SummaryDocument, kept_summary, summary_document
+from flowtide.documents.summary import as_interrupted as summary_interrupted
 from flowtide.documents.timeline import MAX_BUCKETS, TimelineDocument, execution_timeline
 from flowtide.errors import ExecutionFinished, NotFoundError, PlaybookError, TemplateError
 from flowtide.playbook.loader import parse_playbook
-from flowtide.store.base import ENDED_STATUSES
+from flowtide.store.base import ENDED_STATUSES, INTERRUPTED
 from flowtide.web.access import caller
 from flowtide.web.bodies import CancelRequest, ExecuteRequest, RerunRequest
 from flowtide.web.catalog import requested_playbook, sql_refused, sql_strict
@@ -146,10 +148,22 @@ async def list_executions(
     silently skipped on a page that says it is whole)."""
 
     async def page() -> list[ExecutionItem]:
-        rows = await asyncio.to_thread(listed, reads.store, q)
+        wanted = q.status
+        if wanted in (INTERRUPTED, "running"):
+            # Rows say running; which of them stopped is known when read.
+            rows = await asyncio.to_thread(listed, reads.store, replace(q, status="running"))
+        else:
+            rows = await asyncio.to_thread(listed, reads.store, q)
         running = [r.execution_id for r in rows if r.status not in ENDED_STATUSES]
-        known = await reads.progress(running)
-        return [execution_item(r, known.get(r.execution_id)) for r in rows]
+        stopped = await reads.stopped(running)
+        known = await reads.progress([i for i in running if i not in stopped])
+        items = [
+            execution_item(r, known.get(r.execution_id), stopped=stopped.get(r.execution_id))
+            for r in rows
+        ]
+        if wanted in (INTERRUPTED, "running"):
+            items = [item for item in items if item["status"] == wanted]
+        return items
 
     items, missing = await reads.merge_shards(page(), q.limit, request)
     last = items[-1]["execution_id"] if len(items) == q.limit and items else None
@@ -163,11 +177,18 @@ async def get_execution(execution_id: IdPath, who: Caller, reads: Reads) -> Show
     await reads.check(who, execution_id)
     state = await reads.state(execution_id)
     row = await reads.row(execution_id)
-    return {
-        **shown(state),
-        "playbook": row.playbook_path or row.playbook_file,
-        "trigger": row.trigger,
-    }
+    doc = shown(state)
+    if await _stopped(reads, state.terminal, execution_id) is not None:
+        doc = as_interrupted(doc)
+    return {**doc, "playbook": row.playbook_path or row.playbook_file, "trigger": row.trigger}
+
+
+async def _stopped(reads: ExecutionReads, terminal: bool, execution_id: int) -> float | None:
+    """When an execution that has not ended stopped, when no process runs it any more
+    (it is shown `interrupted`); None while it runs (or once it ended)."""
+    if terminal:
+        return None
+    return (await reads.stopped([execution_id])).get(execution_id)
 
 
 @router.get("/api/executions/{execution_id}/summary", responses=problem_responses(404))
@@ -187,6 +208,9 @@ async def get_execution_summary(execution_id: IdPath, who: Caller, reads: Reads)
         state = await reads.state(execution_id)
         notes = await asyncio.to_thread(notifications_of, reads.store, execution_id)
         doc = summary_document(state, await reads.row(execution_id), notes)
+        stopped = await _stopped(reads, state.terminal, execution_id)
+        if stopped is not None:
+            doc = summary_interrupted(doc, stopped)
     if reads.local:
         doc["run_here"] = reads.runs_here(execution_id)
     return doc
@@ -214,7 +238,8 @@ async def get_execution_step(
             execution_id, types=CALL_TYPES, steps=[step], limit=CALLS_SHOWN, newest=True
         )
     )
-    return step_document(state, step, calls)
+    interrupted = await _stopped(reads, state.terminal, execution_id) is not None
+    return step_document(state, step, calls, interrupted)
 
 
 @router.get("/api/executions/{execution_id}/timeline", responses=problem_responses(404))
@@ -229,8 +254,11 @@ async def get_execution_timeline(
     as a density lane (commands completed and failed per time bucket) beyond that."""
     await reads.check(who, execution_id)
     state = await reads.state(execution_id)
+    status = state.status
+    if await _stopped(reads, state.terminal, execution_id) is not None:
+        status = INTERRUPTED
     return await asyncio.to_thread(
-        execution_timeline, reads.store, state.playbook, execution_id, state.status, buckets
+        execution_timeline, reads.store, state.playbook, execution_id, status, buckets
     )
 
 

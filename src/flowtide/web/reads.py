@@ -82,6 +82,13 @@ class ExecutionReads(Protocol):
         know (the list shows the others without)."""
         ...
 
+    async def stopped(self, running: list[int]) -> dict[int, float]:
+        """Of the `running` executions (their rows say running), those that no process
+        runs any more, each with when it stopped (its last event): shown `interrupted`,
+        never written so. A server answers none (its own sweep finds stalled ones);
+        `flowtide ui` asks the run locks (`flowtide.runlock.stopped_runs`)."""
+        ...
+
     async def merge_shards(
         self, page: Awaitable[list[ExecutionItem]], limit: int, request: Request
     ) -> tuple[list[ExecutionItem], list[ShardMissing]]:

@@ -7,7 +7,7 @@
 import { api, enc } from './api.js';
 import {
   h, fill, badge, setBadge, setText, relTime, absTime, duration, execLink, execPath, message, statusClass,
-  Poller, TERMINAL,
+  Poller, TERMINAL, STOPPED,
 } from './util.js';
 import { buildGraph } from './graph.js';
 import { EventLog, eventsView, eventRows } from './events.js';
@@ -16,10 +16,17 @@ import { stepDetailParts, where } from './step.js';
 import { triggerBadge } from './list.js';
 import { notificationsPanel } from './notifications.js';
 
+/** "3 attempts, 2 retries": a step's task calls and how many were retries. */
+export function attemptsText(st) {
+  const n = Number(st.attempts) || 0;
+  const r = Number(st.retries) || 0;
+  return `${n} attempt${n === 1 ? '' : 's'}${r ? `, ${r} retr${r === 1 ? 'y' : 'ies'}` : ''}`;
+}
+
 /** The step panel shows its step's newest events, this many. */
 const STEP_EVENTS_SHOWN = 50;
 const ZOOMS = [0.4, 0.55, 0.7, 0.85, 1, 1.25, 1.5];
-const LEGEND = ['pending', 'running', 'completed', 'failed', 'skipped'];
+const LEGEND = ['pending', 'running', 'completed', 'failed', 'cancelled', 'interrupted', 'skipped'];
 /** The step document and events are fetched again at most this often while the step changes. */
 const STEP_REFRESH_MS = 2000;
 const CHILDREN_REFRESH_MS = 5000;
@@ -48,6 +55,7 @@ export function mountDetail(root, ctx, id) {
   let children = null; // sub-executions: {items, more}
   let childrenAt = 0;
   let childrenBusy = false;
+  let resumed = false; // resumed from this page: the note follows its live status
   const log = new EventLog(id, () => Boolean(summary && TERMINAL.has(summary.status)));
 
   const status = badge('loading', { 'data-testid': 'detail-status' });
@@ -161,7 +169,7 @@ export function mountDetail(root, ctx, id) {
 
   function renderMeta(s) {
     const pb = s.playbook || {};
-    const end = TERMINAL.has(s.status) ? s.updated : Math.floor(Date.now() / 1000);
+    const end = STOPPED.has(s.status) ? s.updated : Math.floor(Date.now() / 1000);
     const sig = JSON.stringify([pb.path, pb.version, pb.file, s.parent_execution_id, s.trigger, s.created, end]);
     if (sig !== metaSig) {
       metaSig = sig;
@@ -180,19 +188,34 @@ export function mountDetail(root, ctx, id) {
     setText(createdDd, s.created != null ? `${absTime(s.created)} (${relTime(s.created)})` : '—');
   }
 
+  // One state per page: the banner says what the badge says (failed, cancelled, interrupted).
+  function renderBanner(s) {
+    const err = s.error;
+    const kind = s.status === 'failed' || s.status === 'cancelled' || s.status === 'interrupted' ? s.status : null;
+    errorBox.hidden = !kind || (kind !== 'interrupted' && !err);
+    errorBox.className = `exec-error ${statusClass(kind || 'failed')}`;
+    errorBox.dataset.status = kind || '';
+    if (errorBox.hidden) return;
+    if (kind === 'interrupted') {
+      fill(errorBox, h('strong', null, 'Interrupted'), ': the process running it went away before it ended.',
+        ' Resume carries it on from its log (finished steps and iterations are kept), as ',
+        h('span', { class: 'mono' }, `flowtide resume ${id}`), ' does.');
+      return;
+    }
+    const title = kind === 'cancelled' ? 'Cancelled' : err.step ? `Step ${err.step} failed` : 'Execution failed';
+    const why = err.message ?? JSON.stringify(err);
+    fill(errorBox,
+      h('strong', null, title),
+      err.kind && err.kind !== kind ? h('span', { class: 'muted' }, ` (${err.kind})`) : null, ': ',
+      h('span', null, why));
+  }
+
   function render() {
     const s = summary;
     setBadge(status, s.status);
     document.title = `${s.status} · ${id} · flowtide`;
     renderMeta(s);
-    const err = s.error;
-    errorBox.hidden = !err;
-    if (err) {
-      fill(errorBox,
-        h('strong', null, err.step ? `Step ${err.step} failed` : 'Execution failed'),
-        err.kind ? h('span', { class: 'muted' }, ` (${err.kind})`) : null, ': ',
-        h('span', null, err.message ?? JSON.stringify(err)));
-    }
+    renderBanner(s);
     const p = s.progress || {};
     const iter = p.iterations > 0;
     const done = Number((iter ? p.iterations_done : p.steps_finished) || 0);
@@ -206,7 +229,8 @@ export function mountDetail(root, ctx, id) {
     setText(barText, iter
       ? `${done} / ${total} iterations${p.iterations_failed ? ` · ${p.iterations_failed} failed` : ''} · ${p.steps_finished ?? 0} / ${p.steps ?? 0} steps`
       : `${done} / ${total} steps`);
-    cancelBtn.hidden = !(s.status === 'running' || s.status === 'pending');
+    cancelBtn.hidden = !['running', 'pending', 'interrupted'].includes(s.status);
+    if (resumed) note(`Resumed here: ${s.status}.`, 'info');
     const me = ctx.me || {};
     rerunBtn.hidden = !OPERATORS.has(me.role);
     const sub = s.parent_execution_id != null;
@@ -284,6 +308,7 @@ export function mountDetail(root, ctx, id) {
         ['Status', badge(st.status || 'pending', { 'data-testid': 'step-status' })],
         ['Kind', kind],
         ['Runs', String(st.runs ?? 0)],
+        ['Attempts', h('span', { 'data-testid': 'step-attempts' }, attemptsText(st))],
         ['Started', when(st.started)],
         ['Ended', when(st.ended)],
         ['Duration', duration(st.duration)],
@@ -540,7 +565,8 @@ export function mountDetail(root, ctx, id) {
     try {
       const r = await api(`/api/executions/${enc(id)}/resume`, { method: 'POST', body: {} });
       if (dead) return;
-      note(`Resumed: ${r && r.status ? r.status : 'running'}.`, 'info');
+      resumed = true;
+      note(`Resumed here: ${r && r.status ? r.status : 'running'}.`, 'info');
       if (poller.stopped) poller.start(); else poller.kick();
       log.revive();
       if (timeline) timeline.start();

@@ -9,10 +9,11 @@ import {
 } from './util.js';
 
 const TABS = [
-  ['all', 'All'], ['running', 'Running'], ['completed', 'Completed'],
+  ['all', 'All'], ['running', 'Running'], ['interrupted', 'Interrupted'], ['completed', 'Completed'],
   ['failed', 'Failed'], ['cancelled', 'Cancelled'],
 ];
-const CANCELLABLE = new Set(['running', 'pending']);
+// An interrupted run (its process went away) is closed as cancelled, nothing run.
+const CANCELLABLE = new Set(['running', 'pending', 'interrupted']);
 /** Time ranges: URL value, label, seconds back from now (sent as `since`). */
 const RANGES = [['', 'Any time', 0], ['1h', 'Last hour', 3600], ['24h', 'Last 24 h', 86400], ['7d', 'Last 7 days', 7 * 86400]];
 /** Minimum durations: URL and API value (`min_seconds`), label. */

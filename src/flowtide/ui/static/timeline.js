@@ -2,7 +2,7 @@
 // step's commands packed into sub-lanes (or, for steps with very many commands, a density
 // histogram), a relative time axis and a line at the end. Polled every 2 s while running.
 import { api, enc } from './api.js';
-import { h, svg, statusClass, duration, truncate, message, Poller, TERMINAL } from './util.js';
+import { h, svg, statusClass, duration, truncate, message, Poller, TERMINAL, STOPPED } from './util.js';
 
 const LABEL_W = 140;
 const PAD_L = 8;
@@ -20,7 +20,7 @@ const MIN_W = 600;
 const MAX_ZOOM = 256;
 const NICE = [0.001, 0.002, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5, 10, 15,
   30, 60, 120, 180, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
-const LEGEND = ['running', 'completed', 'failed', 'skipped'];
+const LEGEND = ['running', 'completed', 'failed', 'cancelled', 'interrupted', 'skipped'];
 
 const num = (n, digits = 0) => Number(n).toLocaleString('en-US', { maximumFractionDigits: digits });
 const secs = (d) => (d < 60 ? `${Math.max(0, d).toFixed(2)} s` : duration(d));
@@ -120,11 +120,33 @@ function lane(st, y, X, t0, t1) {
       const attempt = Number(c.attempt) || 1;
       const xa = X(a);
       const cls = `tl-cmd ${statusClass(status)}${c.started == null ? ' waiting' : ''}${attempt > 1 ? ' retry' : ''}`;
+      const tries = Array.isArray(c.tries) ? c.tries : [];
+      const retries = tries.filter((t) => Number(t.attempt) > 1).length;
+      const what = `${c.loop_index != null ? `#${c.loop_index} ` : ''}attempt ${attempt}`;
+      const cy = yy + k * (SUB_H + SUB_GAP);
+      if (retries) {
+        // A command whose task was retried: each try its own bar (retries outlined), the
+        // backoff between them a gap with a thin line.
+        parts.push(svg('line', {
+          class: 'tl-backoff', x1: f1(xa), x2: f1(Math.max(xa + 1.5, X(b))), y1: cy + SUB_H / 2, y2: cy + SUB_H / 2,
+        }));
+        tries.forEach((t, j) => {
+          const ta = X(t.started);
+          const tstatus = t.status || 'completed';
+          const wait = j ? Number(t.started) - Number(tries[j - 1].ended) : 0;
+          parts.push(svg('rect', {
+            class: `tl-cmd tl-try ${statusClass(tstatus)}${Number(t.attempt) > 1 ? ' retry' : ''}`,
+            'data-testid': 'timeline-try', 'data-status': tstatus, 'data-attempt': Number(t.attempt) || 1,
+            x: f1(ta), y: cy - 1, width: f1(Math.max(4, X(t.ended) - ta)), height: SUB_H + 2,
+          }, svg('title', null, `${what}, ${t.task ?? 'task'} try ${Number(t.attempt) || 1}:`
+            + ` ${secs(Number(t.ended) - Number(t.started))} (${tstatus})${j ? `, after a ${secs(wait)} backoff` : ''}`)));
+        });
+        continue;
+      }
       parts.push(svg('rect', {
         class: cls, 'data-testid': 'timeline-command', 'data-status': status, 'data-attempt': attempt,
-        x: f1(xa), y: yy + k * (SUB_H + SUB_GAP), width: f1(Math.max(1.5, X(b) - xa)), height: SUB_H,
-      }, svg('title', null,
-        `${c.loop_index != null ? `#${c.loop_index} ` : ''}attempt ${attempt}: ${secs(b - a)} (${status})`)));
+        x: f1(xa), y: cy, width: f1(Math.max(1.5, X(b) - xa)), height: SUB_H,
+      }, svg('title', null, `${what}: ${secs(b - a)} (${status})`)));
     }
     yy += count * (SUB_H + SUB_GAP) + 2;
     note = `${num(cmds.length)} command${cmds.length === 1 ? '' : 's'}${overflow ? ' (overlapping)' : ''}`;
@@ -166,7 +188,7 @@ export function timelineView(id) {
     h('div', { class: 'graph-tools' },
       outBtn, zoomLabel, inBtn, zoomBtn('Fit', 'Fit to width', () => setZoom(1)),
       h('span', { class: 'spacer' }),
-      h('span', { class: 'muted small' }, 'outlined: retry · faded: waiting to start'),
+      h('span', { class: 'muted small' }, 'outlined: retry (the gap before it: its backoff) · faded: waiting to start'),
       h('span', { class: 'legend' }, LEGEND.map((s) => h('span', { class: `swatch ${statusClass(s)}` }, s)))),
     box);
 
@@ -236,7 +258,7 @@ export function timelineView(id) {
       grid.append(svg('line', { x1: x, x2: x, y1: AXIS_H - 4, y2: height }));
       axis.append(svg('text', { x, y: 15, 'text-anchor': i ? 'middle' : 'start' }, tickLabel(i * step)));
     }
-    const running = !TERMINAL.has(data.status);
+    const running = !STOPPED.has(data.status);
     const xe = f1(X(t1));
     const endLine = svg('line', { class: 'tl-end', x1: xe, x2: xe, y1: AXIS_H - 6, y2: height },
       svg('title', null, `${running ? 'now' : 'end'}: ${tickLabel(span)}`));

@@ -2,6 +2,9 @@
 // formatting of times and durations, status badges, the message banner and a poller.
 
 export const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
+// Statuses whose clock has stopped: the ended ones and `interrupted` (an embedded run whose
+// process went away; it may be resumed, so its page keeps polling).
+export const STOPPED = new Set([...TERMINAL, 'interrupted']);
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
 function build(node, attrs, children) {

@@ -97,6 +97,9 @@ export function buildGraph(graph, onSelect) {
     const title = svg('title');
     const runs = svg('text', { x: W - 10, y: 20, class: 'n-runs', 'text-anchor': 'end' });
     const dur = svg('text', { x: W - 10, y: 37, class: 'n-dur', 'text-anchor': 'end' });
+    // The kind shares its line with the duration: shorter once a duration is shown.
+    const kindText = `${n.kind || 'step'}${n.loop ? ` · loop ${n.loop.mode || ''}` : ''}`;
+    const kind = svg('text', { x: 10, y: 37, class: 'n-kind' }, truncate(kindText, 22));
     const loopText = svg('text', { x: 10, y: 50, class: 'n-loop' });
     const barBg = svg('rect', { x: 10, y: 53, width: W - 20, height: 3, rx: 1.5, class: 'n-bar-bg' });
     const bar = svg('rect', { x: 10, y: 53, width: 0, height: 3, rx: 1.5, class: 'n-bar' });
@@ -110,7 +113,7 @@ export function buildGraph(graph, onSelect) {
     n.entry ? svg('path', { class: 'entry-mark', d: 'M0,21 L6,30 L0,39 z' }) : null,
     svg('text', { x: 10, y: 20, class: 'n-name' }, truncate(n.name, n.kind ? 20 : 24)),
     runs,
-    svg('text', { x: 10, y: 37, class: 'n-kind' }, truncate(`${n.kind || 'step'}${n.loop ? ` · loop ${n.loop.mode || ''}` : ''}`, 22)),
+    kind,
     dur,
     loopParts);
     g.addEventListener('click', () => onSelect(n.name));
@@ -121,7 +124,7 @@ export function buildGraph(graph, onSelect) {
       }
     });
     nodeLayer.append(g);
-    nodeRefs.set(n.name, { n, g, title, runs, dur, loopText, bar, loopParts });
+    nodeRefs.set(n.name, { n, g, title, runs, dur, kind, kindText, loopText, bar, loopParts });
   }
 
   function update(summary) {
@@ -149,6 +152,7 @@ export function buildGraph(graph, onSelect) {
       r.g.setAttribute('aria-label', `Step ${name}, ${r.n.kind || 'step'}, ${status}`);
       setText(r.runs, st.runs > 1 ? `×${st.runs}` : '');
       setText(r.dur, st.duration != null ? duration(st.duration) : '');
+      setText(r.kind, truncate(r.kindText, st.duration != null ? 16 : 22));
       const loop = st.loop;
       r.loopParts.classList.toggle('hide', !loop);
       if (loop) {

@@ -97,6 +97,8 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_SESSION_IDLE": 3600.0,
     # Added since the tree (templates pasted into SQL, flowtide.web.catalog).
     "FLOWTIDE_SQL_STRICT": False,
+    # Fault injection for drills (bench/faults.py), off by default.
+    "FLOWTIDE_FAULT_DUPLICATE_COMMANDS": False,
 }
 
 #: Variables older than the tree whose names do not follow its rule.

@@ -48,6 +48,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -215,6 +216,27 @@ class Watch:
         return False
 
 
+def _ports(count: int) -> list[int]:
+    """`count` free ports on 127.0.0.1, each with the next few free too (a sharded stack
+    takes the ports after its first), below the kernel's ephemeral range: a part stopped
+    for 30 s must find its port free again, and an outgoing connection may take a port of
+    that range meanwhile (it happened)."""
+    from flowtide.dev.processes import port_free
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    out: list[int] = []
+    while len(out) < count:
+        base = rng.randrange(10000, max(10001, low - 8))
+        block = range(base, base + 4)
+        if all(port_free(p) for p in block) and all(abs(base - o) >= 4 for o in out):
+            out.append(base)
+    return out
+
+
 class DrillError(RuntimeError):
     """The drill itself could not go on (not a fault's finding)."""
 
@@ -240,13 +262,11 @@ class Drill:
         self.baseline: float | None = None
 
     def up(self) -> float:
-        from flowtide.dev.postgres import free_port
-
         t0 = time.monotonic()
         first = self.stack.config.pids == {} and not self.stack.has_data()
         ports: dict[str, Any] = {}
         if first:
-            ports = {"server_port": free_port(), "nats_port": free_port(), "pg_port": free_port()}
+            ports = dict(zip(("server_port", "nats_port", "pg_port"), _ports(3), strict=True))
         self.stack.up(
             shards=self.shards if first else None,
             workers=self.args.workers,
@@ -269,6 +289,7 @@ class Drill:
         self.clients = []
         with contextlib.suppress(Exception):
             self.stack.down(purge=True)
+            shutil.rmtree(self.home, ignore_errors=True)
 
     def restart_servers(self) -> None:
         """Stop the servers and start them again (with this process's environment now)."""
@@ -501,6 +522,8 @@ def table(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, faults: list[str], log: Log) -> dict[str, Any]:
+    from flowtide.dev.stack import DevStackError
+
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"faults": {}}
     groups = [
@@ -529,7 +552,12 @@ def run(args: argparse.Namespace, faults: list[str], log: Log) -> dict[str, Any]
                     drill.restart_servers()
                 try:
                     for n in range(1, args.trials + 1):
-                        t = drill.trial(fault, n, rng)
+                        try:
+                            t = drill.trial(fault, n, rng)
+                        except DevStackError as exc:
+                            # The drill could not restore the stack: a failed trial.
+                            t = Trial(fault, n, stuck=True, detail=f"drill: {exc}"[:500])
+                            drill.up()
                         trials.append(t)
                         recover = "-" if t.recover is None else f"{t.recover:.2f} s"
                         delay = "-" if t.delay is None else f"{t.delay:+.2f} s"

@@ -125,8 +125,10 @@ class Trial:
     #: run's without a fault (what the fault cost it).
     run: float = 0.0
     delay: float | None = None
-    #: Iterations completed when the fault struck.
+    #: Iterations completed when the fault struck, and for a worker's fault the commands
+    #: that worker held then.
     struck_at: int | None = None
+    held: int | None = None
     seconds: float = 0.0
     #: Commands issued (`command.issued` events) and messages the command stream took
     #: meanwhile. Under duplicate-commands, each published command is there twice, so the
@@ -134,6 +136,10 @@ class Trial:
     #: report (flowtide.server.steps) is never published, so it is not 2 x issued.
     issued: int = 0
     published: int | None = None
+    #: Commands issued again (a lease ran out) and worker reports refused as stale
+    #: meanwhile, from the servers' /metrics (at least: a killed server's count restarts).
+    reissued: int = 0
+    stale: int = 0
     detail: str = ""
 
     @property
@@ -206,6 +212,19 @@ class Watch:
         while not self._stop.is_set():
             self.poll()
             self._stop.wait(0.1)
+
+    def held_by(self, worker_id: str) -> int:
+        """Commands `worker_id` claimed and has not reported, as far as seen."""
+        self.poll()
+        held: set[Any] = set()
+        for event in list(self.events):
+            if event.get("worker_id") != worker_id:
+                continue
+            if event.get("type") == "command.claimed":
+                held.add(event.get("command_id"))
+            elif event.get("type") in ("command.completed", "command.failed"):
+                held.discard(event.get("command_id"))
+        return len(held)
 
     def wait_count(self, n: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -320,6 +339,20 @@ class Drill:
 
         return asyncio.run(main())
 
+    def counters(self) -> dict[str, float]:
+        """The servers' reissued and stale command counters, summed."""
+        out = {"reissued": 0.0, "stale": 0.0}
+        for client in self.clients:
+            try:
+                text = client.get("/metrics", timeout=5).text
+            except httpx.HTTPError:
+                continue
+            for line in text.splitlines():
+                for key in out:
+                    if line.startswith(f"flowtide_commands_{key}_total"):
+                        out[key] += float(line.rsplit(" ", 1)[1])
+        return out
+
     def execute(self, playbook: str) -> str:
         deadline = time.monotonic() + 60
         while True:
@@ -354,11 +387,12 @@ class Drill:
 
     # -- the faults ----------------------------------------------------------------------
 
-    def strike(self, fault: str, eid: str, rng: random.Random) -> float:
+    def strike(self, fault: str, eid: str, rng: random.Random, out: Trial, watch: Watch) -> float:
         """Inflict `fault` and undo it; the monotonic time it ended."""
         stack = self.stack
         if fault in ("kill-worker", "stop-worker"):
             name = f"worker-{rng.randrange(self.args.workers)}"
+            out.held = watch.held_by(f"dev-{name}")
             if fault == "kill-worker":
                 stack.signal(name, signal.SIGKILL)
                 end = time.monotonic()
@@ -404,6 +438,7 @@ class Drill:
         t0 = time.monotonic()
         doubled = fault == "duplicate-commands"
         first_seq = self.published() if doubled else 0
+        before = self.counters()
         out.execution_id = eid = self.execute(PLAYBOOK.format(k=args.k, pause=args.pause))
         watch = Watch(self.clients, eid).start()
         try:
@@ -413,7 +448,7 @@ class Drill:
                 if not watch.wait_count(target, args.timeout):
                     out.detail = f"{watch.count} of {target} iterations before the fault"
                 out.struck_at = watch.count
-                end = self.strike(fault, eid, rng)
+                end = self.strike(fault, eid, rng, out, watch)
             doc = None
             deadline = end + args.timeout
             while time.monotonic() < deadline:
@@ -437,6 +472,11 @@ class Drill:
                 out.delay = round(out.run - self.baseline, 2)
             if fault not in ("duplicate-commands", "none"):
                 out.recover = round((later[0] if later else finished) - end, 3)
+            after = self.counters()
+            out.reissued, out.stale = (
+                int(after[k] - before[k] if after[k] >= before[k] else after[k])
+                for k in ("reissued", "stale")
+            )
             out.issued = sum(e.get("type") == "command.issued" for e in watch.events)
             if doubled:
                 out.published = self.published() - first_seq
@@ -496,6 +536,8 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
         "recover_max": round(max(recover), 2) if recover else None,
         "delay_p50": _p50(delay),
         "delay_max": round(max(delay), 2) if delay else None,
+        "reissued": sum(t.reissued for t in trials),
+        "stale": sum(t.stale for t in trials),
         "trial_p50": _p50([t.seconds for t in trials]),
     }
 
@@ -503,7 +545,8 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     head = (
         f"{'fault':<22} {'trials':>6} {'completed':>9} {'exact':>5} {'dup':>4} {'stuck':>5}"
-        f" {'recover p50':>11} {'max':>6} {'delay p50':>9} {'max':>6} {'trial p50':>9}"
+        f" {'recover p50':>11} {'max':>6} {'delay p50':>9} {'max':>6} {'reissued':>8}"
+        f" {'stale':>5} {'trial p50':>9}"
     )
     lines = [head, "-" * len(head)]
 
@@ -516,7 +559,7 @@ def table(report: dict[str, Any]) -> str:
             f"{fault:<22} {s['trials']:>6} {s['completed']:>9} {s['exact']:>5}"
             f" {s['duplicated']:>4} {s['stuck']:>5} {sec(s['recover_p50']):>11}"
             f" {sec(s['recover_max']):>6} {sec(s['delay_p50']):>9} {sec(s['delay_max']):>6}"
-            f" {sec(s['trial_p50']):>9}"
+            f" {s.get('reissued', '-'):>8} {s.get('stale', '-'):>5} {sec(s['trial_p50']):>9}"
         )
     return "\n".join(lines)
 
@@ -564,7 +607,9 @@ def run(args: argparse.Namespace, faults: list[str], log: Log) -> dict[str, Any]
                         log(
                             f"  {fault} {n}/{args.trials}: {t.status or '?'}"
                             f"{' exact' if t.exact else ' NOT EXACT'}, {t.duplicated} dup,"
-                            f" recover {recover}, delay {delay}, struck at {t.struck_at}, {t.seconds:.1f} s"
+                            f" recover {recover}, delay {delay}, reissued {t.reissued},"
+                            f" stale {t.stale}, struck at {t.struck_at}, held {t.held},"
+                            f" {t.seconds:.1f} s"
                             + (" STUCK" if t.stuck else "")
                             + (f" ({t.detail})" if t.detail else "")
                         )

@@ -32,8 +32,11 @@ with more than one result in the loop's result or more than one `command.complet
 event), the time to recover (from the fault's end — the kill, or the end of the outage —
 to the next completed iteration, or to the end of the run; events are polled every
 0.1 s), the delay (the run's time, start to last event, less the median of 3 runs
-without a fault on the same stack first) and stuck (not finished --timeout s after the fault; then cancelled). Per fault:
-those counted, and the time to recover p50 and max.
+without a fault on the same stack first), stuck (not finished --timeout s after the
+fault; then cancelled), and to show the fault bit: the commands issued again and the
+worker reports refused as stale meanwhile (the servers' /metrics), the commands the
+victim worker held when struck, the stream's messages under duplicate-commands. Per
+fault: those counted, and the time to recover and the delay, p50 and max.
 
 Text goes to stdout, or to stderr with --json (one JSON document on stdout). The exit
 status is 0 when every trial completed exactly, with no duplicate and none stuck; 1

@@ -137,3 +137,37 @@ def test_publish_without_a_stream_reports_each_row_failed(tmp_path: Path) -> Non
     assert marked == []
     assert sorted(failed) == [r.id for r in rows]
     assert failures == len(rows)
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_the_duplicate_fault_puts_every_command_in_the_stream_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, duplicate: bool
+) -> None:
+    """FLOWTIDE_FAULT_DUPLICATE_COMMANDS (bench/faults.py): each row reaches the stream a
+    second time under another message id (JetStream's duplicate window would drop a
+    copy under the same one); off, each is there once. Marked published once either way."""
+    monkeypatch.setenv("FLOWTIDE_FAULT_DUPLICATE_COMMANDS", "1" if duplicate else "0")
+    rows = [
+        OutboxRow(i, 5, 300 + i, "flowtide.commands.default.5", f'{{"n": {i}}}', 1)
+        for i in range(1, 4)
+    ]
+    with NatsServer.start(tmp_path / "nats") as server:
+
+        async def main() -> tuple[int, list[int]]:
+            import nats
+
+            nc = await nats.connect(server.url)
+            relay = OutboxRelay(None, nc)  # type: ignore[arg-type]
+            marks = _Marks()
+            relay.rows = marks  # type: ignore[assignment]
+            await relay.start()
+            relay.publish(rows)
+            await asyncio.wait_for(asyncio.gather(*relay._sending), 20)
+            await relay.stop()
+            info = await relay.js.stream_info(STREAM)
+            await nc.close()
+            return info.state.messages, marks.published
+
+        messages, marked = asyncio.run(main())
+    assert messages == len(rows) * (2 if duplicate else 1)
+    assert sorted(marked) == [r.id for r in rows]

@@ -100,6 +100,8 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_SESSION_IDLE": 3600.0,
     # Added since the tree (templates pasted into SQL, flowtide.web.catalog).
     "FLOWTIDE_SQL_STRICT": False,
+    # Fault injection for drills (bench/faults.py), off by default.
+    "FLOWTIDE_FAULT_DUPLICATE_COMMANDS": False,
 }
 
 #: Variables whose names do not follow the tree's rule: older than it, or a standard's.

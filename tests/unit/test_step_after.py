@@ -103,3 +103,27 @@ def test_more_takers_than_commands_leaves_the_rest_without() -> None:
     commands = [Command(1, 7, "work", issued_event_id=101)]
     claims = stepper._hand_over(_state(), "default", takers, commands, results)
     assert len(claims) == 1 and results[0].handed is not None and results[1].handed is None
+
+
+class _LostConnection:
+    def rollback(self) -> None:
+        import psycopg
+
+        raise psycopg.OperationalError("the connection is lost")
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.returned: list[Any] = []
+
+    def putconn(self, conn: Any) -> None:
+        self.returned.append(conn)
+
+
+def test_a_failed_step_on_a_dropped_connection_gives_it_back_quietly() -> None:
+    """PostgreSQL restarted under a step (bench/faults.py, pg-restart-immediate): the
+    rollback of its failed transaction fails too; the connection still goes back to the
+    pool (which discards it) and the rollback's error does not replace the step's."""
+    pool, conn = _Pool(), _LostConnection()
+    Stepper._give_back(pool, conn)  # type: ignore[arg-type]
+    assert pool.returned == [conn]

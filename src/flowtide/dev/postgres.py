@@ -217,8 +217,14 @@ class LocalPostgres:
         )
         self._wait_ready(timeout)
 
-    def stop(self, *, timeout: float = 30.0) -> None:
-        """Fast shutdown (sessions are disconnected, the data stays). No-op when stopped."""
+    def stop(self, *, timeout: float = 30.0, mode: str = "fast") -> None:
+        """Shut down (sessions are disconnected, the data stays). No-op when stopped.
+
+        `mode` is pg_ctl's: `fast` (the default) or `immediate` (no checkpoint: the next
+        start recovers from the WAL, as after a crash).
+        """
+        if mode not in ("fast", "immediate"):
+            raise PostgresSetupError(f"pg_ctl stop mode {mode!r}: fast or immediate")
         if self.bindir is None or not self.is_running():
             return
         self._run(
@@ -227,7 +233,7 @@ class LocalPostgres:
                 "-D",
                 str(self.datadir),
                 "-m",
-                "fast",
+                mode,
                 "-w",
                 "-t",
                 str(int(timeout)),

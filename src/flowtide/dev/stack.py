@@ -41,8 +41,11 @@ reach each process as FLOWTIDE_NATS_USER/FLOWTIDE_NATS_PASSWORD in its environme
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -468,6 +471,44 @@ class DevStack(StackLayout):
         server (URL, up or not), and the cluster database's server; from `components`
         (what `status` returned)."""
         return stack_status.shard_status(self, components)
+
+    # -- fault drills (bench/faults.py) ---------------------------------------------------
+
+    def signal(self, name: str, sig: signal.Signals) -> int:
+        """Send `sig` to part `name` (worker-N, server, server-K, nats) and the processes it
+        started (its process group); its pid. After a SIGKILL (waited for here) `up`
+        starts the part again; after a SIGSTOP, a SIGCONT resumes it.
+
+        Raises:
+            DevStackError: the part does not run.
+        """
+        pid = self.procs.pid(name)
+        if pid is None:
+            raise DevStackError(f"{name} is not running; the running parts: {self.running()}")
+        os.killpg(pid, sig)
+        if sig == signal.SIGKILL:
+            deadline = time.monotonic() + 10
+            while self.procs.alive(name) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return pid
+
+    def stop_postgres(self, name: str, *, mode: str = "fast") -> None:
+        """Stop PostgreSQL server `name` (postgres, or postgres-K with shards) with
+        pg_ctl's `mode`, fast or immediate (a crash: the next start replays the WAL);
+        `up` starts it again.
+
+        Raises:
+            DevStackError: no such server, or pg_ctl failed.
+        """
+        parts = {p.name: p for p in self.pg_parts()}
+        if name not in parts:
+            raise DevStackError(f"no PostgreSQL server {name!r}; the stack has {list(parts)}")
+        try:
+            parts[name].pg.stop(mode=mode)
+        except PostgresSetupError as exc:
+            raise DevStackError(f"{name}: {exc}") from None
+        self.config.pids.pop(name, None)
+        self._save()
 
     # -- processes -----------------------------------------------------------------------
 

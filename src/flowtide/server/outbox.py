@@ -144,7 +144,18 @@ class OutboxRelay:
     """Publishes pending outbox rows; woken by `poke()` after a commit, and polls as a
     backstop for rows other processes left behind."""
 
-    def __init__(self, store: PostgresStore, nc: Client, *, poll: float = 0.5) -> None:
+    def __init__(
+        self, store: PostgresStore, nc: Client, *, poll: float = 0.5, duplicate: bool | None = None
+    ) -> None:
+        if duplicate is None:
+            from flowtide.settings import FaultsSection, read
+
+            duplicate = read(FaultsSection).duplicate_commands
+        #: Fault injection (FLOWTIDE_FAULT_DUPLICATE_COMMANDS, drills only): every command
+        #: published a second time under another message id, which JetStream keeps.
+        self.duplicate = duplicate
+        if duplicate:
+            log.warning("fault injection on: every command is published to NATS twice")
         self.rows = OutboxStore(store)
         self.nc = nc
         self.js = nc.jetstream()
@@ -223,9 +234,20 @@ class OutboxRelay:
                 )
             except Exception as exc:  # noqa: BLE001 - reported per row
                 sent.append(exc)
+        copies: list[Any] = []
+        if self.duplicate:
+            for r in rows:
+                with contextlib.suppress(Exception):  # a lost copy is no fault of the row's
+                    copies.append(
+                        await self.js.publish_async(
+                            r.subject,
+                            r.payload.encode(),
+                            headers={"Nats-Msg-Id": f"{r.command_id}-{r.id}-again"},
+                        )
+                    )
         if trace.enabled:
             trace.marks([r.command_id for r in rows], "published")
-        waiting = [f for f in sent if isinstance(f, asyncio.Future)]
+        waiting = [f for f in sent + copies if isinstance(f, asyncio.Future)]
         try:
             if waiting:
                 await asyncio.wait(waiting, timeout=PUBLISH_TIMEOUT)

@@ -239,9 +239,12 @@ class Stepper(GroupCommit, Creations):
 
     @staticmethod
     def _give_back(pool: Any, conn: psycopg.Connection) -> None:
-        """Return a connection whose transaction failed (rolled back first)."""
+        """Return a connection whose transaction failed (rolled back first; one that
+        PostgreSQL dropped cannot be: the pool discards it, and the step's error stands)."""
         try:
             conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - the step's own error is what callers get
+            log.debug("rollback of a failed step: %s", exc)
         finally:
             pool.putconn(conn)
 

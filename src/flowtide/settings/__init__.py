@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from flowtide.settings.tree import (
         SECTIONS,
         ClientSection,
+        FaultsSection,
         HomeSection,
         HooksSection,
         LimitsSection,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SECTIONS",
     "ClientSection",
+    "FaultsSection",
     "HomeSection",
     "HooksSection",
     "LimitsSection",

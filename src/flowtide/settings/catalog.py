@@ -520,4 +520,11 @@ CATALOG: dict[str, Entry] = {
         None,
         None,
     ),
+    "faults.duplicate_commands": Entry(
+        "FLOWTIDE_FAULT_DUPLICATE_COMMANDS",
+        False,
+        "Fault injection (drills only): the server publishes every command to NATS twice, under two message ids so that JetStream keeps both; each must still run once.",
+        None,
+        None,
+    ),
 }

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = [
     "SECTIONS",
     "ClientSection",
+    "FaultsSection",
     "Flag",
     "HomeSection",
     "HooksSection",
@@ -377,6 +378,19 @@ class SessionSection(BaseSettings):
     )
 
 
+class FaultsSection(BaseSettings):
+    """Fault injection, for fault drills only (bench/faults.py and its test): every one
+    is off by default and has no place in a real deployment."""
+
+    model_config = _config("FLOWTIDE_FAULT_")
+
+    duplicate_commands: Flag = setting(
+        False,
+        "Fault injection (drills only): the server publishes every command to NATS twice,"
+        " under two message ids so that JetStream keeps both; each must still run once.",
+    )
+
+
 #: The tree: each section by its name (`flowtide.settings.reading("limits")`), in the order
 #: the README's table lists them.
 SECTIONS: dict[str, type[BaseSettings]] = {
@@ -390,4 +404,5 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "spark": SparkSection,
     "hooks": HooksSection,
     "session": SessionSection,
+    "faults": FaultsSection,
 }

@@ -125,12 +125,15 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
 def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
     """Print (on stderr) and return the playbook's SQL warnings: templates pasted into
     SQL text (flowtide.playbook.sqllint). Warnings never stop a run."""
+    from flowtide.playbook.loader import warning_text
     from flowtide.playbook.sqllint import lint_playbook
 
+    for key_warning in playbook.warnings:
+        err(warning_text(key_warning))
     warnings = lint_playbook(playbook, file)
     for warning in warnings:
         err(warning.render())
-    return [warning.to_dict() for warning in warnings]
+    return [w.to_dict() for w in playbook.warnings] + [w.to_dict() for w in warnings]
 
 
 def _show_progress(as_json: bool) -> bool:
@@ -458,7 +461,7 @@ def validate(
     """Check playbooks without running anything. Exit code 2 when any is invalid (with
     --strict: or pastes a template into SQL text)."""
     from flowtide.errors import PlaybookError, PlaybookErrors
-    from flowtide.playbook.loader import load_playbook
+    from flowtide.playbook.loader import load_playbook, warning_text
     from flowtide.playbook.sqllint import lint_playbook
 
     report = []
@@ -478,9 +481,12 @@ def validate(
             continue
         warnings = lint_playbook(playbook, str(file))
         if not as_json:
+            for key_warning in playbook.warnings:
+                err(warning_text(key_warning))
             for warning in warnings:
                 err(warning.render("error" if strict else "warning"))
         found = [w.to_dict() for w in warnings]
+        keys_found = [w.to_dict() for w in playbook.warnings]
         if strict and warnings:
             bad = True
             report.append({"file": str(file), "valid": False, "errors": found})
@@ -493,7 +499,7 @@ def validate(
                 "valid": True,
                 "name": playbook.name,
                 "steps": len(playbook.steps),
-                "warnings": found,
+                "warnings": keys_found + found,
             }
         )
         if not as_json:

@@ -18,7 +18,7 @@ from typing import Any
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.steps import SCHEDULE_KEY, _parse_step
+from flowtide.playbook.loader.steps import _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.notify import parse_notify
@@ -57,12 +57,12 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
             column=1,
             expected="apiVersion/kind/metadata/workflow",
         )
-    if "schedule" in data:
-        c.error(("schedule",), SCHEDULE_KEY, field="schedule")
+    c.keys(data, "playbook", (), None, "")
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict):
         c.error(("metadata",), "'metadata' must be a mapping", field="metadata")
         meta = {}
+    c.keys(meta, "metadata", ("metadata",), None, "metadata")
     workload = data.get("workload")
     if workload is None:
         workload = {}
@@ -93,6 +93,8 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                 continue
             name = str(item["name"])
             tool_raw = item.get("tool")
+            if tool_raw is not None:
+                c.keys(item, "workbook action", wpath, f"workbook:{name}", f"workbook[{i}]")
             if tool_raw is None:
                 tool_raw = {k: v for k, v in item.items() if k not in ("name", "assert", "desc")}
                 tpath = wpath
@@ -188,8 +190,10 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
     executor = data.get("executor") or {}
     entry = None
     if isinstance(executor, dict):
+        c.keys(executor, "executor", ("executor",), None, "executor")
         spec = executor.get("spec") or {}
         if isinstance(spec, dict):
+            c.keys(spec, "executor.spec", ("executor", "spec"), None, "executor.spec")
             entry = spec.get("entry_step")
     if entry is None:
         entry = "start" if "start" in steps else next(iter(steps), None)
@@ -241,7 +245,15 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         notify=notify,
         timeout=limits["timeout"],
         sla=limits["sla"],
+        warnings=tuple(sorted(c.warnings, key=lambda w: (w.line or 0, w.column or 0))),
     )
+
+
+def warning_text(warning: PlaybookError) -> str:
+    """A loader warning as `file:line:column: warning: step '...', field '...': message`."""
+    text = warning.render()
+    where = warning.location()
+    return f"{where}: warning: {text[len(where) + 2 :]}"
 
 
 def _duration(c: _Checker, data: dict[str, Any], key: str) -> float | None:

@@ -8,9 +8,11 @@ offers the closest known name ("did you mean ...?") for a misspelt one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flowtide.errors import PlaybookError
+from flowtide.playbook.loader.schema import LEVELS, Key
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.source import Positions
 from flowtide.playbook.template import check_syntax, is_template
@@ -24,6 +26,8 @@ class _Checker:
         self.file = file
         self.positions = positions
         self.errors: list[PlaybookError] = []
+        #: Keys accepted but not acted on: reported as warnings, never stop a run.
+        self.warnings: list[PlaybookError] = []
 
     def error(
         self,
@@ -68,6 +72,57 @@ class _Checker:
                 message, file=self.file, line=at_line, column=at_column, step=step, field=field
             )
         )
+
+    def warn(
+        self, path: NodePath, message: str, *, step: str | None = None, field: str | None = None
+    ) -> None:
+        line, column = self.positions.get(path)
+        self.warnings.append(
+            PlaybookError(message, file=self.file, line=line, column=column, step=step, field=field)
+        )
+
+    def keys(
+        self,
+        raw: Mapping[Any, Any],
+        level: str,
+        path: NodePath,
+        step: str | None,
+        field: str,
+        *,
+        also: Iterable[str] = (),
+        skip: Iterable[str] = (),
+        hints: Mapping[str, str] | None = None,
+    ) -> None:
+        """Check every key of `raw` against level `level` of `flowtide.playbook.loader.
+        schema.LEVELS` (and `also`, more keys it may carry): an unknown or refused key is
+        an error, a known key flowtide does not act on is a warning. `skip`: keys another
+        check reports; `hints`: what to say of a known-misplaced key."""
+        table: Mapping[str, Key] = LEVELS[level]
+        extra = tuple(also)
+        ignored = set(skip)
+        for key in raw:
+            name = str(key)
+            if name in ignored or name in extra:
+                continue
+            at = (*path, key)
+            where = f"{field}.{name}" if field else name
+            spec = table.get(name)
+            if spec is None:
+                choices = [k for k, v in table.items() if not v.refused] + list(extra)
+                hint = (hints or {}).get(name)
+                message = f"unknown {level} key '{name}'" + (
+                    f": {hint}" if hint else _suggest(name, choices)
+                )
+                self.error(at, message, step=step, field=where, expected=" | ".join(choices))
+            elif spec.refused:
+                self.error(at, spec.refused, step=step, field=where)
+            elif not spec.acted:
+                self.warn(
+                    at,
+                    f"'{name}' is accepted but flowtide does not act on it ({spec.doc})",
+                    step=step,
+                    field=where,
+                )
 
     def line(self, path: NodePath) -> int | None:
         return self.positions.get(path)[0]

@@ -18,6 +18,7 @@ from typing import Any
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
+from flowtide.playbook.loader.schema import EXECUTOR_SPEC_MISPLACED
 from flowtide.playbook.loader.steps import _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Playbook, Step, Task
@@ -62,7 +63,6 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
     if not isinstance(meta, dict):
         c.error(("metadata",), "'metadata' must be a mapping", field="metadata")
         meta = {}
-    c.keys(meta, "metadata", ("metadata",), None, "metadata")
     workload = data.get("workload")
     if workload is None:
         workload = {}
@@ -193,7 +193,14 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         c.keys(executor, "executor", ("executor",), None, "executor")
         spec = executor.get("spec") or {}
         if isinstance(spec, dict):
-            c.keys(spec, "executor.spec", ("executor", "spec"), None, "executor.spec")
+            c.keys(
+                spec,
+                "executor.spec",
+                ("executor", "spec"),
+                None,
+                "executor.spec",
+                hints=EXECUTOR_SPEC_MISPLACED,
+            )
             entry = spec.get("entry_step")
     if entry is None:
         entry = "start" if "start" in steps else next(iter(steps), None)

@@ -115,7 +115,7 @@ class _Checker:
                 )
                 self.error(at, message, step=step, field=where, expected=" | ".join(choices))
             elif spec.refused:
-                self.error(at, spec.refused, step=step, field=where)
+                self.error(at, spec.refused, step=step, field=where, expected=spec.instead or None)
             elif not spec.acted:
                 self.warn(
                     at,

@@ -41,6 +41,8 @@ class Key:
     acted: bool = True
     #: Set: the key is an error, this text says why and what to write instead.
     refused: str = ""
+    #: What to write instead of a refused key (the error's `expected`).
+    instead: str = ""
 
 
 def _table(*keys: Key) -> dict[str, Key]:
@@ -77,6 +79,8 @@ PLAYBOOK = _table(
     Key("schedule", "mapping", "", refused=_SCHEDULE),
 )
 
+#: `metadata` is free-form, as in NoETL (its `PlaybookMetadata` allows any key): these
+#: are the keys flowtide reads or NoETL names; others are kept and not checked.
 METADATA = _table(
     Key("name", "string", "the playbook's name", default="the file's stem"),
     Key("path", "string", "its catalog path"),
@@ -84,17 +88,31 @@ METADATA = _table(
     Key("description", "string", _DOC),
     Key("tags", "list", _DOC),
     Key("labels", "mapping", _DOC),
+    Key("exposed_in_ui", "bool", "NoETL's GUI flag", acted=False),
+    Key("exposes_as_mcp", "bool", "NoETL's MCP flag", acted=False),
+    Key("agent", "bool", "NoETL's legacy agent flag", acted=False),
+    Key("capabilities", "list", "NoETL's agent capabilities", acted=False),
 )
 
 EXECUTOR = _table(
     Key("spec", "mapping", "`entry_step`: the first step"),
-    Key("profile", "string", "NoETL's executor profile", acted=False),
-    Key("spark", "mapping", "Spark settings handed to spark tasks"),
+    Key("spark", "mapping", "Spark settings of spark tasks: `master`, `data_dir`, ..."),
+    Key("profile", "string", "NoETL's runtime profile (local | distributed | auto)", acted=False),
+    Key("version", "string", "NoETL's runtime contract version", acted=False),
+    Key("requires", "mapping", "NoETL's required tools and features", acted=False),
 )
 
 EXECUTOR_SPEC = _table(
     Key("entry_step", "string", "the first step", default="'start', else the first step"),
+    Key("final_step", "string", "NoETL's finalization step", acted=False),
+    Key("no_next_is_error", "bool", "NoETL: no matching arc is an error", acted=False),
+    Key("policy", "mapping", "NoETL's global defaults placeholder", acted=False),
 )
+
+#: Misplaced `executor.spec` keys: where they belong.
+EXECUTOR_SPEC_MISPLACED: Mapping[str, str] = {
+    "spark": "Spark settings are `executor.spark` (not under `executor.spec`)",
+}
 
 WORKBOOK_ACTION = _table(
     Key("name", "string", "the action's name, called by `tool: {kind: workbook, name: ...}`"),
@@ -150,10 +168,19 @@ STEP_POLICY = _table(
         "",
         refused="policy rules written on the step would never run: task policy rules "
         "belong under the tool (a step's spec.policy takes only 'admit')",
+        instead="tool: {kind: ..., spec: {policy: {rules: [...]}}}",
     ),
-    Key("lifecycle", "mapping", "", refused=_STEP_POLICY_ONLY_ADMIT.format("lifecycle")),
-    Key("failure", "mapping", "", refused=_STEP_POLICY_ONLY_ADMIT.format("failure")),
-    Key("emit", "mapping", "", refused=_STEP_POLICY_ONLY_ADMIT.format("emit")),
+    Key(
+        "lifecycle",
+        "mapping",
+        "",
+        refused=_STEP_POLICY_ONLY_ADMIT.format("lifecycle"),
+        instead="admit",
+    ),
+    Key(
+        "failure", "mapping", "", refused=_STEP_POLICY_ONLY_ADMIT.format("failure"), instead="admit"
+    ),
+    Key("emit", "mapping", "", refused=_STEP_POLICY_ONLY_ADMIT.format("emit"), instead="admit"),
 )
 
 ADMIT = _table(
@@ -374,6 +401,8 @@ KIND_FIELDS: Mapping[str, tuple[str, ...]] = {
         "pool",
         "connection",
         "database",
+        "dsn",
+        "connection_string",
     ),
     "duckdb": ("query", "command", "commands", "sql", "database", "auth", "credential", "params"),
     "spark": ("sql", "code", "inputs", "sink", "conf", "params"),
@@ -399,7 +428,7 @@ KIND_FIELDS: Mapping[str, tuple[str, ...]] = {
         "history",
         "description",
     ),
-    "shell": ("cmds", "cmd", "command", "cwd", "env", "shell"),
+    "shell": ("cmds", "cmd", "command", "cwd", "env", "shell", "timeout_seconds", "max_output"),
     "script": ("script", "args", "env", "job"),
     "transfer": (
         "source",

@@ -17,6 +17,7 @@ from flowtide.playbook.loader.schema import KIND_FIELDS, STEP_MISPLACED
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Step, Task
 from flowtide.playbook.source import Path as NodePath
+from flowtide.tools import kinds
 
 #: What to say of a tool's field written on the step.
 _MISPLACED = {
@@ -29,6 +30,22 @@ _MISPLACED = {
 }
 
 
+def _reported_elsewhere(raw: dict[str, Any]) -> tuple[str, ...]:
+    """Tool fields written on the step that another check reports with its fix: SQL or
+    code on a step without a tool (below), and what the step's tool requires but lacks
+    (`kinds._check_required`)."""
+    tool = raw.get("tool")
+    if tool is None:
+        return ("command", "query", "code")
+    spec = kinds.find(str(tool.get("kind"))) if isinstance(tool, dict) else None
+    if spec is None:
+        return ()
+    inner = tool.get("spec") if isinstance(tool.get("spec"), dict) else {}
+    if any(tool.get(n) not in (None, "") or inner.get(n) not in (None, "") for n in spec.requires):
+        return ()
+    return spec.requires
+
+
 def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | None:
     if not isinstance(raw, dict):
         c.error(path, "a workflow entry must be a mapping with 'step'", field=f"workflow[{index}]")
@@ -38,9 +55,7 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         c.error(path, "workflow entry has no 'step' name", field=f"workflow[{index}].step")
         return None
     name = str(name)
-    # `command`, `query`, `code` on a step without a tool: reported below, with the fix.
-    no_tool = ("command", "query", "code") if raw.get("tool") is None else ()
-    c.keys(raw, "step", path, name, "", skip=no_tool, hints=_MISPLACED)
+    c.keys(raw, "step", path, name, "", skip=_reported_elsewhere(raw), hints=_MISPLACED)
     spec = raw.get("spec")
     if isinstance(spec, dict):
         c.keys(spec, "step spec", (*path, "spec"), name, "spec")

@@ -18,6 +18,7 @@ from typing import Any
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
+from flowtide.playbook.loader.references import known_names, unknown
 from flowtide.playbook.loader.schema import EXECUTOR_SPEC_MISPLACED
 from flowtide.playbook.loader.steps import _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
@@ -224,9 +225,12 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
             for key in ("body", "text", "subject") if isinstance(cfg, dict) else ():
                 if key in cfg:
                     at = ("notify", i, kind, key)
-                    c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}")
+                    # Rendered with the notification's own names (flowtide.notify).
+                    c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}", refs=False)
 
     limits = {key: _duration(c, data, key) for key in ("timeout", "sla")}
+    if not c.errors:
+        _check_references(c, workload, steps, workbook)
 
     if c.errors:
         raise PlaybookErrors(c.errors)
@@ -254,6 +258,24 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         sla=limits["sla"],
         warnings=tuple(sorted(c.warnings, key=lambda w: (w.line or 0, w.column or 0))),
     )
+
+
+def _check_references(
+    c: _Checker, workload: dict[str, Any], steps: dict[str, Step], workbook: dict[str, Task]
+) -> None:
+    """Every name the playbook's templates read is one some context offers."""
+    names = known_names(workload, steps, workbook)
+    for ref in c.references:
+        for what, line, choices in unknown(ref, names, workload):
+            name = what.split("'")[1]
+            c.error_inside(
+                ref.path,
+                line,
+                None,
+                f"template reads unknown {what}{_suggest(name, choices)}",
+                step=ref.step,
+                field=ref.field,
+            )
 
 
 def warning_text(warning: PlaybookError) -> str:

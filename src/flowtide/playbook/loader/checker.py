@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flowtide.errors import PlaybookError
+from flowtide.playbook.loader.references import Reference
 from flowtide.playbook.loader.schema import LEVELS, Key
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.source import Positions
@@ -28,6 +29,8 @@ class _Checker:
         self.errors: list[PlaybookError] = []
         #: Keys accepted but not acted on: reported as warnings, never stop a run.
         self.warnings: list[PlaybookError] = []
+        #: Every template met, its names checked once all steps are known.
+        self.references: list[Reference] = []
 
     def error(
         self,
@@ -127,10 +130,15 @@ class _Checker:
     def line(self, path: NodePath) -> int | None:
         return self.positions.get(path)[0]
 
-    def templates(self, value: Any, path: NodePath, step: str | None, field: str) -> None:
-        """Report Jinja syntax errors anywhere inside `value`."""
+    def templates(
+        self, value: Any, path: NodePath, step: str | None, field: str, *, refs: bool = True
+    ) -> None:
+        """Report Jinja syntax errors anywhere inside `value`, and keep its templates for
+        the check of the names they read (`refs`: they render in a playbook's contexts)."""
         if isinstance(value, str):
             if is_template(value):
+                if refs:
+                    self.references.append(Reference(path, step, field, value))
                 problem = check_syntax(value)
                 if problem:
                     self.error_inside(
@@ -143,7 +151,7 @@ class _Checker:
                     )
         elif isinstance(value, dict):
             for k, v in value.items():
-                self.templates(v, (*path, k), step, f"{field}.{k}")
+                self.templates(v, (*path, k), step, f"{field}.{k}", refs=refs)
         elif isinstance(value, list):
             for i, v in enumerate(value):
-                self.templates(v, (*path, i), step, f"{field}[{i}]")
+                self.templates(v, (*path, i), step, f"{field}[{i}]", refs=refs)

@@ -43,6 +43,7 @@ from flowtide.cli.options import (
     home_dir,
     print_json,
 )
+from flowtide.cli.overrides import AllowExtraOpt, refuse_undeclared, refuse_undeclared_remote
 from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url, scrub_url
 
@@ -190,10 +191,17 @@ def _follow_remote(
 
 
 def _run_remote(
-    server: str, target: str, overrides: dict[str, Any], *, as_json: bool, pool: str | None
+    server: str,
+    target: str,
+    overrides: dict[str, Any],
+    *,
+    as_json: bool,
+    pool: str | None,
+    allow_extra: bool = False,
 ) -> int:
     """Submit `target` to a server and follow it to the end."""
     from flowtide.client import ServerError
+    from flowtide.errors import PlaybookError
 
     try:
         text, catalog_id = _remote_target(target)
@@ -201,13 +209,18 @@ def _run_remote(
         err(f"error: {exc}")
         return EXIT_INVALID
     if text is not None:
-        from flowtide.errors import PlaybookError
         from flowtide.playbook.loader import parse_playbook
 
         with contextlib.suppress(PlaybookError):  # the server reports what is invalid
             _warn_pasted_sql(parse_playbook(text, target), target)
     eid: int | None = None
     with server_client(server) as api:
+        try:
+            if not allow_extra:
+                refuse_undeclared_remote(api, text, target, overrides)
+        except PlaybookError as exc:
+            err(f"error: {exc}")
+            return EXIT_INVALID
         try:
             eid = api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
             if not as_json:
@@ -274,9 +287,10 @@ def _execute(
     kv_bucket: str = "flowtide_state",
     kv_ttl: float = 3600.0,
     nats_creds: Path | None = None,
+    allow_extra: bool = False,
 ) -> int:
-    """Run `target` (or resume `execution_id`) embedded and report it. Returns the exit
-    code."""
+    """Run `target` (or resume `execution_id`) embedded and report it (`allow_extra`:
+    overrides need not be declared by the workload). Returns the exit code."""
     import asyncio
 
     if spark_master:
@@ -300,6 +314,8 @@ def _execute(
     async def start(runtime: LocalRuntime) -> int:
         if target is not None:
             playbook, version = _load_target(target, store)
+            if not allow_extra:
+                refuse_undeclared(playbook.workload, overrides or {}, target)
             _warn_pasted_sql(playbook, target)
             eid = await runtime.start(playbook, workload=overrides or {}, catalog_version=version)
         else:
@@ -391,6 +407,7 @@ def run(
     kv_ttl: KvTtlOpt = 3600.0,
     nats_creds: NatsCredsOpt = None,
     server: ServerOpt = None,
+    allow_extra: AllowExtraOpt = False,
 ) -> None:
     """Run a playbook embedded (or on a flowtide server with --server), to the end.
 
@@ -403,7 +420,11 @@ def run(
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     if server:
-        raise typer.Exit(_run_remote(server, target, overrides, as_json=as_json, pool=None))
+        raise typer.Exit(
+            _run_remote(
+                server, target, overrides, as_json=as_json, pool=None, allow_extra=allow_extra
+            )
+        )
     raise typer.Exit(
         _execute(
             target=target,
@@ -416,6 +437,7 @@ def run(
             kv_bucket=kv_bucket,
             kv_ttl=kv_ttl,
             nats_creds=nats_creds,
+            allow_extra=allow_extra,
         )
     )
 
@@ -518,9 +540,11 @@ def execute(
         str | None, typer.Option("--pool", help="Worker pool to run on (default: default).")
     ] = None,
     as_json: JsonOpt = False,
+    allow_extra: AllowExtraOpt = False,
 ) -> None:
     """Start a playbook on a server and return at once with its execution id (follow it
     with `flowtide status ID` / `flowtide events ID --follow`)."""
+    from flowtide.errors import PlaybookError
 
     try:
         overrides = _overrides(set_, payload)
@@ -529,6 +553,12 @@ def execute(
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     with server_client(server) as api:
+        try:
+            if not allow_extra:
+                refuse_undeclared_remote(api, text, target, overrides)
+        except PlaybookError as exc:
+            err(f"error: {exc}")
+            raise typer.Exit(EXIT_INVALID) from None
         eid = remote_or_exit(
             lambda: api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
         )

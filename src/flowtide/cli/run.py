@@ -253,13 +253,21 @@ def _run_remote(
 # --------------------------------------------------------------------------- embedded
 
 
-def _load_target(target: str, store: Store) -> tuple[Any, int | None]:
+def _load_target(
+    target: str, store: Store, references: tuple[str, ...] = ()
+) -> tuple[Any, int | None]:
+    """The playbook `target` names (a file, or a catalog entry) and its version, every
+    template's names resolved (`references`: more names the run is given).
+
+    Raises:
+        PlaybookError: no such playbook, or an invalid one.
+    """
     from flowtide.errors import NotFoundError
     from flowtide.playbook.loader import load_playbook, parse_playbook
 
     path = Path(target)
     if path.exists():
-        return load_playbook(path), None
+        return load_playbook(path, references=references), None
     path_part, _, version = target.partition("@")
     try:
         row = store.get_playbook(path_part, int(version) if version else None)
@@ -271,7 +279,7 @@ def _load_target(target: str, store: Store) -> tuple[Any, int | None]:
             "(register one with `flowtide catalog register FILE`)",
             file=target,
         ) from None
-    return parse_playbook(row.text, row.source_file), row.version
+    return parse_playbook(row.text, row.source_file, references=references), row.version
 
 
 def _execute(
@@ -313,7 +321,8 @@ def _execute(
 
     async def start(runtime: LocalRuntime) -> int:
         if target is not None:
-            playbook, version = _load_target(target, store)
+            given = tuple(overrides or {}) if allow_extra else ()
+            playbook, version = _load_target(target, store, given)
             if not allow_extra:
                 refuse_undeclared(playbook.workload, overrides or {}, target)
             _warn_pasted_sql(playbook, target)
@@ -490,7 +499,7 @@ def validate(
     bad = False
     for file in files:
         try:
-            playbook = load_playbook(file)
+            playbook = load_playbook(file, references=())
         except PlaybookError as exc:
             bad = True
             errors = exc.errors if isinstance(exc, PlaybookErrors) else [exc]

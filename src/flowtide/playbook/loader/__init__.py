@@ -12,6 +12,7 @@ fields and checks of each tool kind), `loops`, `arcs` (`next`) and `policies`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,14 @@ from flowtide.playbook.source import Path as NodePath
 from flowtide.storable import bad_char
 
 
-def parse_playbook(text: str, file: str | None = None) -> Playbook:
+def parse_playbook(
+    text: str, file: str | None = None, *, references: Collection[str] | None = None
+) -> Playbook:
     """Parse and validate playbook `text` (from `file`, used in messages and for paths).
+
+    `references`: also resolve every name the templates read (`loader.references`),
+    these names (keys a run is given beyond the workload's) counting as known; None: do
+    not (a server's payload may bring names the workload does not declare).
 
     Raises:
         PlaybookError: YAML syntax error, or `PlaybookErrors` listing every problem found.
@@ -229,8 +236,8 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                     c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}", refs=False)
 
     limits = {key: _duration(c, data, key) for key in ("timeout", "sla")}
-    if not c.errors:
-        _check_references(c, workload, steps, workbook)
+    if references is not None and not c.errors:
+        _check_references(c, {**dict.fromkeys(references), **workload}, steps, workbook)
 
     if c.errors:
         raise PlaybookErrors(c.errors)
@@ -300,8 +307,8 @@ def _duration(c: _Checker, data: dict[str, Any], key: str) -> float | None:
         return None
 
 
-def load_playbook(path: str | Path) -> Playbook:
-    """Read and validate the playbook file at `path`.
+def load_playbook(path: str | Path, *, references: Collection[str] | None = None) -> Playbook:
+    """Read and validate the playbook file at `path` (`references`: `parse_playbook`'s).
 
     Raises:
         PlaybookError: unreadable file, YAML syntax error or invalid playbook.
@@ -320,7 +327,7 @@ def load_playbook(path: str | Path) -> Playbook:
         raise PlaybookError("file not found", file=str(path)) from exc
     except OSError as exc:
         raise PlaybookError(f"cannot read file: {exc.strerror}", file=str(path)) from exc
-    return parse_playbook(text, str(path))
+    return parse_playbook(text, str(path), references=references)
 
 
 def _shown(key: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.references import known_names, unknown
+from flowtide.playbook.loader.references import known_names, suggest, unknown
 from flowtide.playbook.loader.schema import EXECUTOR_SPEC_MISPLACED
 from flowtide.playbook.loader.steps import _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
@@ -279,7 +279,7 @@ def _check_references(
                 ref.path,
                 line,
                 None,
-                f"template reads unknown {what}{_suggest(name, choices)}",
+                f"template reads unknown {what}{suggest(name, choices)}",
                 step=ref.step,
                 field=ref.field,
             )

@@ -21,8 +21,9 @@ from jinja2 import TemplateSyntaxError, meta, nodes
 from flowtide.playbook.model import Step, Task
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.template import ENV
+from flowtide.tools.spec import did_you_mean
 
-__all__ = ["RUNTIME_NAMES", "Reference", "scan", "unknown"]
+__all__ = ["RUNTIME_NAMES", "Reference", "scan", "suggest", "unknown"]
 
 #: Names the runtime puts in render contexts (`flowtide.engine.context.base_context`,
 #: `iteration_scope`, `flowtide.engine.start.render_workload`, the step exit and policy
@@ -114,6 +115,32 @@ def scan(source: str) -> tuple[set[str], list[tuple[str, int]], list[tuple[str, 
             ):
                 keys.append((item.arg.value, item.lineno))
     return guarded, names, keys
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits from `a` to `b`: insertions, deletions, substitutions and swaps of two
+    neighbours (a swap is the commonest typo: `itme`, `strat`)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def suggest(name: str, choices: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the choice fewest edits away (at most 2), else the
+    closest by `did_you_mean`, or ""."""
+    candidates = sorted(set(choices))
+    near = [(d, c) for c in candidates if (d := _edits(name, c)) <= min(2, len(name) // 2)]
+    if near:
+        return f"; did you mean '{min(near)[1]}'?"
+    return did_you_mean(name, candidates)
 
 
 def _set_names(block: Mapping[str, Any]) -> Iterable[str]:

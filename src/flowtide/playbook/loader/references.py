@@ -64,7 +64,7 @@ class Reference:
     source: str
 
 
-def _root(node: nodes.Node) -> nodes.Name | None:
+def _root(node: nodes.Node | None) -> nodes.Name | None:
     while isinstance(node, nodes.Getattr | nodes.Getitem | nodes.Filter | nodes.Test):
         node = node.node
     return node if isinstance(node, nodes.Name) else None

@@ -149,6 +149,7 @@ STEP_MISPLACED: Mapping[str, str] = {
     "case": "NoETL's `case` is gone from v2: route with next.arcs[].when, handle outcomes "
     "with the tool's spec.policy.rules",
     "kind": "'kind' belongs under 'tool'",
+    "name": "a step is named by 'step' (a task of a pipeline by its 'name' under 'tool')",
 }
 
 STEP_SPEC = _table(

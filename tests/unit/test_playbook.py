@@ -76,7 +76,7 @@ def test_full_playbook_header() -> None:
         metadata: {name: demo, path: examples/demo, version: 2}
         workload: {api: "http://x", n: 3}
         keychain: [{name: token, kind: secret}]
-        executor: {spec: {spark: {master: "local[2]"}}}
+        executor: {spark: {master: "local[2]"}}
         workflow:
           - step: start
             desc: the first step
@@ -86,7 +86,7 @@ def test_full_playbook_header() -> None:
     assert (pb.name, pb.path, pb.version) == ("demo", "examples/demo", "2")
     assert pb.workload == {"api": "http://x", "n": 3}
     assert pb.keychain == [{"name": "token", "kind": "secret"}]
-    assert pb.executor == {"spec": {"spark": {"master": "local[2]"}}}
+    assert pb.executor == {"spark": {"master": "local[2]"}}
     assert pb.steps["start"].desc == "the first step"
     assert pb.steps["start"].line == 8
     assert pb.file == str(Path(FILE).resolve())

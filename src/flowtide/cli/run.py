@@ -43,6 +43,7 @@ from flowtide.cli.options import (
     home_dir,
     print_json,
 )
+from flowtide.cli.overrides import AllowExtraOpt, refuse_undeclared, refuse_undeclared_remote
 from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url, scrub_url
 
@@ -131,12 +132,15 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
 def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
     """Print (on stderr) and return the playbook's SQL warnings: templates pasted into
     SQL text (flowtide.playbook.sqllint). Warnings never stop a run."""
+    from flowtide.playbook.loader import warning_text
     from flowtide.playbook.sqllint import lint_playbook
 
+    for key_warning in playbook.warnings:
+        err(warning_text(key_warning))
     warnings = lint_playbook(playbook, file)
     for warning in warnings:
         err(warning.render())
-    return [warning.to_dict() for warning in warnings]
+    return [w.to_dict() for w in playbook.warnings] + [w.to_dict() for w in warnings]
 
 
 def _show_progress(as_json: bool) -> bool:
@@ -193,10 +197,17 @@ def _follow_remote(
 
 
 def _run_remote(
-    server: str, target: str, overrides: dict[str, Any], *, as_json: bool, pool: str | None
+    server: str,
+    target: str,
+    overrides: dict[str, Any],
+    *,
+    as_json: bool,
+    pool: str | None,
+    allow_extra: bool = False,
 ) -> int:
     """Submit `target` to a server and follow it to the end."""
     from flowtide.client import ServerError
+    from flowtide.errors import PlaybookError
 
     try:
         text, catalog_id = _remote_target(target)
@@ -204,13 +215,18 @@ def _run_remote(
         err(f"error: {exc}")
         return EXIT_INVALID
     if text is not None:
-        from flowtide.errors import PlaybookError
         from flowtide.playbook.loader import parse_playbook
 
         with contextlib.suppress(PlaybookError):  # the server reports what is invalid
             _warn_pasted_sql(parse_playbook(text, target), target)
     eid: int | None = None
     with server_client(server) as api:
+        try:
+            if not allow_extra:
+                refuse_undeclared_remote(api, text, target, overrides)
+        except PlaybookError as exc:
+            err(f"error: {exc}")
+            return EXIT_INVALID
         try:
             eid = api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
             if not as_json:
@@ -243,13 +259,21 @@ def _run_remote(
 # --------------------------------------------------------------------------- embedded
 
 
-def _load_target(target: str, store: Store) -> tuple[Any, int | None]:
+def _load_target(
+    target: str, store: Store, references: tuple[str, ...] = ()
+) -> tuple[Any, int | None]:
+    """The playbook `target` names (a file, or a catalog entry) and its version, every
+    template's names resolved (`references`: more names the run is given).
+
+    Raises:
+        PlaybookError: no such playbook, or an invalid one.
+    """
     from flowtide.errors import NotFoundError
     from flowtide.playbook.loader import load_playbook, parse_playbook
 
     path = Path(target)
     if path.exists():
-        return load_playbook(path), None
+        return load_playbook(path, references=references), None
     path_part, _, version = target.partition("@")
     try:
         row = store.get_playbook(path_part, int(version) if version else None)
@@ -261,7 +285,7 @@ def _load_target(target: str, store: Store) -> tuple[Any, int | None]:
             "(register one with `flowtide catalog register FILE`)",
             file=target,
         ) from None
-    return parse_playbook(row.text, row.source_file), row.version
+    return parse_playbook(row.text, row.source_file, references=references), row.version
 
 
 def _execute(
@@ -277,9 +301,10 @@ def _execute(
     kv_bucket: str = "flowtide_state",
     kv_ttl: float = 3600.0,
     nats_creds: Path | None = None,
+    allow_extra: bool = False,
 ) -> int:
-    """Run `target` (or resume `execution_id`) embedded and report it. Returns the exit
-    code."""
+    """Run `target` (or resume `execution_id`) embedded and report it (`allow_extra`:
+    overrides need not be declared by the workload). Returns the exit code."""
     import asyncio
 
     if spark_master:
@@ -302,7 +327,10 @@ def _execute(
 
     async def start(runtime: LocalRuntime) -> int:
         if target is not None:
-            playbook, version = _load_target(target, store)
+            given = tuple(overrides or {}) if allow_extra else ()
+            playbook, version = _load_target(target, store, given)
+            if not allow_extra:
+                refuse_undeclared(playbook.workload, overrides or {}, target)
             _warn_pasted_sql(playbook, target)
             eid = await runtime.start(playbook, workload=overrides or {}, catalog_version=version)
         else:
@@ -394,6 +422,7 @@ def run(
     kv_ttl: KvTtlOpt = 3600.0,
     nats_creds: NatsCredsOpt = None,
     server: ServerOpt = None,
+    allow_extra: AllowExtraOpt = False,
 ) -> None:
     """Run a playbook embedded (or on a flowtide server with --server), to the end.
 
@@ -406,7 +435,11 @@ def run(
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     if server:
-        raise typer.Exit(_run_remote(server, target, overrides, as_json=as_json, pool=None))
+        raise typer.Exit(
+            _run_remote(
+                server, target, overrides, as_json=as_json, pool=None, allow_extra=allow_extra
+            )
+        )
     raise typer.Exit(
         _execute(
             target=target,
@@ -419,6 +452,7 @@ def run(
             kv_bucket=kv_bucket,
             kv_ttl=kv_ttl,
             nats_creds=nats_creds,
+            allow_extra=allow_extra,
         )
     )
 
@@ -464,14 +498,14 @@ def validate(
     """Check playbooks without running anything. Exit code 2 when any is invalid (with
     --strict: or pastes a template into SQL text)."""
     from flowtide.errors import PlaybookError, PlaybookErrors
-    from flowtide.playbook.loader import load_playbook
+    from flowtide.playbook.loader import load_playbook, warning_text
     from flowtide.playbook.sqllint import lint_playbook
 
     report = []
     bad = False
     for file in files:
         try:
-            playbook = load_playbook(file)
+            playbook = load_playbook(file, references=())
         except PlaybookError as exc:
             bad = True
             errors = exc.errors if isinstance(exc, PlaybookErrors) else [exc]
@@ -484,9 +518,12 @@ def validate(
             continue
         warnings = lint_playbook(playbook, str(file))
         if not as_json:
+            for key_warning in playbook.warnings:
+                err(warning_text(key_warning))
             for warning in warnings:
                 err(warning.render("error" if strict else "warning"))
         found = [w.to_dict() for w in warnings]
+        keys_found = [w.to_dict() for w in playbook.warnings]
         if strict and warnings:
             bad = True
             report.append({"file": str(file), "valid": False, "errors": found})
@@ -499,7 +536,7 @@ def validate(
                 "valid": True,
                 "name": playbook.name,
                 "steps": len(playbook.steps),
-                "warnings": found,
+                "warnings": keys_found + found,
             }
         )
         if not as_json:
@@ -518,9 +555,11 @@ def execute(
         str | None, typer.Option("--pool", help="Worker pool to run on (default: default).")
     ] = None,
     as_json: JsonOpt = False,
+    allow_extra: AllowExtraOpt = False,
 ) -> None:
     """Start a playbook on a server and return at once with its execution id (follow it
     with `flowtide status ID` / `flowtide events ID --follow`)."""
+    from flowtide.errors import PlaybookError
 
     try:
         overrides = _overrides(set_, payload)
@@ -529,6 +568,12 @@ def execute(
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     with server_client(server) as api:
+        try:
+            if not allow_extra:
+                refuse_undeclared_remote(api, text, target, overrides)
+        except PlaybookError as exc:
+            err(f"error: {exc}")
+            raise typer.Exit(EXIT_INVALID) from None
         eid = remote_or_exit(
             lambda: api.execute(playbook=text, catalog_id=catalog_id, payload=overrides, pool=pool)
         )

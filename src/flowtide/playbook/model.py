@@ -120,6 +120,9 @@ class Playbook:
     timeout: float | None = None
     # `sla:` (seconds): past it a run still going records `deadline_missed` (kind sla).
     sla: float | None = None
+    # Keys accepted but not acted on, and other loader warnings (never stop a run):
+    # `flowtide.errors.PlaybookError`s, shown by `validate` and `run`.
+    warnings: tuple[Any, ...] = ()
 
     @property
     def base_dir(self) -> Path:

@@ -12,13 +12,16 @@ fields and checks of each tool kind), `loops`, `arcs` (`next`) and `policies`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.steps import SCHEDULE_KEY, _parse_step
+from flowtide.playbook.loader.references import known_names, suggest, unknown
+from flowtide.playbook.loader.schema import EXECUTOR_SPEC_MISPLACED
+from flowtide.playbook.loader.steps import _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.notify import parse_notify
@@ -27,8 +30,14 @@ from flowtide.playbook.source import Path as NodePath
 from flowtide.storable import bad_char
 
 
-def parse_playbook(text: str, file: str | None = None) -> Playbook:
+def parse_playbook(
+    text: str, file: str | None = None, *, references: Collection[str] | None = None
+) -> Playbook:
     """Parse and validate playbook `text` (from `file`, used in messages and for paths).
+
+    `references`: also resolve every name the templates read (`loader.references`),
+    these names (keys a run is given beyond the workload's) counting as known; None: do
+    not (a server's payload may bring names the workload does not declare).
 
     Raises:
         PlaybookError: YAML syntax error, or `PlaybookErrors` listing every problem found.
@@ -57,8 +66,7 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
             column=1,
             expected="apiVersion/kind/metadata/workflow",
         )
-    if "schedule" in data:
-        c.error(("schedule",), SCHEDULE_KEY, field="schedule")
+    c.keys(data, "playbook", (), None, "")
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict):
         c.error(("metadata",), "'metadata' must be a mapping", field="metadata")
@@ -93,6 +101,8 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
                 continue
             name = str(item["name"])
             tool_raw = item.get("tool")
+            if tool_raw is not None:
+                c.keys(item, "workbook action", wpath, f"workbook:{name}", f"workbook[{i}]")
             if tool_raw is None:
                 tool_raw = {k: v for k, v in item.items() if k not in ("name", "assert", "desc")}
                 tpath = wpath
@@ -188,8 +198,17 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
     executor = data.get("executor") or {}
     entry = None
     if isinstance(executor, dict):
+        c.keys(executor, "executor", ("executor",), None, "executor")
         spec = executor.get("spec") or {}
         if isinstance(spec, dict):
+            c.keys(
+                spec,
+                "executor.spec",
+                ("executor", "spec"),
+                None,
+                "executor.spec",
+                hints=EXECUTOR_SPEC_MISPLACED,
+            )
             entry = spec.get("entry_step")
     if entry is None:
         entry = "start" if "start" in steps else next(iter(steps), None)
@@ -213,9 +232,12 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
             for key in ("body", "text", "subject") if isinstance(cfg, dict) else ():
                 if key in cfg:
                     at = ("notify", i, kind, key)
-                    c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}")
+                    # Rendered with the notification's own names (flowtide.notify).
+                    c.templates(cfg[key], at, None, f"notify[{i}].{kind}.{key}", refs=False)
 
     limits = {key: _duration(c, data, key) for key in ("timeout", "sla")}
+    if references is not None and not c.errors:
+        _check_references(c, {**dict.fromkeys(references), **workload}, steps, workbook)
 
     if c.errors:
         raise PlaybookErrors(c.errors)
@@ -241,7 +263,33 @@ def parse_playbook(text: str, file: str | None = None) -> Playbook:
         notify=notify,
         timeout=limits["timeout"],
         sla=limits["sla"],
+        warnings=tuple(sorted(c.warnings, key=lambda w: (w.line or 0, w.column or 0))),
     )
+
+
+def _check_references(
+    c: _Checker, workload: dict[str, Any], steps: dict[str, Step], workbook: dict[str, Task]
+) -> None:
+    """Every name the playbook's templates read is one some context offers."""
+    names = known_names(workload, steps, workbook)
+    for ref in c.references:
+        for what, line, choices in unknown(ref, names, workload):
+            name = what.split("'")[1]
+            c.error_inside(
+                ref.path,
+                line,
+                None,
+                f"template reads unknown {what}{suggest(name, choices)}",
+                step=ref.step,
+                field=ref.field,
+            )
+
+
+def warning_text(warning: PlaybookError) -> str:
+    """A loader warning as `file:line:column: warning: step '...', field '...': message`."""
+    text = warning.render()
+    where = warning.location()
+    return f"{where}: warning: {text[len(where) + 2 :]}"
 
 
 def _duration(c: _Checker, data: dict[str, Any], key: str) -> float | None:
@@ -259,8 +307,8 @@ def _duration(c: _Checker, data: dict[str, Any], key: str) -> float | None:
         return None
 
 
-def load_playbook(path: str | Path) -> Playbook:
-    """Read and validate the playbook file at `path`.
+def load_playbook(path: str | Path, *, references: Collection[str] | None = None) -> Playbook:
+    """Read and validate the playbook file at `path` (`references`: `parse_playbook`'s).
 
     Raises:
         PlaybookError: unreadable file, YAML syntax error or invalid playbook.
@@ -279,7 +327,7 @@ def load_playbook(path: str | Path) -> Playbook:
         raise PlaybookError("file not found", file=str(path)) from exc
     except OSError as exc:
         raise PlaybookError(f"cannot read file: {exc.strerror}", file=str(path)) from exc
-    return parse_playbook(text, str(path))
+    return parse_playbook(text, str(path), references=references)
 
 
 def _shown(key: str) -> str:

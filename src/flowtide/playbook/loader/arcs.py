@@ -21,7 +21,10 @@ def _parse_next(c: _Checker, raw: Any, path: NodePath, step: str) -> Next:
     mode = "exclusive"
     arcs_raw: Any
     if isinstance(raw, dict):
+        c.keys(raw, "next", path, step, "next")
         spec = raw.get("spec") or {}
+        if isinstance(spec, dict):
+            c.keys(spec, "next spec", (*path, "spec"), step, "next.spec")
         mode = str(
             (spec.get("mode") if isinstance(spec, dict) else None) or raw.get("mode") or "exclusive"
         )
@@ -74,6 +77,8 @@ def _parse_next(c: _Checker, raw: Any, path: NodePath, step: str) -> Next:
                 expected="{step: NAME, when: TEMPLATE, set: {...}}",
             )
             continue
+        if item is not raw:
+            c.keys(item, "arc", apath, step, f"next.arcs[{i}]")
         arc_set = item.get("set") or {}
         c.templates(item.get("when"), (*apath, "when"), step, f"next.arcs[{i}].when")
         c.templates(arc_set, (*apath, "set"), step, f"next.arcs[{i}].set")

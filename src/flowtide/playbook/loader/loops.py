@@ -27,10 +27,12 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
             expected="{in: TEMPLATE, iterator: NAME, spec: {mode: sequential|parallel}}",
         )
         return None
+    c.keys(raw, "loop", path, step, "loop")
     spec = raw.get("spec") or {}
     if not isinstance(spec, dict):
         c.error((*path, "spec"), "loop 'spec' must be a mapping", step=step, field="loop.spec")
         spec = {}
+    c.keys(spec, "loop spec", (*path, "spec"), step, "loop.spec")
     mode = str(spec.get("mode") or raw.get("mode") or "sequential")
     has_cursor = raw.get("cursor") is not None
     if "in" not in raw and "collection" not in raw and not has_cursor and mode != "cursor":
@@ -115,6 +117,7 @@ def _parse_cursor(
             expected="{kind: postgres, auth: ALIAS, claim: SQL}",
         )
         return None
+    c.keys(cursor, "cursor", cpath, step, "loop.cursor")
     kind = cursor.get("kind")
     if kind not in _CURSOR_KINDS:
         c.error(
@@ -156,6 +159,7 @@ def _parse_frame(c: _Checker, spec: dict[str, Any], path: NodePath, step: str) -
             expected="{max_rows: N, process: row|frame}",
         )
         return 1, "row"
+    c.keys(frame, "frame", fpath, step, "loop.spec.frame")
     max_rows = frame.get("max_rows", 1)
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
         c.error(

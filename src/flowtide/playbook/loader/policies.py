@@ -47,6 +47,7 @@ def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | 
             expected="{rules: [...]}",
         )
         return None
+    c.keys(raw, "policy", path, step, "spec.policy")
     rules_raw = raw.get("rules") or []
     if not isinstance(rules_raw, list):
         c.error(
@@ -65,11 +66,17 @@ def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | 
                 expected="{when: ..., then: {do: ...}} or {else: {then: {...}}}",
             )
             continue
+        c.keys(item, "policy rule", rpath, step, f"spec.policy.rules[{i}]")
         if "else" in item:
             body = item["else"] or {}
             # Both `else: {then: {...}}` and the then-less `else: {do: ..., set: ...}` occur in
             # real playbooks; NoETL's engines ignore the latter, we honour it.
             then = body.get("then", body) if isinstance(body, dict) else {}
+            field = f"spec.policy.rules[{i}].else"
+            if isinstance(body, dict):
+                c.keys(body, "then", (*rpath, "else"), step, field)
+            if isinstance(body, dict) and isinstance(body.get("then"), dict):
+                c.keys(body["then"], "then", (*rpath, "else", "then"), step, f"{field}.then")
             rule = _parse_then(then or {}, None, True)
             tpath: NodePath = (*rpath, "else")
         else:
@@ -91,6 +98,7 @@ def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | 
                     expected="{do: continue|retry|jump|break|fail}",
                 )
                 continue
+            c.keys(then, "then", (*rpath, "then"), step, f"spec.policy.rules[{i}].then")
             rule = _parse_then(then, item["when"], False)
             tpath = (*rpath, "then")
             c.templates(item["when"], (*rpath, "when"), step, f"spec.policy.rules[{i}].when")
@@ -148,7 +156,7 @@ def _legacy_retry(raw: Any) -> Policy | None:
 # actions (those are task-level only)"; its validator checks `admit` alone, so `rules`
 # written on the step are silently dropped there. flowtide runs `admit` and refuses the
 # rest, naming where rules belong, instead of ignoring them.
-_STEP_POLICY_KEYS = ("admit",)
+# Its keys are `flowtide.playbook.loader.schema.STEP_POLICY`.
 
 
 def _check_step_policy(c: _Checker, policy: Any, path: NodePath, step: str) -> None:
@@ -162,27 +170,7 @@ def _check_step_policy(c: _Checker, policy: Any, path: NodePath, step: str) -> N
             expected="{admit: {rules: [...]}}",
         )
         return
-    for key in policy:
-        if key in _STEP_POLICY_KEYS:
-            continue
-        if key == "rules":
-            c.error(
-                (*ppath, "rules"),
-                "policy rules written on the step would never run: task policy rules "
-                "belong under the tool (a step's spec.policy takes only 'admit')",
-                step=step,
-                field="spec.policy.rules",
-                expected="tool: {kind: ..., spec: {policy: {rules: [...]}}}",
-            )
-        else:
-            c.error(
-                (*ppath, key),
-                f"step policy '{key}' is not supported: a step's spec.policy takes only "
-                f"'admit'{_suggest(str(key), _STEP_POLICY_KEYS)}",
-                step=step,
-                field=f"spec.policy.{key}",
-                expected="admit",
-            )
+    c.keys(policy, "step policy", ppath, step, "spec.policy")
 
 
 def _parse_admit(
@@ -196,6 +184,8 @@ def _parse_admit(
     if admit is None:
         return ()
     apath: NodePath = (*path, "spec", "policy", "admit")
+    if isinstance(admit, dict):
+        c.keys(admit, "admit", apath, step, "spec.policy.admit")
     rules = admit.get("rules") if isinstance(admit, dict) else None
     if not isinstance(rules, list):
         c.error(
@@ -210,6 +200,15 @@ def _parse_admit(
     for i, rule in enumerate(rules):
         if not isinstance(rule, dict):
             continue
+        rpath: NodePath = (*apath, "rules", i)
+        where = f"spec.policy.admit.rules[{i}]"
+        c.keys(rule, "admit rule", rpath, step, where)
+        for sub, at in (("then", (*rpath, "then")), ("else", (*rpath, "else"))):
+            part = rule.get(sub)
+            if isinstance(part, dict):
+                c.keys(part, "admit then", at, step, f"{where}.{sub}", also=("then",))
+                if isinstance(part.get("then"), dict):
+                    c.keys(part["then"], "admit then", (*at, "then"), step, f"{where}.{sub}.then")
         body = rule.get("else") if "else" in rule else rule
         then = (body or {}).get("then", body) if isinstance(body, dict) else {}
         allow = then.get("allow", True) if isinstance(then, dict) else True

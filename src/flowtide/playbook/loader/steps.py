@@ -13,16 +13,37 @@ from flowtide.playbook.loader.arcs import _parse_next
 from flowtide.playbook.loader.checker import _Checker
 from flowtide.playbook.loader.loops import _parse_loop
 from flowtide.playbook.loader.policies import _parse_admit
+from flowtide.playbook.loader.schema import KIND_FIELDS, STEP_MISPLACED
 from flowtide.playbook.loader.tasks import _parse_task
 from flowtide.playbook.model import Step, Task
 from flowtide.playbook.source import Path as NodePath
+from flowtide.tools import kinds
 
-#: Why `schedule:` in a playbook is refused (it used to be accepted and ignored).
-SCHEDULE_KEY = (
-    "'schedule' is not a playbook field: a schedule is its own document (kind: Schedule,"
-    " registered with `flowtide catalog register`) or `flowtide schedule add NAME PLAYBOOK"
-    " --cron EXPR`"
-)
+#: What to say of a tool's field written on the step.
+_MISPLACED = {
+    **{
+        name: f"'{name}' is a tool field: it belongs under 'tool'"
+        for fields in KIND_FIELDS.values()
+        for name in fields
+    },
+    **STEP_MISPLACED,
+}
+
+
+def _reported_elsewhere(raw: dict[str, Any]) -> tuple[str, ...]:
+    """Tool fields written on the step that another check reports with its fix: SQL or
+    code on a step without a tool (below), and what the step's tool requires but lacks
+    (`kinds._check_required`)."""
+    tool = raw.get("tool")
+    if tool is None:
+        return ("command", "query", "code")
+    spec = kinds.find(str(tool.get("kind"))) if isinstance(tool, dict) else None
+    if spec is None:
+        return ()
+    inner = tool.get("spec") if isinstance(tool.get("spec"), dict) else {}
+    if any(tool.get(n) not in (None, "") or inner.get(n) not in (None, "") for n in spec.requires):
+        return ()
+    return spec.requires
 
 
 def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | None:
@@ -34,8 +55,10 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         c.error(path, "workflow entry has no 'step' name", field=f"workflow[{index}].step")
         return None
     name = str(name)
-    if "schedule" in raw:
-        c.error((*path, "schedule"), SCHEDULE_KEY, step=name, field="schedule")
+    c.keys(raw, "step", path, name, "", skip=_reported_elsewhere(raw), hints=_MISPLACED)
+    spec = raw.get("spec")
+    if isinstance(spec, dict):
+        c.keys(spec, "step spec", (*path, "spec"), name, "spec")
     step_input = raw.get("input")
     if step_input is not None and not isinstance(step_input, dict):
         c.error((*path, "input"), "'input' must be a mapping", step=name, field="input")

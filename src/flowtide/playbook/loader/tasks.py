@@ -9,18 +9,64 @@ plugin kinds alike); each kind's fields are checked by `flowtide.playbook.loader
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from flowtide.playbook.loader.checker import _Checker
+from flowtide.playbook.loader.checker import _Checker, _suggest
 from flowtide.playbook.loader.kinds import _check_kind, _TaskCheck
 from flowtide.playbook.loader.policies import _legacy_retry, _parse_policy
+from flowtide.playbook.loader.schema import KIND_FIELDS, known
 from flowtide.playbook.model import Task
 from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.sqllint import params_problem
 from flowtide.tools import kinds
+from flowtide.tools.spec import COMMON_FIELDS, ToolSpec
 
 # Fields of a tool mapping that are structure, not tool configuration.
 _TOOL_STRUCTURE = ("kind", "name", "spec", "input", "set", "desc", "assert", "retry")
+
+
+def _check_keys(
+    c: _Checker,
+    tool: ToolSpec,
+    raw: Mapping[str, Any],
+    level: str,
+    path: NodePath,
+    step: str,
+    label: str,
+) -> None:
+    """The keys of a tool mapping (or its `spec`): the `level` table's and the kind's
+    fields. A strict kind refuses the rest itself (`kinds._check_fields`) and a plugin
+    kind that is not strict takes any; a built-in kind's unknown field is an error when
+    it is close to a known one (a typo), else a warning (the tool ignores it)."""
+    own = set(tool.fields) | set(COMMON_FIELDS) | set(KIND_FIELDS.get(tool.kind, ()))
+    if level == "tool spec":
+        own |= set(known("tool"))  # a task's fields may sit under `spec` as well
+    structure = set(known(level))
+    extra = [str(k) for k in raw if str(k) not in structure]
+    c.keys(raw, level, path, step, label, also=extra)
+    if tool.strict or tool.kind not in KIND_FIELDS:
+        return
+    for name in extra:
+        if name in own:
+            continue
+        where = f"{label}.{name}"
+        close = _suggest(name, sorted(own | structure))
+        if close:
+            c.error(
+                (*path, name),
+                f"{tool.kind} tool has no field '{name}'{close}",
+                step=step,
+                field=where,
+                expected=" | ".join(sorted(own)),
+            )
+        else:
+            c.warn(
+                (*path, name),
+                f"{tool.kind} tool does not read '{name}': it is passed on and ignored",
+                step=step,
+                field=where,
+            )
 
 
 def _parse_task(
@@ -67,6 +113,8 @@ def _parse_task(
     if not isinstance(spec, dict):
         c.error((*path, "spec"), "'spec' must be a mapping", step=step, field=f"{label}.spec")
         spec = {}
+    _check_keys(c, tool, raw, "tool", path, step, label)
+    _check_keys(c, tool, spec, "tool spec", (*path, "spec"), step, f"{label}.spec")
     config: dict[str, Any] = {k: v for k, v in raw.items() if k not in _TOOL_STRUCTURE}
     # Fields may also sit under tool.spec (examples/* style); flat fields win.
     for k, v in spec.items():

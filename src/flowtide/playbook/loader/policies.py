@@ -121,18 +121,69 @@ def _parse_policy(c: _Checker, raw: Any, path: NodePath, step: str) -> Policy | 
     return Policy(tuple(rules))
 
 
-def _legacy_retry(raw: Any) -> Policy | None:
-    """Translate a tool-level `retry:` block (older playbooks) into policy rules."""
+def _retry_rule(c: _Checker, raw: Any, path: NodePath, step: str, label: str) -> Policy | None:
+    """A tool's `retry:` shorthand as the policy rule it stands for:
+
+        retry: {attempts: 3, backoff: 2s, max_backoff: 1m, on: [timeout, server_error]}
+
+    is `spec.policy.rules: [{when: "{{ output.status == 'error' and output.error.kind in
+    [...] }}", then: {do: retry, attempts: 3, backoff: exponential, delay: 2, max_delay:
+    60}}]` (without `on`: errors that say they are retryable). `retry: 3` is `{attempts:
+    3}`; the older form (`max_attempts`, `retry_on`, `retry_on_status`, `backoff_seconds`,
+    `backoff_multiplier`) is read as it always was."""
+    from flowtide.errors import TriggerError
+    from flowtide.triggers.when import parse_duration
+
+    field = f"{label}.retry"
     if raw in (None, False):
         return None
     if raw is True:
         raw = {}
     if isinstance(raw, int):
-        raw = {"max_attempts": raw}
+        raw = {"attempts": raw}
     if not isinstance(raw, dict):
+        c.error(path, "'retry' must be a mapping or a number of attempts", step=step, field=field)
         return None
+    c.keys(raw, "retry", path, step, field)
+
+    def seconds(key: str, default: float) -> float:
+        value = raw.get(key)
+        if value is None:
+            return default
+        try:
+            return parse_duration(value, field=f"{field}.{key}", allow_zero=True)
+        except TriggerError as exc:
+            c.error(
+                (*path, key),
+                exc.message,
+                step=step,
+                field=f"{field}.{key}",
+                expected="a duration like 500ms, 2s or 1m",
+            )
+            return default
+
+    attempts = raw.get("attempts", raw.get("max_attempts", 3))
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100:
+        c.error(
+            (*path, "attempts"),
+            "'attempts' must be a whole number from 1 to 100",
+            step=step,
+            field=f"{field}.attempts",
+        )
+        attempts = 3
+    kinds = raw.get("on", raw.get("retry_on"))
+    if kinds is not None and (
+        not isinstance(kinds, list) or not all(isinstance(k, str) and k for k in kinds)
+    ):
+        c.error(
+            (*path, "on"),
+            "'on' must be a list of error kinds",
+            step=step,
+            field=f"{field}.on",
+            expected="[timeout, server_error, rate_limited]",
+        )
+        kinds = None
     statuses = raw.get("retry_on_status")
-    kinds = raw.get("retry_on")
     cond = "output.status == 'error'"
     if statuses:
         cond += f" and (output.error.http_status in {list(statuses)!r})"
@@ -140,13 +191,21 @@ def _legacy_retry(raw: Any) -> Policy | None:
         cond += f" and (output.error.kind in {list(kinds)!r})"
     else:
         cond += " and output.error.retryable"
+    legacy = any(k in raw for k in ("backoff_seconds", "initial_delay", "backoff_multiplier"))
+    if legacy:
+        delay = _as_float(raw.get("backoff_seconds", raw.get("initial_delay", 1.0)), 1.0)
+        backoff = "exponential" if raw.get("backoff_multiplier") else "fixed"
+    else:
+        delay = seconds("backoff", 1.0)
+        backoff = "exponential"
     retry = Rule(
         when="{{ " + cond + " }}",
         is_else=False,
         do="retry",
-        attempts=int(raw.get("max_attempts", 3)),
-        backoff="exponential" if raw.get("backoff_multiplier") else "fixed",
-        delay=_as_float(raw.get("backoff_seconds", raw.get("initial_delay", 1.0)), 1.0),
+        attempts=attempts,
+        backoff=backoff,
+        delay=delay,
+        max_delay=seconds("max_backoff", 60.0),
     )
     return Policy((retry,))
 

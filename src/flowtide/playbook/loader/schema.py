@@ -195,6 +195,23 @@ ADMIT_RULE = _table(
     Key("else", "mapping", "`{then: {allow: ...}}` when no rule matched"),
 )
 
+RETRY = _table(
+    Key("attempts", "int", "attempts in all, the first included", default="3"),
+    Key("backoff", "duration", "delay before the first retry, doubling on each", default="1s"),
+    Key("max_backoff", "duration", "longest delay between attempts", default="60s"),
+    Key(
+        "on",
+        "list",
+        "error kinds retried (`timeout`, `server_error`, ...); default: retryable errors",
+    ),
+    Key("max_attempts", "int", "older name of `attempts`"),
+    Key("retry_on", "list", "older name of `on`"),
+    Key("retry_on_status", "list", "HTTP statuses retried (older form)"),
+    Key("backoff_seconds", "number", "older name of `backoff`, in seconds"),
+    Key("initial_delay", "number", "older name of `backoff`, in seconds"),
+    Key("backoff_multiplier", "number", "older form: any value means doubling delays"),
+)
+
 ADMIT_THEN = _table(
     Key("allow", "bool", "run the step (true) or skip it and end its branch", default="true"),
 )
@@ -210,7 +227,11 @@ TOOL = _table(
     Key("timeout", "number", "seconds the call may take"),
     Key("output", "mapping", "how the task's result is stored (`store`, `inline_max_bytes`)"),
     Key("output_select", "mapping or list", "fields kept beside a stored result"),
-    Key("retry", "mapping or int", "older retry block, translated into policy rules"),
+    Key(
+        "retry",
+        "mapping or int",
+        "shorthand for a retry rule: `{attempts, backoff, max_backoff, on}` (an int: attempts)",
+    ),
     Key("assert", "mapping", "NoETL's input/output assertions", acted=False),
     Key("task", "string", "the task's name for a workbook call"),
 )
@@ -344,6 +365,7 @@ LEVELS: Mapping[str, Mapping[str, Key]] = {
     "policy": POLICY,
     "policy rule": RULE,
     "then": THEN,
+    "retry": RETRY,
     "loop": LOOP,
     "loop spec": LOOP_SPEC,
     "frame": FRAME,

@@ -14,7 +14,7 @@ from typing import Any
 
 from flowtide.playbook.loader.checker import _Checker, _suggest
 from flowtide.playbook.loader.kinds import _check_kind, _TaskCheck
-from flowtide.playbook.loader.policies import _legacy_retry, _parse_policy
+from flowtide.playbook.loader.policies import _parse_policy, _retry_rule
 from flowtide.playbook.loader.schema import KIND_FIELDS, known
 from flowtide.playbook.model import Task
 from flowtide.playbook.source import Path as NodePath
@@ -136,8 +136,17 @@ def _parse_task(
         c.error((*path, "params"), problem, step=step, field=f"{label}.params")
 
     policy = _parse_policy(c, spec.get("policy"), (*path, "spec", "policy"), step)
-    if policy is None and "retry" in raw:
-        policy = _legacy_retry(raw.get("retry"))
+    if "retry" in raw:
+        retry = _retry_rule(c, raw.get("retry"), (*path, "retry"), step, label)
+        if policy is not None and retry is not None:
+            c.error(
+                (*path, "retry"),
+                "'retry' and 'spec.policy' both decide what a failure does: write the retry"
+                " as a rule of spec.policy.rules",
+                step=step,
+                field=f"{label}.retry",
+            )
+        policy = policy or retry
     task_set = raw.get("set") or {}
     if not isinstance(task_set, dict):
         c.error((*path, "set"), "'set' must be a mapping", step=step, field=f"{label}.set")

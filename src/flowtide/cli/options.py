@@ -128,13 +128,18 @@ NatsCredsOpt = Annotated[
 ExecutionIdArg = Annotated[int, typer.Argument(help="Execution id.")]
 
 
+_home_said = False  # the user's own home is new: said once per command
+
+
 def home_dir(home: Path | None) -> Path:
     """--home, else FLOWTIDE_HOME, else the nearest .flowtide up from here, else the
     user's own home (flowtide.home); the first use of the user's own says so on stderr."""
     from flowtide.home import find_home, user_home
 
+    global _home_said
     found = find_home(home)
-    if home is None and found == user_home() and not found.exists():
+    if home is None and found == user_home() and not found.exists() and not _home_said:
+        _home_said = True
         err(
             f"flowtide: state goes to {found} (FLOWTIDE_HOME, --home or a .flowtide folder"
             " in a project keep it elsewhere)"

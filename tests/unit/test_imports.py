@@ -3,7 +3,7 @@ flowtide's modules at module level, and imports point inward only (DESIGN.md, "L
 the engine and the playbook DSL import no runtime, server or worker module, the store no
 server module, the server and the worker meet only in `flowtide.wire`, the read side
 (`documents`, `web`) sits below the runtimes and the UI never imports the server
-(ARCHITECTURE.md).
+(docs/architecture.md).
 
 Module level means what runs when a module is imported: imports inside functions (the
 lazy imports of heavy dependencies) and under `if TYPE_CHECKING:` are not part of a

@@ -1,4 +1,4 @@
-"""README's table of tool kinds: every built-in kind has a row, and every row's example
+"""The table of tool kinds (docs/tools/index.md): every built-in kind has a row, and every row's example
 task is a valid task (the loader accepts it as written)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import yaml
 from flowtide.playbook import parse_playbook
 from flowtide.tools.builtin import SPECS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "tools" / "index.md"
 
 
 def _rows() -> dict[str, str]:
-    text = README.read_text()
-    table = text.split("### Tool kinds, one example each", 1)[1].split("\n\n", 2)[1]
+    text = PAGE.read_text()
+    table = text.split("## Tool kinds, one example each", 1)[1].split("\n\n", 2)[1]
     rows: dict[str, str] = {}
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
@@ -44,4 +44,4 @@ def test_every_example_is_a_valid_task() -> None:
         "workbook": [{"name": "is_hot", "tool": {"kind": "noop"}}],
         "workflow": steps,
     }
-    parse_playbook(yaml.safe_dump(document, sort_keys=False), "README.md")
+    parse_playbook(yaml.safe_dump(document, sort_keys=False), "docs/tools/index.md")

@@ -156,7 +156,7 @@ def add_cmd(
     cluster_db: _ClusterOpt = None,
     db: _DbOpt = None,
 ) -> None:
-    """Add shard INDEX to the cluster database's shard map (phase G: servers read it
+    """Add shard INDEX to the cluster database's shard map (the servers read it
     when FLOWTIDE_SHARDS is not set)."""
     from flowtide.store import pg
 

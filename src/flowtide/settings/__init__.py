@@ -9,7 +9,7 @@
 - `catalog`: what the command line needs of the tree (variable, default, help, bounds),
   generated from it (`python -m flowtide.settings catalog`) so that `flowtide --help`
   imports no pydantic; `tests/unit/test_settings.py` checks that they agree, and that
-  README.md's table (`python -m flowtide.settings table`) does.
+  the settings table of docs/cli.md (`python -m flowtide.settings table`) does.
 
 Importing this package imports nothing: the names below load their module on first use.
 """

@@ -1,4 +1,4 @@
-"""The tree as text: the command line's catalog (`catalog.py`) and README.md's table.
+"""The tree as text: the command line's catalog (`catalog.py`) and docs/cli.md's settings table.
 
 `python -m flowtide.settings catalog` rewrites `catalog.py`; `python -m
 flowtide.settings table` prints the table; tests/unit/test_settings.py fails when either

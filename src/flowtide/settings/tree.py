@@ -392,7 +392,7 @@ class FaultsSection(BaseSettings):
 
 
 #: The tree: each section by its name (`flowtide.settings.reading("limits")`), in the order
-#: the README's table lists them.
+#: the settings table (docs/cli.md) lists them.
 SECTIONS: dict[str, type[BaseSettings]] = {
     "server": ServerSection,
     "nats": NatsSection,

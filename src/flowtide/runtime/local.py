@@ -11,6 +11,7 @@ acted on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from flowtide.engine.start import start_execution
 from flowtide.engine.state import ExecutionState, fold
 from flowtide.errors import FlowtideError, NotFoundError, PlaybookError, TemplateError, ToolError
 from flowtide.ids import Snowflake
+from flowtide.logfiles import FileSpool
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import load_playbook, parse_playbook
 from flowtide.playbook.model import Playbook
@@ -90,6 +92,7 @@ class LocalRuntime:
         # Datasets that tools write (spark results without a sink) live here, one folder
         # per execution; absolute, because a Spark Connect server or cluster reads it too.
         self.data_dir = (data_dir or Path(".flowtide") / "data").absolute()
+        self.logs = FileSpool(self.data_dir / "logs")
         # The result limits, read now: a bad value stops the run before its first step.
         current(LimitsSection)
         self.kv = kv
@@ -150,10 +153,8 @@ class LocalRuntime:
             cancel_running()
         if self._pump_task is not None:
             self._pump_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._pump_task
-            except asyncio.CancelledError:
-                pass
         self._pool.shutdown()
         if self.locks is not None:
             self.locks.release_all()
@@ -490,6 +491,9 @@ class LocalRuntime:
             iterator=iterator,
             element=element,
             cancelled=execution.cancelled.is_set,
+            logs=self.logs,
+            secrets=lambda: execution.state.secrets,
+            on_started=self._post_threadsafe,
         )
         self._post_threadsafe(events)
 

@@ -5,7 +5,7 @@ cluster-wide lists, and the live event stream read in commit order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from flowtide.auth.principal import Principal
     from flowtide.documents.listing import ExecutionItem, ShardMissing
     from flowtide.engine.state import ExecutionState
+    from flowtide.logfiles import LiveLog
     from flowtide.playbook.model import Playbook
     from flowtide.server.runtime import Runtime
     from flowtide.server.worker_registry import WorkerRegistry
@@ -121,6 +122,11 @@ class ServerReads:
 
     def runs_here(self, execution_id: int) -> bool:
         return False
+
+    async def live_logs(self, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
+        """Workers keep no rings the server reads: a running command's output is known
+        once it has ended (its events)."""
+        return {}
 
     async def trigger_elsewhere(self, request: Request, trigger_id: int) -> Response | None:
         """A trigger's request (a webhook's delivery or page) goes to the shard that owns

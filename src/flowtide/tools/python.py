@@ -60,7 +60,7 @@ without a timeout, in `python_run`; process isolation in `python_pool` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowtide.errors import ToolError
@@ -104,6 +104,11 @@ def _load_source(config: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]
         script, ctx.base_dir, tool="python", step=ctx.step, kind="python_error"
     )
     return text, path or _CODE_FILENAME
+
+
+def _tee(ctx: ToolContext) -> Callable[[str], None] | None:
+    """Where the code's output goes as it is printed: the command's live log."""
+    return None if ctx.log is None else ctx.log.write
 
 
 def _effective_timeout(config: Mapping[str, Any], ctx: ToolContext) -> float | None:
@@ -170,7 +175,7 @@ class PythonTool:
         raw_input = config.get("input")
         inputs = {} if raw_input is None else _plain(raw_input)
         libs = _load_libs(config.get("libs"))
-        capture = _Capture(self.output_limit)
+        capture = _Capture(self.output_limit, _tee(ctx))
         ns = _namespace(unit, inputs, libs, ctx.execution_id, ctx.render_context, capture)
         _ensure_routing()
         try:
@@ -267,7 +272,7 @@ def run_user_code(
     """
     unit = _compiled(source, filename)
     merged = {**(extra_globals or {}), **inputs}
-    capture = _Capture(DEFAULT_OUTPUT_LIMIT)
+    capture = _Capture(DEFAULT_OUTPUT_LIMIT, _tee(ctx))
     ns = _namespace(unit, dict(inputs), {}, ctx.execution_id, ctx.render_context, capture)
     ns.update({k: v for k, v in (extra_globals or {}).items() if k not in inputs})
     _ensure_routing()

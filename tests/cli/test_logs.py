@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import Flowtide, describe, wait_until
+from .helpers import Flowtide, describe, error_line, wait_until
 
 TOKEN = "tok-logs-7d1e9a-never-print-me"
 LINES = 3000
@@ -167,3 +167,45 @@ def test_logs_follow_ends_with_the_run(ft: Flowtide, tmp_path: Path) -> None:
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout == "hi\n"
     assert time.monotonic() - started < 30
+
+
+FAILING = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: failing_python, path: tests/cli/failing_python}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      code: |
+        def helper(x):
+            return 1 / x  # ERROR-HERE
+
+        def main():
+            print("about to fail")
+            return helper(0)  # CALLER
+"""
+
+
+def test_a_failed_python_step_shows_its_traceback_in_the_playbook(
+    ft: Flowtide, tmp_path: Path
+) -> None:
+    playbook = tmp_path / "failing_python.yaml"
+    playbook.write_text(FAILING, encoding="utf-8")
+    proc = ft("run", playbook)
+    assert proc.returncode == 1, describe(proc)
+    inner, caller = error_line(playbook), error_line(playbook, "# CALLER")
+    assert f"(failing_python.yaml:{inner}: return 1 / x  # ERROR-HERE)" in proc.stderr
+    trace = proc.stderr[proc.stderr.index("Traceback (most recent call last):") :].splitlines()
+    assert trace[1:6] == [
+        f'  File "failing_python.yaml", line {caller}, in main',
+        "    return helper(0)  # CALLER",
+        f'  File "failing_python.yaml", line {inner}, in helper',
+        "    return 1 / x  # ERROR-HERE",
+        "ZeroDivisionError: division by zero",
+    ]
+    # flowtide's own frames are not shown.
+    assert "flowtide/" not in proc.stderr
+    # What it printed before failing is in its logs.
+    eid = ft.json("list")[0]["execution_id"]
+    assert ft.ok("logs", eid).stdout == "about to fail\n"

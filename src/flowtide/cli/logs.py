@@ -44,9 +44,12 @@ def logs(
         if server:
             with server_client(server) as api:
                 remote_or_exit(lambda: api.execution(execution_id))
-                remote_or_exit(
-                    lambda: [_show(p, as_json) for p in api.logs(execution_id, step, follow)]
-                )
+
+                def show_all() -> None:
+                    for piece in api.logs(execution_id, step, follow):
+                        _show(piece, as_json)
+
+                remote_or_exit(show_all)
             return
         asyncio.run(_local(execution_id, step, follow, as_json, home, db))
     except KeyboardInterrupt:

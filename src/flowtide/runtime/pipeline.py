@@ -28,6 +28,7 @@ from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
 from flowtide.redaction import remember
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
+from flowtide.runtime.pytrace import with_traceback
 from flowtide.runtime.rendering import (
     apply_set,
     own_result,
@@ -364,6 +365,8 @@ class StepRunner:
             status = "ok"
         except ToolError as exc:
             status, error = "error", clean_value(error_dict(exc))
+            if exc.kind == "python_error":
+                error = with_traceback(error, exc.data, self.playbook, step, task)
             result = clean_value(exc.data)
         except TemplateError as exc:
             status, error = "error", clean_value(error_dict(exc))

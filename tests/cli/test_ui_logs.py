@@ -5,6 +5,7 @@ follows it while the step runs (the step waits until both have seen its first li
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,20 @@ workflow:
 
 
 @pytest.fixture
-def ui(tmp_path: Path) -> Iterator[LocalUi]:
+def ft(tmp_path: Path) -> Flowtide:
     (tmp_path / "cwd").mkdir()
-    ft = Flowtide(tmp_path / "home", tmp_path / "cwd")
+    return Flowtide(tmp_path / "home", tmp_path / "cwd")
+
+
+@pytest.fixture
+def ui(ft: Flowtide, tmp_path: Path) -> Iterator[LocalUi]:
     with local_ui(ft, tmp_path / "ui.out") as ui:
         yield ui
 
 
-def test_the_step_panel_follows_a_running_steps_logs(ui: LocalUi, tmp_path: Path) -> None:
+def test_the_step_panel_follows_a_running_steps_logs(
+    ui: LocalUi, ft: Flowtide, tmp_path: Path
+) -> None:
     go = tmp_path / "go"
     eid = ui.start(PLAYBOOK, go=str(go))
     with ui.api.stream(
@@ -101,3 +108,17 @@ def test_the_step_panel_follows_a_running_steps_logs(ui: LocalUi, tmp_path: Path
     assert all(p["running"] is False for p in pieces)
     missing = ui.api.get(f"/api/executions/{eid}/logs", params={"step": "nope"})
     assert missing.status_code == 404
+
+    # `flowtide logs --server` reads the same route (the UI serves the server's API).
+    env = {**ft.env, "FLOWTIDE_TOKEN": ui.token}
+    remote = subprocess.run(
+        ft.command("logs", eid, "talk", "-f", "--server", ui.base),
+        capture_output=True, text=True, cwd=ft.cwd, env=env, timeout=60,
+    )  # fmt: skip
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == "".join(f"line {i}\n" for i in range(LINES))
+    unknown = subprocess.run(
+        ft.command("logs", eid, "nope", "--server", ui.base),
+        capture_output=True, text=True, cwd=ft.cwd, env=env, timeout=60,
+    )  # fmt: skip
+    assert unknown.returncode == 2 and "nope" in unknown.stderr, unknown.stderr

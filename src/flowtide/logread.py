@@ -118,10 +118,12 @@ async def read_logs(
             if not command.ended:
                 continue
             ring = rings.get(command_id)
-            if ring is not None:
+            data = "".join(command.parts).encode("utf-8", "replace")
+            # The ring, unless the events say more (a worker's last chunk may reach the
+            # stream after its report): the events keep the start, the ring the end.
+            if ring is not None and ring.end >= len(data):
                 piece = _from_ring(command_id, ring, command, mask, running=False)
             else:
-                data = "".join(command.parts).encode("utf-8", "replace")
                 piece = _piece(command_id, command, 0, data, mask, running=False)
             if piece is not None:
                 quiet_since = time.monotonic()

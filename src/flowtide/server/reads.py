@@ -124,9 +124,13 @@ class ServerReads:
         return False
 
     async def live_logs(self, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
-        """Workers keep no rings the server reads: a running command's output is known
-        once it has ended (its events)."""
-        return {}
+        """What the workers published of the execution's commands (the log stream)."""
+        nc = self.runtime.nc
+        if nc is None:
+            return {}
+        from flowtide.server.logs import read_rings
+
+        return await read_rings(nc.jetstream(), execution_id, skip)
 
     async def trigger_elsewhere(self, request: Request, trigger_id: int) -> Response | None:
         """A trigger's request (a webhook's delivery or page) goes to the shard that owns

@@ -16,6 +16,7 @@ import httpx
 from flowtide.engine.events import Event
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
+from flowtide.logs import LogSpool
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.command import run_command
 from flowtide.runtime.pipeline import StepRunner
@@ -110,6 +111,9 @@ class CommandRunner:
         #: from exiting normally: see `Worker.stuck`).
         self.in_threads = 0
         self._in_threads_lock = threading.Lock()
+        #: Where what running steps print goes (the worker's `NatsLogSpool`, once NATS
+        #: is connected; None: only to the events, as the step ends).
+        self.logs: LogSpool | None = None
 
     def runner(self, share: ExecutionShare) -> StepRunner:
         # One parse per playbook text (the commands of an execution arrive together, and
@@ -173,6 +177,7 @@ class CommandRunner:
             element=claimed.element,
             credentials=credentials,
             cancelled=lambda: self.cancelled(command.execution_id),
+            logs=self.logs,
         )
 
     def run_child(

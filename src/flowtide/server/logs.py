@@ -26,6 +26,7 @@ MAX_MSG: Final = 40 * 1024
 #: Messages one read takes at most.
 MAX_READ: Final = 20_000
 
+
 async def ensure_log_stream(js: Any) -> None:
     """Create the log stream if it is missing."""
     from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig

@@ -210,6 +210,9 @@ class PythonTool:
             request, execution_id=ctx.execution_id, timeout=timeout, cancelled=ctx.cancelled
         )
         ctx.stdout.extend(str(line) for line in reply["stdout"])
+        if ctx.log is not None and reply["stdout"]:
+            # A child's output arrives with its reply: to the live log as a whole then.
+            ctx.log.write("".join(f"{line}\n" for line in reply["stdout"]))
         if reply.get("ok"):
             return reply.get("result")
         raw_error = reply.get("error")

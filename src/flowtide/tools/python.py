@@ -206,13 +206,16 @@ class PythonTool:
         }
         if "context" in source:  # the rule `_Unit.uses_context` follows
             request["context"] = _plain(ctx.render_context)
+        if ctx.log is not None:
+            request["live"] = True  # the child forwards what it prints as it prints it
         reply = self.pool().run(
-            request, execution_id=ctx.execution_id, timeout=timeout, cancelled=ctx.cancelled
+            request,
+            execution_id=ctx.execution_id,
+            timeout=timeout,
+            cancelled=ctx.cancelled,
+            log=_tee(ctx),
         )
         ctx.stdout.extend(str(line) for line in reply["stdout"])
-        if ctx.log is not None and reply["stdout"]:
-            # A child's output arrives with its reply: to the live log as a whole then.
-            ctx.log.write("".join(f"{line}\n" for line in reply["stdout"]))
         if reply.get("ok"):
             return reply.get("result")
         raw_error = reply.get("error")
@@ -232,9 +235,12 @@ class PythonTool:
         )
 
 
-def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
+def run_request(
+    request: Mapping[str, Any], stdout: list[str], tee: Callable[[str], None] | None = None
+) -> Any:
     """Run one request of a python child process (`flowtide.tools.python_child`) and
-    return its JSON result; printed lines go to `stdout`. Time limits are the parent's.
+    return its JSON result; printed lines go to `stdout` (and, as printed, to `tee`).
+    Time limits are the parent's.
 
     Raises:
         ToolError: as `PythonTool.run` does for the code itself.
@@ -243,7 +249,7 @@ def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
     raw_input = request.get("input")
     inputs = {} if raw_input is None else raw_input
     libs = _load_libs(request.get("libs"))
-    capture = _Capture(int(request.get("limit") or DEFAULT_OUTPUT_LIMIT))
+    capture = _Capture(int(request.get("limit") or DEFAULT_OUTPUT_LIMIT), tee)
     ns = _namespace(
         unit, inputs, libs, request["execution_id"], request.get("context") or {}, capture
     )

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.nats]
 STACK_WORKERS = 1
 LINES = 1000
 
-PLAYBOOK = """
+SHELL = """
 apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {name: chatty_shell, path: tests/dist/chatty_shell}
@@ -38,17 +38,37 @@ workflow:
         for i in $(seq 50 LAST); do echo "line $i"; done
 """.replace("LAST", str(LINES - 1))
 
+# In a child process of the worker (its default isolation).
+PYTHON = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: chatty_python, path: tests/dist/chatty_python}
+workload: {go: "GO"}
+workflow:
+  - step: talk
+    tool:
+      kind: python
+      input: {go: "{{ workload.go }}"}
+      code: |
+        import os, time
+        for i in range(LINES):
+            print(f"line {i}")
+            while i == 49 and not os.path.exists(go):
+                time.sleep(0.05)
+""".replace("LINES", str(LINES))
+
 
 def _whole() -> str:
     return "".join(f"line {i}\n" for i in range(LINES))
 
 
-def test_a_running_steps_output_is_followed_from_the_server(stack: Stack) -> None:
+@pytest.mark.parametrize("playbook", [SHELL, PYTHON], ids=["shell", "python"])
+def test_a_running_steps_output_is_followed_from_the_server(stack: Stack, playbook: str) -> None:
     folder = Path(tempfile.mkdtemp(prefix="flowtide-logs-"))
     folder.chmod(0o755)  # the step may run as the python steps' user
     go = folder / "go"
     with stack.client() as client:
-        reply = client.post("/api/execute", json={"playbook": PLAYBOOK, "payload": {"go": str(go)}})
+        reply = client.post("/api/execute", json={"playbook": playbook, "payload": {"go": str(go)}})
         assert reply.status_code == 201, reply.text
         eid = reply.json()["execution_id"]
         with client.stream(

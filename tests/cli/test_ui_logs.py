@@ -80,18 +80,22 @@ def test_the_step_panel_follows_a_running_steps_logs(
             page.goto(f"{ui.url}#token={ui.token}")
             page.goto(f"{ui.url}/executions/{eid}")
             page.locator('[data-testid="graph-node"][data-step="talk"]').click()
-            logs = page.locator(
-                '[data-testid="step-panel"][data-step="talk"] [data-testid="step-logs"]'
-            )
-            page.wait_for_function(
-                "el => el.textContent.includes('line 49\\n')", arg=logs.element_handle()
-            )
+            selector = '[data-testid="step-panel"][data-step="talk"] [data-testid="step-logs"]'
+            logs = page.locator(selector)
+
+            def shows(text: str, *, at_end: bool = False) -> None:
+                page.wait_for_function(
+                    "([sel, text, atEnd]) => { const el = document.querySelector(sel);"
+                    " if (!el) return false; const t = el.textContent;"
+                    " return atEnd ? t.endsWith(text) : t.includes(text); }",
+                    arg=[selector, text, at_end],
+                    timeout=2 * SEEN_MS,
+                )
+
+            shows("line 49\n")
             assert not go.exists() and ui.status(eid) == "running"  # seen while it runs
             go.touch()
-            page.wait_for_function(
-                f"el => el.textContent.endsWith('line {LINES - 1}\\n')",
-                arg=logs.element_handle(),
-            )
+            shows(f"line {LINES - 1}\n", at_end=True)
             text = logs.inner_text()
             shot(page, "step-logs")
             context.close()

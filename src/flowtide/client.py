@@ -199,6 +199,29 @@ class ServerClient:
         for _id, data in self._stream(execution_id, reconnect_for=reconnect_for):
             yield [json.loads(data)]
 
+    def logs(
+        self, execution_id: int, step: str | None = None, follow: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """What the execution's steps wrote (`GET /api/executions/{id}/logs`), piece by
+        piece; with `follow`, as they write it, until the execution ends."""
+        import json
+
+        params: dict[str, Any] = {"follow": "true" if follow else "false"}
+        if step is not None:
+            params["step"] = step
+        with self._http.stream(
+            "GET",
+            f"/api/executions/{execution_id}/logs",
+            params=params,
+            timeout=httpx.Timeout(30.0, read=90.0),
+        ) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._raise_for(r)
+            for line in r.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
     def wait(self, execution_id: int, *, reconnect_for: float = 120.0) -> dict[str, Any]:
         """Block until the execution ends; its document. The end is noticed on the event
         stream (as `follow` reads it: a server restart is ridden out), and the document,

@@ -66,7 +66,7 @@ class Pruned:
 
 def execution_folders(data: Path) -> Iterator[tuple[int, Path]]:
     """(execution id, folder) of every execution's folder under `data`."""
-    candidates = [data]
+    candidates = [data, data / "logs"]
     results = data / "results"
     if results.is_dir():
         candidates += [tier for tier in results.iterdir() if tier.is_dir()]

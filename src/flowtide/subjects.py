@@ -5,13 +5,15 @@
       flowtide-<pool>                   a pool's durable pull consumer, shared by its workers
     KV_<bucket>, $KV.<bucket>.>       the loop-state bucket (flowtide.kv.nats)
     _WORKER_INBOX.<pool>.>            replies to a worker of <pool> (pulls, consumer info)
+    FLOWTIDE_LOGS, flowtide.logs.<pool>.<eid>.<command>  what running steps print
 
 Two kinds of NATS user (the dev stack creates one of each kind per pool of workers):
 
 - `server`: publishes notifications, manages the stream and the pools' consumers, reads
   and writes the KV bucket; its replies come to `_INBOX.>`.
 - `worker` of one pool: pulls from its pool's consumer, acks what it pulled and reads
-  that consumer's info; nothing else. It cannot publish a command, read or write the
+  that consumer's info, publishes what its steps print under its pool's log prefix;
+  nothing else. It cannot publish a command, read or write the
   KV, or touch another pool's consumer.
 
 A worker's inbox is not under `_INBOX`: any client allowed `_INBOX.>` (the usual grant
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from flowtide.wire import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
+    LOG_PREFIX,
     command_filter,
     pool_consumer,
     worker_inbox,
@@ -77,6 +80,7 @@ def worker_permissions(pool: str) -> Permissions:
             f"$JS.API.CONSUMER.MSG.NEXT.{COMMAND_STREAM}.{consumer}",
             f"$JS.API.CONSUMER.INFO.{COMMAND_STREAM}.{consumer}",
             f"$JS.ACK.{COMMAND_STREAM}.{consumer}.>",
+            f"{LOG_PREFIX}.{pool}.>",
         ),
         subscribe=(f"{worker_inbox(pool)}.>",),
     )

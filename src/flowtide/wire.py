@@ -53,6 +53,8 @@ __all__ = [
     "EXECUTION_HEADER",
     "FORWARDED_HEADER",
     "HEARTBEAT_PATH",
+    "LOG_PREFIX",
+    "LOG_STREAM",
     "REGISTER_PATH",
     "RELEASE_PATH",
     "REPORTS_PATH",
@@ -72,6 +74,7 @@ __all__ = [
     "command_filter",
     "command_subject",
     "known_revisions",
+    "log_subject",
     "pool_consumer",
     "read_reports_body",
     "reports_body",
@@ -114,6 +117,17 @@ def pool_consumer(pool: str) -> str:
 def worker_inbox(pool: str) -> str:
     """The inbox prefix of a worker of `pool` (nats-py's `inbox_prefix`)."""
     return f"_WORKER_INBOX.{_pool(pool)}"
+
+
+#: What running steps print (`flowtide.logs`): LOG_PREFIX.<pool>.<execution_id>.<command_id>,
+#: kept by the stream LOG_STREAM (the newest messages of each command).
+LOG_STREAM: Final = "FLOWTIDE_LOGS"
+LOG_PREFIX: Final = "flowtide.logs"
+
+
+def log_subject(pool: str, execution_id: int, command_id: int) -> str:
+    """Where a worker of `pool` publishes what command `command_id` prints."""
+    return f"{LOG_PREFIX}.{_pool(pool)}.{execution_id}.{command_id}"
 
 
 # -- HTTP paths ------------------------------------------------------------------------------

@@ -40,8 +40,13 @@ def test_run_json_completed_document(ft: Flowtide) -> None:
 def test_run_json_failed_document(ft: Flowtide) -> None:
     doc = ft.run(FAILING, expect=1)
     assert doc["status"] == "failed"
-    assert set(doc["error"]) == {"step", "kind", "message"}
+    assert set(doc["error"]) == {"step", "kind", "message", "traceback"}
     assert doc["error"]["step"] == "explode"
+    # The user's frame, at its line in the playbook.
+    assert doc["error"]["traceback"].splitlines()[1:3] == [
+        '  File "failing.yaml", line 18, in <module>',
+        '    raise ValueError("the answer was 42, expected 41")',
+    ]
     assert doc["error"]["kind"] == "python_error"
     assert "the answer was 42, expected 41" in doc["error"]["message"]
     steps = doc["steps"]

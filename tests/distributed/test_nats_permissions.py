@@ -27,6 +27,7 @@ import pytest
 from flowtide.errors import NatsError
 from flowtide.kv import KVError, connect
 from flowtide.natsauth import NatsAuth, connect_nats
+from flowtide.server.logs import ensure_log_stream
 from flowtide.server.outbox import STREAM, ensure_consumer
 from flowtide.subjects import pool_consumer, worker_inbox, worker_permissions
 
@@ -195,6 +196,23 @@ async def test_worker_user_cannot_publish_a_command_or_manage_the_stream(
         assert (await srv.nc.jetstream().stream_info(STREAM)).config.name == STREAM
         names = await srv.nc.jetstream().consumers_info(STREAM)
         assert sorted(c.name for c in names) == [pool_consumer("default"), pool_consumer("other")]
+
+
+async def test_worker_user_publishes_logs_under_its_pool_only(secured: NatsServer) -> None:
+    async with _As(secured, "server") as srv:
+        await ensure_log_stream(srv.nc.jetstream())
+    async with _worker(secured) as worker:
+        await worker.nc.publish("flowtide.logs.default.1.2", b"printed\n")
+        await worker.nc.flush()
+        assert worker.errors == []
+        for subject in ("flowtide.logs.other.1.2", "flowtide.logs.>"):
+            await worker.nc.publish(subject, b"forged\n")
+            await worker.refused("publish", subject)
+        # It cannot read the stream back (another pool's output included).
+        await worker.request_refused("$JS.API.STREAM.INFO.FLOWTIDE_LOGS")
+    async with _As(secured, "server") as srv:
+        info = await srv.nc.jetstream().stream_info("FLOWTIDE_LOGS", subjects_filter=">")
+        assert info.state.subjects == {"flowtide.logs.default.1.2": 1}
 
 
 async def test_worker_user_cannot_read_or_write_the_kv(secured: NatsServer) -> None:

@@ -8,7 +8,9 @@ what only one of them has (helper threads, the in-process compile cache) say so.
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -793,3 +795,69 @@ def test_timeout_abandons_a_thread_blocked_in_c() -> None:
         assert time.monotonic() < deadline, "abandoned thread never finished"
         time.sleep(0.05)
     assert ctx.stdout == []
+
+
+# ---------------------------------------------------------------- live log
+
+
+class _Lines:
+    """A command's live log that records what it is given."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def add_secrets(self, values: Any) -> None:
+        pass
+
+
+def test_what_the_code_prints_goes_to_the_live_log_too() -> None:
+    live = _Lines()
+    ctx = make_ctx()
+    ctx.log = live
+    code = "import sys\nprint('one')\nsys.stdout.write('two\\n')\nprint('three', file=sys.stderr)"
+    run({"code": code}, ctx)
+    assert ctx.stdout == ["one", "two", "three"]
+    # In-process as each is printed, from a child with its reply: the same text.
+    assert "".join(live.parts) == "one\ntwo\nthree\n"
+
+
+def test_a_failure_reports_the_users_frames() -> None:
+    code = "def inner():\n    raise KeyError('k')\n\ndef main():\n    return inner()\n"
+    error = run_error({"code": code})
+    frames = error.data["frames"]
+    assert [(f["line"], f["function"]) for f in frames][-2:] == [(5, "main"), (2, "inner")]
+    assert frames[-1]["source"] == "raise KeyError('k')" and error.data["filename"] == "<code>"
+
+
+def test_the_live_log_gets_output_while_the_code_runs() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="flowtide-live-"))
+    folder.chmod(0o755)  # a child may run as the python steps' user
+    go = folder / "go"
+    live = _Lines()
+    ctx = make_ctx()
+    ctx.log = live
+    code = (
+        "import os, time\nprint('first')\ndeadline = time.monotonic() + 30\n"
+        "while not os.path.exists(go) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\nprint('second')\nresult = os.path.exists(go)"
+    )
+    done: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: done.append(run({"code": code, "input": {"go": str(go)}}, ctx))
+    )
+    worker.start()
+    try:
+        deadline = time.monotonic() + 15
+        while "first\n" not in "".join(live.parts):
+            assert time.monotonic() < deadline, live.parts
+            time.sleep(0.01)
+        assert done == []  # still waiting for `go`
+    finally:
+        go.touch()
+        worker.join(30)
+    assert done == [True]
+    assert "".join(live.parts) == "first\nsecond\n"
+    shutil.rmtree(folder)

@@ -77,6 +77,7 @@ def test_worker_permissions_name_only_its_pool() -> None:
         "$JS.API.CONSUMER.MSG.NEXT.FLOWTIDE_COMMANDS.flowtide-gpu",
         "$JS.API.CONSUMER.INFO.FLOWTIDE_COMMANDS.flowtide-gpu",
         "$JS.ACK.FLOWTIDE_COMMANDS.flowtide-gpu.>",
+        "flowtide.logs.gpu.>",
     )
     assert perms.subscribe == ("_WORKER_INBOX.gpu.>",)
     assert worker_inbox("gpu") + ".>" in perms.subscribe

@@ -17,6 +17,7 @@ from flowtide.cli.executions import events, list_executions, status
 from flowtide.cli.gc import gc_cmd
 from flowtide.cli.hooks import hook_app
 from flowtide.cli.kv import kv_app
+from flowtide.cli.logs import logs
 from flowtide.cli.options import err
 from flowtide.cli.run import cancel, execute, resume, run, validate
 from flowtide.cli.scheduler import scheduler_cmd
@@ -45,6 +46,7 @@ app.command("resume")(resume)
 app.command("validate")(validate)
 app.command("status")(status)
 app.command("events")(events)
+app.command("logs")(logs)
 app.command("execute")(execute)
 app.command("cancel")(cancel)
 app.command("data")(data)

@@ -122,6 +122,8 @@ def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
         where = f" ({location})" if location else ""
         step = f" in step [bold]{error.get('step')}[/]" if error.get("step") else ""
         console.print(f"[red]error[/]{step}{where} ({error.get('kind')}): {error.get('message')}")
+        if error.get("traceback"):  # a python step's, in the playbook's lines
+            console.print(str(error["traceback"]), markup=False, highlight=False)
     if not terminal:
         print_json(doc["result"])
         return

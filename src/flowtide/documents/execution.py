@@ -9,7 +9,7 @@ embedded API's caller).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -51,6 +51,8 @@ class ExecutionError(TypedDict):
     step: str | None
     kind: str
     message: Any
+    #: A failed python step's: the user's frames, at the playbook's lines.
+    traceback: NotRequired[str]
 
 
 class ExecutionDocument(TypedDict):
@@ -123,6 +125,8 @@ def intact(state: ExecutionState) -> ExecutionDocument:
             "kind": err.get("kind", state.status),
             "message": err.get("message", state.status),
         }
+        if isinstance(err.get("traceback"), str):
+            error["traceback"] = err["traceback"]
     return {
         "execution_id": str(state.execution_id),
         "status": state.status if state.terminal else "running",

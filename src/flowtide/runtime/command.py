@@ -6,7 +6,7 @@ cursor loop's claim query), then the events that report it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from flowtide import tracing
@@ -18,10 +18,11 @@ from flowtide.engine.events import (
     CommandResultPayload,
     Event,
 )
+from flowtide.logs import CommandLog, LogKey, LogSpool, current_log
 from flowtide.runtime.outcome import Outcome, crashed
 from flowtide.runtime.pipeline import StepRunner
 
-__all__ = ["outcome_events", "run_command"]
+__all__ = ["outcome_events", "run_command", "started_event"]
 
 
 def run_command(
@@ -37,6 +38,9 @@ def run_command(
     credentials: Any = None,
     cancelled: Callable[[], bool] | None = None,
     traceparent: str | None = None,
+    logs: LogSpool | None = None,
+    secrets: Callable[[], Iterable[str]] | None = None,
+    on_started: Callable[[list[Event]], None] | None = None,
 ) -> list[Event]:
     """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
     when it is an iteration) against the execution's context `base` and `ctx`; the
@@ -44,29 +48,51 @@ def run_command(
     a lost one. `credentials`: the command's resolver (default: the runner's own).
     With traces on, the command is a span of its execution's trace (`traceparent`: what
     the execution started under), current while its tools run.
+    `logs`: where what the step prints goes while it runs (masked with `secrets` too);
+    `on_started`: given `command.started` as the command starts (else it is reported
+    with the other events).
     """
-    if not tracing.enabled:
-        outcome = _outcome(runner, command, base, ctx, iterator, element, credentials, cancelled)
-        return outcome_events(command, outcome, next_id, worker_id)
-    span = tracing.command_context(
-        command.execution_id, command.command_id, command.attempt, traceparent
-    )
-    with tracing.use(span.header):
-        outcome = _outcome(runner, command, base, ctx, iterator, element, credentials, cancelled)
-    events = outcome_events(command, outcome, next_id, worker_id)
-    tracing.record_command(
-        execution_id=command.execution_id,
-        command_id=command.command_id,
-        attempt=command.attempt,
-        step=command.step,
-        worker_id=worker_id,
-        traceparent=traceparent,
-        started=outcome.started or events[0].time,
-        ended=events[-1].time,
-        status=outcome.status,
-        error_kind=(outcome.error or {}).get("kind") if outcome.status == "error" else None,
-        loop_index=command.loop_index,
-    )
+    if on_started is not None:
+        on_started([started_event(command, next_id(), worker_id, time.time())])
+    log = None
+    if logs is not None:
+        key = LogKey(command.execution_id, command.command_id, command.step, command.loop_index)
+        log = CommandLog(key, logs, secrets)
+    token = current_log.set(log)
+    span = None
+    try:
+        if not tracing.enabled:
+            outcome = _outcome(runner, command, base, ctx, iterator, element, credentials, cancelled)
+        else:
+            span = tracing.command_context(
+                command.execution_id, command.command_id, command.attempt, traceparent
+            )
+            with tracing.use(span.header):
+                outcome = _outcome(
+                    runner, command, base, ctx, iterator, element, credentials, cancelled
+                )
+    finally:
+        current_log.reset(token)
+        if log is not None:
+            try:
+                log.close()
+            except Exception:  # noqa: BLE001 - a log that cannot be written loses no command
+                pass
+    events = outcome_events(command, outcome, next_id, worker_id, started=on_started is None)
+    if span is not None:
+        tracing.record_command(
+            execution_id=command.execution_id,
+            command_id=command.command_id,
+            attempt=command.attempt,
+            step=command.step,
+            worker_id=worker_id,
+            traceparent=traceparent,
+            started=outcome.started or events[0].time,
+            ended=events[-1].time,
+            status=outcome.status,
+            error_kind=(outcome.error or {}).get("kind") if outcome.status == "error" else None,
+            loop_index=command.loop_index,
+        )
     return events
 
 
@@ -101,13 +127,7 @@ def _outcome(
         return crashed(exc)
 
 
-def outcome_events(
-    command: Command, outcome: Outcome, new_id: Callable[[], int], worker: str
-) -> list[Event]:
-    """The events a worker reports for one command: command.started, `secrets.added` when
-    the tools touched secrets, a call.done or call.error per tool call, then
-    command.completed (or command.failed when the step's policy says fail)."""
-    eid = command.execution_id
+def _ref(command: Command) -> CommandRef:
     base: CommandRef = {"attempt": command.attempt}
     if command.extra.get("cursor"):
         base["loop_instance"] = command.loop_instance
@@ -115,20 +135,40 @@ def outcome_events(
     elif command.loop_index is not None:
         base["loop_instance"] = command.loop_instance
         base["loop_index"] = command.loop_index
-    out = [
-        Event(
-            event_id=new_id(),
-            execution_id=eid,
-            type=ev.COMMAND_STARTED,
-            step=command.step,
-            status="running",
-            payload=base.copy(),
-            parent_event_id=command.issued_event_id,
-            command_id=command.command_id,
-            worker_id=worker,
-            time=outcome.started,
-        )
-    ]
+    return base
+
+
+def started_event(command: Command, event_id: int, worker: str, at: float) -> Event:
+    """The `command.started` of `command`."""
+    return Event(
+        event_id=event_id,
+        execution_id=command.execution_id,
+        type=ev.COMMAND_STARTED,
+        step=command.step,
+        status="running",
+        payload=_ref(command),
+        parent_event_id=command.issued_event_id,
+        command_id=command.command_id,
+        worker_id=worker,
+        time=at,
+    )
+
+
+def outcome_events(
+    command: Command,
+    outcome: Outcome,
+    new_id: Callable[[], int],
+    worker: str,
+    *,
+    started: bool = True,
+) -> list[Event]:
+    """The events a worker reports for one command: command.started (unless `started`
+    is False: it was reported as the command started), `secrets.added` when the tools
+    touched secrets, a call.done or call.error per tool call, then command.completed (or
+    command.failed when the step's policy says fail)."""
+    eid = command.execution_id
+    base = _ref(command)
+    out = [started_event(command, new_id(), worker, outcome.started)] if started else []
     if outcome.secrets:
         # Before the events that may hold the values: the whole report is sealed against
         # the set they join, on the server as in this process.

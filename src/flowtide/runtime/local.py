@@ -11,6 +11,7 @@ acted on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -28,6 +29,7 @@ from flowtide.engine.state import ExecutionState, fold
 from flowtide.errors import FlowtideError, NotFoundError, TemplateError, ToolError
 from flowtide.home import find_home
 from flowtide.ids import Snowflake
+from flowtide.logfiles import FileSpool
 from flowtide.loopstate import LoopState
 from flowtide.playbook.loader import parse_playbook
 from flowtide.playbook.model import Playbook
@@ -94,6 +96,7 @@ class LocalRuntime:
         # Datasets that tools write (spark results without a sink) live here, one folder
         # per execution; absolute, because a Spark Connect server or cluster reads it too.
         self.data_dir = (data_dir or find_home() / "data").absolute()
+        self.logs = FileSpool(self.data_dir / "logs")
         # The result limits, read now: a bad value stops the run before its first step.
         current(LimitsSection)
         self.kv = kv
@@ -155,10 +158,8 @@ class LocalRuntime:
             cancel_running()
         if self._pump_task is not None:
             self._pump_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._pump_task
-            except asyncio.CancelledError:
-                pass
         self._pool.shutdown()
         if self.locks is not None:
             self.locks.release_all()
@@ -500,6 +501,9 @@ class LocalRuntime:
             element=element,
             cancelled=execution.cancelled.is_set,
             traceparent=execution.state.traceparent,
+            logs=self.logs,
+            secrets=lambda: execution.state.secrets,
+            on_started=self._post_threadsafe,
         )
         self._post_threadsafe(events)
 

@@ -23,10 +23,12 @@ from flowtide.engine.context import envelope, layered, plain, result_view
 from flowtide.engine.policy import Action, next_action
 from flowtide.errors import TemplateError, ToolError
 from flowtide.jsonvalues import dumps, to_json
+from flowtide.logs import current_log
 from flowtide.playbook.model import Playbook, Step, Task
 from flowtide.playbook.template import render
 from flowtide.redaction import remember
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
+from flowtide.runtime.pytrace import with_traceback
 from flowtide.runtime.rendering import (
     apply_set,
     own_result,
@@ -165,6 +167,12 @@ class _Made:
     policy_scope: Mapping[str, Any]
 
 
+def _line(part: str) -> str:
+    """A piece of `ToolContext.stdout` as it was printed (a python step's are lines
+    without their newline)."""
+    return part if part.endswith("\n") else part + "\n"
+
+
 class StepRunner:
     """Executes commands for one playbook. Thread-safe: one instance serves all workers."""
 
@@ -211,6 +219,7 @@ class StepRunner:
             data_dir=self.data_dir,
             loop_index=index,
             attempt=attempt,
+            log=current_log.get(),
         )
 
     def run(
@@ -356,6 +365,8 @@ class StepRunner:
             status = "ok"
         except ToolError as exc:
             status, error = "error", clean_value(error_dict(exc))
+            if exc.kind == "python_error":
+                error = with_traceback(error, exc.data, self.playbook, step, task)
             result = clean_value(exc.data)
         except TemplateError as exc:
             status, error = "error", clean_value(error_dict(exc))
@@ -373,7 +384,7 @@ class StepRunner:
             record.secrets |= secrets
             remember(secrets)
         # What a step printed is a log: text that cannot be stored is replaced (U+FFFD).
-        out_text = clean_text("".join(tctx.stdout))
+        out_text = clean_text("".join(_line(part) for part in tctx.stdout))
         record.calls.append(
             Call(
                 task.name,

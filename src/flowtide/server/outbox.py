@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide import trace
+from flowtide.server.logs import ensure_log_stream
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
 from flowtide.store.postgres import PostgresStore
@@ -258,6 +259,7 @@ class OutboxRelay:
 
     async def start(self) -> None:
         await ensure_stream(self.js)
+        await ensure_log_stream(self.js)  # what running steps print (flowtide.server.logs)
         self._task = asyncio.create_task(self._run(), name="flowtide-outbox")
 
     async def stop(self) -> None:

@@ -5,7 +5,7 @@ cluster-wide lists, and the live event stream read in commit order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from flowtide.auth.principal import Principal
     from flowtide.documents.listing import ExecutionItem, ShardMissing
     from flowtide.engine.state import ExecutionState
+    from flowtide.logfiles import LiveLog
     from flowtide.playbook.model import Playbook
     from flowtide.server.runtime import Runtime
     from flowtide.server.worker_registry import WorkerRegistry
@@ -127,6 +128,15 @@ class ServerReads:
 
     def runs_here(self, execution_id: int) -> bool:
         return False
+
+    async def live_logs(self, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
+        """What the workers published of the execution's commands (the log stream)."""
+        nc = self.runtime.nc
+        if nc is None:
+            return {}
+        from flowtide.server.logs import read_rings
+
+        return await read_rings(nc.jetstream(), execution_id, skip)
 
     async def trigger_elsewhere(self, request: Request, trigger_id: int) -> Response | None:
         """A trigger's request (a webhook's delivery or page) goes to the shard that owns

@@ -56,6 +56,9 @@ class ToolContext:
     # Facts about the call (spark job ids, rows written...) that the runtime records in
     # the call.done / call.error event; never results, never secrets.
     call_meta: dict[str, Any] = field(default_factory=dict)
+    # Set by the runtime: the command's live log (`flowtide.logs.CommandLog`): tools
+    # write what the step prints to it as it is printed (besides `stdout`).
+    log: Any = None
 
     def resolve_credential(self, alias: str) -> dict[str, Any]:
         """The body of credential `alias`, as a tool error when it cannot be had.
@@ -80,6 +83,8 @@ class ToolContext:
     def add_secret(self, value: Any) -> None:
         if isinstance(value, str) and len(value) >= 3:
             self.secrets.add(value)
+            if self.log is not None:
+                self.log.add_secrets([value])
 
 
 class Tool(Protocol):

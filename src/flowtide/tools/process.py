@@ -95,8 +95,13 @@ class _Stream:
     limit: int
     data: bytearray = field(default_factory=bytearray)
     dropped: int = 0
+    #: The command's live log (`flowtide.logs.CommandLog`), given each chunk as read.
+    log: Any = None
+    name: str = "stdout"
 
     def add(self, chunk: bytes) -> None:
+        if self.log is not None:
+            self.log.write_bytes(chunk, self.name)
         room = self.limit - len(self.data)
         if room > 0:
             self.data += chunk[:room]
@@ -143,6 +148,8 @@ class Launch:
     cancelled: Callable[[], bool] | None = None
     #: The execution the programs run for (`kill_running`).
     owner: int | None = None
+    #: The command's live log: what the programs write goes there as it comes.
+    log: Any = None
 
     def run(self, argv: Sequence[str], timeout: float, *, merge_stderr: bool = False) -> Finished:
         """Run `argv` to its end (or `timeout` seconds, or cancellation); see the module
@@ -177,7 +184,7 @@ def _run(argv: Sequence[str], launch: Launch, timeout: float, merge_stderr: bool
         raise
     with _running_lock:
         _running[proc.pid] = (launch.owner, confined)
-    out, err = _Stream(limit), _Stream(limit)
+    out, err = _Stream(limit, log=launch.log), _Stream(limit, log=launch.log, name="stderr")
     stopped: str | None = None
     try:
         stopped = _pump(proc, out, err, started + timeout, launch.cancelled)

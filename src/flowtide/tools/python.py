@@ -60,7 +60,7 @@ without a timeout, in `python_run`; process isolation in `python_pool` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowtide.errors import ToolError
@@ -104,6 +104,11 @@ def _load_source(config: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]
         script, ctx.base_dir, tool="python", step=ctx.step, kind="python_error"
     )
     return text, path or _CODE_FILENAME
+
+
+def _tee(ctx: ToolContext) -> Callable[[str], None] | None:
+    """Where the code's output goes as it is printed: the command's live log."""
+    return None if ctx.log is None else ctx.log.write
 
 
 def _effective_timeout(config: Mapping[str, Any], ctx: ToolContext) -> float | None:
@@ -170,7 +175,7 @@ class PythonTool:
         raw_input = config.get("input")
         inputs = {} if raw_input is None else _plain(raw_input)
         libs = _load_libs(config.get("libs"))
-        capture = _Capture(self.output_limit)
+        capture = _Capture(self.output_limit, _tee(ctx))
         ns = _namespace(unit, inputs, libs, ctx.execution_id, ctx.render_context, capture)
         _ensure_routing()
         try:
@@ -201,8 +206,14 @@ class PythonTool:
         }
         if "context" in source:  # the rule `_Unit.uses_context` follows
             request["context"] = _plain(ctx.render_context)
+        if ctx.log is not None:
+            request["live"] = True  # the child forwards what it prints as it prints it
         reply = self.pool().run(
-            request, execution_id=ctx.execution_id, timeout=timeout, cancelled=ctx.cancelled
+            request,
+            execution_id=ctx.execution_id,
+            timeout=timeout,
+            cancelled=ctx.cancelled,
+            log=_tee(ctx),
         )
         ctx.stdout.extend(str(line) for line in reply["stdout"])
         if reply.get("ok"):
@@ -224,9 +235,12 @@ class PythonTool:
         )
 
 
-def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
+def run_request(
+    request: Mapping[str, Any], stdout: list[str], tee: Callable[[str], None] | None = None
+) -> Any:
     """Run one request of a python child process (`flowtide.tools.python_child`) and
-    return its JSON result; printed lines go to `stdout`. Time limits are the parent's.
+    return its JSON result; printed lines go to `stdout` (and, as printed, to `tee`).
+    Time limits are the parent's.
 
     Raises:
         ToolError: as `PythonTool.run` does for the code itself.
@@ -235,7 +249,7 @@ def run_request(request: Mapping[str, Any], stdout: list[str]) -> Any:
     raw_input = request.get("input")
     inputs = {} if raw_input is None else raw_input
     libs = _load_libs(request.get("libs"))
-    capture = _Capture(int(request.get("limit") or DEFAULT_OUTPUT_LIMIT))
+    capture = _Capture(int(request.get("limit") or DEFAULT_OUTPUT_LIMIT), tee)
     ns = _namespace(
         unit, inputs, libs, request["execution_id"], request.get("context") or {}, capture
     )
@@ -267,7 +281,7 @@ def run_user_code(
     """
     unit = _compiled(source, filename)
     merged = {**(extra_globals or {}), **inputs}
-    capture = _Capture(DEFAULT_OUTPUT_LIMIT)
+    capture = _Capture(DEFAULT_OUTPUT_LIMIT, _tee(ctx))
     ns = _namespace(unit, dict(inputs), {}, ctx.execution_id, ctx.render_context, capture)
     ns.update({k: v for k, v in (extra_globals or {}).items() if k not in inputs})
     _ensure_routing()

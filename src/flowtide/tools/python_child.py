@@ -11,7 +11,10 @@ the original stdin, replies on the original stdout. JSON, never
 pickle, in both directions: the parent must not run anything the child says (user code
 can write to the reply pipe too; the worst it can do is garble its own reply).
 
-    request  {"source", "filename", "input", "libs", "execution_id", "context"?, "path"?}
+    request  {"source", "filename", "input", "libs", "execution_id", "context"?, "path"?,
+              "live"?}
+    output   {"log": "..."}   with `live`: what the code printed, before the reply (whole
+                             lines, every FLUSH_INTERVAL seconds or CHUNK_BYTES)
     reply    {"ok": true, "result": ..., "stdout": [...]}
              {"ok": false, "error": {message, kind, code, data, retryable}, "stdout": [...],
               "recycle": bool}
@@ -64,6 +67,11 @@ def main(settings: dict[str, Any]) -> None:
     # standard library, when the parent's is one this user cannot read.
     own = [p for p in sys.path[len(settings["path"]) :] if p not in settings["path"]]
     write_frame(proto_out, json.dumps({"ready": os.getpid()}).encode())
+    # Frames to the parent are written whole, one at a time (output from the flusher
+    # thread, replies from this one).
+    lock = threading.Lock()
+    current: list[_Forward | None] = [None]
+    threading.Thread(target=_flush_every, args=(current,), name="log-flush", daemon=True).start()
     while True:
         frame = read_frame(proto_in)
         if frame is None:
@@ -73,13 +81,18 @@ def main(settings: dict[str, Any]) -> None:
             sys.path[:] = [*request["path"], *own]
         stdout: list[str] = []
         reply: dict[str, Any]
+        live = _Forward(proto_out, lock) if request.get("live") else None
+        current[0] = live
         try:
-            result = pytool.run_request(request, stdout)
+            result = pytool.run_request(request, stdout, live.write if live else None)
             reply = {"ok": True, "result": result, "stdout": stdout}
         except ToolError as exc:
             reply = {"ok": False, "error": _error_doc(exc), "stdout": stdout}
             # A MemoryError can leave the interpreter half-broken: start afresh.
             reply["recycle"] = exc.code == "MemoryError"
+        if live is not None:
+            current[0] = None
+            live.close()  # what is left goes before the reply; late writes are dropped
         data = json.dumps(reply).encode("utf-8", "surrogatepass")
         if len(data) > max_bytes:
             size = len(data)
@@ -91,7 +104,8 @@ def main(settings: dict[str, Any]) -> None:
                 kind="result_too_large",
             )
             data = json.dumps({"ok": False, "error": _error_doc(error), "stdout": stdout}).encode()
-        write_frame(proto_out, data)
+        with lock:
+            write_frame(proto_out, data)
         _reap_orphans()
 
 
@@ -105,6 +119,60 @@ def _reap_orphans() -> None:
             return
         if pid == 0:
             return
+
+
+FLUSH_INTERVAL = 0.2
+CHUNK_BYTES = 16 * 1024
+
+
+class _Forward:
+    """What a live request's code prints, sent to the parent in `{"log"}` frames."""
+
+    def __init__(self, fd: int, lock: threading.Lock) -> None:
+        self._fd = fd
+        self._lock = lock
+        self._mu = threading.Lock()
+        self._parts: list[str] = []
+        self._size = 0
+        self._closed = False
+
+    def write(self, text: str) -> None:
+        with self._mu:
+            if self._closed:
+                return
+            self._parts.append(text)
+            self._size += len(text)
+            if self._size >= CHUNK_BYTES:
+                self._send()
+
+    def flush(self) -> None:
+        with self._mu:
+            if not self._closed:
+                self._send()
+
+    def close(self) -> None:
+        with self._mu:
+            self._send()
+            self._closed = True
+
+    def _send(self) -> None:
+        if not self._parts:
+            return
+        text = "".join(self._parts)
+        self._parts, self._size = [], 0
+        with self._lock:
+            write_frame(self._fd, json.dumps({"log": text}).encode("utf-8", "surrogatepass"))
+
+
+def _flush_every(current: list[_Forward | None]) -> None:
+    while True:
+        time.sleep(FLUSH_INTERVAL)
+        live = current[0]
+        if live is not None:
+            try:
+                live.flush()
+            except OSError:
+                return  # the parent is gone
 
 
 def _error_doc(exc: Any) -> dict[str, Any]:

@@ -252,11 +252,19 @@ def _user_error(exc: BaseException, unit: _Unit) -> ToolError:
         if unit.line(lineno):
             trace.append(f"    {unit.line(lineno)}")
     trace.append(f"{name}: {text}" if text else name)
+    shown = [{"line": n, "function": f, "source": unit.line(n)} for n, f in frames]
     return ToolError(
         message,
         kind="python_error",
         code=name,
-        data={"exception": name, "line": line, "traceback": "\n".join(trace)},
+        data={
+            "exception": name,
+            "line": line,
+            "traceback": "\n".join(trace),
+            # The user's frames (innermost last), for the runtime to map to the playbook.
+            "frames": shown,
+            "filename": unit.filename,
+        },
     )
 
 

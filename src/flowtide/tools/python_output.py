@@ -15,11 +15,13 @@ from typing import Any
 
 
 class _Capture:
-    """One call's output buffer, capped at `limit` characters."""
+    """One call's output buffer, capped at `limit` characters. `tee`: also given every
+    write as it happens (the command's live log, `flowtide.logs`)."""
 
-    __slots__ = ("parts", "size", "limit", "dropped", "closed")
+    __slots__ = ("parts", "size", "limit", "dropped", "closed", "tee")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, tee: Callable[[str], None] | None = None) -> None:
+        self.tee = tee
         self.parts: list[str] = []
         self.size = 0
         self.limit = limit
@@ -33,6 +35,8 @@ class _Capture:
         if self.closed:
             # An abandoned (timed-out) thread still printing: its call already reported.
             return n
+        if self.tee is not None:
+            self.tee(text)
         room = self.limit - self.size
         if n <= room:
             self.parts.append(text)

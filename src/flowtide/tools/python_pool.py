@@ -161,6 +161,8 @@ class _Child:
         self.execution_id: int | None = None
         #: Why the parent killed it ("timeout", "cancelled", ...), None while it lives.
         self.killed: str | None = None
+        #: Where the output it forwards goes, while it runs a live request.
+        self.log: Callable[[str], None] | None = None
 
     def readable(self, seconds: float) -> bool:
         return bool(self.poller.poll(max(0, int(seconds * 1000))))
@@ -274,8 +276,11 @@ class ChildPool:
         execution_id: int | None = None,
         timeout: float | None = None,
         cancelled: Callable[[], bool] | None = None,
+        log: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         """Run one request in a child; its reply (`ok`, `result` or `error`, `stdout`).
+        `log`: given what the code prints as the child forwards it (`{"log": text}`
+        frames before the reply, sent when the request says `live`).
 
         Raises:
             ToolError: kind "timeout", "cancelled", "crashed" (the child died; its exit
@@ -301,6 +306,7 @@ class ChildPool:
             child.path = path
             break
         try:
+            child.log = log
             reply = self._wait(child, timeout, cancelled)
         except BaseException:
             self._drop(child)
@@ -380,7 +386,10 @@ class ChildPool:
         while True:
             wait = POLL if deadline is None else min(POLL, deadline - time.monotonic())
             if child.readable(wait):
-                return self._reply(child)
+                reply = self._reply(child)
+                if reply is not None:  # else a piece of output: wait on
+                    return reply
+                continue
             if deadline is not None and time.monotonic() >= deadline:
                 child.kill("timeout")
                 raise ToolError(
@@ -404,9 +413,10 @@ class ChildPool:
                     data={"cpu_seconds": limit},
                 )
 
-    def _reply(self, child: _Child) -> dict[str, Any]:
+    def _reply(self, child: _Child) -> dict[str, Any] | None:
         try:
-            first = os.read(child.from_child, 1 << 16)
+            # A live child sends output frames before its reply: one frame at a time.
+            first = os.read(child.from_child, 4 if child.log is not None else 1 << 16)
             while 0 < len(first) < 4:
                 more = os.read(child.from_child, 4 - len(first))
                 first = first + more if more else b""
@@ -432,6 +442,9 @@ class ChildPool:
                     reply = None
                 if isinstance(reply, dict) and isinstance(reply.get("stdout"), list):
                     return reply
+                if isinstance(reply, dict) and isinstance(reply.get("log"), str) and child.log:
+                    child.log(reply["log"])
+                    return None
                 child.kill("garbled")
                 raise ToolError(
                     "the python child process sent a reply that is not one (did the code"

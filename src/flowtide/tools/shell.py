@@ -219,6 +219,7 @@ def launch_of(config: Mapping[str, Any], ctx: ToolContext, env: Any, env_key: st
         limit=int(limit or DEFAULT_OUTPUT_LIMIT),
         cancelled=ctx.cancelled,
         owner=ctx.execution_id,
+        log=ctx.log,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence, Set
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,6 +23,7 @@ from fastapi.responses import Response
 
 from flowtide.documents.summary import Progress, execution_summary, keep_summary
 from flowtide.errors import NotFoundError, PlaybookError
+from flowtide.logfiles import LiveLog, read_live
 from flowtide.runlock import ExecutionBusy, RunLocks, stopped_runs
 from flowtide.store.base import ENDED_STATUSES, ExecutionRow, Store
 from flowtide.store.triggers import Firing
@@ -132,6 +133,11 @@ class LocalReads:
     def runs_here(self, execution_id: int) -> bool:
         """Whether this process runs the execution (until it ends)."""
         return self.locks.holds(execution_id)
+
+    async def live_logs(self, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
+        """The command logs the embedded runtimes write (this one's and `flowtide run`'s)."""
+        root = self.home / "data" / "logs"
+        return await asyncio.to_thread(read_live, root, execution_id, skip)
 
     async def admit(
         self, body: ExecuteRequest, who: Principal, request: Request

@@ -123,6 +123,7 @@ RULES: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/api/executions/{execution_id}/steps/{step}"): READER,
     ("POST", "/api/executions/{execution_id}/rerun"): OPERATOR,
     ("GET", "/api/executions/{execution_id}/events/stream"): READER,
+    ("GET", "/api/executions/{execution_id}/logs"): READER,
     ("POST", "/api/executions/{execution_id}/finalize"): ADMIN,
     ("GET", "/api/commands/{event_id:int}"): READER,
     # A sub-playbook's result intact (not masked), for the worker waiting on it: never

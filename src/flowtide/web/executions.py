@@ -12,8 +12,10 @@ of an execution's secret set are masked in every document.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Annotated, Final
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -47,6 +49,7 @@ from flowtide.documents.summary import SummaryDocument, kept_summary, summary_do
 from flowtide.documents.summary import as_interrupted as summary_interrupted
 from flowtide.documents.timeline import MAX_BUCKETS, TimelineDocument, execution_timeline
 from flowtide.errors import ExecutionFinished, NotFoundError, PlaybookError, TemplateError
+from flowtide.logread import read_logs
 from flowtide.playbook.loader import parse_playbook
 from flowtide.store.base import ENDED_STATUSES, INTERRUPTED
 from flowtide.web.access import caller
@@ -353,6 +356,79 @@ async def sse_stream(
             yield SSE_KEEPALIVE
             last_sent = loop.time()
         await asyncio.sleep(STREAM_POLL)
+
+
+#: Log streams (`GET /api/executions/{id}/logs`) one process serves at once.
+MAX_LOG_STREAMS: Final = 64
+_log_streams = 0
+
+
+@router.get(
+    "/api/executions/{execution_id}/logs",
+    summary="What an execution's steps printed, live while they run",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/x-ndjson": {}},
+            "description": "One JSON document per line: `command_id`, `step`, `loop_index`, "
+            "`offset` (bytes into the command's output), `dropped` (bytes before it no "
+            "longer kept), `text`, `running`. With `follow`, an empty line is a keep-alive.",
+        },
+        **problem_responses(
+            (404, "No such execution, or no such step in its playbook."),
+            (503, "Too many log streams are open on this server."),
+        ),
+    },
+)
+async def execution_logs(
+    execution_id: IdPath,
+    who: Caller,
+    reads: Reads,
+    step: Annotated[str | None, Query(max_length=256, description="Only this step's.")] = None,
+    follow: Annotated[bool, Query(description="Keep streaming until the run ends.")] = False,
+) -> StreamingResponse:
+    """What the execution's steps wrote (python prints, shell and script output, spark
+    driver messages): ended commands first, then the running ones; with `follow`, what
+    they write next, until the execution ends. A running command keeps its newest 64 KiB
+    (`dropped` says what a slow reader missed). Values of the execution's secret set are
+    masked."""
+    global _log_streams
+    await reads.check(who, execution_id)
+    state = await reads.state(execution_id)
+    if step is not None and step not in state.playbook.steps:
+        raise NotFoundError(f"execution {execution_id} has no step {step!r}")
+    if follow and _log_streams >= MAX_LOG_STREAMS:
+        raise RequestError(503, f"{MAX_LOG_STREAMS} log streams are open: try again later")
+
+    async def status() -> str:
+        return (await reads.row(execution_id)).status
+
+    async def secrets() -> frozenset[str]:
+        return (await reads.state(execution_id)).secrets
+
+    async def lines() -> AsyncIterator[str]:
+        global _log_streams
+        _log_streams += 1 if follow else 0
+        try:
+            async for piece in read_logs(
+                reads.store,
+                execution_id,
+                live=partial(reads.live_logs, execution_id),
+                status=status,
+                secrets=secrets,
+                step=step,
+                follow=follow,
+                idle=STREAM_KEEPALIVE,
+            ):
+                yield "\n" if piece is None else json.dumps(piece) + "\n"
+        finally:
+            _log_streams -= 1 if follow else 0
+
+    return StreamingResponse(
+        lines(),
+        media_type="application/x-ndjson",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.post(

@@ -9,7 +9,7 @@ it reads from the store port (`store`) through `flowtide.documents`, the same fo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from flowtide.documents.summary import Progress
     from flowtide.engine.events import Event
     from flowtide.engine.state import ExecutionState
+    from flowtide.logfiles import LiveLog
     from flowtide.playbook.model import Playbook
     from flowtide.store.base import ExecutionRow, Store
     from flowtide.store.triggers import Firing
@@ -106,6 +107,11 @@ class ExecutionReads(Protocol):
 
     def runs_here(self, execution_id: int) -> bool:
         """Whether this process runs the execution (and could cancel it at once)."""
+        ...
+
+    async def live_logs(self, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
+        """The rings of the execution's commands that printed (`flowtide.logs`), by
+        command id, but those in `skip`."""
         ...
 
     async def admit(

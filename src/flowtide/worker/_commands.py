@@ -17,6 +17,7 @@ from flowtide import tracing
 from flowtide.engine.events import Event
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
+from flowtide.logs import LogSpool
 from flowtide.playbook.loader import parse_playbook
 from flowtide.runtime.command import run_command
 from flowtide.runtime.pipeline import StepRunner
@@ -119,6 +120,9 @@ class CommandRunner:
         #: from exiting normally: see `Worker.stuck`).
         self.in_threads = 0
         self._in_threads_lock = threading.Lock()
+        #: Where what running steps print goes (the worker's `NatsLogSpool`, once NATS
+        #: is connected; None: only to the events, as the step ends).
+        self.logs: LogSpool | None = None
 
     def runner(self, share: ExecutionShare) -> StepRunner:
         # One parse per playbook text (the commands of an execution arrive together, and
@@ -191,6 +195,7 @@ class CommandRunner:
             credentials=credentials,
             cancelled=lambda: self.cancelled(command.execution_id),
             traceparent=share.traceparent,
+            logs=self.logs,
         )
 
     def run_child(

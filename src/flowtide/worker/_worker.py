@@ -43,6 +43,7 @@ from flowtide.wire import (
 from flowtide.worker._api import Api
 from flowtide.worker._claims import claim
 from flowtide.worker._commands import CommandRunner
+from flowtide.worker._logs import NatsLogSpool
 from flowtide.worker._pull import Puller, check_consumer
 from flowtide.worker._python import start_python
 from flowtide.worker._reports import Handed, Reporter
@@ -192,6 +193,7 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await nc.close()
                 raise
+            self._commands.logs = NatsLogSpool(nc, asyncio.get_running_loop(), self.pool)
             puller = Puller(nc, COMMAND_STREAM, durable, self._slot_freed)
             await puller.start()
             # Paid once here rather than inside the first HTTP step it runs.

@@ -1,7 +1,9 @@
 // The parts of the step panel read from GET /api/executions/{id}/steps/{step}: where the
 // step is defined (its YAML with line numbers), its result, its last calls and, for a Spark
-// step, the session, the output and the dataset's schema and first rows.
+// step, the session, the output and the dataset's schema and first rows; and its logs,
+// followed live from GET /api/executions/{id}/logs?step=&follow=true while it runs.
 import { h, duration, clockTime, absTime } from './util.js';
+import { openStream, enc } from './api.js';
 
 /** Results up to this many bytes of JSON are shown unfolded. */
 const OPEN_RESULT_BYTES = 2048;
@@ -158,6 +160,7 @@ export function stepDetailParts(doc, open) {
   }
   parts.push(h('h3', null, 'Result'), resultBlock(doc, open));
   if (doc.spark) parts.push(sparkSection(doc.spark, open));
+  parts.push(logsSection(doc));
   const calls = Array.isArray(doc.calls) ? doc.calls : [];
   if (calls.length) {
     parts.push(h('h3', null, `Last calls (${calls.length})`), callsTable(calls));
@@ -176,4 +179,70 @@ export function stepDetailParts(doc, open) {
           h('pre', { class: 'json' }, JSON.stringify(input, null, 2))));
   }
   return parts;
+}
+
+/** Characters of a step's logs the panel keeps (the newest). */
+const LOGS_KEPT = 256 * 1024;
+/** The Logs section shown, kept across re-renders of the panel: { key, el, pre, state, ctrl, text }. */
+let logsView = null;
+
+/** The step's Logs section: one stream per step shown, stopped once the panel moves on. */
+function logsSection(doc) {
+  const key = `${doc.execution_id}|${doc.step}`;
+  if (!logsView || logsView.key !== key) {
+    if (logsView) logsView.ctrl.abort();
+    const pre = h('pre', { class: 'logs', 'data-testid': 'step-logs' });
+    const state = h('span', { class: 'muted small', 'data-testid': 'step-logs-state' }, 'following…');
+    const el = h('section', { class: 'step-logs' }, h('h3', null, 'Logs ', state), pre);
+    logsView = { key, el, pre, state, ctrl: new AbortController(), text: '' };
+    followLogs(logsView, doc);
+  }
+  return logsView.el;
+}
+
+async function followLogs(view, doc) {
+  const path = `/api/executions/${enc(doc.execution_id)}/logs?step=${enc(doc.step)}&follow=true`;
+  // The section left the page (another step, another view): stop reading.
+  const watch = setInterval(() => {
+    if (!view.el.isConnected) {
+      view.ctrl.abort();
+      if (logsView === view) logsView = null;
+    }
+  }, 2000);
+  try {
+    const res = await openStream(path, { signal: view.ctrl.signal });
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let nl;
+      let add = '';
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (!line.trim()) continue; // keep-alive
+        const piece = JSON.parse(line);
+        if (piece.dropped) add += `[${piece.dropped} bytes not kept]\n`;
+        add += piece.text;
+      }
+      if (add) appendLogs(view, add);
+    }
+    view.state.textContent = view.text ? '' : '(nothing printed)';
+  } catch (err) {
+    if (!view.ctrl.signal.aborted) view.state.textContent = `logs unavailable: ${err.message}`;
+  } finally {
+    clearInterval(watch);
+  }
+}
+
+function appendLogs(view, text) {
+  const pre = view.pre;
+  const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  view.text += text;
+  if (view.text.length > LOGS_KEPT) view.text = view.text.slice(-LOGS_KEPT);
+  pre.textContent = view.text;
+  if (atEnd) pre.scrollTop = pre.scrollHeight; // following the end, unless scrolled up
 }

@@ -1,0 +1,113 @@
+"""`flowtide logs ID [STEP] [-f]`: what an execution's steps printed, live while they run,
+from the local store and the embedded runtime's logs, or (with --server) a server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Set
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flowtide.cli.backends import execution_or_exit, open_store, remote_or_exit, server_client
+from flowtide.cli.options import (
+    EXIT_INTERRUPTED,
+    DbOpt,
+    ExecutionIdArg,
+    HomeOpt,
+    JsonOpt,
+    ServerOpt,
+    home_dir,
+)
+
+__all__ = ["logs"]
+
+
+def logs(
+    execution_id: ExecutionIdArg,
+    step: Annotated[str | None, typer.Argument(help="Only this step's output.")] = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Keep printing what is written until the run ends."),
+    ] = False,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    db: DbOpt = None,
+    server: ServerOpt = None,
+) -> None:
+    """Print what an execution's steps wrote (python prints, shell and script output),
+    as they write it with -f. Each command keeps its newest 64 KiB while it runs."""
+    try:
+        if server:
+            with server_client(server) as api:
+                remote_or_exit(lambda: api.execution(execution_id))
+
+                def show_all() -> None:
+                    for piece in api.logs(execution_id, step, follow):
+                        _show(piece, as_json)
+
+                remote_or_exit(show_all)
+            return
+        asyncio.run(_local(execution_id, step, follow, as_json, home, db))
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+async def _local(
+    execution_id: int,
+    step: str | None,
+    follow: bool,
+    as_json: bool,
+    home: Path | None,
+    db: str | None,
+) -> None:
+    from flowtide.engine import events as ev
+    from flowtide.engine.state import secret_values
+    from flowtide.logfiles import read_live
+    from flowtide.logread import read_logs
+
+    store = open_store(home, db)
+    execution_or_exit(store, execution_id)
+    root = home_dir(home) / "data" / "logs"
+
+    async def live(skip: Set[int]) -> Any:
+        return await asyncio.to_thread(read_live, root, execution_id, skip)
+
+    async def status() -> str:
+        row = await asyncio.to_thread(store.get_execution, execution_id)
+        return row.status
+
+    async def secrets() -> frozenset[str]:
+        found = await asyncio.to_thread(store.events, execution_id, types=[ev.SECRETS_ADDED])
+        values: set[str] = set()
+        for e in found:
+            values |= secret_values(e)
+        return frozenset(values)
+
+    try:
+        async for piece in read_logs(
+            store,
+            execution_id,
+            live=live,
+            status=status,
+            secrets=secrets,
+            step=step,
+            follow=follow,
+        ):
+            if piece is not None:
+                _show(dict(piece), as_json)
+    finally:
+        store.close()
+
+
+def _show(piece: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(piece) + "\n")
+    else:
+        if piece.get("dropped"):
+            sys.stdout.write(f"[{piece['step']}: {piece['dropped']} bytes not kept]\n")
+        sys.stdout.write(str(piece.get("text") or ""))
+    sys.stdout.flush()

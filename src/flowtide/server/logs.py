@@ -1,0 +1,106 @@
+"""The log stream on the server's side (`flowtide.worker._logs` publishes to it): created
+with the command stream, read for `GET /api/executions/{id}/logs` as the rings of an
+execution's running commands.
+
+Each command's subject keeps its newest `PER_COMMAND` messages (at most 32 KiB each)
+for `MAX_AGE` seconds; the stream as a whole at most `MAX_BYTES`, oldest dropped first.
+A read takes every message of the execution (an ordered consumer over its subjects) and
+joins each command's contiguous run from the newest back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Set
+from typing import Any, Final
+
+from flowtide.logfiles import LiveLog
+from flowtide.wire import LOG_PREFIX, LOG_STREAM
+
+__all__ = ["ensure_log_stream", "read_rings"]
+
+PER_COMMAND: Final = 64
+MAX_AGE: Final = 3600.0
+MAX_BYTES: Final = 256 * 1024 * 1024
+MAX_MSG: Final = 40 * 1024
+#: Messages one read takes at most.
+MAX_READ: Final = 20_000
+
+
+async def ensure_log_stream(js: Any) -> None:
+    """Create the log stream if it is missing."""
+    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
+
+    config = StreamConfig(
+        name=LOG_STREAM,
+        subjects=[f"{LOG_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_msgs_per_subject=PER_COMMAND,
+        max_age=MAX_AGE,
+        max_bytes=MAX_BYTES,
+        max_msg_size=MAX_MSG,
+        discard=DiscardPolicy.OLD,
+    )
+    try:
+        await js.stream_info(LOG_STREAM)
+    except NotFoundError:
+        with contextlib.suppress(Exception):  # another server created it meanwhile
+            await js.add_stream(config)
+
+
+async def read_rings(js: Any, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
+    """The rings of the execution's commands kept by the stream, but those in `skip`."""
+    found = await _read(js, execution_id)
+    return {k: v for k, v in found.items() if k not in skip}
+
+
+async def _read(js: Any, execution_id: int) -> dict[int, LiveLog]:
+    subject = f"{LOG_PREFIX}.*.{execution_id}.*"
+    try:
+        info = await js.stream_info(LOG_STREAM, subjects_filter=subject)
+    except Exception:  # noqa: BLE001 - no stream (yet), NATS away: nothing live to show
+        return {}
+    count = sum((info.state.subjects or {}).values())
+    if not count:
+        return {}
+    parts: dict[int, list[tuple[int, bytes, str, int | None]]] = {}
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    try:
+        for _ in range(min(count, MAX_READ)):
+            try:
+                msg = await sub.next_msg(timeout=2.0)
+            except TimeoutError:
+                break
+            headers = msg.headers or {}
+            try:
+                command_id = int(msg.subject.rsplit(".", 1)[1])
+                start = int(headers.get("Flowtide-Start", "0"))
+                index = headers.get("Flowtide-Loop-Index")
+                loop_index = int(index) if index is not None else None
+            except ValueError:
+                continue
+            step = headers.get("Flowtide-Step", "")
+            parts.setdefault(command_id, []).append((start, msg.data, step, loop_index))
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    out: dict[int, LiveLog] = {}
+    for command_id, chunks in parts.items():
+        chunks.sort(key=lambda c: c[0])
+        # From the newest back while the chunks touch: what the stream still holds whole.
+        run = [chunks[-1]]
+        for chunk in reversed(chunks[:-1]):
+            if chunk[0] + len(chunk[1]) != run[0][0]:
+                break
+            run.insert(0, chunk)
+        first = run[0]
+        out[command_id] = LiveLog(
+            command_id=command_id,
+            step=first[2],
+            loop_index=first[3],
+            start=first[0],
+            data=b"".join(c[1] for c in run),
+        )
+    return out

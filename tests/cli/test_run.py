@@ -25,8 +25,14 @@ def test_run_json_completed_document(ft: Flowtide) -> None:
     assert isinstance(doc["execution_id"], str) and doc["execution_id"].isdigit()
     assert list(doc["steps"]) == ["start", "finish"]
     for step in doc["steps"].values():
-        assert set(step) == {"status", "runs", "result", "error"}
-        assert step["status"] == "completed" and step["runs"] == 1 and step["error"] is None
+        assert set(step) == {"status", "runs", "attempts", "retries", "result", "error"}
+        assert (
+            step["status"] == "completed"
+            and step["runs"] == 1
+            and step["attempts"] == 1
+            and step["retries"] == 0
+            and step["error"] is None
+        )
     assert doc["steps"]["start"]["result"] == {
         "greeting": "hello",
         "scaled": [2, 4, 6],
@@ -53,16 +59,26 @@ def test_run_json_failed_document(ft: Flowtide) -> None:
     assert steps["start"]["status"] == "completed"
     assert steps["explode"]["status"] == "failed" and steps["explode"]["runs"] == 1
     assert "the answer was 42" in steps["explode"]["error"]["message"]
-    assert steps["never"] == {"status": "skipped", "runs": 0, "result": None, "error": None}
+    assert steps["never"] == {
+        "status": "skipped",
+        "runs": 0,
+        "attempts": 0,
+        "retries": 0,
+        "result": None,
+        "error": None,
+    }
     # last step that finished (successfully) is `start`
     assert doc["result"] == {"ok": True}
 
 
 def test_run_without_json_prints_a_summary(ft: Flowtide) -> None:
+    # Off a terminal the status line and the error go to stderr, stdout holds the result
+    # alone as JSON.
     ok = ft.ok("run", BASIC)
-    assert "completed" in ok.stdout and "hello: 12" in ok.stdout
+    assert "completed" in ok.stderr and "hello: 12" in json.dumps(json.loads(ok.stdout))
     bad = ft.ok("run", FAILING, expect=1)
-    assert "failed" in bad.stdout and "explode" in bad.stdout
+    assert "failed" in bad.stderr and "explode" in bad.stderr
+    assert json.loads(bad.stdout) is None or isinstance(json.loads(bad.stdout), dict)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +117,7 @@ def test_set_overrides_parse_json_values_and_dotted_keys(ft: Flowtide) -> None:
         "--set", "numbers=[1, 2]",
         "--set", "greeting=good morning",  # not JSON: kept as a string
         "--set", "extra.deep.key=true",
+        "--allow-extra",  # 'extra' is not in the workload
     )  # fmt: skip
     assert doc["result"] == {"message": "good morning: 30"}
     assert doc["steps"]["start"]["result"]["scaled"] == [10, 20]

@@ -44,6 +44,7 @@ from flowtide.cli.options import (
     print_json,
 )
 from flowtide.cli.overrides import AllowExtraOpt, refuse_undeclared, refuse_undeclared_remote
+from flowtide.cli.summary import print_summary
 from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url, scrub_url
 
@@ -105,30 +106,6 @@ def _overrides(sets: list[str] | None, payload: str | None) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = _parse_value(value)
     return out
-
-
-def _print_summary(doc: dict[str, Any], location: str | None = None) -> None:
-    from rich.console import Console
-    from rich.pretty import Pretty
-
-    # On a terminal, one readable summary; piped or redirected, the status and the error
-    # go to stderr and stdout carries the result alone, as JSON (`| jq` works).
-    terminal = sys.stdout.isatty()
-    console = Console(stderr=not terminal)
-    style = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(doc["status"], "")
-    console.print(f"execution [bold]{doc['execution_id']}[/] [{style}]{doc['status']}[/]")
-    if doc["error"]:
-        error = doc["error"]
-        where = f" ({location})" if location else ""
-        step = f" in step [bold]{error.get('step')}[/]" if error.get("step") else ""
-        console.print(f"[red]error[/]{step}{where} ({error.get('kind')}): {error.get('message')}")
-        if error.get("traceback"):  # a python step's, in the playbook's lines
-            console.print(str(error["traceback"]), markup=False, highlight=False)
-    if not terminal:
-        print_json(doc["result"])
-        return
-    console.print("result:")
-    console.print(Pretty(doc["result"], max_length=20, max_string=400))
 
 
 def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
@@ -254,7 +231,7 @@ def _run_remote(
     if as_json:
         print_json(doc)
     else:
-        _print_summary(doc)
+        print_summary(doc)
     return EXIT_OK if doc["status"] == "completed" else EXIT_FAILED
 
 
@@ -404,7 +381,7 @@ def _execute(
     if as_json:
         print_json(doc)
     else:
-        _print_summary(doc, error_location(state))
+        print_summary(doc, error_location(state))
     return EXIT_OK if doc["status"] == "completed" else EXIT_FAILED
 
 

@@ -62,7 +62,9 @@ def run_command(
     span = None
     try:
         if not tracing.enabled:
-            outcome = _outcome(runner, command, base, ctx, iterator, element, credentials, cancelled)
+            outcome = _outcome(
+                runner, command, base, ctx, iterator, element, credentials, cancelled
+            )
         else:
             span = tracing.command_context(
                 command.execution_id, command.command_id, command.attempt, traceparent

@@ -1,0 +1,36 @@
+"""How `flowtide run` and `resume` print an ended execution: on a terminal a short
+summary; piped or redirected, the status and the error on stderr and the result alone,
+as JSON, on stdout (`| jq` works)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from flowtide.cli.options import print_json
+
+__all__ = ["print_summary"]
+
+
+def print_summary(doc: dict[str, Any], location: str | None = None) -> None:
+    from rich.console import Console
+    from rich.pretty import Pretty
+
+    # On a terminal, one readable summary; piped or redirected, the status and the error
+    # go to stderr and stdout carries the result alone, as JSON (`| jq` works).
+    terminal = sys.stdout.isatty()
+    console = Console(stderr=not terminal)
+    style = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(doc["status"], "")
+    console.print(f"execution [bold]{doc['execution_id']}[/] [{style}]{doc['status']}[/]")
+    if doc["error"]:
+        error = doc["error"]
+        where = f" ({location})" if location else ""
+        step = f" in step [bold]{error.get('step')}[/]" if error.get("step") else ""
+        console.print(f"[red]error[/]{step}{where} ({error.get('kind')}): {error.get('message')}")
+        if error.get("traceback"):  # a python step's, in the playbook's lines
+            console.print(str(error["traceback"]), markup=False, highlight=False)
+    if not terminal:
+        print_json(doc["result"])
+        return
+    console.print("result:")
+    console.print(Pretty(doc["result"], max_length=20, max_string=400))

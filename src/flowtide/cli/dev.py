@@ -263,7 +263,9 @@ def dev_down(
         bool,
         typer.Option(
             "--purge",
-            help="Also delete HOME/dev: the databases, streams, logs and the shard count.",
+            help="Also delete HOME/dev: all the stack made (its databases, streams, logs,"
+            " the workers' data and result files, tokens, certificates, master key, shard"
+            " count); the home's own runs stay.",
         ),
     ] = False,
     home: HomeOpt = None,

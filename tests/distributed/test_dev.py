@@ -141,6 +141,7 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     assert up.returncode == 0, up.stderr
     url = f"https://127.0.0.1:{ports[0]}"
     assert f"--server {url}" in up.stdout
+    assert "web UI:                flowtide dev ui  (a proxy on 127.0.0.1" in up.stdout
     # Mutual TLS with the stack's own CA: without a client certificate of it, or without
     # trusting it, no connection; private keys are the owner's alone.
     tls = home / "dev" / "tls"

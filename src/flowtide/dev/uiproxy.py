@@ -142,19 +142,26 @@ class UiProxy:
             await _reply(send, 421, f"this proxy answers for {sorted(self.hosts)[0]} only")
             return
         length = next((v for k, v in headers if k == b"content-length"), None)
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+        if length is not None and not length.isdigit():
+            await _reply(send, 400, "Content-Length is not a number")
+            return
+        if length is not None and int(length) > self.max_body:
             await _reply(send, 413, f"the request body is over {self.max_body} bytes")
             return
         first = await receive()
         if first["type"] == "http.disconnect":
             return
-        body: bytes | AsyncIterator[bytes] = first.get("body", b"")
+        first_body: bytes = first.get("body", b"")
+        body: bytes | AsyncIterator[bytes] = first_body
         too_large = False
         if first.get("more_body"):
 
-            async def rest(start: bytes = bytes(body)) -> AsyncIterator[bytes]:
+            async def rest(start: bytes = first_body) -> AsyncIterator[bytes]:
                 nonlocal too_large
                 seen = len(start)
+                if seen > self.max_body:
+                    too_large = True
+                    raise httpx.WriteError("request body too large")
                 yield start
                 while True:
                     message = await receive()

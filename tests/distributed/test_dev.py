@@ -20,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 
+from browser import CHROMIUM, SEEN_MS, chromium, shot
 from flowtide.dev.postgres import find_pg_bin, free_port
 
 from .stack import flowtide_env
@@ -62,6 +63,18 @@ def _status(home: Path) -> tuple[int, dict[str, dict[str, Any]]]:
     return r.returncode, {c["name"]: c for c in doc["components"]}
 
 
+#: A run long enough to be watched: a loop of short sleeps.
+LIVE_PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: live, path: tests/dev/live}
+workload: {n: 20}
+workflow:
+  - step: start
+    loop: {in: "{{ range(n) | list }}", iterator: item, spec: {mode: sequential}}
+    tool: {kind: python, code: "import time; time.sleep(0.2); result = {'i': item}", input: {item: "{{ item }}"}}
+"""
+
 SCRIPT_PLAYBOOK = """\
 apiVersion: noetl.io/v2
 kind: Playbook
@@ -75,6 +88,24 @@ workflow:
 """
 
 
+#: A python step whose result goes to a file of the runtime's data folder.
+STORED_PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: stored_result, path: tests/dev/stored_result}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      code: "result = {'rows': [{'i': i, 'text': 'x' * 40} for i in range(200)]}"
+    output: {store: {kind: disk}, inline_max_bytes: 1024}
+"""
+
+
+def _listing(home: Path) -> set[str]:
+    return {str(p.relative_to(home)) for p in home.rglob("*")}
+
+
 def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     # The workers run in --workdir: a playbook's relative script path resolves there.
     project = home.parent / "project"
@@ -83,6 +114,12 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "def main(name):\n    return {'hello': name, 'cwd': __import__('os').getcwd()}\n"
     )
     (project / "script.yaml").write_text(SCRIPT_PLAYBOOK)
+    (project / "stored.yaml").write_text(STORED_PLAYBOOK)
+    # The user's own runs in the same home: `dev down --purge` leaves them alone.
+    own = _flowtide(home, "run", project / "stored.yaml", "--json")
+    assert own.returncode == 0, own.stderr
+    assert json.loads(own.stdout)["result"]["_ref"]["uri"].startswith(f"file://{home}/data/")
+    before = _listing(home)
     ports = [str(free_port()) for _ in range(3)]
     up = _flowtide(
         home,
@@ -104,6 +141,7 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     assert up.returncode == 0, up.stderr
     url = f"https://127.0.0.1:{ports[0]}"
     assert f"--server {url}" in up.stdout
+    assert "web UI:                flowtide dev ui  (a proxy on 127.0.0.1" in up.stdout
     # Mutual TLS with the stack's own CA: without a client certificate of it, or without
     # trusting it, no connection; private keys are the owner's alone.
     tls = home / "dev" / "tls"
@@ -183,7 +221,9 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     assert run.returncode == 0, run.stderr
     remote = json.loads(run.stdout)
     embedded = json.loads(
-        _flowtide(home, "run", "examples/quickstart.yaml", "--json", "--db", home / "e.db").stdout
+        _flowtide(
+            home, "run", "examples/quickstart.yaml", "--json", "--db", home.parent / "e.db"
+        ).stdout
     )
     assert remote["status"] == "completed"
     assert remote["result"] == embedded["result"]
@@ -194,6 +234,14 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
         "hello": "dev",
         "cwd": str(project),
     }
+
+    # What the stack's workers write stays under HOME/dev.
+    stored = _flowtide(home, "run", project / "stored.yaml", "--server", url, "--json")
+    assert stored.returncode == 0, stored.stderr
+    uri = json.loads(stored.stdout)["result"]["_ref"]["uri"]
+    assert uri.startswith(f"file://{home}/dev/data/results/disk/"), uri
+
+    _ui_through_the_proxy(home, url)
 
     # A worker killed behind the stack's back shows as stopped; `up` replaces only it.
     worker_pid = parts["worker-0"]["pid"]
@@ -227,6 +275,65 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     purge = _flowtide(home, "dev", "down", "--purge")
     assert purge.returncode == 0
     assert not (home / "dev").exists()
+    # Nothing the stack made is left, and the user's own run is all there.
+    assert _listing(home) == before
+
+
+def _ui_through_the_proxy(home: Path, url: str) -> None:
+    """`flowtide dev ui`: the stack's UI in Chromium, which holds no client certificate,
+    through the loopback proxy: signed in by the printed link, the list of executions,
+    and a running execution followed live over its event stream."""
+    from flowtide.dev.stack import DevStack
+
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "flowtide.cli", "dev", "ui", "--port", "0", "--no-open"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**flowtide_env(home), "FLOWTIDE_HOME": str(home)},
+        cwd=ROOT,
+    )
+    try:
+        assert ui.stdout is not None
+        first, link = ui.stdout.readline(), ui.stdout.readline().strip()
+        assert f"-> {url} (with the admin's client certificate)" in first, first
+        admin = json.loads((home / "dev" / "tokens.json").read_text())["admin"]
+        assert link.startswith("open http://127.0.0.1:"), link
+        assert link.endswith(f"/ui#token={admin}"), link
+        link = link.removeprefix("open ")
+        base = link.split("/ui#")[0]
+        # The proxy adds no credential: without a session the API says 401.
+        assert httpx.get(f"{base}/api/whoami", timeout=10).status_code == 401
+        assert httpx.get(f"{base}/ui", timeout=10).status_code == 200
+        if not CHROMIUM.exists():
+            return  # CI installs it (scripts/ensure-chromium.sh); the HTTP checks ran
+        with DevStack(home).admin_client(timeout=30) as api:
+            started = api.post(
+                "/api/execute",
+                json={"playbook": LIVE_PLAYBOOK, "payload": {"n": 30}},
+            )
+            assert started.status_code == 201, started.text
+        eid = started.json()["execution_id"]
+        with chromium() as browser:
+            page = browser.new_context().new_page()
+            page.set_default_timeout(SEEN_MS)
+            page.goto(link)
+            page.get_by_test_id("user-name").wait_for()
+            page.goto(f"{base}/ui/executions")
+            page.get_by_test_id("exec-row").first.wait_for()
+            page.goto(f"{base}/ui/executions/{eid}?tab=events")
+            page.locator('[data-testid="events-state"][data-state="live"]').wait_for()
+            seen = page.get_by_test_id("event-row").count()
+            page.wait_for_function(
+                "n => document.querySelectorAll('[data-testid=event-row]').length > n", arg=seen
+            )
+            shot(page, "dev-ui-live")
+            page.locator('[data-testid="events-state"][data-state="ended"]').wait_for(
+                timeout=60_000
+            )
+    finally:
+        ui.terminate()
+        ui.communicate(timeout=10)
 
 
 def test_dev_up_with_two_shards_runs_playbooks_on_both_and_keeps_its_shard_count(

@@ -245,6 +245,13 @@ def dev_up(
                 if stack.config.tls
                 else ""
             )
+            + (
+                "web UI:                flowtide dev ui  (a proxy on 127.0.0.1 that holds the"
+                " admin's client certificate,\n"
+                "                       which a browser lacks; it prints the URL to open)\n"
+                if stack.config.tls
+                else f"web UI:                {stack.server_url}/ui  (or `flowtide dev ui`)\n"
+            )
             + f"API docs:              {stack.server_url}/docs\n"
             "stop it:               flowtide dev down"
         )
@@ -256,7 +263,9 @@ def dev_down(
         bool,
         typer.Option(
             "--purge",
-            help="Also delete HOME/dev: the databases, streams, logs and the shard count.",
+            help="Also delete HOME/dev: all the stack made (its databases, streams, logs,"
+            " the workers' data and result files, tokens, certificates, master key, shard"
+            " count); the home's own runs stay.",
         ),
     ] = False,
     home: HomeOpt = None,
@@ -329,3 +338,94 @@ def dev_logs(
                     time.sleep(0.2)
         except KeyboardInterrupt:
             return
+
+
+#: Where `flowtide dev ui` listens unless told otherwise (the server's default is 8082).
+UI_PORT = 8083
+
+
+@dev_app.command("ui")
+def dev_ui(
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
+    ] = UI_PORT,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host", help="Loopback address to listen on (127.0.0.1, ::1 or localhost only)."
+        ),
+    ] = "127.0.0.1",
+    open_browser: Annotated[
+        bool,
+        typer.Option(
+            "--open/--no-open",
+            help="Open the UI in the default browser (when there is a display).",
+        ),
+    ] = True,
+    home: HomeOpt = None,
+) -> None:
+    """Serve the dev stack's web UI to a browser on this machine: a proxy on loopback (plain
+    HTTP) that sends every request on to the stack's server over mutual TLS, with the
+    stack's CA and the admin's client certificate, which a browser does not hold.
+
+    The proxy adds no token: it prints the URL to open, whose `#token=` (the stack's admin
+    token) signs the browser in. Stop with Ctrl-C.
+    """
+    import os
+    import sys
+
+    import uvicorn
+
+    from flowtide.dev.stack import DevStackError
+    from flowtide.dev.uiproxy import UiProxy, is_loopback, listen_loopback
+    from flowtide.errors import FlowtideError
+    from flowtide.logsetup import config_dict
+    from flowtide.settings import ServerSection, read
+
+    if not is_loopback(host):
+        err(
+            f"error: --host {host}: `flowtide dev ui` listens on loopback only (127.0.0.1,"
+            " ::1 or localhost): it holds the admin's client certificate"
+        )
+        raise typer.Exit(EXIT_INVALID)
+    stack = _stack(home)
+    server = stack.servers()[0]
+    if not stack.procs.alive(server.name):
+        err(f"error: the dev stack's server is not running ({stack.dir}); `flowtide dev up`")
+        raise typer.Exit(EXIT_FAILED)
+    try:
+        verify = stack.admin_tls()
+        sock = listen_loopback(host, port)
+    except (DevStackError, FlowtideError) as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+    port = sock.getsockname()[1]
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    hosts = {f"{shown}:{port}"}
+    if host in ("127.0.0.1", "localhost"):
+        hosts |= {f"127.0.0.1:{port}", f"localhost:{port}"}
+    app = UiProxy(server.url, verify=verify, hosts=hosts, max_body=read(ServerSection).max_body)
+    url = f"http://{shown}:{port}/ui"
+    admin = stack.tokens().get("admin", "")
+    typer.echo(
+        f"flowtide dev ui: {url} -> {server.url}"
+        + (" (with the admin's client certificate)" if stack.config.tls else "")
+    )
+    typer.echo(f"open {url}#token={admin}")
+    typer.echo("  (signs in as the stack's admin; or sign in there with any token)")
+    if open_browser and (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or sys.platform == "darwin"
+    ):
+        import webbrowser
+
+        # Without the token: a browser's command line is readable by other users.
+        if webbrowser.open(url):
+            typer.echo("  (the browser opened at its sign-in form: the link above signs in)")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, log_config=config_dict("WARNING")
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

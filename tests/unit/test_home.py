@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,23 @@ def test_explicit_then_env_then_nearest_then_user(
 def test_a_file_named_dot_flowtide_is_not_a_home(tree: Path) -> None:
     (tree / "project" / ".flowtide").write_text("not a folder")
     assert find_home(None, cwd=tree / "project") == user_home()
+
+
+def test_a_dot_flowtide_others_may_write_or_a_link_is_not_a_home(tree: Path) -> None:
+    project = tree / "project"
+    (project / ".flowtide").mkdir()
+    (project / ".flowtide").chmod(0o777)  # anyone could have planted what is in it
+    assert find_home(None, cwd=project) == user_home()
+    (project / ".flowtide").chmod(0o700)
+    if os.geteuid() == 0:  # another user's folder
+        os.chown(project / ".flowtide", 65534, 65534)
+        assert find_home(None, cwd=project) == user_home()
+        os.chown(project / ".flowtide", 0, 0)
+    assert find_home(None, cwd=project) == project / ".flowtide"
+    (project / ".flowtide").rmdir()
+    (tree / "elsewhere").mkdir()
+    (project / ".flowtide").symlink_to(tree / "elsewhere")
+    assert find_home(None, cwd=project) == user_home()
 
 
 def test_relative_xdg_data_home_is_ignored(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:

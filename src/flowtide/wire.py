@@ -86,13 +86,13 @@ __all__ = [
 COMMAND_STREAM: Final = "FLOWTIDE_COMMANDS"
 #: Notifications are published to COMMAND_PREFIX.<pool>.<shard>.<execution_id>.
 COMMAND_PREFIX: Final = "flowtide.commands"
-_POOL: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_POOL: Final = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 
 
 def _pool(pool: str) -> str:
     # A pool name becomes a subject token and part of a permission: a dot or a wildcard
     # in it would widen what a worker of that pool may do.
-    if not _POOL.match(pool):
+    if not isinstance(pool, str) or not _POOL.fullmatch(pool):
         raise ValueError(f"invalid pool name {pool!r}: expected [A-Za-z0-9_-]{{1,64}}")
     return pool
 

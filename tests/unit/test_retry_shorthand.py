@@ -119,3 +119,49 @@ def test_it_retries_a_failing_step(tmp_path: Path) -> None:
     assert doc["status"] == "completed", doc["error"]
     assert doc["result"] == {"tries": 3}
     assert doc["steps"]["start"]["attempts"] == 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        # `on` and `retry_on_status` end up in the rule's template text: only names and
+        # numbers get there, never a string that could close a literal or a block.
+        ("retry: {on: [\"x'] or True or ['\"]}", "tool.retry.on"),
+        ("retry: {on: ['}} {{ 7*7 }}']}", "tool.retry.on"),
+        ("retry: {on: ['a\\\\']}", "tool.retry.on"),
+        ("retry: {retry_on_status: 'abc'}", "tool.retry.retry_on_status"),
+        ("retry: {retry_on_status: [.nan]}", "tool.retry.retry_on_status"),
+        ("retry: {retry_on_status: {a: 1}}", "tool.retry.retry_on_status"),
+        ("retry: {retry_on_status: [99]}", "tool.retry.retry_on_status"),
+        ("retry: {backoff_seconds: 1e300}", "tool.retry.backoff_seconds"),
+        ("retry: {backoff_seconds: .nan}", "tool.retry.backoff_seconds"),
+        ("retry: {initial_delay: -3}", "tool.retry.initial_delay"),
+    ],
+)
+def test_retry_values_that_would_be_pasted_into_its_template_are_checked(
+    extra: str, field: str
+) -> None:
+    with pytest.raises(PlaybookError) as caught:
+        _policy(extra)
+    assert f"field '{field}'" in str(caught.value)
+
+
+def test_a_rules_extreme_backoff_waits_the_longest_it_may() -> None:
+    from flowtide.engine.policy import retry_delay
+
+    def rule(delay: float, max_delay: float) -> Rule:
+        return Rule(
+            when=True,
+            is_else=False,
+            do="retry",
+            attempts=5000,
+            backoff="exponential",
+            delay=delay,
+            max_delay=max_delay,
+        )
+
+    assert retry_delay(rule(1.0, 60.0), 1100) == 60.0  # 2**1099 was an OverflowError
+    assert retry_delay(rule(1e300, 1e300), 3) == 366 * 86400.0
+    assert retry_delay(rule(float("nan"), 60.0), 2) == 0.0
+    assert retry_delay(rule(-1.0, -5.0), 2) == 0.0
+    assert retry_delay(rule(2.0, 60.0), 3) == 8.0

@@ -301,3 +301,16 @@ def test_requests_name_the_revisions_the_worker_holds() -> None:
     body = json.loads(reports_body("w-1", [Report(BIG, []).to_json()], {str(BIG): "10"}))
     assert body["known"] == {str(BIG): "10"}
     assert "known" not in json.loads(reports_body("w-1", [Report(BIG, []).to_json()]))
+
+
+@pytest.mark.parametrize("pool", ["gpu\n", "gpu\r\nPUB x 1", "gpu.x", "gpu*", ">", "", "é"])
+def test_a_pool_name_that_would_change_a_subject_is_refused(pool: str) -> None:
+    # `$` in a pattern also matches before a final newline: "gpu\n" once passed, and a
+    # newline in a subject is a new line of the NATS protocol.
+    from flowtide.wire import command_filter, log_subject, worker_inbox
+
+    for subject in (lambda: log_subject(pool, 1, 2), lambda: command_filter(pool)):
+        with pytest.raises(ValueError, match="invalid pool name"):
+            subject()
+    with pytest.raises(ValueError, match="invalid pool name"):
+        worker_inbox(pool)

@@ -7,9 +7,10 @@ carries out (`flowtide.runtime.pipeline`), never a rule it reads itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from flowtide.errors import TemplateError
 from flowtide.playbook.model import Policy, Rule
@@ -47,17 +48,32 @@ def select_rule(
 
 
 def retry_delay(rule: Rule, attempt: int) -> float:
-    """Seconds to wait before attempt `attempt + 1` under `rule`'s backoff."""
-    base = max(0.0, rule.delay)
+    """Seconds to wait before attempt `attempt + 1` under `rule`'s backoff, from 0 to
+    `rule.max_delay` (itself at most 366 days): a rule's extreme numbers (a delay of
+    1e300, a negative or NaN one, attempt 2000 of an exponential backoff) wait the
+    longest they may instead of failing the run with an OverflowError."""
+    base = _seconds(rule.delay, 0.0)
+    cap = _seconds(rule.max_delay, _MAX_DELAY)
     if rule.backoff == "exponential":
-        delay = base * (2 ** (attempt - 1))
+        delay = base * (2.0 ** min(max(attempt - 1, 0), 64))
     elif rule.backoff == "linear":
-        delay = base * attempt
+        delay = base * max(attempt, 0)
     elif rule.backoff == "none":
         delay = 0.0
     else:
         delay = base
-    return float(min(delay, rule.max_delay))
+    return float(min(delay, cap))
+
+
+#: The longest wait between two attempts (as for a duration in a playbook).
+_MAX_DELAY: Final = 366 * 86400.0
+
+
+def _seconds(value: float, default: float) -> float:
+    """`value` as a wait from 0 to `_MAX_DELAY` (`default` for NaN)."""
+    if not isinstance(value, int | float) or math.isnan(value):
+        return default
+    return min(max(float(value), 0.0), _MAX_DELAY)
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,15 @@ rules written where they would never run are errors.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Final
 
 from flowtide.playbook.loader.checker import _Checker, _suggest
 from flowtide.playbook.model import ACTIONS, Policy, Rule
 from flowtide.playbook.source import Path as NodePath
+
+#: An error kind `retry: {on: [...]}` may name.
+_KIND: Final = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
 
 
 def _as_float(value: Any, default: float) -> float:
@@ -171,19 +175,36 @@ def _retry_rule(c: _Checker, raw: Any, path: NodePath, step: str, label: str) ->
             field=f"{field}.attempts",
         )
         attempts = 3
+    # `on` and `retry_on_status` become part of the rule's template text: only error
+    # kinds (identifiers) and HTTP statuses (integers) get there, never free text.
     kinds = raw.get("on", raw.get("retry_on"))
     if kinds is not None and (
-        not isinstance(kinds, list) or not all(isinstance(k, str) and k for k in kinds)
+        not isinstance(kinds, list)
+        or not all(isinstance(k, str) and _KIND.fullmatch(k) for k in kinds)
     ):
         c.error(
             (*path, "on"),
-            "'on' must be a list of error kinds",
+            "'on' must be a list of error kinds (lower-case names like server_error)",
             step=step,
             field=f"{field}.on",
             expected="[timeout, server_error, rate_limited]",
         )
         kinds = None
     statuses = raw.get("retry_on_status")
+    if statuses is not None and (
+        not isinstance(statuses, list)
+        or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in statuses
+        )
+    ):
+        c.error(
+            (*path, "retry_on_status"),
+            "'retry_on_status' must be a list of HTTP statuses (100 to 599)",
+            step=step,
+            field=f"{field}.retry_on_status",
+            expected="[429, 503]",
+        )
+        statuses = None
     cond = "output.status == 'error'"
     if statuses:
         cond += f" and (output.error.http_status in {list(statuses)!r})"
@@ -193,7 +214,7 @@ def _retry_rule(c: _Checker, raw: Any, path: NodePath, step: str, label: str) ->
         cond += " and output.error.retryable"
     legacy = any(k in raw for k in ("backoff_seconds", "initial_delay", "backoff_multiplier"))
     if legacy:
-        delay = _as_float(raw.get("backoff_seconds", raw.get("initial_delay", 1.0)), 1.0)
+        delay = seconds("backoff_seconds" if "backoff_seconds" in raw else "initial_delay", 1.0)
         backoff = "exponential" if raw.get("backoff_multiplier") else "fixed"
     else:
         delay = seconds("backoff", 1.0)

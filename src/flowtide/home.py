@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["PROJECT_HOME", "choose", "find_home", "user_home"]
+__all__ = ["PROJECT_HOME", "choose", "find_home", "private_dir", "user_home"]
 
 # The folder name a project's home has.
 PROJECT_HOME = ".flowtide"
@@ -66,3 +66,23 @@ def _yours(folder: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def private_dir(path: Path) -> Path:
+    """Make `path` and each missing folder above it with mode 0700 (`mkdir(parents=True,
+    mode=...)` gives the parents the umask's 0755): a home, its database and its command
+    logs are this user's alone. Folders that exist are left as they are."""
+    missing: list[Path] = []
+    folder = path
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+    return path

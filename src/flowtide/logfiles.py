@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flowtide.home import private_dir
 from flowtide.logs import RING_BYTES, LogKey
 
 __all__ = ["FileSpool", "LiveLog", "read_live"]
@@ -74,11 +75,11 @@ class FileSpool:
             if len(data) > RING_BYTES:  # one chunk over the ring: keep its end
                 data = data[-RING_BYTES:]
                 start, kept = total - len(data), len(data)
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_dir(path.parent)
                 self._rewrite(path, key, start, data)
             elif state is None:
                 start, kept = total - len(data), len(data)
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_dir(path.parent)
                 self._rewrite(path, key, start, data)
             else:
                 start, kept = state
@@ -108,7 +109,9 @@ class FileSpool:
 
     def _rewrite(self, path: Path, key: LogKey, start: int, data: bytes) -> None:
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        # What a step printed is this user's alone (0600; its folders are 0700).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as f:
             f.write(self._header(key, start))
             f.write(data)
         os.replace(tmp, path)

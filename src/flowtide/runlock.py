@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowtide.errors import FlowtideError, NotFoundError
+from flowtide.home import private_dir
 from flowtide.store.base import ENDED_STATUSES, INTERRUPTED
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class RunLocks:
         with self._lock:
             if execution_id in self._held:
                 return
-            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(self.folder)
             fd = os.open(self._path(execution_id), os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -85,3 +85,29 @@ def test_runs_from_two_folders_share_the_user_home(
     assert listed.output.count('"execution_id"') == 2
     assert (tree / "xdg" / "flowtide" / "flowtide.db").is_file()
     assert not (tree / "a" / ".flowtide").exists()
+
+
+def test_what_a_run_leaves_in_a_new_home_is_the_users_alone(tree: Path) -> None:
+    # With the usual umask 022 the home, its database and its command logs were 0755 and
+    # 0644: any local user could read every run's results and what its steps printed.
+    import flowtide
+
+    playbook = tree / "print.yaml"
+    playbook.write_text(
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: p, path: p}\n"
+        "workflow:\n  - step: start\n    tool:\n      kind: python\n"
+        "      code: \"print('hello', flush=True)\\nresult = 1\"\n"
+    )
+    old = os.umask(0o022)
+    try:
+        doc = flowtide.run(playbook, home=user_home())
+    finally:
+        os.umask(old)
+    assert doc["status"] == "completed", doc["error"]
+    home = tree / "xdg" / "flowtide"
+    logs = list((home / "data" / "logs").rglob("*.log"))
+    assert logs, "the step's output has a log file"
+    for folder in (tree / "xdg", home, home / "data", home / "data" / "logs", logs[0].parent):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    for file in (home / "flowtide.db", logs[0]):
+        assert file.stat().st_mode & 0o777 == 0o600, file

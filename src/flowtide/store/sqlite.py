@@ -14,6 +14,7 @@ connection committed fails at once with SQLITE_BUSY_SNAPSHOT.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from flowtide.errors import NotFoundError, StoreError
+from flowtide.home import private_dir
 from flowtide.sealing import Sealer
 from flowtide.store.base import (
     COMMAND_STATUSES,
@@ -224,9 +226,12 @@ class SQLiteStore(SQLStore):
         self.sealer = sealer or Sealer(self.path.parent)
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot create directory: {exc}") from exc
+        with contextlib.suppress(OSError):  # a new file is this user's alone (SQLite
+            # gives its -wal and -shm files the database file's mode)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             # isolation_level=None: the module must not open transactions behind our back;
             # we issue BEGIN/COMMIT ourselves so one batch is exactly one transaction.

@@ -6,6 +6,7 @@ its events."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import threading
@@ -209,3 +210,37 @@ def test_a_failed_python_step_shows_its_traceback_in_the_playbook(
     # What it printed before failing is in its logs.
     eid = ft.json("list")[0]["execution_id"]
     assert ft.ok("logs", eid).stdout == "about to fail\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+PRINTED = "a\ud800b \x1b]52;c;cm0gLXJmIH4=\x07 \x1b[2J \x9b31m \u202egnp.exe\r\nx\ry\n\tend\n"
+
+
+def test_logs_on_a_terminal_shows_what_would_command_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A step printing ESC sequences (OSC 52 writes the reader's clipboard, CSI 2J clears
+    # the screen), a C1 CSI, a bidi override or a bare CR reached the terminal raw.
+    from flowtide.cli.logs import _show
+
+    out = _Terminal()
+    monkeypatch.setattr("sys.stdout", out)
+    _show({"step": "s\x1b[1m", "dropped": 3, "text": PRINTED}, as_json=False)
+    shown = out.getvalue()
+    assert not any(c in shown for c in "\x1b\x07\x9b\u202e\ud800")
+    assert shown == (
+        "[s\\x1b[1m: 3 bytes not kept]\n"
+        "a\ufffdb \\x1b]52;c;cm0gLXJmIH4=\\x07 \\x1b[2J \\x9b31m \\u202egnp.exe\r\nx\\x0dy\n\tend\n"
+    )
+
+
+def test_logs_to_a_file_writes_what_was_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowtide.cli.logs import _show
+
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    _show({"step": "s", "dropped": 0, "text": PRINTED}, as_json=False)
+    # As printed but for the lone surrogate, which no encoding writes (a crash before).
+    assert out.getvalue() == PRINTED.replace("\ud800", "\ufffd")

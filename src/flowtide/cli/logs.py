@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Set
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -23,7 +24,7 @@ from flowtide.cli.options import (
     home_dir,
 )
 
-__all__ = ["logs"]
+__all__ = ["logs", "printable"]
 
 
 def logs(
@@ -107,7 +108,34 @@ def _show(piece: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(piece) + "\n")
     else:
+        text = ""
         if piece.get("dropped"):
-            sys.stdout.write(f"[{piece['step']}: {piece['dropped']} bytes not kept]\n")
-        sys.stdout.write(str(piece.get("text") or ""))
+            text = f"[{piece.get('step')}: {piece['dropped']} bytes not kept]\n"
+        text += str(piece.get("text") or "")
+        sys.stdout.write(printable(text, terminal=sys.stdout.isatty()))
     sys.stdout.flush()
+
+
+#: What a terminal would act on rather than show: C0 controls but tab and newline (and a
+#: carriage return before a newline), DEL, C1 controls (ESC sequences start terminal
+#: commands: set the title, write the clipboard, move the cursor), the bidirectional
+#: overrides, and lone surrogates (which no encoding writes).
+_CONTROL: Final = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]|\r(?!\n)"
+)
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str, *, terminal: bool) -> str:
+    """`text`, a step's output, as `flowtide logs` writes it: on a terminal with its
+    control characters shown escaped (`\\x1b`), so what a step prints cannot command the
+    reader's terminal; to a file or a pipe as it is. Lone surrogates are U+FFFD."""
+    text = _SURROGATE.sub("\ufffd", text)
+    if not terminal:
+        return text
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

@@ -128,21 +128,46 @@ class CommandLog:
         if not self._pending:
             return
         text = "".join(self._pending)
+        secrets = set(known()) | self._call_secrets
+        if self._secrets is not None:
+            secrets.update(self._secrets())
         rest = ""
-        if not final and self._size < CHUNK_BYTES:
-            cut = text.rfind("\n") + 1
+        if not final:
+            cut = text.rfind("\n") + 1 if self._size < CHUNK_BYTES else len(text)
+            # A secret must not be split between two chunks (each masked alone): what may
+            # be the start of one waits for what follows.
+            cut = _before_secret(text, cut, secrets)
             text, rest = text[:cut], text[cut:]
         self._pending = [rest] if rest else []
         self._size = len(rest)
         if not text:
             return
-        secrets = set(known()) | self._call_secrets
-        if self._secrets is not None:
-            secrets.update(self._secrets())
         data = mask_text(text, frozenset(secrets)).encode("utf-8", "replace")
         self.total += len(data)
         self.lines += text.count("\n")
         self._spool.append(self.key, data, self.total, self.lines)
+
+
+#: Characters at most held back as the possible start of a secret (a longer secret
+#: printed in one line longer than CHUNK_BYTES may be forwarded in two parts, unmasked).
+HOLD_BYTES: Final = CHUNK_BYTES // 2
+
+
+def _before_secret(text: str, cut: int, secrets: Iterable[str]) -> int:
+    """`cut`, or the earliest position before it from which `text[p:cut]` is the start
+    of a secret (at most HOLD_BYTES back)."""
+    start = cut
+    for value in secrets:
+        n = min(len(value) - 1, cut, HOLD_BYTES)
+        if n <= 0:
+            continue
+        i = text.find(value[0], cut - n, cut)
+        while 0 <= i < start:
+            if value.startswith(text[i:cut]):
+                start = i
+                break
+            i = text.find(value[0], i + 1, cut)
+    return start
 
 
 class _Flusher:

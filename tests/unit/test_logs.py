@@ -59,6 +59,39 @@ def test_a_command_log_holds_at_most_one_chunk() -> None:
     assert log.lines == 20_000
 
 
+SECRET = "s3cr3t-Tok3n-0f-th3-run"
+PEM = (
+    "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEF\nAASCBKcwggSjAgEAAoIBAQC7\n-----END KEY-----"
+)
+
+
+def test_a_secret_is_not_split_between_two_chunks() -> None:
+    # A line longer than a chunk was forwarded at CHUNK_BYTES wherever that fell, and a
+    # multi-line secret (a PEM key) at a line's end: each part masked alone, both shown.
+    spool = _Spool()
+    log = CommandLog(KEY, spool, secrets=lambda: {SECRET, PEM})
+    log.write("x" * (CHUNK_BYTES - 10) + SECRET[:12])  # the chunk is full mid-secret
+    log.write(SECRET[12:] + " and more\n")
+    log.write("key:\n" + PEM[:40])
+    log.flush()  # the flusher's tick while the key is half printed
+    log.write(PEM[40:] + "\nbye\n")
+    log.close()
+    assert len(spool.chunks) >= 3
+    out = b"".join(spool.chunks).decode()
+    assert out == "x" * (CHUNK_BYTES - 10) + "*** and more\nkey:\n***\nbye\n"
+    # What a chunk holds back is bounded too.
+    assert log._size == 0
+
+
+def test_what_may_start_a_secret_is_held_back_at_most_half_a_chunk() -> None:
+    spool = _Spool()
+    log = CommandLog(KEY, spool, secrets=lambda: {"y" * 20_000})  # a secret over HOLD_BYTES
+    for _ in range(40):
+        log.write("y" * 1000)
+        assert log._size < CHUNK_BYTES
+    assert spool.chunks, "a line without end is forwarded once a chunk is full"
+
+
 def test_program_output_split_inside_a_character_stays_whole() -> None:
     spool = _Spool()
     log = CommandLog(KEY, spool)

@@ -74,6 +74,7 @@ __all__ = [
     "command_filter",
     "command_subject",
     "known_revisions",
+    "log_filter",
     "log_subject",
     "pool_consumer",
     "read_reports_body",
@@ -128,6 +129,11 @@ LOG_PREFIX: Final = "flowtide.logs"
 def log_subject(pool: str, execution_id: int, command_id: int) -> str:
     """Where a worker of `pool` publishes what command `command_id` prints."""
     return f"{LOG_PREFIX}.{_pool(pool)}.{execution_id}.{command_id}"
+
+
+def log_filter(pool: str, execution_id: int) -> str:
+    """The subjects of what `pool`'s workers print of execution `execution_id`."""
+    return f"{LOG_PREFIX}.{_pool(pool)}.{int(execution_id)}.*"
 
 
 # -- HTTP paths ------------------------------------------------------------------------------

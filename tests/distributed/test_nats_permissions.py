@@ -215,6 +215,28 @@ async def test_worker_user_publishes_logs_under_its_pool_only(secured: NatsServe
         assert info.state.subjects == {"flowtide.logs.default.1.2": 1}
 
 
+async def test_a_worker_of_another_pool_cannot_write_an_executions_logs(
+    secured: NatsServer,
+) -> None:
+    # A worker of pool `other` may publish under flowtide.logs.other.<any execution>: the
+    # server read every pool's subjects of an execution, so such a worker could put
+    # output of its choosing into the log of another pool's execution.
+    from flowtide.server.logs import read_rings
+
+    async with _As(secured, "server") as srv:
+        await ensure_log_stream(srv.nc.jetstream())
+    headers = {"Flowtide-Start": "0", "Flowtide-Step": "talk"}
+    async with _worker(secured) as own, _worker(secured, "other") as intruder:
+        await own.nc.publish("flowtide.logs.default.41.5", b"mine\n", headers=headers)
+        await intruder.nc.publish("flowtide.logs.other.41.6", b"forged\n", headers=headers)
+        await own.nc.flush()
+        await intruder.nc.flush()
+        assert own.errors == intruder.errors == []
+    async with _As(secured, "server") as srv:
+        rings = await read_rings(srv.nc.jetstream(), 41, set(), pool="default")
+    assert {k: v.data for k, v in rings.items()} == {5: b"mine\n"}
+
+
 async def test_worker_user_cannot_read_or_write_the_kv(secured: NatsServer) -> None:
     server_auth = secured.users["server"].auth()
     kv = await connect(secured.url, BUCKET, ttl=60, nats_auth=server_auth)

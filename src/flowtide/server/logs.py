@@ -15,7 +15,7 @@ from collections.abc import Set
 from typing import Any, Final
 
 from flowtide.logfiles import LiveLog
-from flowtide.wire import LOG_PREFIX, LOG_STREAM
+from flowtide.wire import LOG_PREFIX, LOG_STREAM, log_filter
 
 __all__ = ["ensure_log_stream", "read_rings"]
 
@@ -50,14 +50,19 @@ async def ensure_log_stream(js: Any) -> None:
             await js.add_stream(config)
 
 
-async def read_rings(js: Any, execution_id: int, skip: Set[int]) -> dict[int, LiveLog]:
-    """The rings of the execution's commands kept by the stream, but those in `skip`."""
-    found = await _read(js, execution_id)
+async def read_rings(
+    js: Any, execution_id: int, skip: Set[int], *, pool: str
+) -> dict[int, LiveLog]:
+    """The rings of the execution's commands kept by the stream, but those in `skip`.
+    `pool`: the execution's, whose workers alone run its commands (a worker of another
+    pool may publish under its own pool's subjects for any execution id: those are not
+    this execution's output)."""
+    found = await _read(js, execution_id, pool)
     return {k: v for k, v in found.items() if k not in skip}
 
 
-async def _read(js: Any, execution_id: int) -> dict[int, LiveLog]:
-    subject = f"{LOG_PREFIX}.*.{execution_id}.*"
+async def _read(js: Any, execution_id: int, pool: str) -> dict[int, LiveLog]:
+    subject = log_filter(pool, execution_id)
     try:
         info = await js.stream_info(LOG_STREAM, subjects_filter=subject)
     except Exception:  # noqa: BLE001 - no stream (yet), NATS away: nothing live to show

@@ -136,7 +136,12 @@ class ServerReads:
             return {}
         from flowtide.server.logs import read_rings
 
-        return await read_rings(nc.jetstream(), execution_id, skip)
+        cache = self.coordinator.cache
+        cached = cache.get(execution_id)
+        if cached is None:
+            async with cache.lock(execution_id):
+                cached = await cache.read_locked(execution_id)
+        return await read_rings(nc.jetstream(), execution_id, skip, pool=cached.pool)
 
     async def trigger_elsewhere(self, request: Request, trigger_id: int) -> Response | None:
         """A trigger's request (a webhook's delivery or page) goes to the shard that owns

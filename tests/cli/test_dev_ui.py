@@ -104,8 +104,8 @@ def upstream(ca: LocalCA) -> Iterator[str]:
 
 
 @contextmanager
-def _serve(proxy: UiProxy, sock: socket.socket) -> Iterator[None]:
-    config = uvicorn.Config(proxy, log_level="warning", access_log=False, lifespan="on")
+def _serve(proxy: UiProxy, sock: socket.socket, http: str = "auto") -> Iterator[None]:
+    config = uvicorn.Config(proxy, log_level="warning", access_log=False, lifespan="on", http=http)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -187,6 +187,48 @@ def test_another_host_name_is_refused(proxy: str) -> None:
     r = httpx.get(f"{proxy}/api/whoami", headers={"host": "evil.example"})
     assert r.status_code == 421 and "answers for 127.0.0.1:" in r.json()["detail"]
     assert _Upstream.seen == []
+
+
+def test_a_request_target_cannot_name_another_host(ca: LocalCA, upstream: str) -> None:
+    # uvicorn's h11 parser (used when httptools is not installed) gives the request
+    # target as it came: `GET @127.0.0.1:PORT/x` pasted after the server's address made
+    # https://127.0.0.1:SERVER@127.0.0.1:PORT/x, a request to another host with the
+    # browser's cookie (and the admin's certificate, were that host trusted).
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(8)
+    other.settimeout(0.5)
+    elsewhere = f"127.0.0.1:{other.getsockname()[1]}"
+    sock = listen_loopback("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    cert, key = ca.cert("admin")
+    verify = ClientTls(str(ca.ca), str(cert), str(key)).context()
+    ui = UiProxy(upstream, verify=verify, hosts={f"127.0.0.1:{port}"})
+    answers = []
+    with _serve(ui, sock, http="h11"):
+        for target in (f"@{elsewhere}/x", f"http://{elsewhere}/x", f"https://{elsewhere}/x"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+                c.sendall(
+                    f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                    "Cookie: flowtide_session=abc\r\nConnection: close\r\n\r\n".encode()
+                )
+                answers.append(c.recv(4096).split(b"\r\n", 1)[0])
+    with pytest.raises(TimeoutError):
+        other.accept()  # nothing came to the other host
+    other.close()
+    assert answers == [b"HTTP/1.1 400 Bad Request"] * 3
+    assert _Upstream.seen == []
+
+
+def test_headers_the_browsers_connection_names_are_not_passed_on(proxy: str) -> None:
+    r = httpx.get(
+        f"{proxy}/ui",
+        headers={"connection": "keep-alive, x-hop", "x-hop": "1", "x-kept": "2"},
+    )
+    assert r.status_code == 200
+    (seen,) = _Upstream.seen
+    assert "x-hop" not in {k.lower() for k in seen["headers"]}
+    assert seen["headers"]["x-kept"] == "2"
 
 
 def test_an_unreachable_server_is_named(ca: LocalCA) -> None:

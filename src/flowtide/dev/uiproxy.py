@@ -177,14 +177,26 @@ class UiProxy:
                         return
 
             body = rest()
-        target = scope.get("raw_path") or scope["path"].encode()
+        target = bytes(scope.get("raw_path") or scope["path"].encode())
+        if not target.startswith(b"/"):
+            # An absolute or odd request target (`GET @other-host/x`, `GET http://...`):
+            # pasted after the server's address it could name another host, which would
+            # get the browser's cookie. Browsers send a path.
+            await _reply(send, 400, "the request target must be a path (/...)")
+            return
         if scope.get("query_string"):
-            target = bytes(target) + b"?" + scope["query_string"]
+            target += b"?" + scope["query_string"]
         client = self.client()
+        try:
+            # The server's scheme, host and port always: only the path and query change.
+            url = httpx.URL(self.upstream).copy_with(raw_path=target)
+        except httpx.InvalidURL:
+            await _reply(send, 400, "the request target is not a valid path")
+            return
         request = client.build_request(
             scope["method"],
-            self.upstream + bytes(target).decode("latin-1"),
-            headers=[(k, v) for k, v in headers if k.lower() not in _HOP],
+            url,
+            headers=_forwarded(headers),
             content=body,
         )
         try:
@@ -251,6 +263,20 @@ class UiProxy:
             watcher.cancel()
             with contextlib.suppress(BaseException):
                 await watcher
+
+
+def _forwarded(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The browser's headers as the server gets them: without the hop-by-hop ones, nor
+    those its `Connection` header names, nor `Content-Length` (the body as the proxy
+    read it is framed anew, so a length that does not match it is not passed on)."""
+    named = {
+        part.strip().lower()
+        for k, v in headers
+        if k.lower() == b"connection"
+        for part in v.split(b",")
+    }
+    drop = _HOP | named | {b"content-length"}
+    return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
 def _cookie(name: bytes, value: bytes) -> tuple[bytes, bytes]:

@@ -163,3 +163,49 @@ def test_a_reader_behind_the_ring_is_told_what_it_missed() -> None:
         (100, 96, "z\n"),
     ]
     assert all(p["running"] for p in pieces)
+
+
+class _Reads:
+    """What the logs route asks before its stream starts (an execution of step `talk`)."""
+
+    class _State:
+        class playbook:  # noqa: N801 - the attribute path the route reads
+            steps = {"talk": None}
+
+    async def check(self, who: Any, execution_id: int) -> None:
+        pass
+
+    async def state(self, execution_id: int) -> Any:
+        return self._State()
+
+
+def test_follow_streams_are_counted_when_answered_and_given_back_when_dropped() -> None:
+    # The count went up when a stream's body started: requests in flight together all
+    # passed the check first, so one reader could hold any number of followers. And a
+    # stream whose body never ran (its client gone) must not keep its slot.
+    import gc
+
+    from flowtide.auth.principal import ANONYMOUS
+    from flowtide.web import executions
+    from flowtide.web.problems import RequestError
+
+    async def answer() -> Any:
+        return await executions.execution_logs(7, ANONYMOUS, _Reads(), follow=True)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        held = [await answer() for _ in range(executions.MAX_LOG_STREAMS)]
+        try:
+            await answer()
+        except RequestError as exc:
+            assert exc.status == 503
+        else:
+            raise AssertionError("one stream over the limit was answered")
+        await executions.execution_logs(7, ANONYMOUS, _Reads(), follow=False)  # type: ignore[arg-type]
+        held.clear()
+        gc.collect()
+        assert executions._log_streams.held == 0
+        await answer()  # a slot again
+
+    asyncio.run(run())
+    gc.collect()
+    assert executions._log_streams.held == 0

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from functools import partial
 from typing import Annotated, Final
@@ -360,7 +361,34 @@ async def sse_stream(
 
 #: Log streams (`GET /api/executions/{id}/logs`) one process serves at once.
 MAX_LOG_STREAMS: Final = 64
-_log_streams = 0
+
+
+class _Slots:
+    """Following log streams held now. A slot is taken when the route answers (not when
+    its body starts: requests in flight together all passed a check made before any
+    body ran) and given back once, when the stream ends or, if its body never ran (the
+    client went away first), when the stream is dropped."""
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def take(self, owner: object) -> Callable[[], None] | None:
+        if self.held >= MAX_LOG_STREAMS:
+            return None
+        self.held += 1
+        given = False
+
+        def give() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self.held -= 1
+
+        weakref.finalize(owner, give)
+        return give
+
+
+_log_streams = _Slots()
 
 
 @router.get(
@@ -392,13 +420,10 @@ async def execution_logs(
     they write next, until the execution ends. A running command keeps its newest 64 KiB
     (`dropped` says what a slow reader missed). Values of the execution's secret set are
     masked."""
-    global _log_streams
     await reads.check(who, execution_id)
     state = await reads.state(execution_id)
     if step is not None and step not in state.playbook.steps:
         raise NotFoundError(f"execution {execution_id} has no step {step!r}")
-    if follow and _log_streams >= MAX_LOG_STREAMS:
-        raise RequestError(503, f"{MAX_LOG_STREAMS} log streams are open: try again later")
 
     async def status() -> str:
         return (await reads.row(execution_id)).status
@@ -407,8 +432,6 @@ async def execution_logs(
         return (await reads.state(execution_id)).secrets
 
     async def lines() -> AsyncIterator[str]:
-        global _log_streams
-        _log_streams += 1 if follow else 0
         try:
             async for piece in read_logs(
                 reads.store,
@@ -422,13 +445,24 @@ async def execution_logs(
             ):
                 yield "\n" if piece is None else json.dumps(piece) + "\n"
         finally:
-            _log_streams -= 1 if follow else 0
+            give()
 
+    body = lines()
+    give: Callable[[], None] = _nothing
+    if follow:
+        taken = _log_streams.take(body)
+        if taken is None:
+            raise RequestError(503, f"{MAX_LOG_STREAMS} log streams are open: try again later")
+        give = taken
     return StreamingResponse(
-        lines(),
+        body,
         media_type="application/x-ndjson",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+def _nothing() -> None:
+    pass
 
 
 @router.post(

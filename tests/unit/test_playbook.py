@@ -3,6 +3,7 @@ file:line:column (flowtide.playbook.{source,loader,model})."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from textwrap import dedent
 
@@ -1138,3 +1139,20 @@ def test_unknown_step_policy_keys_are_refused_and_admit_is_kept() -> None:
         """
     )
     assert pb.steps["start"].admit == (("{{ true }}", False),)
+
+
+@pytest.mark.parametrize(
+    "name", ["a\r\nFlowtide-Start: 0", "a\x1b]0;title\x07", "tab\there", "c1\x9b"]
+)
+def test_a_step_name_with_a_control_character_is_refused(name: str) -> None:
+    # A step's name goes into a header of each log message a worker publishes (a CR LF
+    # there starts a header of its own) and onto terminals.
+    quoted = json.dumps(name)  # a JSON string is a YAML double-quoted scalar
+    text = (
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: ctl, path: tests/ctl}\n"
+        f"workflow:\n  - step: start\n    next: [{quoted}]\n"
+        f"  - step: {quoted}\n    tool: {{kind: noop}}\n"
+    )
+    with pytest.raises(PlaybookError) as caught:
+        parse_playbook(text, "ctl.yaml")
+    assert "holds a control character" in str(caught.value)

@@ -7,7 +7,8 @@ it calls on the loop, arcs and policy parts for `loop`, `next` and `spec.policy`
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Final
 
 from flowtide.playbook.loader.arcs import _parse_next
 from flowtide.playbook.loader.checker import _Checker
@@ -46,6 +47,10 @@ def _reported_elsewhere(raw: dict[str, Any]) -> tuple[str, ...]:
     return spec.requires
 
 
+#: What a step name may not hold: C0 and C1 control characters and DEL.
+_CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | None:
     if not isinstance(raw, dict):
         c.error(path, "a workflow entry must be a mapping with 'step'", field=f"workflow[{index}]")
@@ -55,6 +60,16 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         c.error(path, "workflow entry has no 'step' name", field=f"workflow[{index}].step")
         return None
     name = str(name)
+    if _CONTROL.search(name):
+        # A name is printed on terminals, sent in headers of the log stream (a CR LF
+        # there starts a header of its own) and shown in pages: no control characters.
+        c.error(
+            (*path, "step"),
+            f"step name {name!r} holds a control character (a newline, a tab, ESC...)",
+            field=f"workflow[{index}].step",
+            expected="a name of printable characters",
+        )
+        return None
     c.keys(raw, "step", path, name, "", skip=_reported_elsewhere(raw), hints=_MISPLACED)
     spec = raw.get("spec")
     if isinstance(spec, dict):

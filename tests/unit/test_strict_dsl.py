@@ -341,3 +341,37 @@ def test_every_example_still_validates() -> None:
     assert examples
     for path in examples:
         load_playbook(path)
+
+
+def test_suggestions_for_unknown_names_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each unknown name was compared with every known one by a pure-Python edit
+    # distance: 400 steps each reading an unknown 40-character name took 97 s to check,
+    # 10,000 hours. Now a name is compared with the MAX_CANDIDATES closest in length, and
+    # only the first MAX_SUGGESTED unknown names of a playbook get a suggestion.
+    from flowtide.playbook.loader import references
+
+    compared = 0
+    edits = references._edits
+
+    def counted(a: str, b: str, limit: int) -> int:
+        nonlocal compared
+        compared += 1
+        return edits(a, b, limit)
+
+    monkeypatch.setattr(references, "_edits", counted)
+    others = [f"name_{i:04d}_{'x' * (i % 30)}" for i in range(5000)]
+    assert references.suggest("strat", [*others, "start"]) == "; did you mean 'start'?"
+    assert compared <= references.MAX_CANDIDATES
+    compared = 0
+    steps = 60
+    text = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: many}\nworkflow:\n" + "".join(
+        f"  - step: s{i}\n    tool: {{kind: python, code: 'result = 1', input: {{a: '{{{{ u{i} }}}}'}}}}\n"
+        + (f"    next: [s{i + 1}]\n" if i + 1 < steps else "")
+        for i in range(steps)
+    )
+    with pytest.raises(PlaybookErrors) as caught:
+        parse_playbook(text, FILE, references=())
+    found = [e for e in caught.value.errors if "unknown name" in e.message]
+    assert len(found) == steps
+    assert sum("did you mean" in e.message for e in found) <= references.MAX_SUGGESTED
+    assert compared <= references.MAX_SUGGESTED * references.MAX_CANDIDATES

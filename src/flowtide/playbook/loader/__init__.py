@@ -19,7 +19,12 @@ from typing import Any
 from flowtide.errors import PlaybookError, PlaybookErrors
 from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
-from flowtide.playbook.loader.references import known_names, suggest, unknown
+from flowtide.playbook.loader.references import (
+    MAX_SUGGESTED,
+    known_names,
+    suggest,
+    unknown,
+)
 from flowtide.playbook.loader.schema import EXECUTOR_SPEC_MISPLACED
 from flowtide.playbook.loader.steps import _parse_step
 from flowtide.playbook.loader.tasks import _parse_task
@@ -272,14 +277,17 @@ def _check_references(
 ) -> None:
     """Every name the playbook's templates read is one some context offers."""
     names = known_names(workload, steps, workbook)
+    found = 0
     for ref in c.references:
         for what, line, choices in unknown(ref, names, workload):
             name = what.split("'")[1]
+            found += 1
+            hint = suggest(name, choices) if found <= MAX_SUGGESTED else ""
             c.error_inside(
                 ref.path,
                 line,
                 None,
-                f"template reads unknown {what}{suggest(name, choices)}",
+                f"template reads unknown {what}{hint}",
                 step=ref.step,
                 field=ref.field,
             )

@@ -117,9 +117,12 @@ def scan(source: str) -> tuple[set[str], list[tuple[str, int]], list[tuple[str, 
     return guarded, names, keys
 
 
-def _edits(a: str, b: str) -> int:
+def _edits(a: str, b: str, limit: int) -> int:
     """Edits from `a` to `b`: insertions, deletions, substitutions and swaps of two
-    neighbours (a swap is the commonest typo: `itme`, `strat`)."""
+    neighbours (a swap is the commonest typo: `itme`, `strat`); `limit + 1` as soon as
+    it is sure to be over `limit`."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
     prev2: list[int] = []
     prev = list(range(len(b) + 1))
     for i in range(1, len(a) + 1):
@@ -129,15 +132,26 @@ def _edits(a: str, b: str) -> int:
             cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
             if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
                 cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) > limit and min(prev) > limit:  # and so every row after them
+            return limit + 1
         prev2, prev = prev, cur
     return prev[len(b)]
+
+
+#: Names a misspelt one is compared with, at most (those closest in length), and
+#: unknown names of one playbook given a suggestion, at most: a playbook of thousands of
+#: steps each reading an unknown name took hours to check.
+MAX_CANDIDATES = 200
+MAX_SUGGESTED = 20
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:
     """ "; did you mean 'x'?" for the choice fewest edits away (at most 2), else the
     closest by `did_you_mean`, or ""."""
-    candidates = sorted(set(choices))
-    near = [(d, c) for c in candidates if (d := _edits(name, c)) <= min(2, len(name) // 2)]
+    candidates = sorted(set(choices), key=lambda c: (abs(len(c) - len(name)), c))
+    candidates = sorted(candidates[:MAX_CANDIDATES])
+    limit = min(2, len(name) // 2)
+    near = [(d, c) for c in candidates if (d := _edits(name, c, limit)) <= limit]
     if near:
         return f"; did you mean '{min(near)[1]}'?"
     return did_you_mean(name, candidates)

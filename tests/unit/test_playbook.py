@@ -1156,3 +1156,25 @@ def test_a_step_name_with_a_control_character_is_refused(name: str) -> None:
     with pytest.raises(PlaybookError) as caught:
         parse_playbook(text, "ctl.yaml")
     assert "holds a control character" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "expr", ["(" * 100 + "1" + ")" * 100, "x" + "|default(x" * 100 + ")" * 100]
+)
+def test_a_template_nested_too_deeply_is_a_syntax_error(expr: str) -> None:
+    # Jinja's parser recurses a dozen frames per bracket: a hundred brackets ended the
+    # loader (and a server's POST /api/execute) with a RecursionError.
+    from flowtide.errors import TemplateError
+    from flowtide.playbook.template import render_string
+
+    text = (
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: deep, path: tests/deep}\n"
+        "workflow:\n  - step: start\n"
+        f"    tool: {{kind: python, code: 'result = 1', input: {{a: '{{{{ {expr} }}}}'}}}}\n"
+    )
+    for references in (None, ()):
+        with pytest.raises(PlaybookError) as caught:
+            parse_playbook(text, "deep.yaml", references=references)
+        assert "the expression nests too deeply" in str(caught.value)
+    with pytest.raises(TemplateError, match="nests too deeply"):
+        render_string("{{ " + expr + " }}", {"x": 1})

@@ -217,14 +217,22 @@ def _compile(source: str) -> _Compiled:
     compiled = _cache.get(source)
     if compiled is not None:
         return compiled
-    tree = ENV.parse(source)
+    try:
+        tree = ENV.parse(source)
+    except RecursionError:
+        # Jinja's parser recurses about a dozen frames per bracket: `{{ ((((...)))) }}`
+        # a hundred deep broke the loader (and a server's request) with a RecursionError.
+        raise TemplateSyntaxError("the expression nests too deeply", 1) from None
     expr = _single_expression(source, tree)
     if expr is not None:
         # `{% set __value__ = expr %}`, built from the user's own parse tree: errors and
         # line numbers refer to what they wrote.
         target = nodes.Name("__value__", "store", lineno=expr.lineno)
         tree = nodes.Template([nodes.Assign(target, expr, lineno=expr.lineno)], lineno=1)
-    template = ENV.from_string(ENV.instrument(tree))
+    try:
+        template = ENV.from_string(ENV.instrument(tree))
+    except (RecursionError, SyntaxError):  # Python's compiler has its own nesting limits
+        raise TemplateSyntaxError("the expression nests too deeply", 1) from None
     compiled = _Compiled(template, expr is not None, expr is not None and _is_lookup(expr))
     if len(_cache) > _CACHE_LIMIT:
         _cache.clear()

@@ -76,7 +76,7 @@ def scan(source: str) -> tuple[set[str], list[tuple[str, int]], list[tuple[str, 
     does not parse (its syntax error is reported elsewhere)."""
     try:
         tree = ENV.parse(source)
-    except TemplateSyntaxError:
+    except (TemplateSyntaxError, RecursionError):
         return set(), [], []
     free = meta.find_undeclared_variables(tree)
     guarded: set[str] = set()

@@ -237,6 +237,32 @@ async def test_a_worker_of_another_pool_cannot_write_an_executions_logs(
     assert {k: v.data for k, v in rings.items()} == {5: b"mine\n"}
 
 
+async def test_a_read_of_the_live_logs_keeps_a_bounded_number_of_bytes(
+    secured: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A follower reads every 0.2 s: each read held every message of the execution (up to
+    # the stream's 256 MiB), the commands it skips included.
+    from flowtide.server import logs
+
+    async with _As(secured, "server") as srv:
+        await ensure_log_stream(srv.nc.jetstream())
+    async with _worker(secured) as worker:
+        for command, start in ((1, 0), (1, 1000), (1, 2000), (2, 0)):
+            headers = {"Flowtide-Start": str(start), "Flowtide-Step": "talk"}
+            await worker.nc.publish(
+                f"flowtide.logs.default.43.{command}", b"x" * 1000, headers=headers
+            )
+        await worker.nc.flush()
+    monkeypatch.setattr(logs, "MAX_READ_BYTES", 2500)
+    async with _As(secured, "server") as srv:
+        js = srv.nc.jetstream()
+        bounded = await logs.read_rings(js, 43, set(), pool="default")
+        assert sum(len(r.data) for r in bounded.values()) <= 2500
+        assert bounded[1].data == b"x" * 2000  # the rest waits for the next read
+        skipped = await logs.read_rings(js, 43, {1}, pool="default")
+    assert {k: len(v.data) for k, v in skipped.items()} == {2: 1000}
+
+
 async def test_worker_user_cannot_read_or_write_the_kv(secured: NatsServer) -> None:
     server_auth = secured.users["server"].auth()
     kv = await connect(secured.url, BUCKET, ttl=60, nats_auth=server_auth)

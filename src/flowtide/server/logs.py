@@ -23,8 +23,11 @@ PER_COMMAND: Final = 64
 MAX_AGE: Final = 3600.0
 MAX_BYTES: Final = 256 * 1024 * 1024
 MAX_MSG: Final = 40 * 1024
-#: Messages one read takes at most.
+#: Messages one read takes at most, and bytes of them it keeps at most (a follower reads
+#: every 0.2 s: an execution with thousands of running commands that print must not make
+#: each read hold the stream's 256 MiB).
 MAX_READ: Final = 20_000
+MAX_READ_BYTES: Final = 16 * 1024 * 1024
 
 
 async def ensure_log_stream(js: Any) -> None:
@@ -57,11 +60,10 @@ async def read_rings(
     `pool`: the execution's, whose workers alone run its commands (a worker of another
     pool may publish under its own pool's subjects for any execution id: those are not
     this execution's output)."""
-    found = await _read(js, execution_id, pool)
-    return {k: v for k, v in found.items() if k not in skip}
+    return await _read(js, execution_id, pool, skip)
 
 
-async def _read(js: Any, execution_id: int, pool: str) -> dict[int, LiveLog]:
+async def _read(js: Any, execution_id: int, pool: str, skip: Set[int]) -> dict[int, LiveLog]:
     subject = log_filter(pool, execution_id)
     try:
         info = await js.stream_info(LOG_STREAM, subjects_filter=subject)
@@ -71,6 +73,7 @@ async def _read(js: Any, execution_id: int, pool: str) -> dict[int, LiveLog]:
     if not count:
         return {}
     parts: dict[int, list[tuple[int, bytes, str, int | None]]] = {}
+    kept = 0
     sub = await js.subscribe(subject, ordered_consumer=True)
     try:
         for _ in range(min(count, MAX_READ)):
@@ -81,12 +84,17 @@ async def _read(js: Any, execution_id: int, pool: str) -> dict[int, LiveLog]:
             headers = msg.headers or {}
             try:
                 command_id = int(msg.subject.rsplit(".", 1)[1])
+                if command_id in skip:
+                    continue
                 start = int(headers.get("Flowtide-Start", "0"))
                 index = headers.get("Flowtide-Loop-Index")
                 loop_index = int(index) if index is not None else None
             except ValueError:
                 continue
             step = headers.get("Flowtide-Step", "")
+            kept += len(msg.data)
+            if kept > MAX_READ_BYTES:
+                break  # the rest waits for the next read
             parts.setdefault(command_id, []).append((start, msg.data, step, loop_index))
     finally:
         with contextlib.suppress(Exception):

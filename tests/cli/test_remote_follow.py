@@ -184,9 +184,11 @@ def test_run_on_a_server_prints_the_document_fetched_once(
         "http://flowtide.test", str(playbook), {}, as_json=not progress, pool=None
     )
     assert code == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     if progress:
-        assert "completed" in out
+        # Off a terminal the status line goes to stderr, the result (JSON) to stdout.
+        assert "completed" in captured.err and json.loads(out) == {"n": 300}
     else:
         assert json.loads(out)["result"] == {"n": 300}
     assert server.documents == 1

@@ -222,7 +222,7 @@ def test_dev_up_runs_a_playbook_then_down_keeps_the_data(home: Path) -> None:
     remote = json.loads(run.stdout)
     embedded = json.loads(
         _flowtide(
-            home, "run", "examples/quickstart.yaml", "--json", "--db", home.parent / "e.db"
+            home, "run", "examples/quickstart.yaml", "--json", "--home", home.parent / "e-home"
         ).stdout
     )
     assert remote["status"] == "completed"

@@ -141,6 +141,8 @@ def test_cancel_frees_the_slots_of_sleeping_python_steps(stack: Stack) -> None:
         assert doc["steps"]["start"] == {
             "status": "completed",
             "runs": 1,
+            "attempts": 1,
+            "retries": 0,
             "result": {"n": SLOTS},
             "error": None,
         }

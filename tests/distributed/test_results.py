@@ -50,4 +50,9 @@ def test_same_document_as_embedded(stack: Stack, playbook: Path, extra: tuple[st
     local = _embedded(stack.root, playbook, *extra)
     remote.pop("execution_id")
     local.pop("execution_id")
-    assert remote == local
+    # A python error's traceback names the playbook's file where the runner knows it:
+    # embedded the file, on a server (an inline playbook) "playbook"; the lines agree.
+    text = json.dumps(local)
+    for shown in (f"({playbook.name}:", f'File \\"{playbook.name}\\"'):
+        text = text.replace(shown, shown.replace(playbook.name, "playbook"))
+    assert remote == json.loads(text)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -200,6 +201,13 @@ class DevStack(StackLayout):
         assign_shard_ports(self.config)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            # PostgreSQL runs as another account (initdb refuses root): it passes through
+            # the home (0700 when flowtide made it) and the stack's folder, listing nothing.
+            for folder in (self.home, self.dir):
+                mode = stat.S_IMODE(folder.stat().st_mode)
+                if not mode & 0o001:
+                    folder.chmod(mode | 0o001)
         self._save()
         self._own_home(progress)
         if c.tls:

@@ -21,9 +21,8 @@ travel between them, with their JSON round-trips.
 
 Both `flowtide.server` and `flowtide.worker` import this module; it imports neither (the
 engine's `Command` is the only flowtide type it carries). The server parses requests with
-its own pydantic models (validation, the OpenAPI document): the types here are what it
-writes and what a worker reads and writes. They hold what they are given (no copies of a
-context or an event list on the way): a claim reply's context is the server's state
+its own pydantic models: the types here are what it writes and a worker reads and writes.
+They hold what they are given, no copies: a claim reply's context is the server's state
 snapshot, a report's events are the dicts the worker made once.
 
 Ids the server writes are strings (JSON numbers lose int64 precision in many clients);

@@ -20,6 +20,7 @@ from flowtide.cli.options import (
     err,
     print_json,
 )
+from flowtide.cli.summary import print_warnings
 
 catalog_app = typer.Typer(
     help="Register and list playbooks by their metadata.path.", no_args_is_help=True
@@ -77,6 +78,7 @@ def catalog_register(
             bad += 1
             err(f"skipped: {file}: {problem}")
             continue
+        print_warnings(playbook, str(file))
         if api is not None:
             doc = remote_or_exit(partial(api.register_playbook, playbook.text))
             version = doc["version"]

@@ -44,7 +44,7 @@ from flowtide.cli.options import (
     print_json,
 )
 from flowtide.cli.overrides import AllowExtraOpt, refuse_undeclared, refuse_undeclared_remote
-from flowtide.cli.summary import print_summary
+from flowtide.cli.summary import print_summary, print_warnings
 from flowtide.kv.errors import KVUnavailable
 from flowtide.urls import redact_url, scrub_url
 
@@ -106,20 +106,6 @@ def _overrides(sets: list[str] | None, payload: str | None) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = _parse_value(value)
     return out
-
-
-def _warn_pasted_sql(playbook: Any, file: str) -> list[dict[str, Any]]:
-    """Print (on stderr) and return the playbook's SQL warnings: templates pasted into
-    SQL text (flowtide.playbook.sqllint). Warnings never stop a run."""
-    from flowtide.playbook.loader import warning_text
-    from flowtide.playbook.sqllint import lint_playbook
-
-    for key_warning in playbook.warnings:
-        err(warning_text(key_warning))
-    warnings = lint_playbook(playbook, file)
-    for warning in warnings:
-        err(warning.render())
-    return [w.to_dict() for w in playbook.warnings] + [w.to_dict() for w in warnings]
 
 
 def _show_progress(as_json: bool) -> bool:
@@ -197,7 +183,7 @@ def _run_remote(
         from flowtide.playbook.loader import parse_playbook
 
         with contextlib.suppress(PlaybookError):  # the server reports what is invalid
-            _warn_pasted_sql(parse_playbook(text, target), target)
+            print_warnings(parse_playbook(text, target), target)
     eid: int | None = None
     with server_client(server) as api:
         try:
@@ -310,7 +296,7 @@ def _execute(
             playbook, version = _load_target(target, store, given)
             if not allow_extra:
                 refuse_undeclared(playbook.workload, overrides or {}, target)
-            _warn_pasted_sql(playbook, target)
+            print_warnings(playbook, target)
             eid = await runtime.start(playbook, workload=overrides or {}, catalog_version=version)
         else:
             assert execution_id is not None

@@ -7,9 +7,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from flowtide.cli.options import print_json
+from flowtide.cli.options import err, print_json
 
-__all__ = ["print_summary"]
+__all__ = ["print_summary", "print_warnings"]
 
 
 def print_summary(doc: dict[str, Any], location: str | None = None) -> None:
@@ -34,3 +34,18 @@ def print_summary(doc: dict[str, Any], location: str | None = None) -> None:
         return
     console.print("result:")
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
+
+
+def print_warnings(playbook: Any, file: str) -> list[dict[str, Any]]:
+    """Print (on stderr) and return the playbook's warnings: keys it accepts but does not
+    act on (the loader's) and templates pasted into SQL text (flowtide.playbook.sqllint).
+    Warnings never stop a run nor a registration."""
+    from flowtide.playbook.loader import warning_text
+    from flowtide.playbook.sqllint import lint_playbook
+
+    for key_warning in playbook.warnings:
+        err(warning_text(key_warning))
+    warnings = lint_playbook(playbook, file)
+    for warning in warnings:
+        err(warning.render())
+    return [w.to_dict() for w in playbook.warnings] + [w.to_dict() for w in warnings]

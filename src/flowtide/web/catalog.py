@@ -68,6 +68,11 @@ class Registered(BaseModel):
     path: str
     version: int
     catalog_id: str = Field(description="`path@version`, for POST /api/execute.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What `flowtide validate` warns of (keys accepted but not acted on,"
+        " templates pasted into SQL text): the playbook is recorded all the same.",
+    )
 
 
 class CatalogEntry(BaseModel):
@@ -244,7 +249,16 @@ async def register_playbook(body: RegisterRequest, reads: Reads, request: Reques
     version = await asyncio.to_thread(
         lambda: store.register_playbook(path, playbook.text, source_file=file, created=time.time())
     )
-    return Registered(path=path, version=version, catalog_id=f"{path}@{version}")
+    warnings = await asyncio.to_thread(_warnings, playbook, file)
+    return Registered(path=path, version=version, catalog_id=f"{path}@{version}", warnings=warnings)
+
+
+def _warnings(playbook: Any, file: str | None) -> list[str]:
+    from flowtide.playbook.loader import warning_text
+    from flowtide.playbook.sqllint import lint_playbook
+
+    texts = [warning_text(w) for w in playbook.warnings]
+    return texts + [w.render() for w in lint_playbook(playbook, file or "playbook")]
 
 
 @router.post("/api/catalog/validate")

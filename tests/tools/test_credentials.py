@@ -81,13 +81,19 @@ def test_key_file_created_private_and_reused(
     assert [p.name for p in home.iterdir()] == ["master.key"]
 
 
-def test_default_home_is_dot_flowtide_in_cwd(
+def test_default_home_is_the_nearest_dot_flowtide_else_the_users(
     store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(MASTER_KEY_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLOWTIDE_HOME", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "project" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "project" / "sub")
     CredentialVault(store).set("a", {"v": 1})
-    assert (tmp_path / ".flowtide" / "master.key").is_file()
+    assert (tmp_path / "xdg" / "flowtide" / "master.key").is_file()
+    (tmp_path / "project" / ".flowtide").mkdir(mode=0o700)
+    CredentialVault(store).set("b", {"v": 2})
+    assert (tmp_path / "project" / ".flowtide" / "master.key").is_file()
 
 
 def test_concurrent_first_use_agrees_on_one_key(

@@ -109,6 +109,7 @@ def test_catalog_register_list_get_and_execute_by_path(stack: Stack) -> None:
             "path": "tests/api/hello",
             "version": 1,
             "catalog_id": "tests/api/hello@1",
+            "warnings": [],
         }
         # The same text again is the same version; a change is a new one.
         again = client.post("/api/catalog/register", json={"content": v1}).json()

@@ -21,7 +21,7 @@ import contextlib
 import ipaddress
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from flowtide.dev.processes import DevStackError
@@ -151,32 +151,19 @@ class UiProxy:
         first = await receive()
         if first["type"] == "http.disconnect":
             return
-        first_body: bytes = first.get("body", b"")
-        body: bytes | AsyncIterator[bytes] = first_body
-        too_large = False
-        if first.get("more_body"):
-
-            async def rest(start: bytes = first_body) -> AsyncIterator[bytes]:
-                nonlocal too_large
-                seen = len(start)
-                if seen > self.max_body:
-                    too_large = True
-                    raise httpx.WriteError("request body too large")
-                yield start
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise httpx.ReadError("the browser went away")
-                    chunk = message.get("body", b"")
-                    seen += len(chunk)
-                    if seen > self.max_body:
-                        too_large = True
-                        raise httpx.WriteError("request body too large")
-                    yield chunk
-                    if not message.get("more_body"):
-                        return
-
-            body = rest()
+        # The whole body is read before anything is sent on (at most max_body bytes): a
+        # server that answers before reading a body could not otherwise be held to the cap.
+        body = bytearray(first.get("body", b""))
+        more = bool(first.get("more_body"))
+        while more and len(body) <= self.max_body:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = bool(message.get("more_body"))
+        if len(body) > self.max_body:
+            await _reply(send, 413, f"the request body is over {self.max_body} bytes")
+            return
         target = bytes(scope.get("raw_path") or scope["path"].encode())
         if not target.startswith(b"/"):
             # An absolute or odd request target (`GET @other-host/x`, `GET http://...`):
@@ -197,14 +184,11 @@ class UiProxy:
             scope["method"],
             url,
             headers=_forwarded(headers),
-            content=body,
+            content=bytes(body),
         )
         try:
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            if too_large:
-                await _reply(send, 413, f"the request body is over {self.max_body} bytes")
-                return
             await _reply(
                 send,
                 502,

@@ -16,7 +16,6 @@ page whose name was made to point at 127.0.0.1 cannot use it).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import re
@@ -25,6 +24,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from flowtide.dev.processes import DevStackError
+from flowtide.relay import relay
 
 __all__ = ["UiProxy", "is_loopback", "listen_loopback"]
 
@@ -203,50 +203,11 @@ class UiProxy:
 
     async def _relay(self, response: Any, receive: Receive, send: Send) -> None:
         """Send `response` on as its bytes come, until it ends or the browser goes."""
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            # The request body is read: what comes next is the browser going away.
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.create_task(watch())
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [
-                        _cookie(k, v) for k, v in response.headers.raw if k.lower() not in _HOP
-                    ],
-                }
-            )
-            chunks = response.aiter_raw().__aiter__()
-            while not gone.is_set():
-                step = asyncio.ensure_future(chunks.__anext__())
-                waiting = asyncio.ensure_future(gone.wait())
-                done, _ = await asyncio.wait({step, waiting}, return_when=asyncio.FIRST_COMPLETED)
-                waiting.cancel()
-                if step not in done:
-                    step.cancel()
-                    with contextlib.suppress(BaseException):
-                        await step
-                    return
-                try:
-                    chunk = step.result()
-                except StopAsyncIteration:
-                    break
-                except Exception:
-                    # The server went away mid-answer: this one ends unfinished too (the
-                    # browser sees a cut answer, not a complete one).
-                    return
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await watcher
+        headers = [_cookie(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
+        with contextlib.suppress(Exception):
+            # The server went away mid-answer: this one ends unfinished too (the browser
+            # sees a cut answer, not a complete one).
+            await relay(response, headers, receive, send)
 
 
 def _forwarded(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

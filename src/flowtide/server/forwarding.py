@@ -21,7 +21,6 @@ headers, so the owner authenticates and authorises the request again as the call
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import re
@@ -30,6 +29,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide.errors import FlowtideError, StoreError
+from flowtide.relay import relay
 from flowtide.server import metrics
 from flowtide.sharding import shard_for
 from flowtide.web.access import BodyTooLarge, error_body
@@ -298,48 +298,12 @@ async def forward(
     except ShardUnavailable as exc:
         await reply(send, 503, str(exc), shard=shard)
         return
-    gone = asyncio.Event()
-
-    async def watch() -> None:
-        # The body is read: what comes next is the client going away.
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        gone.set()
-
-    watcher = asyncio.create_task(watch())
+    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_HOP]
     try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": [
-                    (k, v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_HOP
-                ],
-            }
-        )
-        chunks = response.aiter_raw().__aiter__()
-        while not gone.is_set():
-            step = asyncio.ensure_future(chunks.__anext__())
-            waiting = asyncio.ensure_future(gone.wait())
-            done, _ = await asyncio.wait({step, waiting}, return_when=asyncio.FIRST_COMPLETED)
-            if step not in done:
-                step.cancel()
-                with contextlib.suppress(BaseException):
-                    await step
-                break
-            waiting.cancel()
-            try:
-                chunk = step.result()
-            except StopAsyncIteration:
-                break
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await relay(response, headers, receive, send)
     except Exception as exc:  # noqa: BLE001 - the owner went away mid-answer
         log.warning("forwarding to shard %s broke off: %s", shard, exc)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(BaseException):
-            await watcher
         await response.aclose()
 
 

@@ -280,13 +280,15 @@ class ClaimRequest:
 
 @dataclass(slots=True)
 class Claimed:
-    """A command a claim won: what runs (`command`), the loop element it runs for, and the
-    lease (seconds) the worker holds it for without a heartbeat."""
+    """A command a claim won: what runs (`command`), the loop element it runs for (and
+    `size`, its collection's size), and the lease (seconds) the worker holds it for
+    without a heartbeat."""
 
     command: Command
     iterator: str | None = None
     element: Any = None
     lease: float = 30.0
+    size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return self._into({})
@@ -307,6 +309,8 @@ class Claimed:
         doc["iterator"] = self.iterator
         doc["element"] = self.element
         doc["lease"] = self.lease
+        if self.size is not None:
+            doc["size"] = self.size
         return doc
 
     @classmethod
@@ -323,7 +327,14 @@ class Claimed:
             int(issued) if issued else None,
             raw.get("extra") or {},
         )
-        return cls(command, doc.get("iterator"), doc.get("element"), float(doc.get("lease", 30.0)))
+        size = doc.get("size")
+        return cls(
+            command,
+            doc.get("iterator"),
+            doc.get("element"),
+            float(doc.get("lease", 30.0)),
+            None if size is None else int(size),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,15 +134,36 @@ def base_context(
     return out
 
 
+def loop_view(index: int, size: int | None, done: bool = False) -> dict[str, Any]:
+    """NoETL's `loop` name: `{index, first, length, done}` of the step's loop (its render
+    context adds it whenever the step has loop state: noetl/noetl
+    `noetl/core/dsl/engine/executor/state.py`, `ExecutionState.get_render_context`).
+    `index` counts from 0; `length` is the collection's size (None when not known);
+    `done` is true once the loop has finished (on the step's arcs and `set`)."""
+    return {"index": index, "first": index == 0, "length": size, "done": done}
+
+
 def iteration_scope(
-    iterator: str, element: Any, index: int, extra: Mapping[str, Any] | None = None
+    iterator: str,
+    element: Any,
+    index: int,
+    extra: Mapping[str, Any] | None = None,
+    size: int | None = None,
 ) -> dict[str, Any]:
-    scope: dict[str, Any] = {
-        "iter": {iterator: element, "index": index, **(extra or {})},
-        iterator: element,
-        "loop_index": index,
-        "_index": index,
-    }
+    """What an iteration's templates see besides the execution's context: the element
+    (as `iter.<iterator>` and `<iterator>`), its index (`iter.index`, `iter._index`,
+    `loop_index`, `_index`), NoETL's `iter._first`/`iter._last` (the first and the last
+    element: `_last` only when the collection's `size` is known) and `loop`
+    (`loop_view`). `extra`: the iteration's own `iter.<name>` values (`set: iter.x`)."""
+    marks: dict[str, Any] = {"_index": index, "_first": index == 0}
+    if size is not None:
+        marks["_last"] = index == size - 1
+    # `loop` first: an iterator of that name is the element, as it was before.
+    scope: dict[str, Any] = {"loop": loop_view(index, size)}
+    scope["iter"] = {iterator: element, "index": index, **marks, **(extra or {})}
+    scope[iterator] = element
+    scope["loop_index"] = index
+    scope["_index"] = index
     return scope
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.context import envelope, layered, plain, result_view
+from flowtide.engine.context import envelope, layered, loop_view, plain, result_view
 from flowtide.engine.events import (
     Command,
     CommandIssuedPayload,
@@ -212,6 +212,12 @@ def _exit(
         "response": result_view(raw, rec.tasks),
         "event": {"name": rec.outcome, "step": step.name},
     }
+    if rec.outcome == ev.CALL_ERROR:
+        # NoETL's render context binds `error` (= `output.error`) only when there is one.
+        front["error"] = output["error"]
+    loop = state.loop_of(step.name) if step.loop is not None else None
+    if loop is not None:
+        front["loop"] = finished_loop(loop)
     base = state.context()
     updates: dict[str, Any] = {}
     targets: list[str] = []
@@ -260,6 +266,16 @@ def _exit(
     if updates:
         payload["set"] = updates
     out.emit(ev.STEP_EXIT, step.name, status="completed", payload=payload)
+
+
+def finished_loop(loop: LoopRecord) -> dict[str, Any]:
+    """`loop` on the arcs and `set` of a loop step (`loop_view`), as NoETL's render context
+    has it once the loop is done: `index` the last element issued, `first` whether only
+    one was, `length` the collection's size, `done` true."""
+    issued = loop.next_index
+    view = loop_view(max(issued - 1, 0), loop.size, done=True)
+    view["first"] = issued == 1
+    return view
 
 
 def _admitted(step: Step, context: Mapping[str, Any]) -> bool:

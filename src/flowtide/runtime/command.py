@@ -35,6 +35,7 @@ def run_command(
     worker_id: str,
     iterator: str | None = None,
     element: Any = None,
+    size: int | None = None,
     credentials: Any = None,
     cancelled: Callable[[], bool] | None = None,
     traceparent: str | None = None,
@@ -43,7 +44,7 @@ def run_command(
     on_started: Callable[[list[Event]], None] | None = None,
 ) -> list[Event]:
     """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
-    when it is an iteration) against the execution's context `base` and `ctx`; the
+    when it is an iteration, `size` its loop's collection size) against the execution's context `base` and `ctx`; the
     events to report, ids from `next_id`. A runtime bug becomes a failed command, never
     a lost one. `credentials`: the command's resolver (default: the runner's own).
     With traces on, the command is a span of its execution's trace (`traceparent`: what
@@ -63,7 +64,7 @@ def run_command(
     try:
         if not tracing.enabled:
             outcome = _outcome(
-                runner, command, base, ctx, iterator, element, credentials, cancelled
+                runner, command, base, ctx, iterator, element, size, credentials, cancelled
             )
         else:
             span = tracing.command_context(
@@ -71,7 +72,7 @@ def run_command(
             )
             with tracing.use(span.header):
                 outcome = _outcome(
-                    runner, command, base, ctx, iterator, element, credentials, cancelled
+                    runner, command, base, ctx, iterator, element, size, credentials, cancelled
                 )
     finally:
         current_log.reset(token)
@@ -105,6 +106,7 @@ def _outcome(
     ctx: Mapping[str, Any],
     iterator: str | None,
     element: Any,
+    size: int | None,
     credentials: Any,
     cancelled: Callable[[], bool] | None,
 ) -> Outcome:
@@ -123,6 +125,7 @@ def _outcome(
             iterator=iterator,
             element=element,
             index=command.loop_index,
+            size=size,
             cancelled=cancelled,
         )
     except Exception as exc:  # noqa: BLE001 - report, never lose a command

@@ -473,12 +473,13 @@ class LocalRuntime:
         state = execution.state
         base = state.context()
         ctx = state.ctx
-        iterator = element = None
+        iterator = element = size = None
         if command.loop_index is not None:
             loop = state.loops[(command.step, command.loop_instance or 0)]
             iterator = loop.iterator
             element = loop.collection[command.loop_index]
-        self._pool.submit(self._work, execution, command, base, ctx, iterator, element)
+            size = loop.size
+        self._pool.submit(self._work, execution, command, base, ctx, iterator, element, size)
 
     def _work(
         self,
@@ -488,6 +489,7 @@ class LocalRuntime:
         ctx: Mapping[str, Any],
         iterator: str | None,
         element: Any,
+        size: int | None,
     ) -> None:
         """Worker thread: run the command and post its events."""
         events = run_command(
@@ -499,6 +501,7 @@ class LocalRuntime:
             worker_id=threading.current_thread().name,
             iterator=iterator,
             element=element,
+            size=size,
             cancelled=execution.cancelled.is_set,
             traceparent=execution.state.traceparent,
             logs=self.logs,

@@ -34,6 +34,7 @@ from flowtide.runtime.rendering import (
     own_result,
     pipeline_locals,
     prepare,
+    sequence_names,
     task_layers,
     timeout,
 )
@@ -232,11 +233,13 @@ class StepRunner:
         iterator: str | None = None,
         element: Any = None,
         index: int | None = None,
+        size: int | None = None,
         cancelled: Callable[[], bool] | None = None,
         credentials: Any = None,
     ) -> Outcome:
         """Run one command of `step`: each task rendered, called (again while its policy
         says retry), recorded, then what its policy decided (`next_action`) carried out.
+        `size`: the loop's collection size, for `loop.length` and `iter._last`.
         `credentials`: this command's resolver, when the runner's own is not the one (a
         distributed worker asks per command)."""
         record = Record(time.time())
@@ -256,11 +259,15 @@ class StepRunner:
             if cancelled is not None and cancelled():
                 return record.failed({"kind": "cancelled", "message": "execution cancelled"})
             task = step.tasks[i]
-            layers = task_layers(pipe, ctx_local, base, iterator, element, index, iter_extra)
+            layers = task_layers(pipe, ctx_local, base, iterator, element, index, iter_extra, size)
             attempt = 0
             while True:
                 attempt += 1
-                scope = layered(*(pipeline_locals(last_output, prev_result)), *layers)
+                local = pipeline_locals(last_output, prev_result)
+                if step.pipeline:
+                    done = {k: result_view(v) for k, v in record.results.items()}
+                    local.append(sequence_names(task.name, attempt, done))
+                scope = layered(*local, *layers)
                 made = self._call(
                     step,
                     task,
@@ -299,7 +306,8 @@ class StepRunner:
                     ctx_local = {**ctx_local, **record.ctx}
                 if task.set:
                     set_scope = layered(
-                        own_result(task.name, made.status, made.view, made.result), made.scope
+                        own_result(task.name, made.status, made.view, made.result, made.error),
+                        made.scope,
                     )
                     apply_set(task.set, set_scope, ctx_local, record.ctx, iter_extra, pipe, step)
                     ctx_local = {**ctx_local, **record.ctx}
@@ -399,7 +407,7 @@ class StepRunner:
         )
         output = envelope(status, result, error, attempt, duration_ms)
         view = result_view(result)
-        policy_scope = layered(own_result(task.name, status, view, output), scope)
+        policy_scope = layered(own_result(task.name, status, view, output, error), scope)
         return _Made(status, result, error, output, view, scope, policy_scope)
 
     @staticmethod

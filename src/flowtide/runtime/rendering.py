@@ -27,13 +27,15 @@ def task_layers(
     element: Any,
     index: int | None,
     iter_extra: Mapping[str, Any],
+    size: int | None = None,
 ) -> list[Mapping[str, Any]]:
     """The scope of a task's fields, nearest first, but for the calls before it
     (`pipeline_locals`): the pipeline's own names (`pipe`: earlier tasks' results and
-    `set`s), the loop's iteration, `ctx` (also as `vars`), the execution's context."""
+    `set`s), the loop's iteration (`size`: its collection's), `ctx` (also as `vars`), the
+    execution's context."""
     layers: list[Mapping[str, Any]] = [pipe]
     if iterator is not None and index is not None:
-        layers.append(iteration_scope(iterator, element, index, iter_extra))
+        layers.append(iteration_scope(iterator, element, index, iter_extra, size))
     layers.append({"ctx": ctx, "vars": ctx})
     layers.append(base)
     return layers
@@ -59,9 +61,24 @@ def pipeline_locals(
     return [{"output": last_output, "_prev": prev_result}]
 
 
-def own_result(name: str, status: str, view: Any, output: Any) -> dict[str, Any]:
+def sequence_names(task: str, attempt: int, results: Mapping[str, Any]) -> dict[str, Any]:
+    """What every task of a pipeline (`tool:` written as a list) sees of the pipeline
+    itself: `_task`, its own name, `_attempt`, the attempt it renders for (1 the first),
+    and `results`, the results of the tasks that ran before it, by name.
+
+    NoETL: `TaskSequenceContext.to_dict` (`noetl/worker/task_sequence_executor.py`) puts
+    `_task`, `_attempt` and `results` in each task's render context, over the execution's.
+    """
+    return {"_task": task, "_attempt": attempt, "results": results}
+
+
+def own_result(
+    name: str, status: str, view: Any, output: Any, error: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The names a task's policy rules and `set` see after its call: `output` (the
-    envelope for rules, the raw result for a task `set`), `result`, and the task's own
+    envelope for rules, the raw result for a task `set`), `result`, `error` (the call's
+    error, only when it failed: NoETL binds it as `output.error` when there is one,
+    `ExecutionState.get_render_context`), and the task's own
     name bound to the result it just made, when it made one: for a single-tool step that
     name is the step's, so `then.set: {ctx.total: "{{ update_progress.total }}"}` in step
     `update_progress` reads the result the rule is judging.
@@ -72,7 +89,7 @@ def own_result(name: str, status: str, view: Any, output: Any) -> dict[str, Any]
     completed before its `set` renders, "set templates like {{ fetch_with_limit... }} need
     the step result" (`noetl/core/dsl/engine/executor/events.py`).
     """
-    names = {name: view} if status == "ok" else {}
+    names: dict[str, Any] = {name: view} if status == "ok" else {"error": error}
     return {**names, "output": output, "result": view}
 
 

@@ -147,6 +147,7 @@ def _reply_part(item: ClaimItem, got: Taken, snap: Snapshot, lease: float) -> Cl
         if loop is not None:
             part.iterator = loop.iterator
             part.element = loop.collection[got.index]
+            part.size = loop.size
     return part
 
 

@@ -192,6 +192,7 @@ class CommandRunner:
             worker_id=self.worker_id,
             iterator=claimed.iterator,
             element=claimed.element,
+            size=claimed.size,
             credentials=credentials,
             cancelled=lambda: self.cancelled(command.execution_id),
             traceparent=share.traceparent,

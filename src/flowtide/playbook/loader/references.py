@@ -28,8 +28,11 @@ __all__ = ["RUNTIME_NAMES", "Reference", "scan", "suggest", "unknown"]
 #: Names the runtime puts in render contexts (`flowtide.engine.context.base_context`,
 #: `iteration_scope`, `flowtide.engine.start.render_workload`, the step exit and policy
 #: scopes of `flowtide.engine.decide` and `flowtide.runtime.rendering`), each where it
-#: applies; NoETL's render context offers the same (`execution_id`, `job`, `workload`,
-#: `ctx`/`vars`, `iter`, `output`/`result`/`response` after a call, `event` on arcs).
+#: applies; NoETL's render contexts offer the same (`execution_id`, `job`, `workload`,
+#: `ctx`/`vars`, `iter`, `loop`, `output`/`result`/`response` and `error` after a call,
+#: `event` on arcs: `ExecutionState.get_render_context` in noetl/noetl
+#: `noetl/core/dsl/engine/executor/state.py`; `_task`, `_attempt`, `results`, `_prev` in
+#: a pipeline: `TaskSequenceContext` in `noetl/worker/task_sequence_executor.py`).
 RUNTIME_NAMES: Mapping[str, str] = {
     "execution_id": "the execution's id (digits)",
     "job": "`uuid`, `execution_id`, `id`: the execution's id",
@@ -39,14 +42,20 @@ RUNTIME_NAMES: Mapping[str, str] = {
     "input": "in workload templates: the overrides; in a tool: its input",
     "ctx": "the execution's variables (`set: {ctx.x: ...}`)",
     "vars": "another name of `ctx`",
-    "iter": "in a loop: the element and `iter.<name>` values",
+    "iter": "in a loop: the element, `iter._index`, `iter._first`, `iter._last` and "
+    "`iter.<name>` values",
+    "loop": "in a loop: `{index, first, length, done}`; on a loop step's arcs: as it ended",
     "loop_index": "in a loop: the iteration's index",
     "_index": "in a loop: the iteration's index",
     "output": "after a call: its envelope `{status, data, error, meta}`",
     "result": "after a call: its result",
     "response": "after a call: its result",
+    "error": "after a failed call: its error (`output.error`)",
     "event": "on arcs: `{name, step}` of the step's outcome",
     "_prev": "in a pipeline: the last successful result",
+    "_task": "in a pipeline: the task's own name",
+    "_attempt": "in a pipeline: the task's attempt (1 the first)",
+    "results": "in a pipeline: the results of the tasks before, by name",
     "__frame_max_rows": "in a cursor claim: the frame's max_rows",
 }
 

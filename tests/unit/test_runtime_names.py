@@ -163,3 +163,17 @@ def test_every_new_name_is_documented() -> None:
     for name in ("loop", "error", "_task", "_attempt", "results"):
         assert RUNTIME_NAMES[name]
     assert "_first" in RUNTIME_NAMES["iter"] and "_last" in RUNTIME_NAMES["iter"]
+
+
+def test_a_claim_reply_gives_the_worker_the_loop_size() -> None:
+    from flowtide.engine.state import LoopRecord
+    from flowtide.server.claims import Taken, _reply_part
+    from flowtide.server.statecache import Snapshot
+    from flowtide.wire import ClaimItem
+
+    playbook = parse_playbook(HEAD + dedent(LOOP), "pb.yaml")
+    loop = LoopRecord("start", 0, "it", ["a", "b", "c"], 1)
+    snap = Snapshot(playbook, {}, "running", {}, {("start", 0): loop})
+    got = Taken("start", 1, 0, 2, "default", False)
+    part = _reply_part(ClaimItem(1, 5, 6), got, snap, 30.0)
+    assert (part.iterator, part.element, part.size) == ("it", "c", 3)

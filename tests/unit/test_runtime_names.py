@@ -126,6 +126,15 @@ PIPELINE = """\
       - step: start
         tool:
           - {name: first, kind: noop, result: {n: 1}}
+          - name: flaky
+            kind: shell
+            cmds: ["exit {{ 0 if _attempt >= 2 else 3 }}"]
+            spec:
+              policy:
+                rules:
+                  - when: "{{ output.status == 'error' }}"
+                    then: {do: retry, attempts: 3, delay: 0}
+            set: {ctx.tries: "{{ _attempt }}"}
           - name: second
             kind: noop
             result:
@@ -133,13 +142,20 @@ PIPELINE = """\
               attempt: "{{ _attempt }}"
               before: "{{ results | list }}"
               first_n: "{{ results.first.n }}"
+              tries: "{{ ctx.tries }}"
     """
 
 
 def test_a_pipeline_task_sees_task_attempt_and_results(tmp_path: Path) -> None:
     parse_playbook(HEAD + dedent(PIPELINE), "pb.yaml", references=())
     doc = _run(tmp_path, PIPELINE)
-    assert doc["result"] == {"task": "second", "attempt": 1, "before": ["first"], "first_n": 1}
+    assert doc["result"] == {
+        "task": "second",
+        "attempt": 1,
+        "before": ["first", "flaky"],
+        "first_n": 1,
+        "tries": 2,
+    }
 
 
 @pytest.mark.parametrize(

@@ -245,6 +245,7 @@ class StepRunner:
         record = Record(time.time())
         ctx_local = dict(ctx)
         pipe: dict[str, Any] = {}
+        views: dict[str, Any] = {}  # the results of the tasks run so far (`results`)
         iter_extra: dict[str, Any] = {}
         # The pipeline's most recent call: its `output` envelope and, of the calls that
         # succeeded, the last result (`_prev`); see `pipeline_locals`.
@@ -265,8 +266,7 @@ class StepRunner:
                 attempt += 1
                 local = pipeline_locals(last_output, prev_result)
                 if step.pipeline:
-                    done = {k: result_view(v) for k, v in record.results.items()}
-                    local.append(sequence_names(task.name, attempt, done))
+                    local.append(sequence_names(task.name, attempt, dict(views)))
                 scope = layered(*local, *layers)
                 made = self._call(
                     step,
@@ -314,7 +314,7 @@ class StepRunner:
             except TemplateError as exc:
                 return record.failed(error_dict(exc))
             record.results[task.name] = made.result
-            pipe[task.name] = result_view(made.result)
+            pipe[task.name] = views[task.name] = result_view(made.result)
             if action.do == "fail":
                 error = made.error or {
                     "kind": "policy",

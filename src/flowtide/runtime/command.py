@@ -44,9 +44,10 @@ def run_command(
     on_started: Callable[[list[Event]], None] | None = None,
 ) -> list[Event]:
     """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
-    when it is an iteration, `size` its loop's collection size) against the execution's context `base` and `ctx`; the
-    events to report, ids from `next_id`. A runtime bug becomes a failed command, never
-    a lost one. `credentials`: the command's resolver (default: the runner's own).
+    when it is an iteration, `size` its loop's collection size when known) against the
+    execution's context `base` and `ctx`; the events to report, ids from `next_id`. A
+    runtime bug becomes a failed command, never a lost one. `credentials`: the command's
+    resolver (default: the runner's own).
     With traces on, the command is a span of its execution's trace (`traceparent`: what
     the execution started under), current while its tools run.
     `logs`: where what the step prints goes while it runs (masked with `secrets` too);

@@ -478,7 +478,7 @@ class LocalRuntime:
             loop = state.loops[(command.step, command.loop_instance or 0)]
             iterator = loop.iterator
             element = loop.collection[command.loop_index]
-            size = loop.size
+            size = None if loop.cursor else loop.size  # a cursor's collection grows
         self._pool.submit(self._work, execution, command, base, ctx, iterator, element, size)
 
     def _work(

@@ -262,8 +262,8 @@ async def claim_many(
     """Claim several commands in one transaction (a worker's batch of notifications).
 
     `results` has one entry per claim, in order: `{"code": 200, "command": ...,
-    "iterator": ..., "element": ..., "lease": ..., "size": ...}` for a command won (`size`,
-    the loop's collection size, with `element`), or `{"code":
+    "iterator": ..., "element": ..., "lease": ...}` for a command won (and `size`, the
+    collection's size, with the element of a loop that knows it), or `{"code":
     403|404|409, "error": ...}` as `POST /api/commands/{event_id}/claim` would have
     answered (403: a command of another pool than the worker's). `executions` holds,
     once per execution, what its commands share: `playbook`, `context`, `cancelled`

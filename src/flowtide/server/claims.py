@@ -147,7 +147,7 @@ def _reply_part(item: ClaimItem, got: Taken, snap: Snapshot, lease: float) -> Cl
         if loop is not None:
             part.iterator = loop.iterator
             part.element = loop.collection[got.index]
-            part.size = loop.size
+            part.size = None if loop.cursor else loop.size  # a cursor's collection grows
     return part
 
 

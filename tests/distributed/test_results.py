@@ -40,6 +40,8 @@ def _distributed(stack: Stack, *args: object) -> dict:  # type: ignore[type-arg]
         (PLAYBOOKS / "basic.yaml", ()),
         (PLAYBOOKS / "fan_in.yaml", ()),
         (PLAYBOOKS / "failing.yaml", ()),
+        # A worker's iteration sees the loop's size (`loop.length`, `iter._last`).
+        (PLAYBOOKS / "runtime_names.yaml", ()),
         (PLAYBOOKS / "parallel_big.yaml", ("--set", "count=300")),
         (REPO / "examples" / "quickstart.yaml", ()),
     ],

@@ -58,6 +58,13 @@ workflow:
 """.replace("LINES", str(LINES))
 
 
+def _started(client: object, eid: str) -> bool:
+    events = client.get(f"/api/executions/{eid}/events", params={"step": "talk"}).json()  # type: ignore[attr-defined]
+    types = [e["type"] for e in events]
+    assert "command.completed" not in types
+    return "command.started" in types
+
+
 def _whole() -> str:
     return "".join(f"line {i}\n" for i in range(LINES))
 
@@ -84,6 +91,12 @@ def test_a_running_steps_output_is_followed_from_the_server(stack: Stack, playbo
             assert first["running"] is True and first["offset"] == 0
             assert first["text"].startswith("line 0\n")
             assert client.get(f"/api/executions/{eid}").json()["status"] == "running"
+            # A command still running after a second says so on its own report: the
+            # step is shown running, not merely issued.
+            deadline = time.monotonic() + 10
+            while not _started(client, eid):
+                assert time.monotonic() < deadline, "command.started not reported"
+                time.sleep(0.1)
             go.touch()
             rest = "".join(json.loads(line)["text"] for line in lines if line.strip())
         assert first["text"] + rest == _whole()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,16 +165,28 @@ class CommandRunner:
             cancel_running(execution_id)
         return flag
 
-    def run(self, claimed: Claimed, share: ExecutionShare) -> list[Event]:
+    def run(
+        self,
+        claimed: Claimed,
+        share: ExecutionShare,
+        on_started: Callable[[list[Event]], None] | None = None,
+    ) -> list[Event]:
+        """Run `claimed` in this thread; its events. `on_started`: given `command.started`
+        as the command starts (then it is not among the events returned)."""
         with self._in_threads_lock:
             self.in_threads += 1
         try:
-            return self._run(claimed, share)
+            return self._run(claimed, share, on_started)
         finally:
             with self._in_threads_lock:
                 self.in_threads -= 1
 
-    def _run(self, claimed: Claimed, share: ExecutionShare) -> list[Event]:
+    def _run(
+        self,
+        claimed: Claimed,
+        share: ExecutionShare,
+        on_started: Callable[[list[Event]], None] | None,
+    ) -> list[Event]:
         command = claimed.command
         runner = self.runner(share)
         parts = share.context
@@ -197,6 +209,7 @@ class CommandRunner:
             cancelled=lambda: self.cancelled(command.execution_id),
             traceparent=share.traceparent,
             logs=self.logs,
+            on_started=on_started,
         )
 
     def run_child(

@@ -54,6 +54,22 @@ log = logging.getLogger("flowtide.worker")
 
 #: Seconds a small top-up of the pull requests waits for more slots to free up.
 TOP_UP_WAIT = 0.05
+#: Seconds a command runs before its `command.started` is reported on its own (so the
+#: run's page shows the step running); a command done sooner reports it with the rest,
+#: which costs a short loop iteration no request of its own.
+STARTED_AFTER = 1.0
+
+
+class _Start:
+    """A command's `command.started`, made in its thread as it starts, and whether it was
+    reported on its own (`Worker._report_started`)."""
+
+    __slots__ = ("events", "finished", "sent")
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.finished = False
+        self.sent = False
 
 
 class Worker:
@@ -409,10 +425,22 @@ class Worker:
             except ServerError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
-    def _run(self, claimed: Claimed, share: ExecutionShare) -> list[Any]:
+    def _run(self, claimed: Claimed, share: ExecutionShare, start: _Start) -> list[Any]:
         """Run a claimed command in this worker thread."""
         trace.mark("started", claimed.command.command_id)
-        return self._commands.run(claimed, share)
+        return self._commands.run(claimed, share, start.events.extend)
+
+    async def _report_started(self, execution_id: int, command_id: int, start: _Start) -> None:
+        """After `STARTED_AFTER` seconds, report the command's `command.started` if it is
+        still running. Queued before the command's own report, so it arrives first."""
+        await asyncio.sleep(STARTED_AFTER)
+        if start.finished or not start.events:
+            return
+        start.sent = True
+        try:
+            await self._reports.send(execution_id, [e.to_dict() for e in start.events], command_id)
+        except Exception as exc:  # noqa: BLE001 - the final report still says it ran
+            log.debug("command %s: started not reported: %s", command_id, exc)
 
     async def _beat_shard(self, shard: int, commands: list[int]) -> None:
         """The heartbeat of shard `shard` (> 0): the leases of its executions' commands."""
@@ -448,13 +476,22 @@ class Worker:
         handed: Handed | None = None
         self.held[command_id] = execution_id
         self.running += 1
+        start = _Start()
+        early = asyncio.create_task(self._report_started(execution_id, command_id, start))
+        self._tasks.add(early)
+        early.add_done_callback(self._tasks.discard)
         try:
             try:
                 events = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, self._run, claimed, share
+                    self._threads, self._run, claimed, share, start
                 )
             finally:
                 self.running -= 1
+                start.finished = True
+                if not start.sent:
+                    early.cancel()
+            if not start.sent:
+                events = [*start.events, *events]
             if self._handing_back:
                 return  # handed back to the server: another worker runs it again
             trace.mark("done", command_id)

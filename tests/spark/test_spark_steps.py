@@ -228,7 +228,8 @@ def test_code_steps_return_a_dataframe_or_nothing(run_playbook: Runner, tmp_path
         {"c": "b", "v": 5, "rank": 1, "scaled": 50},
     ]
     [call] = result.calls("start")
-    assert call["payload"]["stdout"].strip() == "rows in: 3"
+    printed = call["payload"]["stdout"].splitlines()
+    assert [line for line in printed if not line.startswith("[spark] ")] == ["rows in: 3"]
     side = result.step("side")["result"]
     assert side == {"uri": None, "format": None, "schema": [], "row_count": None, "preview": []}
     assert pq.read_table(marker).num_rows == 3
@@ -515,3 +516,43 @@ def test_a_traced_spark_step_is_a_child_span_and_its_driver_gets_the_traceparent
     # The driver's jobs carry the spark span's own traceparent.
     assert seen == tracing.TraceContext(spark.context.trace_id, spark.context.span_id).header
     assert (spark.attributes or {})["flowtide.step"] == "start"
+
+
+def test_a_spark_steps_output_says_what_spark_did(run_playbook: Runner, tmp_path: Path) -> None:
+    """The step's output (its live log, and its call's `stdout` once it ended) carries
+    `[spark]` lines: the session, each statement, progress of a job running longer than
+    a second, what the driver logged meanwhile, and what was written."""
+    result = run_playbook(
+        """\
+        workload: {out: ""}
+        workflow:
+          - step: talk
+            tool:
+              kind: spark
+              code: |
+                def main(spark):
+                    jvm = spark.sparkContext._jvm
+                    jvm.org.apache.logging.log4j.LogManager.getLogger("flowtide.test").warn(
+                        "the driver says hello")
+                    print("from the code")
+                    return spark.range(0, 10)
+              sink: {format: parquet, path: "{{ workload.out }}", mode: overwrite}
+            next: [crunch]
+          - step: crunch
+            tool:
+              kind: spark
+              sql: |
+                SELECT id, reflect('java.lang.Thread', 'sleep', 2000L) AS slept FROM range(0, 2, 1, 2)
+        """,
+        workload={"out": str(tmp_path / "o")},
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    talk = "".join(c["payload"].get("stdout", "") for c in result.calls("talk"))
+    assert "[spark] session local" in talk
+    assert "[spark] driver: " in talk and "the driver says hello" in talk
+    assert "from the code" in talk
+    assert f"[spark] wrote 10 rows to {tmp_path / 'o'}" in talk
+    crunch = "".join(c["payload"].get("stdout", "") for c in result.calls("crunch"))
+    assert "[spark] statement 1/1: SELECT id, reflect(" in crunch
+    # Its tasks sleep 2 s: at least one progress line, `stage N done/total tasks`.
+    assert re.search(r"\[spark\] (job \d+: )?stage \d+ \d+/\d+ tasks", crunch), crunch

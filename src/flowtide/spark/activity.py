@@ -7,17 +7,23 @@ the tag is the thread's Spark job group, so the status tracker lists the run's j
 client calls on the thread that started the query.
 
 A monitor thread (started with the first run) interrupts runs whose execution is being
-cancelled (`ToolContext.cancelled`) or whose `timeout` has passed. `cancel_execution` and
+cancelled (`ToolContext.cancelled`) or whose `timeout` has passed, and writes each run's
+progress (its jobs' stages, at most once a second and only when it changed) and what the
+driver logged meanwhile (classic mode: the JVM's log file) to the step's live log. `cancel_execution` and
 `cancel_all` do the same at once, for the runtime's shutdown on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from flowtide.logs import current_log
 
 __all__ = [
     "TRACEPARENT_PROPERTY",
@@ -27,10 +33,14 @@ __all__ = [
     "cancel_all",
     "cancel_execution",
     "end",
+    "say",
     "snapshot",
 ]
 
 _POLL_SECONDS = 0.2
+_TELL_SECONDS = 1.0
+_DRIVER_BYTES = 64 * 1024
+_KEEP_LINES = 500
 _SNAPSHOT_TTL = 0.25
 
 
@@ -52,6 +62,18 @@ class SparkRun:
     inflight: int = 0
     #: The W3C traceparent of the run's span (flowtide.tracing), handed to the driver.
     traceparent: str | None = None
+    #: Classic mode: the driver JVM's log file, whose lines written during the run are
+    #: copied to the step's log (the driver is the process's: with several spark steps
+    #: running at once, each is shown what it logged meanwhile).
+    driver_log: str | None = None
+    #: The command's live log (`flowtide.logs.current_log` of the step's thread).
+    log: Any = None
+    #: The call's printed output (`ToolContext.stdout`: kept in its event once it ended).
+    stdout: list[str] | None = None
+    kept: int = 0
+    driver_offset: int = -1
+    said: str = ""
+    said_at: float = 0.0
 
 
 #: The classic driver's local property, and the prefix of the Connect operation tag, that
@@ -80,6 +102,13 @@ def begin(run: SparkRun) -> None:
         if run.traceparent:
             sc.setLocalProperty(TRACEPARENT_PROPERTY, run.traceparent)
     _current.run = run
+    run.log = current_log.get()
+    run.said_at = run.started
+    if run.driver_log:
+        try:
+            run.driver_offset = os.path.getsize(run.driver_log)
+        except OSError:
+            run.driver_log = None
     with _lock:
         _runs[run.tag] = run
         if _monitor is None or not _monitor.is_alive():
@@ -90,6 +119,7 @@ def begin(run: SparkRun) -> None:
 def end(run: SparkRun) -> list[Any]:
     """Unregister `run`; returns its job ids (classic) or operation ids (Connect)."""
     global _cache
+    _copy_driver_log(run)
     with _lock:
         _runs.pop(run.tag, None)
         _cache = (0.0, [])  # the display must not show a finished run from the cache
@@ -166,6 +196,66 @@ def cancel_all(reason: str = "cancelled") -> int:
     return len(runs)
 
 
+def say(run: SparkRun | None, text: str) -> None:
+    """Write a line of `[spark]` news to the step's live log and its output (the first
+    `_KEEP_LINES` of them: the live log, a bounded ring, gets every one)."""
+    if run is None:
+        return
+    line = f"[spark] {text}\n"
+    if run.log is not None:
+        with contextlib.suppress(Exception):  # a log that cannot be written stops no step
+            run.log.write(line)
+    if run.stdout is not None:
+        with _lock:
+            run.kept += 1
+            if run.kept <= _KEEP_LINES:
+                run.stdout.append(line)
+            elif run.kept == _KEEP_LINES + 1:
+                run.stdout.append("[spark] (more lines were written to the live log only)\n")
+
+
+def _tell(run: SparkRun, now: float) -> None:
+    """The run's progress, when it changed (at most every `_TELL_SECONDS`), and what the
+    driver logged since the last look."""
+    if (run.log is None and run.stdout is None) or now - run.said_at < _TELL_SECONDS:
+        return
+    run.said_at = now
+    d = _describe(run, now)
+    if d["stages"]:
+        stages = ", ".join(f"stage {s['id']} {s['done']}/{s['total']}" for s in d["stages"])
+        jobs = f"job {', '.join(map(str, d['jobs']))}: " if d["jobs"] else ""
+        line = f"{jobs}{stages} tasks"
+        if line != run.said:
+            run.said = line
+            say(run, f"{line} ({d['seconds']:.0f} s)")
+    _copy_driver_log(run)
+
+
+def _copy_driver_log(run: SparkRun) -> None:
+    """Copy the driver's log lines written since the last copy (whole lines, at most
+    `_DRIVER_BYTES` a time: the rest is counted, not copied) to the run's log."""
+    if not run.driver_log or run.driver_offset < 0:
+        return
+    try:
+        with open(run.driver_log, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= run.driver_offset:
+                return
+            skipped = max(0, size - run.driver_offset - _DRIVER_BYTES)
+            f.seek(run.driver_offset + skipped)
+            data = f.read(_DRIVER_BYTES)
+    except OSError:
+        return
+    whole = data[: data.rfind(b"\n") + 1]
+    if not whole:
+        return
+    run.driver_offset += skipped + len(whole)
+    if skipped:
+        say(run, f"driver: {skipped} bytes of its log skipped (see {run.driver_log})")
+    for line in whole.decode("utf-8", "replace").splitlines():
+        say(run, f"driver: {line}")
+
+
 def _watch() -> None:
     while True:
         time.sleep(_POLL_SECONDS)
@@ -173,6 +263,8 @@ def _watch() -> None:
         with _lock:
             runs = list(_runs.values())
         for run in runs:
+            with contextlib.suppress(Exception):
+                _tell(run, now)
             if run.reason is not None:
                 continue
             try:

@@ -250,14 +250,26 @@ class SparkTool:
                     cancelled=ctx.cancelled,
                     deadline=(time.monotonic() + timeout) if timeout else None,
                     traceparent=traceparent,
+                    driver_log=sessions.info.log_file if sessions.info is not None else None,
+                    stdout=ctx.stdout,
                 )
                 activity.begin(run)
+                if sessions.info is not None:
+                    i = sessions.info
+                    activity.say(run, f"session {i.master} ({i.mode}, Spark {i.version})")
+                for warning in warnings or ():
+                    activity.say(run, f"warning: {warning}")
                 try:
                     result = self._work(spark, config, ctx, run, load_input, write, reference)
                     if result is None:
                         result = empty_reference()
                     meta["rows_written"] = result.get("row_count")
                     meta["uri"] = result.get("uri")
+                    if result.get("uri"):
+                        took = time.monotonic() - t0
+                        n = result.get("row_count")
+                        rows = f"{n} row{'' if n == 1 else 's'}"
+                        activity.say(run, f"wrote {rows} to {result['uri']} ({took:.1f} s)")
                     return result
                 finally:
                     meta["jobs"] = activity.end(run)
@@ -285,9 +297,13 @@ class SparkTool:
         ctx.call_meta["spark"]["phases_ms"] = phases
         mark = [time.monotonic()]
 
+        from flowtide.spark.activity import say
+
         def checkpoint(phase: str) -> None:
             now = time.monotonic()
             phases[phase] = round((now - mark[0]) * 1000, 1)
+            if phase == "inputs" and frames:
+                say(run, f"inputs {', '.join(frames)} read ({phases[phase]:.0f} ms)")
             mark[0] = now
             # Cancellation stops running jobs; this stops the next one from starting.
             if run.reason is not None:
@@ -308,7 +324,10 @@ class SparkTool:
                 raise ToolError("spark `sql` holds no statement", kind="config_error")
             params = _params(config, ctx.step, len(statements))
             df = None
-            for statement in statements:
+            for n, statement in enumerate(statements, 1):
+                shown = " ".join(statement.split())
+                shown = shown if len(shown) <= 160 else shown[:159] + "…"
+                say(run, f"statement {n}/{len(statements)}: {shown}")
                 df = spark.sql(statement) if params is None else spark.sql(statement, args=params)
         else:
             df = SparkTool._run_code(spark, config, ctx, frames)

@@ -302,7 +302,9 @@ def _enter_step(out: _Out, name: str) -> None:
             skipped: StepExitPayload = {"next": [], "reason": "not admitted"}
             out.emit(ev.STEP_EXIT, name, status="skipped", payload=skipped)
             return
-    if step.loop is not None:
+    # A `mode: spark` loop is one command: its items run as Spark tasks in the runtime
+    # that claims it (flowtide.spark.loop), its result a reference with their stats.
+    if step.loop is not None and step.loop.mode != "spark":
         base = state.context()
         # A cursor loop's collection grows with each claim (`loop.claimed`).
         cursor = step.loop.mode == "cursor"

@@ -68,7 +68,7 @@ class Next:
 class Loop:
     collection: Any  # template or literal list (None for a cursor loop)
     iterator: str
-    mode: str = "sequential"  # sequential | parallel | cursor
+    mode: str = "sequential"  # sequential | parallel | cursor | spark
     max_in_flight: Any = None  # int, template, or None (default by mode)
     # `mode: cursor`: the claim query, run as a task (config holds `claim`, `auth`, ...);
     # each claim takes up to `frame_max_rows` rows, and each row (`frame_process: row`)
@@ -76,6 +76,11 @@ class Loop:
     cursor: Task | None = None
     frame_max_rows: int = 1
     frame_process: str = "row"  # row | frame
+    # `mode: spark`: the items run as Spark tasks (flowtide.spark.loop), split into
+    # `partitions` (None: Spark's parallelism); `results_max`: up to this many items the
+    # result also holds `results`.
+    partitions: int | None = None
+    results_max: int = 10_000
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,18 @@ def _outcome(
             return runner.claim(
                 step, base, ctx, execution_id=command.execution_id, credentials=credentials
             )
+        if step.loop is not None and step.loop.mode == "spark":
+            from flowtide.spark.loop import run_spark_loop
+
+            return run_spark_loop(
+                runner,
+                step,
+                base,
+                ctx,
+                execution_id=command.execution_id,
+                cancelled=cancelled,
+                credentials=credentials,
+            )
         return runner.run(
             step,
             base,

@@ -47,13 +47,13 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
             field="loop.iterator",
         )
         return None
-    if mode not in ("sequential", "parallel", "cursor"):
+    if mode not in ("sequential", "parallel", "cursor", "spark"):
         c.error(
             (*path, "spec", "mode"),
             f"unsupported loop mode '{mode}'",
             step=step,
             field="loop.spec.mode",
-            expected="sequential | parallel | cursor",
+            expected="sequential | parallel | cursor | spark",
         )
     collection = raw.get("in", raw.get("collection"))
     c.templates(collection, (*path, "in"), step, "loop.in")
@@ -71,6 +71,17 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
     if mode == "cursor" or has_cursor:
         cursor = _parse_cursor(c, raw, path, step, mode)
         max_rows, process = _parse_frame(c, spec, (*path, "spec"), step)
+    partitions = _positive(c, spec, "partitions", path, step, None)
+    results_max = _positive(c, spec, "results_max", path, step, 10_000, zero=True)
+    if mode != "spark":
+        for key in ("partitions", "results_max"):
+            if key in spec:
+                c.error(
+                    (*path, "spec", key),
+                    f"loop 'spec.{key}' applies to 'mode: spark' only (the mode is '{mode}')",
+                    step=step,
+                    field=f"loop.spec.{key}",
+                )
     return Loop(
         collection=collection,
         iterator=str(iterator),
@@ -79,7 +90,35 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
         cursor=cursor,
         frame_max_rows=max_rows,
         frame_process=process,
+        partitions=partitions,
+        results_max=results_max if results_max is not None else 10_000,
     )
+
+
+def _positive(
+    c: _Checker,
+    spec: dict[str, Any],
+    key: str,
+    path: NodePath,
+    step: str,
+    default: int | None,
+    *,
+    zero: bool = False,
+) -> int | None:
+    """`spec[key]`, an integer > 0 (>= 0 with `zero`), or `default` when absent."""
+    value = spec.get(key)
+    if value is None:
+        return default
+    low = 0 if zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        c.error(
+            (*path, "spec", key),
+            f"loop 'spec.{key}' must be an integer >= {low}, got {value!r}",
+            step=step,
+            field=f"loop.spec.{key}",
+        )
+        return default
+    return value
 
 
 _CURSOR_KINDS = ("postgres",)

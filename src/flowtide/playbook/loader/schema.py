@@ -293,8 +293,19 @@ LOOP = _table(
 )
 
 LOOP_SPEC = _table(
-    Key("mode", "string", "sequential | parallel | cursor", default="sequential"),
-    Key("max_in_flight", "int or template", "iterations (or cursor workers) at once"),
+    Key("mode", "string", "sequential | parallel | cursor | spark", default="sequential"),
+    Key(
+        "max_in_flight",
+        "int or template",
+        "iterations (or cursor workers) at once; `mode: spark`: per partition",
+    ),
+    Key("partitions", "int", "`mode: spark`: the Spark partitions the items are split into"),
+    Key(
+        "results_max",
+        "int",
+        "`mode: spark`: up to this many items, the result also holds `results`",
+        default="10000",
+    ),
     Key("frame", "mapping", "a cursor loop's claim size: `{max_rows, process}`"),
     Key("policy", "mapping", "NoETL's loop scheduling policy (`exec`)", acted=False),
 )

@@ -111,6 +111,8 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
     loop = (
         _parse_loop(c, raw["loop"], (*path, "loop"), name) if raw.get("loop") is not None else None
     )
+    if loop is not None and loop.mode == "spark":
+        _check_spark_loop(c, tasks, pipeline, (*path, "tool"), name)
     step_set = raw.get("set") or {}
     if not isinstance(step_set, dict):
         c.error((*path, "set"), "'set' must be a mapping", step=name, field="set")
@@ -140,3 +142,23 @@ def _parse_step(c: _Checker, raw: Any, path: NodePath, index: int) -> Step | Non
         admit=_parse_admit(c, raw, path, name),
         output=output,
     )
+
+
+#: The tools whose calls a `mode: spark` loop runs as Spark tasks (flowtide.spark.loop).
+SPARK_LOOP_KINDS = ("python", "http")
+
+
+def _check_spark_loop(
+    c: _Checker, tasks: list[Task], pipeline: bool, path: NodePath, step: str
+) -> None:
+    """A `mode: spark` loop runs one python or http tool per item, in Spark's executors."""
+    if pipeline or len(tasks) != 1 or tasks[0].kind not in SPARK_LOOP_KINDS:
+        kinds = ", ".join(t.kind for t in tasks) or "none"
+        c.error(
+            path,
+            f"a 'mode: spark' loop runs one python or http tool per item (this step has: "
+            f"{kinds}{', a pipeline' if pipeline else ''})",
+            step=step,
+            field="tool",
+            expected="tool: {kind: python, ...} or tool: {kind: http, ...}",
+        )

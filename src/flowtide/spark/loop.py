@@ -1,0 +1,402 @@
+"""Loops in Spark: `loop.spec.mode: spark` runs a loop's items as Spark tasks.
+
+The engine issues such a loop as one command (`flowtide.engine.decide`); the runtime that
+claims it (embedded or a distributed worker) is the Spark driver:
+
+1. `in:` renders on the driver to an inline list, an earlier spark step's result reference
+   or a source (`{format: parquet|csv|json, path}`): a DataFrame of `(index, item)` rows,
+   the item as JSON (a one-column source gives its values, other rows dicts). Indexes
+   count from 0 in the collection's order (a source's: partition by partition, files in
+   Spark's order), computed in the JVM.
+2. Each partition runs in a Spark python worker (`mapInArrow`, Arrow batches): the
+   playbook is parsed and its step's templates and code compiled once per partition,
+   the execution's context (`base`, `ctx`) arrives once per task, and every item runs
+   through `flowtide.runtime.pipeline.StepRunner.run` exactly as an iteration of any
+   loop does: the tool's templates with `iter`, `loop_index`, `loop`; the tool; its
+   policy rules (retry with backoff, continue, fail, break); NoETL's `output` envelope.
+   An item's error is a row, never a failed Spark task.
+3. The rows `(index, status, result, error, action)` (results and errors as JSON) are
+   written as parquet in the execution's data folder; Spark's commit protocol keeps the
+   output of one attempt of each task, so a re-run task (failed, killed, speculative)
+   replaces its rows and every index is there once. The stats are counted from what
+   was written, so they are exact.
+4. The step's result: `{uri, format, schema, row_count, preview, stats, results}`, with
+   `results` (what every item returned, in index order, as a loop of any mode gives)
+   when there are at most `spec.results_max` items (default 10,000).
+
+An item whose rules say `fail` fails the loop once the job is over (the items of other
+partitions still ran); `break` stops the items after it in its partition, the other
+partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
+items print is not kept (their results and errors are). Side effects are at-least-once,
+as with any retried command: a task Spark runs again runs its items again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowtide import tracing
+from flowtide.engine.context import layered, plain
+from flowtide.errors import TemplateError, ToolError
+from flowtide.playbook.model import Step
+from flowtide.playbook.template import render
+from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
+from flowtide.tools.base import ToolContext
+from flowtide.tools.spark import SparkTool
+
+__all__ = ["OUT_SCHEMA", "run_spark_loop"]
+
+#: The rows a spark loop writes, one per item that ran.
+OUT_SCHEMA = "index long, status string, result string, error string, action string"
+#: Partitions per core of Spark's default parallelism when `spec.partitions` is not set.
+_PARTITIONS_PER_CORE = 4
+
+
+def run_spark_loop(
+    runner: Any,
+    step: Step,
+    base: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    *,
+    execution_id: int,
+    cancelled: Callable[[], bool] | None = None,
+    credentials: Any = None,
+) -> Outcome:
+    """Run the `mode: spark` loop `step` (one command): its items as Spark tasks, its
+    outcome the loop's result reference with exact stats (see the module docstring)."""
+    assert step.loop is not None
+    task = step.tasks[0]
+    record = Record(time.time())
+    scope = layered({"ctx": ctx, "vars": ctx}, base)
+    secrets: set[str] = set()
+    tctx = runner._tool_context(
+        execution_id, step, task.name, scope, secrets, cancelled, None, 1, credentials
+    )
+    t0 = time.perf_counter()
+    result: Any = None
+    error: dict[str, Any] | None = None
+    action = "continue"
+    try:
+        collection = render(step.loop.collection, scope, step=step.name, field="loop.in")
+        job = _LoopJob(runner.playbook, step, collection, base, ctx, execution_id)
+        result = _SparkLoopTool(job).run({}, tctx)
+        failure = job.failure
+        if failure is not None:
+            action, error = "fail", failure
+    except (ToolError, TemplateError) as exc:
+        action, error = "fail", error_dict(exc)
+    except Exception as exc:  # noqa: BLE001 - a bug fails the step, never the worker
+        action, error = "fail", error_dict(exc)
+    record.calls.append(
+        Call(
+            task.name,
+            1,
+            error is None,
+            round((time.perf_counter() - t0) * 1000, 3),
+            record.started,
+            error,
+            "".join(tctx.stdout) or None,
+            dict(tctx.call_meta),
+        )
+    )
+    record.secrets |= secrets
+    status = "ok" if error is None else "error"
+    return record.outcome(status, result, action, error)
+
+
+@dataclass
+class _LoopJob:
+    """What the driver knows of one spark loop, and what it learnt (`failure`)."""
+
+    playbook: Any
+    step: Step
+    collection: Any
+    base: Mapping[str, Any]
+    ctx: Mapping[str, Any]
+    execution_id: int
+    failure: dict[str, Any] | None = None
+
+
+class _SparkLoopTool(SparkTool):
+    """A spark step whose work is the loop's job: the session, cancellation, timeout,
+    progress, `[spark]` log lines and error translation are the spark tool's."""
+
+    def __init__(self, job: _LoopJob) -> None:
+        super().__init__()
+        self.job = job
+
+    def run(self, config: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        with tracing.span("spark", {"flowtide.step": ctx.step}) as traceparent:
+            return self._run(config, ctx, traceparent)
+
+    def _work(  # type: ignore[override]
+        self,
+        spark: Any,
+        config: Mapping[str, Any],
+        ctx: ToolContext,
+        run: Any,
+        load_input: Any,
+        write: Any,
+        reference: Any,
+    ) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
+        from flowtide.spark.activity import say
+
+        job = self.job
+        loop = job.step.loop
+        assert loop is not None
+        frame, size, unwrap = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
+        say(run, f"loop over {size} items")
+        # Shipped once per task in the closure (pickled): the context as templates see it.
+        plan = {
+            "key": uuid.uuid4().hex,
+            "text": job.playbook.text,
+            "file": job.playbook.file,
+            "step": job.step.name,
+            "iterator": loop.iterator,
+            "size": size,
+            "unwrap": unwrap,
+            "items": [plain(x) for x in job.collection]
+            if isinstance(job.collection, list | tuple)
+            else None,
+            "base": dict(job.base),
+            "ctx": dict(job.ctx),
+            "execution_id": job.execution_id,
+            "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
+        }
+        out = frame.mapInArrow(_partition_function(plan), OUT_SCHEMA)
+        written = write(out, None, ctx)
+        back = spark.read.parquet(written.uri)
+        # One job: the rows per (status, action) and the first index of each.
+        groups = back.groupBy("status", "action").agg(
+            F.count(F.lit(1)).alias("n"), F.min("index").alias("first")
+        )
+        ok, ran, first_fail = 0, 0, None
+        for row in groups.collect():
+            ran += int(row["n"])
+            ok += int(row["n"]) if row["status"] == "ok" else 0
+            if row["action"] == "fail" and (first_fail is None or row["first"] < first_fail):
+                first_fail = int(row["first"])
+        if first_fail is not None:
+            failed = back.filter(F.col("index") == first_fail).select("error").collect()
+            job.failure = _item_error(first_fail, failed[0]["error"] if failed else None)
+        result: dict[str, Any] = reference(written)
+        result["row_count"] = ran
+        result["stats"] = {"total": size, "success": ok, "failed": ran - ok}
+        if size <= loop.results_max:
+            rows = back.select("index", "result").collect()
+            ordered = sorted((int(r["index"]), r["result"]) for r in rows)
+            result["results"] = [json.loads(raw) for _, raw in ordered]
+        stats = result["stats"]
+        say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
+        return result
+
+
+def _item_error(index: int, raw: str | None) -> dict[str, Any]:
+    """The loop's error: the first failing item's (by index), saying which it was."""
+    error = json.loads(raw) if raw else {}
+    if not isinstance(error, dict):
+        error = {"message": str(error)}
+    message = error.get("message") or "the item failed"
+    return {
+        **error,
+        "kind": error.get("kind") or "error",
+        "message": f"item {index}: {message}",
+        "loop_index": index,
+    }
+
+
+def items_frame(
+    spark: Any, value: Any, ctx: ToolContext, partitions: int | None, load_input: Any
+) -> tuple[Any, int, str | None]:
+    """The DataFrame of a rendered `in:` (`index long` for a list, whose items travel with
+    the plan; `index long, item string` for a dataset, the item its row as JSON), its
+    size, and the column whose value is the item (a one-column source) or None (the item
+    is the row, or the list's element).
+
+    Raises:
+        ToolError: kind "loop_error" when `in:` is neither a list nor a dataset.
+    """
+    from pyspark.sql import functions as F
+
+    if isinstance(value, list | tuple):
+        # The indexes are a range split evenly into the partitions (no Spark job); the
+        # items travel with the plan (`items`), each task picking its own.
+        n = len(value)
+        wanted = max(1, min(partitions or _default_partitions(spark), n))
+        return spark.range(0, n, 1, wanted).withColumnRenamed("id", "index"), n, None
+    if not isinstance(value, Mapping):
+        raise ToolError(
+            f"loop 'in' of a spark loop rendered to {type(value).__name__}: expected a list, "
+            "a spark step's result reference or a source {format, path}",
+            kind="loop_error",
+        )
+    data = load_input(spark, "in", value, ctx)
+    columns = list(data.columns)
+    unwrap = columns[0] if len(columns) == 1 else None
+    # monotonically_increasing_id: the partition in the upper bits, the row within it in
+    # the lower 33. Each partition's offset is the rows of the partitions before it.
+    mid = data.select(
+        F.monotonically_increasing_id().alias("_mid"),
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns])).alias("item"),
+    )
+    part = F.shiftright(F.col("_mid"), 33)
+    counts = sorted(
+        (int(r["p"]), int(r["n"]))
+        for r in mid.groupBy(part.alias("p")).agg(F.count(F.lit(1)).alias("n")).collect()
+    )
+    offsets: list[Any] = []
+    total = 0
+    for p, n in counts:
+        offsets += [F.lit(p), F.lit(total)]
+        total += n
+    if not counts:
+        empty = mid.select(F.col("_mid").alias("index"), "item").limit(0)
+        return empty, 0, unwrap
+    offset = F.create_map(*offsets)[part]
+    index = (offset + F.col("_mid").bitwiseAND(F.lit((1 << 33) - 1))).alias("index")
+    frame = mid.select(index, "item")
+    if partitions:
+        frame = frame.repartitionByRange(min(partitions, max(total, 1)), "index")
+    return frame, total, unwrap
+
+
+def _default_partitions(spark: Any) -> int:
+    try:
+        cores = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        cores = int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2
+    return max(1, cores) * _PARTITIONS_PER_CORE
+
+
+# -- in a Spark python worker -------------------------------------------------------------
+
+
+def _partition_function(plan: dict[str, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The `mapInArrow` function of a loop: a closure over its `plan` (shipped, pickled,
+    once per task)."""
+
+    def run_items(batches: Iterator[Any]) -> Iterator[Any]:
+        return run_partition(plan, batches)
+
+    return run_items
+
+
+@dataclass
+class _Prepared:
+    runner: Any
+    step: Step
+    iterator: str
+    size: int
+    unwrap: str | None
+    items: list[Any] | None
+    base: dict[str, Any]
+    ctx: dict[str, Any]
+    execution_id: int
+
+
+_prepared_plans: dict[str, _Prepared] = {}
+
+
+def _prepare(plan: dict[str, Any]) -> _Prepared:
+    """The runner of `plan`, made once per python worker process and plan."""
+    key = str(plan["key"])
+    got = _prepared_plans.get(key)
+    if got is not None:
+        return got
+    from pathlib import Path
+
+    from flowtide.playbook.loader import parse_playbook
+    from flowtide.runtime.pipeline import StepRunner
+
+    _executor_environment()
+    p = plan
+    playbook = parse_playbook(p["text"], p["file"])
+    runner = StepRunner(playbook, data_dir=Path(p["data_dir"]) if p["data_dir"] else None)
+    got = _Prepared(
+        runner,
+        playbook.steps[p["step"]],
+        p["iterator"],
+        int(p["size"]),
+        p["unwrap"],
+        p["items"],
+        p["base"],
+        p["ctx"],
+        int(p["execution_id"]),
+    )
+    _prepared_plans.clear()  # one loop at a time is what a python worker serves
+    _prepared_plans[key] = got
+    return got
+
+
+def _executor_environment() -> None:
+    """A Spark python worker inherits the driver's environment: flowtide's own settings
+    (tokens, keys, URLs) are removed before user code runs here, and python bodies run in
+    this process (the worker is already a process apart from flowtide's)."""
+    for name in [n for n in os.environ if n.startswith("FLOWTIDE_")]:
+        del os.environ[name]
+    from flowtide.tools.python_pool import Isolation
+    from flowtide.tools.registry import get_tool
+
+    get_tool("python").configure(Isolation(mode="thread"))
+
+
+def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
+    """Run the items of one partition (Arrow batches of `index`, `item`), yielding the
+    batches of `OUT_SCHEMA` rows; stops after an item whose rules say `break`."""
+    import pyarrow as pa
+
+    prep = _prepare(plan)
+    schema = pa.schema(
+        [
+            ("index", pa.int64()),
+            ("status", pa.string()),
+            ("result", pa.string()),
+            ("error", pa.string()),
+            ("action", pa.string()),
+        ]
+    )
+    listed = prep.items
+    for batch in batches:
+        indexes = batch.column(0).to_pylist()
+        raws = batch.column(1).to_pylist() if listed is None else indexes
+        cols: tuple[list[Any], ...] = ([], [], [], [], [])
+        stop = False
+        for index, raw in zip(indexes, raws, strict=True):
+            if listed is not None:
+                element = listed[index]
+            else:
+                element = json.loads(raw)
+                if prep.unwrap is not None and isinstance(element, dict):
+                    element = element.get(prep.unwrap)
+            outcome = prep.runner.run(
+                prep.step,
+                prep.base,
+                prep.ctx,
+                execution_id=prep.execution_id,
+                iterator=prep.iterator,
+                element=element,
+                index=index,
+                size=prep.size,
+            )
+            cols[0].append(index)
+            cols[1].append(outcome.status)
+            cols[2].append(json.dumps(outcome.result, default=str))
+            cols[3].append(
+                None if outcome.error is None else json.dumps(outcome.error, default=str)
+            )
+            cols[4].append(outcome.action)
+            if outcome.action == "break":
+                stop = True
+                break
+        arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        if stop:
+            return

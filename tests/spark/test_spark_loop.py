@@ -1,0 +1,216 @@
+"""`loop.spec.mode: spark`: a loop's items run as Spark tasks, on a real local Spark in
+this process (the session the other spark tests share)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from flowtide.errors import PlaybookError
+from flowtide.playbook.loader import parse_playbook
+
+from .conftest import HEADER, Runner
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+ITEMS = 20_000
+
+
+def _loop(mode: str, *, extra: str = "", got: str = "square.results") -> str:
+    return f"""\
+        workload: {{n: 10}}
+        workflow:
+          - step: start
+            tool:
+              kind: python
+              input: {{n: "{{{{ workload.n }}}}"}}
+              code: |
+                result = [{{"x": i, "name": f"item-{{i}}"}} for i in range(n)]
+            next: [square]
+          - step: square
+            loop: {{in: "{{{{ start }}}}", iterator: row, spec: {{mode: {mode}{extra}}}}}
+            tool:
+              kind: python
+              input: {{x: "{{{{ iter.row.x }}}}", i: "{{{{ loop_index }}}}", last: "{{{{ iter._last }}}}"}}
+              code: |
+                if x % 100 == 7:
+                    raise ValueError(f"no {{x}}")
+                result = {{"sq": x * x, "i": i, "last": last}}
+              spec:
+                policy:
+                  rules:
+                    - when: "{{{{ output.status == 'error' }}}}"
+                      then: {{do: continue}}
+            next: [end]
+          - step: end
+            tool:
+              kind: python
+              input: {{got: "{{{{ {got} }}}}", stats: "{{{{ square.stats }}}}"}}
+              code: |
+                result = {{"got": got, "stats": stats}}
+        """
+
+
+def test_a_spark_loop_gives_the_next_step_what_a_parallel_loop_gives(
+    run_playbook: Runner,
+) -> None:
+    spark = run_playbook(_loop("spark", extra=", partitions: 3"), workload={"n": 1000})
+    parallel = run_playbook(_loop("parallel"), workload={"n": 1000})
+    assert spark.doc["status"] == "completed", spark.doc["error"]
+    assert parallel.doc["status"] == "completed", parallel.doc["error"]
+    assert spark.doc["result"] == parallel.doc["result"]
+    got = spark.doc["result"]["got"]
+    assert len(got) == 1000 and got[1] == {"sq": 1, "i": 1, "last": False}
+    assert got[999] == {"sq": 999 * 999, "i": 999, "last": True}
+    # An item's error is its result (the envelope's error), counted as failed.
+    assert spark.doc["result"]["stats"] == {"total": 1000, "success": 990, "failed": 10}
+    # One command for the loop: a handful of events, not ~8 per item.
+    assert len([e for e in spark.events if e["step"] == "square"]) <= 8
+    square = spark.step("square")["result"]
+    assert square["row_count"] == 1000 and square["format"] == "parquet"
+    assert [c["name"] for c in square["schema"]] == ["index", "status", "result", "error", "action"]
+
+
+def test_twenty_thousand_items_exact_by_reference(run_playbook: Runner) -> None:
+    """Over `results_max` the result is the reference and the stats: the dataset holds
+    one row per index, and the sum is exact."""
+    result = run_playbook(
+        _loop("spark", extra=", results_max: 1000", got="square.row_count"), workload={"n": ITEMS}
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    assert result.doc["result"]["got"] == ITEMS
+    square = result.step("square")["result"]
+    assert "results" not in square
+    assert square["stats"] == {
+        "total": ITEMS,
+        "success": ITEMS - ITEMS // 100,
+        "failed": ITEMS // 100,
+    }
+    table = pq.read_table(square["uri"].removeprefix("file://"))
+    index = table.column("index").to_pylist()
+    assert sorted(index) == list(range(ITEMS))
+    sums = 0
+    for status, raw in zip(
+        table.column("status").to_pylist(), table.column("result").to_pylist(), strict=True
+    ):
+        if status == "ok":
+            sums += json.loads(raw)["sq"]
+    assert sums == sum(x * x for x in range(ITEMS) if x % 100 != 7)
+    errors = [json.loads(e) for e in table.column("error").to_pylist() if e]
+    assert len(errors) == ITEMS // 100 and errors[0]["kind"] == "python_error"
+
+
+def test_retried_items_count_once_as_success(run_playbook: Runner, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    result = run_playbook(
+        """\
+        workload: {marks: ""}
+        workflow:
+          - step: work
+            loop: {in: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], iterator: x, spec: {mode: spark, partitions: 2}}
+            tool:
+              kind: python
+              input: {x: "{{ iter.x }}", marks: "{{ workload.marks }}"}
+              code: |
+                import os
+                mark = os.path.join(marks, str(x))
+                if x % 3 == 0 and not os.path.exists(mark):
+                    open(mark, "w").close()
+                    raise RuntimeError("first try fails")
+                result = x * 10
+              spec:
+                policy:
+                  rules:
+                    - when: "{{ output.status == 'error' }}"
+                      then: {do: retry, attempts: 3, backoff: 0.01}
+        """,
+        workload={"marks": str(marks)},
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    work = result.step("work")["result"]
+    assert work["stats"] == {"total": 10, "success": 10, "failed": 0}
+    assert work["results"] == [x * 10 for x in range(10)]
+    assert sorted(p.name for p in marks.iterdir()) == ["0", "3", "6", "9"]
+
+
+def test_an_item_that_fails_fails_the_loop_with_its_index(run_playbook: Runner) -> None:
+    result = run_playbook(
+        """\
+        workflow:
+          - step: work
+            loop: {in: "{{ [1, 2, 0, 4, 0] }}", iterator: x, spec: {mode: spark}}
+            tool:
+              kind: python
+              input: {x: "{{ iter.x }}"}
+              code: "result = 10 // x"
+        """
+    )
+    assert result.doc["status"] == "failed"
+    error = result.doc["error"]
+    assert error["step"] == "work" and error["kind"] == "python_error"
+    assert error["message"].startswith("item 2: ") and "ZeroDivisionError" in error["message"]
+
+
+def test_items_from_a_spark_steps_result_and_from_a_source(
+    run_playbook: Runner, tmp_path: Path
+) -> None:
+    """A dataset's rows are the items: dicts for rows, values for a one-column source."""
+    result = run_playbook(
+        """\
+        workload: {out: ""}
+        workflow:
+          - step: make
+            tool:
+              kind: spark
+              sql: SELECT id AS x, concat('n', id) AS name FROM range(0, 50)
+              sink: {format: parquet, path: "{{ workload.out }}/rows", mode: overwrite}
+            next: [rows]
+          - step: rows
+            loop: {in: "{{ make }}", iterator: r, spec: {mode: spark, partitions: 4}}
+            tool: {kind: python, input: {r: "{{ iter.r }}"}, code: "result = r['name'] + ':' + str(r['x'] * 2)"}
+            next: [names]
+          - step: names
+            tool:
+              kind: spark
+              sql: SELECT id FROM range(0, 5)
+              sink: {format: json, path: "{{ workload.out }}/ids", mode: overwrite}
+            next: [values]
+          - step: values
+            loop:
+              in: {format: json, path: "{{ workload.out }}/ids"}
+              iterator: v
+              spec: {mode: spark}
+            tool: {kind: python, input: {v: "{{ iter.v }}"}, code: "result = v + 100"}
+        """,
+        workload={"out": str(tmp_path)},
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    rows = result.step("rows")["result"]
+    assert sorted(rows["results"]) == sorted(f"n{i}:{i * 2}" for i in range(50))
+    assert rows["stats"] == {"total": 50, "success": 50, "failed": 0}
+    values = result.step("values")["result"]
+    assert sorted(values["results"]) == [100, 101, 102, 103, 104]
+
+
+def test_the_loader_says_what_a_spark_loop_takes(tmp_path: Path) -> None:
+    with pytest.raises(PlaybookError) as err:
+        parse_playbook(
+            HEADER
+            + """\
+workflow:
+  - step: s
+    loop: {in: [1], iterator: x, spec: {mode: spark}}
+    tool: {kind: shell, command: "echo hi"}
+  - step: t
+    loop: {in: [1], iterator: x, spec: {mode: parallel, partitions: 4}}
+    tool: {kind: noop}
+""",
+            str(tmp_path / "pb.yaml"),
+        )
+    text = str(err.value)
+    assert "a 'mode: spark' loop runs one python or http tool per item" in text
+    assert "loop 'spec.partitions' applies to 'mode: spark' only" in text

@@ -224,3 +224,50 @@ def test_same_playbook_on_a_standalone_cluster(
     apps = {a["id"]: a for a in cluster.completed_apps() + cluster.active_apps()}
     assert app_id in apps
     assert apps[app_id]["name"] == "flowtide"
+
+
+LOOP_EXAMPLE = REPO / "examples" / "spark_loop.yaml"
+LOOP_ROWS = 2000
+
+
+def run_loop_example(home: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> Any:
+    doc = cli_json(
+        "run", str(LOOP_EXAMPLE), "--set", f"rows={LOOP_ROWS}", "--set", f"out_dir={out}", *extra,
+        home=home, env=env,
+    )  # fmt: skip
+    assert doc["status"] == "completed", doc["error"]
+    return doc["result"]
+
+
+def expected_tiers() -> dict[str, tuple[int, int]]:
+    """What examples/spark_loop.yaml reports, computed without Spark."""
+    tiers: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for i in range(LOOP_ROWS):
+        visits = i * 7919 % 100
+        tier = "gold" if visits >= 80 else "silver" if visits >= 40 else "bronze"
+        tiers[tier][0] += 1
+        tiers[tier][1] += visits * 3 + len(f"customer-{i}")
+    return {t: (n, s) for t, (n, s) in tiers.items()}
+
+
+def check_loop_result(result: dict[str, Any]) -> None:
+    assert result["stats"] == {"total": LOOP_ROWS, "success": LOOP_ROWS, "failed": 0}
+    got = {r["tier"]: (r["customers"], r["score"]) for r in result["tiers"]}
+    assert got == expected_tiers()
+
+
+def test_spark_loop_example_on_spark_connect(tmp_path: Path, connect_server: ConnectServer) -> None:
+    """The loop's items run in the Connect server's python workers."""
+    check_loop_result(
+        run_loop_example(
+            tmp_path / ".flowtide", tmp_path / "out", "--spark-master", connect_server.url
+        )
+    )
+
+
+def test_spark_loop_example_on_a_standalone_cluster(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """The loop's items run on the cluster's executor."""
+    env = {"FLOWTIDE_SPARK_MASTER": cluster.master_url}
+    check_loop_result(run_loop_example(tmp_path / ".flowtide", tmp_path / "out", env=env))

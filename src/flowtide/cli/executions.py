@@ -63,16 +63,28 @@ def status(
         print_json(doc)
         return
     from rich.console import Console
+    from rich.markup import escape
+    from rich.pretty import Pretty
     from rich.table import Table
 
+    from flowtide.cli.summary import print_error
+
     console = Console()
-    console.print(f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {label}")
+    console.print(
+        f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {escape(str(label))}"
+    )
     table = Table(box=None)
     for col in ("step", "status", "runs", "attempts", "error"):
         table.add_column(col)
     for name, step in doc["steps"].items():
         error = (step["error"] or {}).get("message", "") if step["error"] else ""
-        table.add_row(name, step["status"], str(step["runs"]), _attempts(step), str(error)[:80])
+        table.add_row(
+            escape(name),
+            step["status"],
+            str(step["runs"]),
+            _attempts(step),
+            escape(str(error)[:80]),
+        )
     console.print(table)
     if doc["status"] == "interrupted":
         console.print(
@@ -80,7 +92,10 @@ def status(
             f" `flowtide resume {doc['execution_id']}` carries it on"
         )
     if doc["error"]:
-        console.print(f"[red]error[/]: {doc['error']}")
+        print_error(console, doc["error"])
+    if doc.get("result") is not None:
+        console.print("result:")
+        console.print(Pretty(doc["result"], max_length=20, max_string=400))
 
 
 def events(

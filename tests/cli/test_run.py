@@ -202,6 +202,9 @@ def test_run_by_catalog_path_and_version(ft: Flowtide, tmp_path: Path) -> None:
     assert listing["tests/cli/basic"]["version"] == 2
     assert listing["tests/cli/basic"]["versions"] == 2
     assert listing["tests/cli/fan_in"]["version"] == 1
+    text = ft.ok("catalog", "list").stdout
+    assert "tests/cli/basic  v2  (2 versions)" in text, text
+    assert "tests/cli/fan_in  v1  (1 version)" in text, text
 
     assert ft.run("tests/cli/basic")["result"] == {"message": "hello: 18"}
     assert ft.run("tests/cli/basic@2")["result"] == {"message": "hello: 18"}

@@ -19,6 +19,8 @@ def test_status_events_and_list_of_a_completed_run(ft: Flowtide) -> None:
     assert ft.status(eid) == doc
     text = ft.ok("status", eid).stdout
     assert eid in text and "completed" in text and "start" in text and "finish" in text
+    # ... and shows the result, as its help says
+    assert "result:" in text and "hello: 12" in text, text
 
     events = ft.events(eid)
     types = [e["type"] for e in events]

@@ -168,6 +168,11 @@ def test_logs_follow_ends_with_the_run(ft: Flowtide, tmp_path: Path) -> None:
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout == "hi\n"
     assert time.monotonic() - started < 30
+    # a misspelt step is an error naming the steps there are, not an empty log
+    typo = ft("logs", doc["execution_id"], "strat")
+    assert typo.returncode == 2 and typo.stdout == "", describe(typo)
+    assert "no step 'strat'; did you mean 'start'? (steps: start)" in typo.stderr, typo.stderr
+    assert ft.ok("logs", doc["execution_id"], "start").stdout == "hi\n"
 
 
 FAILING = """\

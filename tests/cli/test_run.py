@@ -81,6 +81,25 @@ def test_run_without_json_prints_a_summary(ft: Flowtide) -> None:
     assert json.loads(bad.stdout) is None or isinstance(json.loads(bad.stdout), dict)
 
 
+def test_an_error_is_printed_as_written(ft: Flowtide, tmp_path: Path) -> None:
+    # An error's message is the user's text: rich markup in it (`[/x]`) is neither read
+    # nor a crash, and a long message stays on one line off a terminal (no 80 columns).
+    message = "bad [/x] value [bold]" + "y" * 120
+    book = tmp_path / "markup.yaml"
+    book.write_text(
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: markup}\nworkflow:\n"
+        f"  - step: start\n    tool: {{kind: python, code: \"raise ValueError('{message}')\"}}\n"
+    )
+    bad = ft.ok("run", book, expect=1)
+    assert "Traceback" not in bad.stderr.split("ValueError")[0], bad.stderr
+    line = next(s for s in bad.stderr.splitlines() if s.startswith("error in step start"))
+    assert f"(python_error): ValueError: {message}" in line, bad.stderr
+    eid = ft.executions()[0]["execution_id"]
+    status = ft.ok("status", eid).stdout
+    assert f"error in step start (python_error): ValueError: {message}" in status, status
+    assert "result:" not in status
+
+
 @pytest.mark.parametrize(
     ("name", "needles"),
     [
@@ -183,6 +202,9 @@ def test_run_by_catalog_path_and_version(ft: Flowtide, tmp_path: Path) -> None:
     assert listing["tests/cli/basic"]["version"] == 2
     assert listing["tests/cli/basic"]["versions"] == 2
     assert listing["tests/cli/fan_in"]["version"] == 1
+    text = ft.ok("catalog", "list").stdout
+    assert "tests/cli/basic  v2  (2 versions)" in text, text
+    assert "tests/cli/fan_in  v1  (1 version)" in text, text
 
     assert ft.run("tests/cli/basic")["result"] == {"message": "hello: 18"}
     assert ft.run("tests/cli/basic@2")["result"] == {"message": "hello: 18"}

@@ -71,7 +71,35 @@ def test_links_stay_in_the_repository(path: Path) -> None:
             assert target.exists(), f"{path.name} links to a missing file: {link}"
 
 
+def _unclosed_fences(text: str) -> list[int]:
+    """Lines of code fences left open: a fence with a language opened while another is
+    open (a closing fence has none, so the first was never closed and the prose after it
+    renders as code), or one still open at the end of the page."""
+    found, open_at = [], 0
+    for n, line in enumerate(text.splitlines(), 1):
+        fence = re.match(r"\s*```(\S*)", line)
+        if not fence:
+            continue
+        if not open_at:
+            open_at = n
+        elif fence.group(1):
+            found.append(open_at)
+            open_at = n
+        else:
+            open_at = 0
+    return found + ([open_at] if open_at else [])
+
+
+@pytest.mark.parametrize("path", USER_TEXTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_code_blocks_are_closed(path: Path) -> None:
+    found = _unclosed_fences(path.read_text(encoding="utf-8"))
+    assert not found, f"{path.name}: code block opened at line(s) {found} is never closed"
+
+
 def test_the_checks_catch_what_they_look_for() -> None:
+    assert _unclosed_fences("```text\n$ x\n\n## Next\n\n```yaml\na: 1\n```\n") == [1]
+    assert _unclosed_fences("```sh\nx\n```\n\n```yaml\na: 1\n") == [5]
+    assert _unclosed_fences("```sh\nx\n```\n  ```yaml\n  a: 1\n  ```\n") == []
     assert _INTERNAL.search("as issue 17 lists") and _INTERNAL.search("(phase F)")
     assert _INTERNAL.search("ADR-8 semantics") and _INTERNAL.search("see ../shared/x")
     assert not _INTERNAL.search("a known issue; the phase of a run")

@@ -73,7 +73,7 @@ KEY_TYPOS = [
         "    retries: 3\n    next: {arcs: [{step: end}]}",
         "retries",
         21,
-        "spec.policy.rules with `do: retry",
+        "belong under 'tool': `retry: N`",
     ),
     (
         "    next: {arcs: [{step: end}]}",

@@ -124,6 +124,21 @@ def test_strict_undefined_raises_with_the_missing_name(source: str, missing: str
     assert "load" in str(err) and missing in str(err)
 
 
+def test_a_missing_key_of_a_step_result_names_no_class_of_ours() -> None:
+    # Step results reach templates wrapped (flowtide.engine.context); the message says
+    # what the reader wrote, a dict or a list, not the wrapper's module path.
+    from flowtide.engine.context import ResultDict, ResultList
+
+    context = {"start": ResultDict({"total": 3}), "rows": ResultList([1])}
+    with pytest.raises(TemplateError) as info:
+        render("{{ start.totl > 1 }}", context, step="start", field="next.arcs.when")
+    assert "'dict object' has no attribute 'totl'" in str(info.value), str(info.value)
+    assert "flowtide." not in str(info.value) and info.value.missing == "totl"
+    with pytest.raises(TemplateError) as info:
+        render("{{ rows.size + 1 }}", context)
+    assert "'list object' has no attribute 'size'" in str(info.value), str(info.value)
+
+
 def test_defined_tests_do_not_raise() -> None:
     assert render("{{ absent is defined }}", CONTEXT) is False
     assert render("{{ absent is not defined }}", CONTEXT) is True

@@ -199,4 +199,5 @@ def catalog_list(
         )
         return
     for r in rows:
-        typer.echo(f"{r.path}  v{r.version}  ({r.versions} versions)  {r.source_file or ''}")
+        versions = f"{r.versions} version{'' if r.versions == 1 else 's'}"
+        typer.echo(f"{r.path}  v{r.version}  ({versions})  {r.source_file or ''}")

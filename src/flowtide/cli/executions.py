@@ -3,6 +3,8 @@ store or (with --server) a flowtide server."""
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -63,16 +65,28 @@ def status(
         print_json(doc)
         return
     from rich.console import Console
+    from rich.markup import escape
+    from rich.pretty import Pretty
     from rich.table import Table
 
+    from flowtide.cli.summary import print_error
+
     console = Console()
-    console.print(f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {label}")
+    console.print(
+        f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {escape(str(label))}"
+    )
     table = Table(box=None)
     for col in ("step", "status", "runs", "attempts", "error"):
         table.add_column(col)
     for name, step in doc["steps"].items():
         error = (step["error"] or {}).get("message", "") if step["error"] else ""
-        table.add_row(name, step["status"], str(step["runs"]), _attempts(step), str(error)[:80])
+        table.add_row(
+            escape(name),
+            step["status"],
+            str(step["runs"]),
+            _attempts(step),
+            escape(str(error)[:80]),
+        )
     console.print(table)
     if doc["status"] == "interrupted":
         console.print(
@@ -80,7 +94,10 @@ def status(
             f" `flowtide resume {doc['execution_id']}` carries it on"
         )
     if doc["error"]:
-        console.print(f"[red]error[/]: {doc['error']}")
+        print_error(console, doc["error"])
+    if doc.get("result") is not None:
+        console.print("result:")
+        console.print(Pretty(doc["result"], max_length=20, max_string=400))
 
 
 def events(
@@ -88,9 +105,7 @@ def events(
     as_json: JsonOpt = False,
     follow: Annotated[
         bool,
-        typer.Option(
-            "--follow", "-f", help="With --server: keep printing new events until the run ends."
-        ),
+        typer.Option("--follow", "-f", help="Keep printing new events until the run ends."),
     ] = False,
     home: HomeOpt = None,
     db: DbOpt = None,
@@ -120,6 +135,14 @@ def events(
 
         store = open_store(home, db)
         execution_or_exit(store, execution_id)
+        if follow and not as_json:
+            try:
+                _follow_local(store, home, execution_id)
+            except KeyboardInterrupt:
+                raise typer.Exit(EXIT_INTERRUPTED) from None
+            finally:
+                store.close()
+            return
         log = store.events(execution_id)
         store.close()
         secrets = log_secrets(log)
@@ -130,6 +153,37 @@ def events(
         log = [Event.from_dict(dict(doc)) for doc in docs]
     for e in log:
         _print_event(e)
+
+
+def _follow_local(store: Store, home: Path | None, execution_id: int) -> None:
+    """Print an embedded run's events as the process that runs it writes them, until it
+    ends or no process runs it any more (interrupted)."""
+    from flowtide.documents.events import event_document, grown_secrets
+    from flowtide.engine.events import Event
+    from flowtide.store.base import ENDED_STATUSES
+
+    secrets: frozenset[str] = frozenset()
+    last: int | None = None
+    while True:
+        # Whether it has ended is read before its events, so the last ones are printed.
+        status = store.get_execution(execution_id).status
+        ended = status in ENDED_STATUSES or (
+            status == "running" and bool(_stopped(store, home, [execution_id]))
+        )
+        new = store.events(execution_id, after_event_id=last)
+        secrets = grown_secrets(secrets, new)
+        for e in new:
+            _print_event(Event.from_dict(dict(event_document(e, secrets))))
+        if new:
+            last = new[-1].event_id
+            sys.stdout.flush()
+        if ended:
+            return
+        time.sleep(_FOLLOW_POLL_SECONDS)
+
+
+#: How often `events --follow` looks for new events of an embedded run.
+_FOLLOW_POLL_SECONDS = 0.2
 
 
 def _print_event(e: Event) -> None:

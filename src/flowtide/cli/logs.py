@@ -7,7 +7,7 @@ import asyncio
 import json
 import re
 import sys
-from collections.abc import Set
+from collections.abc import Collection, Set
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -21,6 +21,7 @@ from flowtide.cli.options import (
     HomeOpt,
     JsonOpt,
     ServerOpt,
+    err,
     home_dir,
 )
 
@@ -44,7 +45,8 @@ def logs(
     try:
         if server:
             with server_client(server) as api:
-                remote_or_exit(lambda: api.execution(execution_id))
+                doc = remote_or_exit(lambda: api.execution(execution_id))
+                _known_step_or_exit(step, doc.get("steps") or {}, execution_id)
 
                 def show_all() -> None:
                     for piece in api.logs(execution_id, step, follow):
@@ -71,7 +73,12 @@ async def _local(
     from flowtide.logread import read_logs
 
     store = open_store(home, db)
-    execution_or_exit(store, execution_id)
+    row = execution_or_exit(store, execution_id)
+    if step is not None:
+        from flowtide.playbook.loader import parse_playbook
+
+        steps = parse_playbook(row.playbook_text, row.playbook_file).steps
+        _known_step_or_exit(step, steps, execution_id)
     root = home_dir(home) / "data" / "logs"
 
     async def live(skip: Set[int]) -> Any:
@@ -102,6 +109,20 @@ async def _local(
                 _show(dict(piece), as_json)
     finally:
         store.close()
+
+
+def _known_step_or_exit(step: str | None, steps: Collection[str], execution_id: int) -> None:
+    """A STEP the execution's playbook does not have ends the command (exit 2) naming
+    the steps it has, rather than printing nothing as if the step had been silent."""
+    if step is None or not steps or step in steps:
+        return
+    from flowtide.playbook.loader.references import suggest
+
+    names = ", ".join(sorted(steps))
+    err(
+        f"error: execution {execution_id} has no step '{step}'{suggest(step, steps)} (steps: {names})"
+    )
+    raise typer.Exit(2)
 
 
 def _show(piece: dict[str, Any], as_json: bool) -> None:

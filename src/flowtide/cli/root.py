@@ -3,6 +3,7 @@ command and group is registered (the order here is the order `flowtide --help` l
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Annotated
 
@@ -32,7 +33,8 @@ app = typer.Typer(
     help=(
         "flowtide runs NoETL-style YAML playbooks: HTTP, SQL, Python, DuckDB and Spark steps "
         "wired by conditional arcs, loops and fan-in barriers.\n\n"
-        "Everything runs embedded by default: events in a SQLite file under .flowtide/, loop "
+        "Everything runs embedded by default: events in a SQLite file in your flowtide home "
+        "(the nearest .flowtide/ folder, else ~/.local/share/flowtide), loop "
         "state in an in-process key-value store, workers as threads, Spark in local mode "
         "(started on the first spark step)."
     ),
@@ -68,6 +70,22 @@ app.add_typer(dev_app, name="dev")
 app.add_typer(token_app, name="token")
 app.add_typer(kv_app, name="kv")
 app.add_typer(shards_app, name="shards")
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Give every command a `short_help`: the first paragraph of its docstring on one
+    line. Without it the list of commands in `--help` keeps the docstring's own line
+    breaks, which cut its sentences in the middle of the column."""
+    for info in typer_app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback) or ""
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n")[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def _print_version(value: bool) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from flowtide.cli.options import err, print_json
 
-__all__ = ["print_summary", "print_warnings"]
+__all__ = ["print_error", "print_summary", "print_warnings"]
 
 
 def print_summary(doc: dict[str, Any], location: str | None = None) -> None:
@@ -23,17 +23,29 @@ def print_summary(doc: dict[str, Any], location: str | None = None) -> None:
     style = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(doc["status"], "")
     console.print(f"execution [bold]{doc['execution_id']}[/] [{style}]{doc['status']}[/]")
     if doc["error"]:
-        error = doc["error"]
-        where = f" ({location})" if location else ""
-        step = f" in step [bold]{error.get('step')}[/]" if error.get("step") else ""
-        console.print(f"[red]error[/]{step}{where} ({error.get('kind')}): {error.get('message')}")
-        if error.get("traceback"):  # a python step's, in the playbook's lines
-            console.print(str(error["traceback"]), markup=False, highlight=False)
+        print_error(console, doc["error"], location)
     if not terminal:
         print_json(doc["result"])
         return
+    if doc["result"] is None and doc["status"] != "completed":
+        return  # nothing to show: a failed or cancelled run's "result: None" is noise
     console.print("result:")
     console.print(Pretty(doc["result"], max_length=20, max_string=400))
+
+
+def print_error(console: Any, error: dict[str, Any], location: str | None = None) -> None:
+    """An execution's error on `console` (a rich Console): its step, where the step is
+    written, its kind and message, then a python step's traceback. What the error holds is
+    the user's text (a message may contain `[/x]`): never read as rich markup, and never
+    broken into lines at the console's width (piped, that is 80 columns)."""
+    from rich.markup import escape
+
+    where = f" ({escape(location)})" if location else ""
+    step = f" in step [bold]{escape(str(error['step']))}[/]" if error.get("step") else ""
+    message = escape(f"({error.get('kind')}): {error.get('message')}")
+    console.print(f"[red]error[/]{step}{where} {message}", soft_wrap=True)
+    if error.get("traceback"):  # a python step's, in the playbook's lines
+        console.print(str(error["traceback"]), markup=False, highlight=False, soft_wrap=True)
 
 
 def print_warnings(playbook: Any, file: str) -> list[dict[str, Any]]:

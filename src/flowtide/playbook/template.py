@@ -275,6 +275,17 @@ def _missing_name(exc: UndefinedError) -> str | None:
     return match.group(1) if match else None
 
 
+#: Jinja names a value of a class of ours by its module path
+#: ('flowtide.engine.context.ResultDict object' has no attribute 'x'): say what it is.
+_OUR_TYPE = re.compile(r"'flowtide(?:\.\w+)+\.(\w+) object'")
+_SHOWN_AS = {"ResultDict": "dict", "ResultList": "list"}
+
+
+def _undefined_message(exc: UndefinedError) -> str:
+    """Jinja's message for a missing name or attribute, without flowtide's class paths."""
+    return _OUR_TYPE.sub(lambda m: f"'{_SHOWN_AS.get(m[1], m[1])} object'", str(exc))
+
+
 def _run(compiled: _Compiled, context: Mapping[str, Any]) -> Any:
     template = compiled.template
     ctx = template.new_context(_Scope(context), shared=True)
@@ -328,7 +339,11 @@ def render_string(
             return _run(compiled, context)
     except UndefinedError as exc:
         raise TemplateError(
-            str(exc), expression=source, step=step, field=field, missing=_missing_name(exc)
+            _undefined_message(exc),
+            expression=source,
+            step=step,
+            field=field,
+            missing=_missing_name(exc),
         ) from exc
     except TemplateSyntaxError as exc:
         problem = _problem(exc, source)

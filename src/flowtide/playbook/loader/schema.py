@@ -140,11 +140,16 @@ STEP = _table(
     ),
 )
 
+_RETRIES_BELONG = (
+    "retries belong under 'tool': `retry: N` (or `retry: {attempts, backoff, on}`), or"
+    " spec.policy.rules with `do: retry, attempts: N`"
+)
+
 #: Misplaced step keys: where they belong.
 STEP_MISPLACED: Mapping[str, str] = {
     "timeout": "a tool's `timeout` (seconds) belongs under 'tool'",
-    "retry": "retries belong under 'tool': spec.policy.rules with `do: retry, attempts: N`",
-    "retries": "retries belong under 'tool': spec.policy.rules with `do: retry, attempts: N`",
+    "retry": _RETRIES_BELONG,
+    "retries": _RETRIES_BELONG,
     "when": "a step's condition is spec.policy.admit.rules (or a `when` on the arc into it)",
     "case": "NoETL's `case` is gone from v2: route with next.arcs[].when, handle outcomes "
     "with the tool's spec.policy.rules",

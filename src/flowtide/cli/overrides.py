@@ -49,13 +49,13 @@ def refuse_undeclared(
     extra = undeclared(workload, overrides)
     if not extra:
         return
-    declared = ", ".join(map(str, workload)) or "(the workload declares no keys)"
+    declared = ", ".join(map(str, workload))
+    known = f"it declares {declared}" if declared else "it declares no keys"
     raise PlaybookError(
-        f"--set/--payload key(s) the workload does not declare: {', '.join(extra)} "
-        "(pass --allow-extra to send them anyway)",
+        f"--set/--payload key(s) the workload does not declare: {', '.join(extra)}; "
+        f"{known}. Pass --allow-extra to send them anyway.",
         file=file,
         field="workload",
-        expected=f"one of: {declared}",
     )
 
 

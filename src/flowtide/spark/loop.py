@@ -56,6 +56,8 @@ __all__ = ["OUT_SCHEMA", "run_spark_loop"]
 OUT_SCHEMA = "index long, status string, result string, error string, action string"
 #: Partitions per core of Spark's default parallelism when `spec.partitions` is not set.
 _PARTITIONS_PER_CORE = 4
+_ITEMS_PER_PARTITION = 25_000
+_MAX_PARTITIONS = 10_000
 
 
 def run_spark_loop(
@@ -153,7 +155,7 @@ class _SparkLoopTool(SparkTool):
         loop = job.step.loop
         assert loop is not None
         frame, size, unwrap = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
-        say(run, f"loop over {size} items")
+        say(run, f"loop over {size} items in {_partitions_of(frame)} partitions")
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
             "key": uuid.uuid4().hex,
@@ -199,6 +201,13 @@ class _SparkLoopTool(SparkTool):
         return result
 
 
+def _partitions_of(frame: Any) -> str:
+    try:
+        return str(frame.rdd.getNumPartitions())
+    except Exception:  # noqa: BLE001 - Spark Connect has no RDDs
+        return "its"
+
+
 def _item_error(index: int, raw: str | None) -> dict[str, Any]:
     """The loop's error: the first failing item's (by index), saying which it was."""
     error = json.loads(raw) if raw else {}
@@ -230,7 +239,7 @@ def items_frame(
         # The indexes are a range split evenly into the partitions (no Spark job); the
         # items travel with the plan (`items`), each task picking its own.
         n = len(value)
-        wanted = max(1, min(partitions or _default_partitions(spark), n))
+        wanted = max(1, min(partitions or _default_partitions(spark, n), n))
         return spark.range(0, n, 1, wanted).withColumnRenamed("id", "index"), n, None
     if not isinstance(value, Mapping):
         raise ToolError(
@@ -268,12 +277,16 @@ def items_frame(
     return frame, total, unwrap
 
 
-def _default_partitions(spark: Any) -> int:
+def _default_partitions(spark: Any, items: int) -> int:
+    """Four per core of Spark's parallelism, and more for a large loop: at most
+    `_ITEMS_PER_PARTITION` items each (a task Spark runs again runs its items again, and
+    progress moves a task at a time)."""
     try:
         cores = int(spark.sparkContext.defaultParallelism)
     except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
         cores = int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2
-    return max(1, cores) * _PARTITIONS_PER_CORE
+    by_size = -(-items // _ITEMS_PER_PARTITION)
+    return min(max(max(1, cores) * _PARTITIONS_PER_CORE, by_size), _MAX_PARTITIONS)
 
 
 # -- in a Spark python worker -------------------------------------------------------------

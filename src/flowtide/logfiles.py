@@ -41,6 +41,9 @@ class LiveLog:
     loop_index: int | None
     start: int
     data: bytes
+    #: The command is one its execution runs now (False: a ring the reader could not
+    #: tie to a running command of the execution; only an ended command's is shown).
+    open: bool = True
 
     @property
     def end(self) -> int:

@@ -11,13 +11,14 @@ joins each command's contiguous run from the newest back.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Set
+from collections.abc import Mapping, Set
+from dataclasses import replace
 from typing import Any, Final
 
 from flowtide.logfiles import LiveLog
 from flowtide.wire import LOG_PREFIX, LOG_STREAM, log_filter
 
-__all__ = ["ensure_log_stream", "read_rings"]
+__all__ = ["ensure_log_stream", "own_rings", "read_rings"]
 
 PER_COMMAND: Final = 64
 MAX_AGE: Final = 3600.0
@@ -51,6 +52,22 @@ async def ensure_log_stream(js: Any) -> None:
     except NotFoundError:
         with contextlib.suppress(Exception):  # another server created it meanwhile
             await js.add_stream(config)
+
+
+def own_rings(rings: dict[int, LiveLog], running: Mapping[int, Any]) -> dict[int, LiveLog]:
+    """`rings` as the execution's commands say: the step and loop index of each running
+    one (`running`: its open command records) from its record, not from what was
+    published; the others not `open` (any worker of the pool may publish under any
+    command id of it: a ring of no running command is shown only for a command whose
+    events say it ended)."""
+    out: dict[int, LiveLog] = {}
+    for command_id, ring in rings.items():
+        record = running.get(command_id)
+        if record is None:
+            out[command_id] = replace(ring, open=False)
+        else:
+            out[command_id] = replace(ring, step=record.step, loop_index=record.loop_index)
+    return out
 
 
 async def read_rings(

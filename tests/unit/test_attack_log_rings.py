@@ -1,0 +1,58 @@
+"""The server's live logs: a worker of the execution's pool may publish under any
+command id of it; only the execution's running commands are shown live, under the step
+and loop index of their records, not of what was published."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Set
+from typing import Any
+
+from flowtide.engine.state import CommandRecord
+from flowtide.logfiles import LiveLog
+from flowtide.logread import read_logs
+from flowtide.server.logs import own_rings
+
+
+class _NoEvents:
+    def events(self, execution_id: int, **kwargs: Any) -> list[Any]:
+        return []
+
+
+def _read(rings: dict[int, LiveLog], step: str | None = None) -> list[Any]:
+    async def live(skip: Set[int]) -> dict[int, LiveLog]:
+        return rings
+
+    async def status() -> str:
+        return "running"
+
+    async def secrets() -> frozenset[str]:
+        return frozenset()
+
+    async def read() -> list[Any]:
+        return [
+            p
+            async for p in read_logs(
+                _NoEvents(),  # type: ignore[arg-type]
+                7,
+                live=live,
+                status=status,
+                secrets=secrets,
+                step=step,
+            )
+        ]
+
+    return asyncio.run(read())
+
+
+def test_a_ring_of_no_running_command_is_not_shown() -> None:
+    running = {11: CommandRecord(11, "load", 1, 1, 3, 500)}
+    published = {
+        11: LiveLog(11, "pay", None, 0, b"real output\n"),  # the step header lies
+        99: LiveLog(99, "load", None, 0, b"forged: transfer approved\n"),
+    }
+    pieces = _read(own_rings(published, running))
+    assert [(p["command_id"], p["step"], p["loop_index"], p["text"]) for p in pieces] == [
+        ("11", "load", 3, "real output\n")
+    ]
+    assert _read(own_rings(published, running), step="pay") == []

@@ -56,3 +56,36 @@ def test_a_ring_of_no_running_command_is_not_shown() -> None:
         ("11", "load", 3, "real output\n")
     ]
     assert _read(own_rings(published, running), step="pay") == []
+
+
+def test_reads_without_follow_are_counted_too() -> None:
+    # Each read may hold megabytes of rings: many at once must not be answered.
+    import gc
+
+    from flowtide.auth.principal import ANONYMOUS
+    from flowtide.web import executions
+    from flowtide.web.problems import RequestError
+
+    from .test_logs import _Reads
+
+    async def answer(follow: bool = False) -> Any:
+        return await executions.execution_logs(7, ANONYMOUS, _Reads(), follow=follow)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        held = [await answer() for _ in range(executions.MAX_LOG_READS)]
+        try:
+            await answer()
+        except RequestError as exc:
+            assert exc.status == 503
+        else:
+            raise AssertionError("one read over the limit was answered")
+        following = await answer(follow=True)  # the streams have their own slots
+        del following
+        held.clear()
+        gc.collect()
+        assert executions._log_reads.held == 0
+        await answer()
+
+    asyncio.run(run())
+    gc.collect()
+    assert executions._log_reads.held == 0 and executions._log_streams.held == 0

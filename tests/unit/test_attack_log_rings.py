@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Set
+from types import SimpleNamespace
 from typing import Any
 
 from flowtide.engine.state import CommandRecord
@@ -89,3 +90,50 @@ def test_reads_without_follow_are_counted_too() -> None:
     asyncio.run(run())
     gc.collect()
     assert executions._log_reads.held == 0 and executions._log_streams.held == 0
+
+
+class _Msg:
+    def __init__(self, subject: str, data: bytes, start: int) -> None:
+        self.subject = subject
+        self.data = data
+        self.headers = {"Flowtide-Start": str(start), "Flowtide-Step": "talk"}
+
+
+class _Stream:
+    """The log stream as `read_rings` reads it: one command's two chunks."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def stream_info(self, name: str, subjects_filter: str) -> Any:
+        state = SimpleNamespace(subjects={"flowtide.logs.default.7.11": 2})
+        return SimpleNamespace(state=state)
+
+    async def subscribe(self, subject: str, ordered_consumer: bool) -> Any:
+        self.reads += 1
+        msgs = [_Msg("flowtide.logs.default.7.11", b"a\n", 0), _Msg("x.11", b"b\n", 2)]
+
+        class _Sub:
+            async def next_msg(self, timeout: float) -> _Msg:
+                await asyncio.sleep(0)
+                return msgs.pop(0)
+
+            async def unsubscribe(self) -> None:
+                pass
+
+        return _Sub()
+
+
+def test_followers_of_one_execution_share_a_read_of_the_stream() -> None:
+    from flowtide.server.logs import read_rings
+
+    stream = _Stream()
+
+    async def run() -> list[dict[int, LiveLog]]:
+        return list(
+            await asyncio.gather(*(read_rings(stream, 7, set(), pool="default") for _ in range(50)))
+        )
+
+    got = asyncio.run(run())
+    assert stream.reads == 1
+    assert all(g == {11: LiveLog(11, "talk", None, 0, b"a\nb\n")} for g in got)

@@ -10,7 +10,9 @@ joins each command's contiguous run from the newest back.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Mapping, Set
 from dataclasses import replace
 from typing import Any, Final
@@ -29,6 +31,11 @@ MAX_MSG: Final = 40 * 1024
 #: each read hold the stream's 256 MiB).
 MAX_READ: Final = 20_000
 MAX_READ_BYTES: Final = 16 * 1024 * 1024
+#: Seconds a read is shared with the other readers of the same execution (its followers
+#: read every 0.2 s: any number of them read the stream once per period, not once each).
+SHARE_SECONDS: Final = 0.2
+
+_shared: dict[tuple[int, str, int, frozenset[int]], tuple[float, asyncio.Future[Any]]] = {}
 
 
 async def ensure_log_stream(js: Any) -> None:
@@ -76,8 +83,22 @@ async def read_rings(
     """The rings of the execution's commands kept by the stream, but those in `skip`.
     `pool`: the execution's, whose workers alone run its commands (a worker of another
     pool may publish under its own pool's subjects for any execution id: those are not
-    this execution's output)."""
-    return await _read(js, execution_id, pool, skip)
+    this execution's output). A read made less than `SHARE_SECONDS` ago (or in flight)
+    for the same execution and `skip` is shared."""
+    now = time.monotonic()
+    for key, (at, _) in list(_shared.items()):
+        if now - at > SHARE_SECONDS:
+            del _shared[key]
+    key = (id(asyncio.get_running_loop()), pool, execution_id, frozenset(skip))
+    found = _shared.get(key)
+    task: asyncio.Future[Any]
+    if found is None:
+        task = asyncio.ensure_future(_read(js, execution_id, pool, set(skip)))
+        _shared[key] = (now, task)
+    else:
+        task = found[1]
+    # A reader that goes away does not cancel the read the others wait for.
+    return dict(await asyncio.shield(task))
 
 
 async def _read(js: Any, execution_id: int, pool: str, skip: Set[int]) -> dict[int, LiveLog]:

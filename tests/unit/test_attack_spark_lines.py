@@ -52,3 +52,17 @@ def test_the_runs_log_secrets_are_masked_too() -> None:
     finally:
         log.close()
     assert "spaces" not in shown
+
+
+def test_a_spark_connect_token_in_the_master_is_never_shown() -> None:
+    # The master may come from the worker's environment (FLOWTIDE_SPARK_MASTER): its
+    # token is no value of any execution's secret set, yet every spark call event and
+    # step log showed the master.
+    from flowtide.spark.session import SessionInfo, shown_master
+
+    master = "sc://spark.internal:15002/;use_ssl=true;token=tok-S3cr3t;user_id=etl"
+    info = SessionInfo(master, "connect", None, "3.5", 0.0, 0.0)
+    assert "tok-S3cr3t" not in str(info.as_dict())
+    assert shown_master(master) == "sc://spark.internal:15002/;use_ssl=true;token=***;user_id=etl"
+    assert shown_master("sc://etl:pw-S3cr3t@h:15002") == "sc://etl:***@h:15002"
+    assert shown_master("local[*]") == "local[*]"

@@ -235,7 +235,7 @@ class SparkTool:
     ) -> dict[str, Any]:
         from flowtide.spark import activity
         from flowtide.spark.datasets import empty_reference, load_input, reference, write
-        from flowtide.spark.session import resolve_settings, sessions
+        from flowtide.spark.session import resolve_settings, sessions, shown_master
 
         settings = resolve_settings(ctx.executor)
         timeout = ctx.timeout
@@ -268,7 +268,9 @@ class SparkTool:
                 activity.begin(run)
                 if sessions.info is not None:
                     i = sessions.info
-                    activity.say(run, f"session {i.master} ({i.mode}, Spark {i.version})")
+                    activity.say(
+                        run, f"session {shown_master(i.master)} ({i.mode}, Spark {i.version})"
+                    )
                 for warning in warnings or ():
                     activity.say(run, f"warning: {warning}")
                 try:

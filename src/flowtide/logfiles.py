@@ -27,6 +27,7 @@ from flowtide.logs import RING_BYTES, LogKey
 
 __all__ = ["FileSpool", "LiveLog", "read_live"]
 
+_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 #: Command logs of one execution that one read looks at, at most (the others wait for
 #: the next read of a follower).
 MAX_FILES: int = 256
@@ -41,6 +42,9 @@ class LiveLog:
     loop_index: int | None
     start: int
     data: bytes
+    #: The command is one its execution runs now (False: a ring the reader could not
+    #: tie to a running command of the execution; only an ended command's is shown).
+    open: bool = True
 
     @property
     def end(self) -> int:
@@ -83,7 +87,7 @@ class FileSpool:
                 self._rewrite(path, key, start, data)
             else:
                 start, kept = state
-                with open(path, "ab") as f:
+                with open(os.open(path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW), "ab") as f:
                     f.write(data)
                 kept += len(data)
                 if kept > 2 * RING_BYTES:
@@ -110,7 +114,11 @@ class FileSpool:
     def _rewrite(self, path: Path, key: LogKey, start: int, data: bytes) -> None:
         tmp = path.with_suffix(".tmp")
         # What a step printed is this user's alone (0600; its folders are 0700).
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Never through a link put in its place: the step's output would go where it
+        # points (a file of the user's, written with the log's bytes).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
         with open(fd, "wb") as f:
             f.write(self._header(key, start))
             f.write(data)

@@ -131,7 +131,9 @@ async def read_logs(
             del commands[command_id]
             finished.add(command_id)
         for command_id, ring in rings.items():
-            if command_id in finished or (step is not None and ring.step != step):
+            if command_id in finished or not ring.open:
+                continue
+            if step is not None and ring.step != step:
                 continue
             command = commands.get(command_id)
             if command is None:

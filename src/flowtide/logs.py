@@ -91,6 +91,13 @@ class CommandLog:
         """Mask these values too (the secrets a tool call touched)."""
         self._call_secrets.update(v for v in values if isinstance(v, str) and v)
 
+    def known_secrets(self) -> set[str]:
+        """Every value this log masks now (the process's, the execution's, the call's)."""
+        secrets = set(known()) | self._call_secrets
+        if self._secrets is not None:
+            secrets.update(self._secrets())
+        return secrets
+
     def write(self, text: str) -> None:
         """Add `text` (any piece of output: partial lines are held until complete)."""
         if not text or self.closed:
@@ -128,9 +135,7 @@ class CommandLog:
         if not self._pending:
             return
         text = "".join(self._pending)
-        secrets = set(known()) | self._call_secrets
-        if self._secrets is not None:
-            secrets.update(self._secrets())
+        secrets = self.known_secrets()
         rest = ""
         if not final:
             cut = text.rfind("\n") + 1 if self._size < CHUNK_BYTES else len(text)

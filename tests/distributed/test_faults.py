@@ -599,3 +599,45 @@ def test_a_worker_the_server_forgot_registers_again(stack: Stack) -> None:
         # And they still run commands.
         eid = client.post("/api/execute", json={"playbook": ONE_STEP}).json()["execution_id"]
         assert _wait(client, eid)["status"] == "completed"
+
+
+def test_a_held_command_cannot_report_into_another_execution_or_step(stack: Stack) -> None:
+    """A worker holding a command of one execution reports its events as another
+    execution's, or naming another step: both are stale (409) and nothing is written."""
+    with (
+        stack.client(timeout=30) as client,
+        stack.worker_client("rogue", pool="idle") as worker,
+    ):
+        mine, (held,) = _waiting_commands(client, ONE_STEP, 1)
+        other, _ = _waiting_commands(client, ONE_STEP, 1)
+        r = worker.post(
+            f"/api/commands/{held['event_id']}/claim",
+            json={"execution_id": mine, "command_id": held["command_id"], "worker_id": "rogue"},
+        )
+        assert r.status_code == 200, r.text
+        gen = Snowflake()
+
+        def completed(eid: str, step: str) -> dict[str, Any]:
+            return {
+                "event_id": gen.next_id(),
+                "execution_id": eid,
+                "type": "command.completed",
+                "step": step,
+                "status": "ok",
+                "payload": {"attempt": 1, "status": "ok", "result": {"forged": True}},
+                "parent_event_id": held["event_id"],
+                "command_id": held["command_id"],
+                "worker_id": "rogue",
+                "time": time.time(),
+            }
+
+        for eid, step in ((other, "only"), (mine, "elsewhere")):
+            body = {"execution_id": eid, "worker_id": "rogue", "events": [completed(eid, step)]}
+            r = worker.post("/api/events/batch", json=body)
+            assert r.status_code == 409, (eid, step, r.text)
+            assert [e for e in _events(client, eid) if e["type"] == "command.completed"] == []
+        # The worker's own report of its own command is still taken.
+        body = {"execution_id": mine, "worker_id": "rogue", "events": [completed(mine, "only")]}
+        assert worker.post("/api/events/batch", json=body).status_code == 200
+        assert _wait(client, mine)["status"] == "completed"
+        client.post(f"/api/executions/{other}/cancel", json={"reason": "test over"})

@@ -168,8 +168,8 @@ def test_claims_and_leases(store: PostgresStore) -> None:
         pg.commands.claim(conn, [1, 2], "w1", now=10.0, lease_until=40.0)
         pg.commands.renew_leases(conn, [2], 45.0, 11.0)
         assert pg.commands.lock_reported(conn, [1, 3]).result() == {
-            1: Holder("claimed", "w1", 1),
-            3: Holder("issued", None, 1),
+            1: Holder("claimed", "w1", 1, EXECUTION, "load"),
+            3: Holder("issued", None, 1, EXECUTION, "load"),
         }
         assert pg.commands.holds_live_claim(conn, EXECUTION, 1, "w1", 39.0)
         assert not pg.commands.holds_live_claim(conn, EXECUTION, 1, "w1", 41.0)

@@ -3,6 +3,7 @@ Pure rules, no database."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from flowtide.engine import events as ev
@@ -149,3 +150,21 @@ def test_disjoint_events_gathers_the_new_events_of_parts_naming_distinct_command
     assert disjoint_events([[a], [report(1, ev.COMMAND_STARTED)]], seen=set()) is None
     # One part may name a command many times.
     assert disjoint_events([[a, report(1, ev.COMMAND_STARTED)]], seen=set()) is not None
+
+
+def test_a_report_into_another_execution_is_stale() -> None:
+    # A worker holds command 1 of execution 3 and reports its events as execution
+    # EXECUTION's: they must not be written into that execution's log.
+    held = Holder("claimed", "w1", 1, execution_id=3, step="fetch")
+    forged = replace(report(1), step="fetch")
+    assert forged.execution_id != 3
+    assert stale_commands({1: held}, [forged]) == {1}
+    own = Holder("claimed", "w1", 1, execution_id=EXECUTION, step="fetch")
+    assert stale_commands({1: own}, [forged]) == set()
+
+
+def test_a_report_naming_another_step_than_its_commands_is_stale() -> None:
+    # The worker holds a command of step `fetch`: it cannot end step `pay` with it.
+    held = Holder("claimed", "w1", 1, execution_id=EXECUTION, step="fetch")
+    for type_ in (ev.COMMAND_STARTED, ev.CALL_DONE, ev.COMMAND_COMPLETED):
+        assert stale_commands({1: held}, [replace(report(1, type_), step="pay")]) == {1}

@@ -535,11 +535,14 @@ def _on_command_result(out: _Out, event: Event) -> None:
     if not state.last_report_counted:
         return  # apply ignored it (late or duplicate): nothing follows from it
     payload = payload_of(event, ev.COMMAND_COMPLETED)  # or command.failed: the same
-    index = payload.get("loop_index")
-    step = state.playbook.steps.get(event.step or "")
+    claim = state.last_report
+    # Which step and iteration it ends: the issued command's, never what the report
+    # says (a worker's report of one iteration must not end the whole loop).
+    index = claim.loop_index if claim is not None else payload.get("loop_index")
+    instance = claim.loop_instance if claim is not None else payload.get("loop_instance")
+    step = state.playbook.steps.get(claim.step if claim is not None else event.step or "")
     if step is None:
         return
-    claim = state.last_report
     if claim is not None and claim.cursor:
         loop = state.loops.get((step.name, claim.loop_instance or 0))
         if loop is not None and loop.fail_error is not None:
@@ -557,7 +560,7 @@ def _on_command_result(out: _Out, event: Event) -> None:
         )
         return
     if index is not None:
-        item: LoopItemPayload = {"instance": payload.get("loop_instance"), "index": index}
+        item: LoopItemPayload = {"instance": instance, "index": index}
         out.emit(
             ev.LOOP_ITEM,
             step.name,

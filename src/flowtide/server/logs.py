@@ -10,14 +10,17 @@ joins each command's contiguous run from the newest back.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Set
+import time
+from collections.abc import Mapping, Set
+from dataclasses import replace
 from typing import Any, Final
 
 from flowtide.logfiles import LiveLog
 from flowtide.wire import LOG_PREFIX, LOG_STREAM, log_filter
 
-__all__ = ["ensure_log_stream", "read_rings"]
+__all__ = ["ensure_log_stream", "own_rings", "read_rings"]
 
 PER_COMMAND: Final = 64
 MAX_AGE: Final = 3600.0
@@ -28,6 +31,11 @@ MAX_MSG: Final = 40 * 1024
 #: each read hold the stream's 256 MiB).
 MAX_READ: Final = 20_000
 MAX_READ_BYTES: Final = 16 * 1024 * 1024
+#: Seconds a read is shared with the other readers of the same execution (its followers
+#: read every 0.2 s: any number of them read the stream once per period, not once each).
+SHARE_SECONDS: Final = 0.2
+
+_shared: dict[tuple[int, str, int, frozenset[int]], tuple[float, asyncio.Future[Any]]] = {}
 
 
 async def ensure_log_stream(js: Any) -> None:
@@ -53,14 +61,44 @@ async def ensure_log_stream(js: Any) -> None:
             await js.add_stream(config)
 
 
+def own_rings(rings: dict[int, LiveLog], running: Mapping[int, Any]) -> dict[int, LiveLog]:
+    """`rings` as the execution's commands say: the step and loop index of each running
+    one (`running`: its open command records) from its record, not from what was
+    published; the others not `open` (any worker of the pool may publish under any
+    command id of it: a ring of no running command is shown only for a command whose
+    events say it ended)."""
+    out: dict[int, LiveLog] = {}
+    for command_id, ring in rings.items():
+        record = running.get(command_id)
+        if record is None:
+            out[command_id] = replace(ring, open=False)
+        else:
+            out[command_id] = replace(ring, step=record.step, loop_index=record.loop_index)
+    return out
+
+
 async def read_rings(
     js: Any, execution_id: int, skip: Set[int], *, pool: str
 ) -> dict[int, LiveLog]:
     """The rings of the execution's commands kept by the stream, but those in `skip`.
     `pool`: the execution's, whose workers alone run its commands (a worker of another
     pool may publish under its own pool's subjects for any execution id: those are not
-    this execution's output)."""
-    return await _read(js, execution_id, pool, skip)
+    this execution's output). A read made less than `SHARE_SECONDS` ago (or in flight)
+    for the same execution and `skip` is shared."""
+    now = time.monotonic()
+    for key, (at, _) in list(_shared.items()):
+        if now - at > SHARE_SECONDS:
+            del _shared[key]
+    key = (id(asyncio.get_running_loop()), pool, execution_id, frozenset(skip))
+    found = _shared.get(key)
+    task: asyncio.Future[Any]
+    if found is None:
+        task = asyncio.ensure_future(_read(js, execution_id, pool, set(skip)))
+        _shared[key] = (now, task)
+    else:
+        task = found[1]
+    # A reader that goes away does not cancel the read the others wait for.
+    return dict(await asyncio.shield(task))
 
 
 async def _read(js: Any, execution_id: int, pool: str, skip: Set[int]) -> dict[int, LiveLog]:

@@ -134,14 +134,15 @@ class ServerReads:
         nc = self.runtime.nc
         if nc is None:
             return {}
-        from flowtide.server.logs import read_rings
+        from flowtide.server.logs import own_rings, read_rings
 
         cache = self.coordinator.cache
         cached = cache.get(execution_id)
         if cached is None:
             async with cache.lock(execution_id):
                 cached = await cache.read_locked(execution_id)
-        return await read_rings(nc.jetstream(), execution_id, skip, pool=cached.pool)
+        rings = await read_rings(nc.jetstream(), execution_id, skip, pool=cached.pool)
+        return own_rings(rings, cached.state.commands)
 
     async def trigger_elsewhere(self, request: Request, trigger_id: int) -> Response | None:
         """A trigger's request (a webhook's delivery or page) goes to the shard that owns

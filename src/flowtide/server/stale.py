@@ -66,13 +66,15 @@ def reported_commands(parts: Iterable[Iterable[Event]]) -> list[int]:
 def stale_commands(current: Mapping[int, Holder], events: Iterable[Event]) -> set[int]:
     """The commands whose report in `events` is stale: the command is not claimed, or is
     claimed by another worker than the one reporting, or the report is of another
-    attempt than the row's. `current`: the rows of the commands named (a command without
-    a row is stale)."""
+    attempt than the row's, or names another execution or step than the row's (a worker
+    holding a command of one execution must not write events into another's, nor end
+    another step of its own). `current`: the rows of the commands named (a command
+    without a row is stale)."""
     stale: set[int] = set()
     for e in events:
         if e.type not in WORKER_EVENTS or e.command_id is None or e.command_id in stale:
             continue
-        status, holder, attempt = current.get(e.command_id, _NOBODY)
+        status, holder, attempt, execution_id, step = current.get(e.command_id, _NOBODY)
         # command.started and command.completed/failed: `attempt` is the CommandRef's
         reported = (
             ev.payload_of(e, ev.COMMAND_STARTED).get("attempt")
@@ -83,6 +85,8 @@ def stale_commands(current: Mapping[int, Holder], events: Iterable[Event]) -> se
             status != "claimed"
             or (holder is not None and e.worker_id != holder)
             or (reported is not None and attempt is not None and reported != attempt)
+            or (execution_id is not None and e.execution_id != execution_id)
+            or (step is not None and e.step != step)
         ):
             stale.add(e.command_id)
     return stale

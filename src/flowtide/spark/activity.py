@@ -64,8 +64,12 @@ class SparkRun:
     traceparent: str | None = None
     #: Classic mode: the driver JVM's log file, whose lines written during the run are
     #: copied to the step's log (the driver is the process's: with several spark steps
-    #: running at once, each is shown what it logged meanwhile).
+    #: of one execution running at once, each is shown what they logged meanwhile; while
+    #: a step of another execution runs on it too, nothing is copied, only counted).
     driver_log: str | None = None
+    #: Other executions whose spark steps ran on the same driver since the last copy.
+    others: set[int] = field(default_factory=set)
+    withheld: bool = False  # told once that lines were not copied
     #: The command's live log (`flowtide.logs.current_log` of the step's thread).
     log: Any = None
     #: The call's printed output (`ToolContext.stdout`: kept in its event once it ended).
@@ -86,6 +90,17 @@ _runs: dict[str, SparkRun] = {}
 _current = threading.local()
 _monitor: threading.Thread | None = None
 _cache: tuple[float, list[dict[str, Any]]] = (0.0, [])
+#: One copy of a driver's log lines at a time (the monitor's and a run's last one).
+_copying = threading.Lock()
+
+
+def _sharing(run: SparkRun) -> list[SparkRun]:
+    """The registered runs of other executions on `run`'s driver (under `_lock`)."""
+    return [
+        r
+        for r in _runs.values()
+        if r.driver_log == run.driver_log and r.execution_id != run.execution_id
+    ]
 
 
 def begin(run: SparkRun) -> None:
@@ -110,6 +125,10 @@ def begin(run: SparkRun) -> None:
         except OSError:
             run.driver_log = None
     with _lock:
+        if run.driver_log:
+            for other in _sharing(run):
+                other.others.add(run.execution_id)
+                run.others.add(other.execution_id)
         _runs[run.tag] = run
         if _monitor is None or not _monitor.is_alive():
             _monitor = threading.Thread(target=_watch, name="flowtide-spark-monitor", daemon=True)
@@ -122,6 +141,9 @@ def end(run: SparkRun) -> list[Any]:
     _copy_driver_log(run)
     with _lock:
         _runs.pop(run.tag, None)
+        if run.driver_log:
+            for other in _sharing(run):
+                other.others.add(run.execution_id)  # its window saw this run's lines
         _cache = (0.0, [])  # the display must not show a finished run from the cache
     _current.run = None
     if run.connect:
@@ -233,11 +255,18 @@ def _tell(run: SparkRun, now: float) -> None:
 
 def _copy_driver_log(run: SparkRun) -> None:
     """Copy the driver's log lines written since the last copy (whole lines, at most
-    `_DRIVER_BYTES` a time: the rest is counted, not copied) to the run's log."""
+    `_DRIVER_BYTES` a time: the rest is counted, not copied) to the run's log; none
+    when a spark step of another execution ran on the driver meanwhile (its lines
+    may hold that execution's data or secrets, which this one's log does not mask)."""
     if not run.driver_log or run.driver_offset < 0:
         return
+    with _copying:
+        _copy_locked(run, run.driver_log)
+
+
+def _copy_locked(run: SparkRun, path: str) -> None:
     try:
-        with open(run.driver_log, "rb") as f:
+        with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size <= run.driver_offset:
                 return
@@ -250,6 +279,14 @@ def _copy_driver_log(run: SparkRun) -> None:
     if not whole:
         return
     run.driver_offset += skipped + len(whole)
+    with _lock:
+        shared = bool(run.others)
+        run.others = {r.execution_id for r in _sharing(run)}
+    if shared:
+        if not run.withheld:
+            run.withheld = True
+            say(run, "driver: log lines not copied while spark steps of other executions run")
+        return
     if skipped:
         say(run, f"driver: {skipped} bytes of its log skipped (see {run.driver_log})")
     for line in whole.decode("utf-8", "replace").splitlines():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ __all__ = [
     "resolve_settings",
     "sessions",
     "set_master",
+    "shown_master",
 ]
 
 DEFAULT_MASTER = "local[*]"
@@ -109,7 +111,7 @@ def resolve_settings(executor: Mapping[str, Any] | None) -> SparkSettings:
     master = master.strip()
     if not master.startswith(_MASTER_PREFIXES):
         raise ToolError(
-            f"spark master {master!r} (from {source}) is not one of local[*], local[N], "
+            f"spark master {shown_master(master)!r} (from {source}) is not one of local[*], local[N], "
             "sc://host:port (Spark Connect), spark://host:port, k8s://..., yarn",
             kind="config_error",
         )
@@ -130,6 +132,19 @@ def resolve_settings(executor: Mapping[str, Any] | None) -> SparkSettings:
         jars=tuple(dict.fromkeys(jars)),
         app_name=str(spec.get("app_name") or "flowtide"),
     )
+
+
+#: A Spark Connect URL's parameters whose value is a credential (`sc://h:15002/;token=…`).
+_MASTER_SECRET = re.compile(r"(;\s*(?:token|password|secret)\s*=)[^;]*", re.IGNORECASE)
+_MASTER_USERINFO = re.compile(r"^([a-z0-9+.-]+://[^/@:;]*):[^/@]*@", re.IGNORECASE)
+
+
+def shown_master(master: str) -> str:
+    """`master` as logs, events and messages show it: the value of a Spark Connect
+    `token` (or `password`, `secret`) parameter and a URL's password as `***` (the
+    master may come from the worker's environment: its token is no value of an
+    execution's secret set)."""
+    return _MASTER_USERINFO.sub(r"\1:***@", _MASTER_SECRET.sub(r"\1***", master))
 
 
 def _loopback_master(master: str) -> bool:
@@ -163,7 +178,7 @@ class SessionInfo:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "master": self.master,
+            "master": shown_master(self.master),
             "mode": self.mode,
             "app_id": self.app_id,
             "version": self.version,
@@ -211,8 +226,9 @@ class SessionHolder:
                 if settings.master != self._settings.master:
                     raise ToolError(
                         f"this process already runs its Spark session on "
-                        f"{self._settings.master!r} (from {self._settings.source}); a step asks "
-                        f"for {settings.master!r} (from {settings.source}). One process holds "
+                        f"{shown_master(self._settings.master)!r} (from {self._settings.source});"
+                        f" a step asks for {shown_master(settings.master)!r} (from"
+                        f" {settings.source}). One process holds "
                         "one session: run playbooks for another master in another process",
                         kind="config_error",
                     )

@@ -345,6 +345,22 @@ def _retry_after(value: str | None) -> float | int | None:
     return max(0.0, round(when.timestamp() - time.time(), 3))
 
 
+def _without_password(url: str) -> tuple[str, str | None]:
+    """`url` with the password of its user part as `***`, and that password."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url, None
+    if not password:
+        return url, None
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}")), password
+
+
 def _status_kind(status: int) -> tuple[str, bool]:
     if status == 429:
         return "rate_limit", True
@@ -389,6 +405,10 @@ class HttpTool:
         if not url or not isinstance(url, str):
             raise ToolError("http task needs a `url` (or `endpoint`)", kind="config_error")
         method = str(config.get("method") or "GET").strip().upper()
+        # What error messages say of the request: never a password written in the URL
+        # (`https://user:pass@host/`), which no secret set may hold.
+        shown, password = _without_password(url)
+        hidden = ctx.secrets | {password} if password else ctx.secrets
         params = {
             k: _query_value(v) for k, v in _clean_mapping(config.get("params"), "params").items()
         }
@@ -412,39 +432,39 @@ class HttpTool:
                 follow_redirects=_as_bool(config.get("follow_redirects"), True),
             )
             try:
-                text = _read_body(response, limit, f"{method} {url}")
+                text = _read_body(response, limit, f"{method} {shown}")
             finally:
                 response.close()
         except httpx.TimeoutException as exc:
             raise ToolError(
-                f"{method} {url} timed out after {timeout:g} s ({type(exc).__name__})",
+                f"{method} {shown} timed out after {timeout:g} s ({type(exc).__name__})",
                 kind="timeout",
                 retryable=True,
                 code="TIMEOUT",
             ) from None
         except httpx.ConnectError as exc:
             raise ToolError(
-                f"{method} {url}: cannot connect: {redact(str(exc), ctx.secrets)}",
+                f"{method} {shown}: cannot connect: {redact(str(exc), hidden)}",
                 kind="connection",
                 retryable=True,
                 code="CONNECTION_ERROR",
             ) from None
         except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError) as exc:
             raise ToolError(
-                f"{method} {url}: invalid request: {redact(str(exc), ctx.secrets)}",
+                f"{method} {shown}: invalid request: {redact(str(exc), hidden)}",
                 kind="client_error",
                 code="INVALID_REQUEST",
             ) from None
         except httpx.TooManyRedirects as exc:
             raise ToolError(
-                f"{method} {url}: {redact(str(exc), ctx.secrets)}",
+                f"{method} {shown}: {redact(str(exc), hidden)}",
                 kind="client_error",
                 code="TOO_MANY_REDIRECTS",
             ) from None
         except httpx.HTTPError as exc:
             # Dropped connections, protocol errors mid-response: worth another attempt.
             raise ToolError(
-                f"{method} {url}: {type(exc).__name__}: {redact(str(exc), ctx.secrets)}",
+                f"{method} {shown}: {type(exc).__name__}: {redact(str(exc), hidden)}",
                 kind="connection",
                 retryable=True,
                 code="CONNECTION_ERROR",
@@ -452,7 +472,8 @@ class HttpTool:
         except (TypeError, ValueError) as exc:
             # e.g. a JSON body holding values json cannot encode, or a non-ASCII header.
             raise ToolError(
-                f"{method} {url}: cannot build request: {exc}", kind="config_error"
+                f"{method} {shown}: cannot build request: {redact(str(exc), hidden)}",
+                kind="config_error",
             ) from None
 
         data = _response_data(response, text)
@@ -469,7 +490,7 @@ class HttpTool:
             return result
 
         kind, retryable = _status_kind(status)
-        message = f"HTTP {status} {response.reason_phrase} from {method} {url}"
+        message = f"HTTP {status} {response.reason_phrase} from {method} {shown}"
         retry_after = _retry_after(result["headers"].get("retry-after"))
         if retry_after is not None:
             result["retry_after"] = retry_after

@@ -55,6 +55,18 @@ def _message(exc: BaseException) -> str:
     return text[:4000]
 
 
+def shown_statement(statement: str, run: Any, ctx: ToolContext) -> str:
+    """A SQL statement as its `[spark]` line shows it: masked first (the values the run's
+    log masks and the call's secrets), then on one line and cut at 160 characters (a
+    secret cut in two, or whose spaces were joined, would no longer be found)."""
+    from flowtide.redaction import known, mask_text
+
+    log = getattr(run, "log", None)
+    secrets = log.known_secrets() if log is not None else set(known())
+    shown = " ".join(mask_text(statement, secrets | ctx.secrets).split())
+    return shown if len(shown) <= 160 else shown[:159] + "…"
+
+
 def _connection_lost(exc: BaseException) -> bool:
     text = str(exc)
     return "UNAVAILABLE" in text or "Connection refused" in text or "failed to connect" in text
@@ -223,7 +235,7 @@ class SparkTool:
     ) -> dict[str, Any]:
         from flowtide.spark import activity
         from flowtide.spark.datasets import empty_reference, load_input, reference, write
-        from flowtide.spark.session import resolve_settings, sessions
+        from flowtide.spark.session import resolve_settings, sessions, shown_master
 
         settings = resolve_settings(ctx.executor)
         timeout = ctx.timeout
@@ -256,7 +268,9 @@ class SparkTool:
                 activity.begin(run)
                 if sessions.info is not None:
                     i = sessions.info
-                    activity.say(run, f"session {i.master} ({i.mode}, Spark {i.version})")
+                    activity.say(
+                        run, f"session {shown_master(i.master)} ({i.mode}, Spark {i.version})"
+                    )
                 for warning in warnings or ():
                     activity.say(run, f"warning: {warning}")
                 try:
@@ -325,9 +339,7 @@ class SparkTool:
             params = _params(config, ctx.step, len(statements))
             df = None
             for n, statement in enumerate(statements, 1):
-                shown = " ".join(statement.split())
-                shown = shown if len(shown) <= 160 else shown[:159] + "…"
-                say(run, f"statement {n}/{len(statements)}: {shown}")
+                say(run, f"statement {n}/{len(statements)}: {shown_statement(statement, run, ctx)}")
                 df = spark.sql(statement) if params is None else spark.sql(statement, args=params)
         else:
             df = SparkTool._run_code(spark, config, ctx, frames)

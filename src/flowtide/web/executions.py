@@ -361,6 +361,11 @@ async def sse_stream(
 
 #: Log streams (`GET /api/executions/{id}/logs`) one process serves at once.
 MAX_LOG_STREAMS: Final = 64
+#: Log reads without `follow` one process serves at once (apart from the streams: a
+#: page that reads a log while others follow is not refused for them). Each read may
+#: hold megabytes of a running execution's rings: without a cap, many requests at once
+#: would hold any amount.
+MAX_LOG_READS: Final = 16
 
 
 class _Slots:
@@ -369,11 +374,12 @@ class _Slots:
     body ran) and given back once, when the stream ends or, if its body never ran (the
     client went away first), when the stream is dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.held = 0
 
     def take(self, owner: object) -> Callable[[], None] | None:
-        if self.held >= MAX_LOG_STREAMS:
+        if self.held >= self.limit:
             return None
         self.held += 1
         given = False
@@ -388,7 +394,8 @@ class _Slots:
         return give
 
 
-_log_streams = _Slots()
+_log_streams = _Slots(MAX_LOG_STREAMS)
+_log_reads = _Slots(MAX_LOG_READS)
 
 
 @router.get(
@@ -404,7 +411,7 @@ _log_streams = _Slots()
         },
         **problem_responses(
             (404, "No such execution, or no such step in its playbook."),
-            (503, "Too many log streams are open on this server."),
+            (503, "Too many log streams (or reads) are open on this server."),
         ),
     },
 )
@@ -448,21 +455,17 @@ async def execution_logs(
             give()
 
     body = lines()
-    give: Callable[[], None] = _nothing
-    if follow:
-        taken = _log_streams.take(body)
-        if taken is None:
-            raise RequestError(503, f"{MAX_LOG_STREAMS} log streams are open: try again later")
-        give = taken
+    slots = _log_streams if follow else _log_reads
+    taken = slots.take(body)
+    if taken is None:
+        what = "log streams" if follow else "log reads"
+        raise RequestError(503, f"{slots.limit} {what} are open: try again later")
+    give: Callable[[], None] = taken
     return StreamingResponse(
         body,
         media_type="application/x-ndjson",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
-
-
-def _nothing() -> None:
-    pass
 
 
 @router.post(

@@ -440,6 +440,9 @@ class Worker:
         try:
             await self._reports.send(execution_id, [e.to_dict() for e in start.events], command_id)
         except Exception as exc:  # noqa: BLE001 - the final report still says it ran
+            # It goes with the final report then (the server skips it by its event id
+            # if this one was written after all).
+            start.sent = False
             log.debug("command %s: started not reported: %s", command_id, exc)
 
     async def _beat_shard(self, shard: int, commands: list[int]) -> None:

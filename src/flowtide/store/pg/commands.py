@@ -47,6 +47,9 @@ class Holder(NamedTuple):
     status: str | None
     worker_id: str | None
     attempt: int | None
+    #: The execution and step the command is of (None: not known, nothing checked).
+    execution_id: int | None = None
+    step: str | None = None
 
 
 class ExpiredLease(NamedTuple):
@@ -86,13 +89,13 @@ class ClaimRow:
 
 
 def _holders(cur: psycopg.Cursor[Any]) -> dict[int, Holder]:
-    return {r[0]: Holder(r[1], r[2], r[3]) for r in cur.fetchall()}
+    return {r[0]: Holder(r[1], r[2], r[3], r[4], r[5]) for r in cur.fetchall()}
 
 
 def lock_reported(conn: psycopg.Connection, command_ids: list[int]) -> Pending[dict[int, Holder]]:
     """Lock the rows of the commands workers report on; command id -> its holder."""
     cur = conn.execute(
-        "SELECT command_id, status, worker_id, attempt FROM command"
+        "SELECT command_id, status, worker_id, attempt, execution_id, step FROM command"
         " WHERE command_id = ANY(%s) FOR UPDATE",
         (command_ids,),
     )

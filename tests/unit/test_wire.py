@@ -23,15 +23,14 @@ from flowtide.wire import (
     Report,
     ReportResult,
     ReportsReply,
-    ShareCache,
     command_filter,
     command_subject,
-    known_revisions,
     pool_consumer,
     read_reports_body,
     reports_body,
     worker_inbox,
 )
+from flowtide.worker._shares import ShareCache, known_revisions
 
 BIG = 2**62 + 7  # an id a JSON number in a browser would round
 

@@ -19,10 +19,9 @@ from flowtide.wire import (
     ClaimRequest,
     ExecutionShare,
     Notification,
-    ShareCache,
-    known_revisions,
 )
 from flowtide.worker._api import Api
+from flowtide.worker._shares import ShareCache, known_revisions
 
 __all__ = ["claim"]
 

@@ -18,11 +18,10 @@ from flowtide.wire import (
     ExecutionShare,
     Report,
     ReportsReply,
-    ShareCache,
-    known_revisions,
     reports_body,
 )
 from flowtide.worker._api import Api
+from flowtide.worker._shares import ShareCache, known_revisions
 
 __all__ = ["Handed", "Reporter"]
 

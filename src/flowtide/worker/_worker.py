@@ -36,7 +36,6 @@ from flowtide.wire import (
     RELEASE_PATH,
     Claimed,
     ExecutionShare,
-    ShareCache,
     pool_consumer,
     worker_inbox,
 )
@@ -47,6 +46,7 @@ from flowtide.worker._logs import NatsLogSpool
 from flowtide.worker._pull import Puller, check_consumer
 from flowtide.worker._python import start_python
 from flowtide.worker._reports import Handed, Reporter
+from flowtide.worker._shares import ShareCache
 
 __all__ = ["Worker"]
 

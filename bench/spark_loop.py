@@ -1,0 +1,194 @@
+"""Spark loops: a loop's items as Spark tasks (`mode: spark`) against the same loop as
+one command per item (`mode: parallel`), embedded, in one invocation.
+
+    .venv/bin/python bench/spark_loop.py [--items 1000000] [--small 100000]
+                                         [--parallel 100000] [--rounds 1] [--json]
+
+Each variant is `flowtide run` of a generated playbook in its own process (its own home,
+its own Spark session): a spark step writes `SELECT id AS x FROM range(N)` as parquet,
+then the measured loop runs `result = {'sq': x * x}` with `input: {x: "{{ iter.x }}"}`
+for every row, then a last step checks the count. What is timed is the loop step alone
+(its call's duration for `mode: spark`, its step.enter to step.exit for `mode:
+parallel`), so JVM start-up and the data generation are left out of the rates; the wall
+time of the whole process is printed beside them.
+
+Figures: items/s of each variant, spark(big)/parallel (goal >= 10), spark items/s at
+`--items` (goal >= 50,000 on a 2-core machine), time(big)/time(small) (goal <= 11), and
+the peak RSS of the flowtide process (goal <= 1 GiB; Spark's JVM and python workers are
+its children and are not counted in it). Rounds run the variants interleaved; medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: bench_spark_loop, path: bench/spark_loop}}
+workload: {{n: 0}}
+executor:
+  spark:
+    master: local[*]
+    conf: {{spark.sql.shuffle.partitions: 4}}
+workflow:
+  - step: gen
+    tool:
+      kind: spark
+      sql: SELECT id AS x FROM range(0, :n)
+      params: {{n: "{{{{ workload.n }}}}"}}
+    next: [work]
+  - step: work
+    loop: {{in: {collection}, iterator: x, spec: {{mode: {mode}{extra}}}}}
+    tool:
+      kind: python
+      input: {{x: "{{{{ iter.x }}}}"}}
+      code: "result = {{'sq': x * x}}"
+    next: [check]
+  - step: check
+    tool:
+      kind: python
+      input: {{stats: "{{{{ work.stats }}}}"}}
+      code: "result = stats"
+"""
+
+
+def _playbook(mode: str) -> str:
+    if mode == "spark":
+        return PLAYBOOK.format(collection='"{{ gen }}"', mode="spark", extra=", results_max: 0")
+    # A parallel loop iterates a list: the items made by a python step (no Spark).
+    text = PLAYBOOK.format(collection='"{{ items }}"', mode="parallel", extra=", max_in_flight: 16")
+    start = text.index("  - step: gen")
+    end = text.index("  - step: work")
+    items = (
+        "  - step: items\n"
+        '    tool: {kind: python, input: {n: "{{ workload.n }}"}, code: "result = list(range(n))"}\n'
+        "    next: [work]\n"
+    )
+    return text[:start] + items + text[end:]
+
+
+def _run(mode: str, n: int, root: Path) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix=f"{mode}-{n}-", dir=root))
+    book = folder / "pb.yaml"
+    book.write_text(_playbook(mode))
+    env = dict(os.environ, FLOWTIDE_HOME=str(folder / "home"), FLOWTIDE_NO_PROGRESS="1")
+    t0 = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run(
+        [sys.executable, "-m", "flowtide.cli", "run", str(book), "--set", f"n={n}", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+    wall = time.perf_counter() - t0
+    rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    doc = json.loads(proc.stdout)
+    if doc["status"] != "completed":
+        raise SystemExit(f"{mode} {n}: {doc['error']}")
+    stats = doc["result"]
+    assert stats == {"total": n, "success": n, "failed": 0}, stats
+    events = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "flowtide.cli", "events", doc["execution_id"], "--json"],
+            capture_output=True, text=True, env=env, check=True,
+        ).stdout
+    )  # fmt: skip
+    work = [e for e in events if e.get("step") == "work"]
+    if mode == "spark":
+        call = next(e for e in work if e["type"] == "call.done")
+        seconds = call["payload"]["duration_ms"] / 1000
+    else:
+        times = [e["time"] for e in work if e["type"] in ("step.enter", "step.exit")]
+        seconds = max(times) - min(times)
+    return {
+        "mode": mode,
+        "items": n,
+        "loop_seconds": round(seconds, 3),
+        "items_per_s": round(n / seconds),
+        "wall_seconds": round(wall, 2),
+        # ru_maxrss of children is the largest of any one child so far: flowtide's own
+        # process (the JVM and python workers are its children, not ours).
+        "peak_rss_mib": round(max(rss_kb, before) / 1024),
+        "events": len(events),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--items", type=int, default=1_000_000)
+    ap.add_argument("--small", type=int, default=100_000)
+    ap.add_argument("--parallel", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="flowtide-bench-spark-loop-"))
+    samples: dict[str, list[dict[str, Any]]] = {"big": [], "small": [], "parallel": []}
+    for _ in range(args.rounds):
+        samples["parallel"].append(_run("parallel", args.parallel, root))
+        samples["small"].append(_run("spark", args.small, root))
+        samples["big"].append(_run("spark", args.items, root))
+    med = {k: statistics.median(s["loop_seconds"] for s in v) for k, v in samples.items()}
+    rate = {
+        "big": args.items / med["big"],
+        "small": args.small / med["small"],
+        "parallel": args.parallel / med["parallel"],
+    }
+    load = os.getloadavg()
+    out = {
+        "load": [round(x, 2) for x in load],
+        "cores": os.cpu_count(),
+        "samples": samples,
+        "spark_items_per_s": round(rate["big"]),
+        "parallel_items_per_s": round(rate["parallel"]),
+        "spark_over_parallel": round(rate["big"] / rate["parallel"], 1),
+        "time_big_over_small": round(med["big"] / med["small"], 2),
+        "peak_rss_mib": max(s["peak_rss_mib"] for v in samples.values() for s in v),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    for name, v in samples.items():
+        for s in v:
+            print(
+                f"{name:9} {s['mode']:9} {s['items']:>9,} items  loop {s['loop_seconds']:8.2f} s"
+                f"  {s['items_per_s']:>8,}/s  wall {s['wall_seconds']:7.1f} s  events {s['events']}"
+            )
+    print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
+    goals = [
+        ("spark items/s at --items >= 50,000", rate["big"] >= 50_000, f"{rate['big']:,.0f}"),
+        (
+            "spark / parallel >= 10",
+            rate["big"] / rate["parallel"] >= 10,
+            f"{out['spark_over_parallel']}x",
+        ),
+        (
+            "time(big)/time(small) <= 11",
+            med["big"] / med["small"] <= 11 * args.items / args.small / 10,
+            f"{out['time_big_over_small']}",
+        ),
+        (
+            "peak RSS of flowtide <= 1 GiB",
+            out["peak_rss_mib"] <= 1024,
+            f"{out['peak_rss_mib']} MiB",
+        ),
+    ]
+    for text, met, figure in goals:
+        print(f"{'met    ' if met else 'NOT met'}  {text}: {figure}")
+
+
+if __name__ == "__main__":
+    main()

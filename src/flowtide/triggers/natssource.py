@@ -76,8 +76,12 @@ class NatsSource:
         self.sub: Any = None
         self.queue: asyncio.Queue[Any] | None = None
         self.shown = "NATS"
+        #: What `shown` stands for in messages (a credential's URL), longest first.
+        self._hidden: list[str] = []
 
     def _fail(self, message: str, field: str = "source") -> TriggerError:
+        for text in self._hidden:
+            message = message.replace(text, self.shown)
         return TriggerError(message, name=self.spec.name, field=field, kind="subscription")
 
     async def open(self) -> None:
@@ -97,7 +101,10 @@ class NatsSource:
             )
         except ToolError as exc:
             raise self._fail(str(exc), "auth") from None
-        self.shown = target.shown
+        # A server named by a credential is the credential's secret: readers of the
+        # subscription see the alias, never its URL (errors included).
+        self.shown = target.shown if spec.url else f"the server of credential {spec.auth!r}"
+        self._hidden = [] if spec.url else _spellings(target.url, target.shown)
         try:
             self.nc = await connect_nats(
                 target.url, target.auth, name=f"flowtide-sub-{spec.name}", wait=False
@@ -238,3 +245,27 @@ class NatsSource:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5.0)
+
+
+def _spellings(*urls: str) -> list[str]:
+    """How the server of `urls` may be written in an error (the URLs, `host:port`, an
+    address tuple, the host), longest first: what a message must not show."""
+    from urllib.parse import urlsplit
+
+    out: set[str] = set()
+    for url in urls:
+        for one in url.split(","):
+            one = one.strip()
+            if not one:
+                continue
+            out.add(one)
+            try:
+                parts = urlsplit(one if "://" in one else f"nats://{one}")
+                host, port = parts.hostname, parts.port
+            except ValueError:
+                continue
+            if host:
+                out.add(host)
+                if port is not None:
+                    out.update({f"{host}:{port}", f"('{host}', {port})", f"[{host}]:{port}"})
+    return sorted(out, key=len, reverse=True)

@@ -50,7 +50,8 @@ test: install
 	$(BIN)/ruff check src tests bench examples/plugin
 	$(BIN)/ruff format --check src tests bench examples/plugin
 	$(BIN)/mypy
-	$(BIN)/pytest
+	@# Two processes, each module's tests in one of them (a module's stack is started once).
+	$(BIN)/pytest -n 2 --dist loadscope
 
 dev: install
 	@bash scripts/ensure-postgres.sh

@@ -4,6 +4,9 @@ this process (the session the other spark tests share)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -214,3 +217,66 @@ workflow:
     text = str(err.value)
     assert "a 'mode: spark' loop runs one python or http tool per item" in text
     assert "loop 'spec.partitions' applies to 'mode: spark' only" in text
+
+
+class _Slow(BaseHTTPRequestHandler):
+    """Answers `{"n": N}` after 0.2 s, counting the requests in flight at once."""
+
+    lock = threading.Lock()
+    now = 0
+    most = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        cls = type(self)
+        with cls.lock:
+            cls.now += 1
+            cls.most = max(cls.most, cls.now)
+        time.sleep(0.2)
+        with cls.lock:
+            cls.now -= 1
+        n = int(self.path.rsplit("/", 1)[-1])
+        body = json.dumps({"n": n, "double": n * 2}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_http_body_runs_max_in_flight_items_at_once_per_partition(
+    run_playbook: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # A flowtide setting holding a secret stays out of the items' environment.
+    monkeypatch.setenv("FLOWTIDE_TOKEN_FOR_TEST", "s3cret-token")
+    try:
+        result = run_playbook(
+            f"""\
+            workflow:
+              - step: fetch
+                loop: {{in: "{{{{ range(12) | list }}}}", iterator: n, spec: {{mode: spark, partitions: 1, max_in_flight: 4}}}}
+                tool:
+                  kind: http
+                  url: "http://127.0.0.1:{server.server_port}/n/{{{{ iter.n }}}}"
+                next: [env]
+              - step: env
+                loop: {{in: [1], iterator: n, spec: {{mode: spark}}}}
+                tool:
+                  kind: python
+                  code: |
+                    import os
+                    result = sorted(k for k in os.environ if k.startswith("FLOWTIDE_TOKEN"))
+            """
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.doc["status"] == "completed", result.doc["error"]
+    fetched = result.step("fetch")["result"]["results"]
+    assert [r["data"]["double"] for r in fetched] == [n * 2 for n in range(12)]
+    assert _Slow.most == 4
+    assert result.step("env")["result"]["results"] == [[]]

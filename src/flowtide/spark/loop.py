@@ -38,6 +38,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,8 @@ OUT_SCHEMA = "index long, status string, result string, error string, action str
 _PARTITIONS_PER_CORE = 4
 _ITEMS_PER_PARTITION = 25_000
 _MAX_PARTITIONS = 10_000
+#: Items at once in one partition, at most (threads of a python worker).
+_MAX_IN_FLIGHT = 256
 
 
 def run_spark_loop(
@@ -86,7 +89,9 @@ def run_spark_loop(
     action = "continue"
     try:
         collection = render(step.loop.collection, scope, step=step.name, field="loop.in")
-        job = _LoopJob(runner.playbook, step, collection, base, ctx, execution_id)
+        job = _LoopJob(
+            runner.playbook, step, collection, base, ctx, execution_id, _in_flight(step, scope)
+        )
         result = _SparkLoopTool(job).run({}, tctx)
         failure = job.failure
         if failure is not None:
@@ -122,6 +127,7 @@ class _LoopJob:
     base: Mapping[str, Any]
     ctx: Mapping[str, Any]
     execution_id: int
+    max_in_flight: int = 1
     failure: dict[str, Any] | None = None
 
 
@@ -171,6 +177,7 @@ class _SparkLoopTool(SparkTool):
             "base": dict(job.base),
             "ctx": dict(job.ctx),
             "execution_id": job.execution_id,
+            "max_in_flight": job.max_in_flight,
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
         }
         out = frame.mapInArrow(_partition_function(plan), OUT_SCHEMA)
@@ -199,6 +206,25 @@ class _SparkLoopTool(SparkTool):
         stats = result["stats"]
         say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
         return result
+
+
+def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:
+    """`spec.max_in_flight` of a spark loop: items at once in each partition (default 1).
+
+    Raises:
+        ToolError: kind "loop_error" when it does not render to a positive integer.
+    """
+    assert step.loop is not None
+    raw = step.loop.max_in_flight
+    if raw is None:
+        return 1
+    value = render(raw, scope, step=step.name, field="loop.spec.max_in_flight")
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
+        raise ToolError(
+            f"loop 'spec.max_in_flight' rendered to {value!r}, expected a positive integer",
+            kind="loop_error",
+        )
+    return max(1, min(int(value), _MAX_IN_FLIGHT))
 
 
 def _partitions_of(frame: Any) -> str:
@@ -313,6 +339,7 @@ class _Prepared:
     base: dict[str, Any]
     ctx: dict[str, Any]
     execution_id: int
+    max_in_flight: int = 1
 
 
 _prepared_plans: dict[str, _Prepared] = {}
@@ -343,18 +370,30 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
         p["base"],
         p["ctx"],
         int(p["execution_id"]),
+        int(p.get("max_in_flight") or 1),
     )
     _prepared_plans.clear()  # one loop at a time is what a python worker serves
     _prepared_plans[key] = got
     return got
 
 
+#: flowtide settings an item's tools read that hold no secret (limits, file roots): kept.
+_KEPT_SETTINGS = (
+    "FLOWTIDE_FILE_ROOTS",
+    "FLOWTIDE_HTTP_",
+    "FLOWTIDE_MAX_",
+    "FLOWTIDE_TEMPLATE_ENV",
+)
+
+
 def _executor_environment() -> None:
     """A Spark python worker inherits the driver's environment: flowtide's own settings
-    (tokens, keys, URLs) are removed before user code runs here, and python bodies run in
-    this process (the worker is already a process apart from flowtide's)."""
+    that may hold secrets (tokens, keys, URLs) are removed before user code runs here
+    (the limits and file roots stay), and python bodies run in this process (the worker
+    is already a process apart from flowtide's)."""
     for name in [n for n in os.environ if n.startswith("FLOWTIDE_")]:
-        del os.environ[name]
+        if not name.startswith(_KEPT_SETTINGS):
+            del os.environ[name]
     from flowtide.tools.python_pool import Isolation
     from flowtide.tools.registry import get_tool
 
@@ -362,8 +401,10 @@ def _executor_environment() -> None:
 
 
 def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
-    """Run the items of one partition (Arrow batches of `index`, `item`), yielding the
-    batches of `OUT_SCHEMA` rows; stops after an item whose rules say `break`."""
+    """Run the items of one partition (Arrow batches of `index`, and `item` for a
+    dataset), yielding batches of `OUT_SCHEMA` rows. With `max_in_flight` > 1 the items
+    run that many at a time on threads (an http body's calls overlap); an item whose
+    rules say `break` stops the partition once the items running beside it are done."""
     import pyarrow as pa
 
     prep = _prepare(plan)
@@ -376,40 +417,55 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
             ("action", pa.string()),
         ]
     )
-    listed = prep.items
-    for batch in batches:
-        indexes = batch.column(0).to_pylist()
-        raws = batch.column(1).to_pylist() if listed is None else indexes
-        cols: tuple[list[Any], ...] = ([], [], [], [], [])
-        stop = False
-        for index, raw in zip(indexes, raws, strict=True):
-            if listed is not None:
-                element = listed[index]
-            else:
-                element = json.loads(raw)
-                if prep.unwrap is not None and isinstance(element, dict):
-                    element = element.get(prep.unwrap)
-            outcome = prep.runner.run(
-                prep.step,
-                prep.base,
-                prep.ctx,
-                execution_id=prep.execution_id,
-                iterator=prep.iterator,
-                element=element,
-                index=index,
-                size=prep.size,
-            )
-            cols[0].append(index)
-            cols[1].append(outcome.status)
-            cols[2].append(json.dumps(outcome.result, default=str))
-            cols[3].append(
-                None if outcome.error is None else json.dumps(outcome.error, default=str)
-            )
-            cols[4].append(outcome.action)
-            if outcome.action == "break":
-                stop = True
-                break
-        arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        if stop:
-            return
+    pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
+    try:
+        for batch in batches:
+            indexes = batch.column(0).to_pylist()
+            raws = batch.column(1).to_pylist() if prep.items is None else indexes
+            cols: tuple[list[Any], ...] = ([], [], [], [], [])
+            stop = False
+            width = prep.max_in_flight
+            for at in range(0, len(indexes), width):
+                window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
+                if pool is None:
+                    outcomes = [_run_item(prep, i, raw) for i, raw in window]
+                else:
+                    outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
+                for (index, _), outcome in zip(window, outcomes, strict=True):
+                    cols[0].append(index)
+                    cols[1].append(outcome.status)
+                    cols[2].append(json.dumps(outcome.result, default=str))
+                    error = outcome.error
+                    cols[3].append(None if error is None else json.dumps(error, default=str))
+                    cols[4].append(outcome.action)
+                    stop = stop or outcome.action == "break"
+                if stop:
+                    break
+            arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            if stop:
+                return
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _run_item(prep: _Prepared, index: int, raw: Any) -> Outcome:
+    """One item through the step's runner, as an iteration of any loop runs."""
+    if prep.items is not None:
+        element = prep.items[index]
+    else:
+        element = json.loads(raw)
+        if prep.unwrap is not None and isinstance(element, dict):
+            element = element.get(prep.unwrap)
+    outcome: Outcome = prep.runner.run(
+        prep.step,
+        prep.base,
+        prep.ctx,
+        execution_id=prep.execution_id,
+        iterator=prep.iterator,
+        element=element,
+        index=index,
+        size=prep.size,
+    )
+    return outcome

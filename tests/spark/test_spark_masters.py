@@ -271,3 +271,47 @@ def test_spark_loop_example_on_a_standalone_cluster(
     """The loop's items run on the cluster's executor."""
     env = {"FLOWTIDE_SPARK_MASTER": cluster.master_url}
     check_loop_result(run_loop_example(tmp_path / ".flowtide", tmp_path / "out", env=env))
+
+
+def test_a_spark_loop_task_killed_mid_job_is_run_again_and_counted_once(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """An item's python worker dies (os._exit) on the task's first attempt: Spark runs the
+    task again, its rows replace the lost attempt's, and every index is counted once."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    marks.chmod(0o777)
+    book = tmp_path / "killed.yaml"
+    book.write_text(
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: killed, path: tests/killed}\n"
+        "workload: {marks: ''}\n"
+        "workflow:\n"
+        "  - step: work\n"
+        '    loop: {in: "{{ range(600) | list }}", iterator: x, spec: {mode: spark, partitions: 3}}\n'
+        "    tool:\n"
+        "      kind: python\n"
+        "      input: {x: '{{ iter.x }}', marks: '{{ workload.marks }}'}\n"
+        "      code: |\n"
+        "        import os\n"
+        "        open(os.path.join(marks, str(x)), 'a').write('.')\n"
+        "        if x == 300 and not os.path.exists(os.path.join(marks, 'died')):\n"
+        "            open(os.path.join(marks, 'died'), 'w').close()\n"
+        "            os._exit(1)\n"
+        "        result = x * x\n"
+    )
+    env = {"FLOWTIDE_SPARK_MASTER": cluster.master_url}
+    doc = cli_json("run", str(book), "--set", f"marks={marks}", home=tmp_path / "home", env=env)
+    assert doc["status"] == "completed", doc["error"]
+    events = cli_events(doc["execution_id"], tmp_path / "home")
+    [call] = [e for e in events if e["type"] == "call.done" and e["step"] == "work"]
+    # The document holds the step's result: exact, one per index, in index order.
+    work = json.loads(
+        flowtide_cli("status", doc["execution_id"], "--json", home=tmp_path / "home").stdout
+    )["steps"]["work"]["result"]
+    assert work["stats"] == {"total": 600, "success": 600, "failed": 0}
+    assert work["results"] == [x * x for x in range(600)]
+    assert call["payload"]["spark"]["rows_written"] == 600
+    # The killed attempt's items ran twice (at-least-once side effects), the others once.
+    runs = {int(p.name): len(p.read_text()) for p in marks.iterdir() if p.name != "died"}
+    assert sorted(runs) == list(range(600))
+    assert runs[300] == 2 and max(runs.values()) == 2 and runs[0] == 1

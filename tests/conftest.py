@@ -47,12 +47,15 @@ def _own_user_home(
 @pytest.fixture(autouse=True)
 def _settings_read_afresh() -> Iterator[None]:
     """Each test reads the settings tree from its own environment (flowtide.settings
-    keeps what a process read; a test's monkeypatch.setenv must reach it)."""
-    from flowtide import settings
+    keeps what a process read; a test's monkeypatch.setenv must reach it), and finds its
+    home afresh (a command run in-process with `--home` makes it the process's)."""
+    from flowtide import home, settings
 
     settings.reset()
+    home.choose(None)
     yield
     settings.reset()
+    home.choose(None)
 
 
 @pytest.fixture

@@ -28,6 +28,9 @@ def test_reference_of_a_step_and_of_a_loop_of_steps() -> None:
     assert output_reference({"rows": []}) is None
     assert output_reference({"results": []}) is None
     assert output_reference([1, 2]) is None
+    # A spark loop's result is a reference that also holds its items' `results`.
+    loop = {"uri": "/loop", "format": "parquet", "results": [{"sq": 1}], "stats": {}}
+    assert output_reference(loop) is loop
 
 
 def test_a_partitioned_parquet_folder_reads_with_its_partition_column(tmp_path: Path) -> None:

@@ -33,9 +33,11 @@ class OutputRows:
 
 
 def output_reference(result: Any) -> dict[str, Any] | None:
-    """The dataset reference in a spark step's result (a loop of spark steps: its first
-    iteration's), or None when the result is not one."""
+    """The dataset reference in a spark step's result (a spark loop's own; a loop of
+    spark steps: its first iteration's), or None when the result is not one."""
     ref = result
+    if isinstance(ref, dict) and "uri" in ref and "format" in ref:
+        return ref
     if isinstance(ref, dict) and isinstance(ref.get("results"), list) and ref["results"]:
         ref = ref["results"][0]
     if isinstance(ref, dict) and "uri" in ref and "format" in ref:

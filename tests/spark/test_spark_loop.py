@@ -47,13 +47,14 @@ def _loop(mode: str, *, extra: str = "", got: str = "square.results") -> str:
                   rules:
                     - when: "{{{{ output.status == 'error' }}}}"
                       then: {{do: continue}}
+            set: {{ctx.ended: "{{{{ loop }}}}"}}
             next: [end]
           - step: end
             tool:
               kind: python
-              input: {{got: "{{{{ {got} }}}}", stats: "{{{{ square.stats }}}}"}}
+              input: {{got: "{{{{ {got} }}}}", stats: "{{{{ square.stats }}}}", ended: "{{{{ ctx.ended }}}}"}}
               code: |
-                result = {{"got": got, "stats": stats}}
+                result = {{"got": got, "stats": stats, "ended": ended}}
         """
 
 
@@ -67,6 +68,13 @@ def test_a_spark_loop_gives_the_next_step_what_a_parallel_loop_gives(
     assert spark.doc["result"] == parallel.doc["result"]
     got = spark.doc["result"]["got"]
     assert len(got) == 1000 and got[1] == {"sq": 1, "i": 1, "last": False}
+    # `loop` on the step's own `set`, as it ended: the same as a parallel loop's.
+    assert spark.doc["result"]["ended"] == {
+        "index": 999,
+        "first": False,
+        "length": 1000,
+        "done": True,
+    }
     assert got[999] == {"sq": 999 * 999, "i": 999, "last": True}
     # An item's error is its result (the envelope's error), counted as failed.
     assert spark.doc["result"]["stats"] == {"total": 1000, "success": 990, "failed": 10}

@@ -218,6 +218,13 @@ def _exit(
     loop = state.loop_of(step.name) if step.loop is not None else None
     if loop is not None:
         front["loop"] = finished_loop(loop)
+    elif step.loop is not None and step.loop.mode == "spark" and isinstance(raw, dict):
+        # A spark loop has no loop record: its stats say how many items it ran.
+        total = (raw.get("stats") or {}).get("total")
+        if isinstance(total, int):
+            ran = int(raw.get("row_count") or 0)
+            front["loop"] = loop_view(max(ran - 1, 0), total, done=True)
+            front["loop"]["first"] = ran == 1
     base = state.context()
     updates: dict[str, Any] = {}
     targets: list[str] = []

@@ -48,6 +48,7 @@ from flowtide.errors import TemplateError, ToolError
 from flowtide.playbook.model import Step
 from flowtide.playbook.template import render
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
+from flowtide.settings import LimitsSection, current
 from flowtide.tools.base import ToolContext
 from flowtide.tools.spark import SparkTool
 
@@ -114,7 +115,12 @@ def run_spark_loop(
     )
     record.secrets |= secrets
     status = "ok" if error is None else "error"
-    return record.outcome(status, result, action, error)
+    # A result over the inline limit (`results` of many items) is stored by reference,
+    # as any step's is.
+    outcome: Outcome = runner._by_reference(
+        step, execution_id, record.outcome(status, result, action, error)
+    )
+    return outcome
 
 
 @dataclass
@@ -202,7 +208,18 @@ class _SparkLoopTool(SparkTool):
         if size <= loop.results_max:
             rows = back.select("index", "result").collect()
             ordered = sorted((int(r["index"]), r["result"]) for r in rows)
-            result["results"] = [json.loads(raw) for _, raw in ordered]
+            # Kept only while it fits well inside what a result may hold inline: the
+            # stats and the reference must stay readable by the steps after it.
+            limit = current(LimitsSection).max_result_bytes // 2
+            size_bytes = sum(len(raw) + 1 for _, raw in ordered)
+            if size_bytes <= limit:
+                result["results"] = [json.loads(raw) for _, raw in ordered]
+            else:
+                say(
+                    run,
+                    f"results not kept in the step's result ({size_bytes} bytes, over half of"
+                    " FLOWTIDE_MAX_RESULT_BYTES): read them from the dataset by reference",
+                )
         stats = result["stats"]
         say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
         return result

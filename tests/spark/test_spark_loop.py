@@ -196,6 +196,17 @@ def test_items_from_a_spark_steps_result_and_from_a_source(
               iterator: v
               spec: {mode: spark}
             tool: {kind: python, input: {v: "{{ iter.v }}"}, code: "result = v + 100"}
+            next: [typed]
+          - step: typed
+            tool:
+              kind: spark
+              sql: >-
+                SELECT id AS x, IF(id = 1, NULL, 'n') AS name, DATE '2026-01-02' AS d,
+                CAST(1.5 AS DECIMAL(4, 2)) AS m FROM range(0, 3)
+            next: [mixed]
+          - step: mixed
+            loop: {in: "{{ typed }}", iterator: r, spec: {mode: spark}}
+            tool: {kind: python, input: {r: "{{ iter.r }}"}, code: "result = r"}
         """,
         workload={"out": str(tmp_path)},
     )
@@ -205,6 +216,11 @@ def test_items_from_a_spark_steps_result_and_from_a_source(
     assert rows["stats"] == {"total": 50, "success": 50, "failed": 0}
     values = result.step("values")["result"]
     assert sorted(values["results"]) == [100, 101, 102, 103, 104]
+    # Dates and decimals arrive as JSON gives them; a null column is None, not missing.
+    mixed = result.step("mixed")["result"]["results"]
+    assert sorted(mixed, key=lambda r: r["x"]) == [
+        {"x": i, "name": None if i == 1 else "n", "d": "2026-01-02", "m": 1.5} for i in range(3)
+    ]
 
 
 def test_the_loader_says_what_a_spark_loop_takes(tmp_path: Path) -> None:

@@ -334,8 +334,11 @@ def test_the_pipeline_converts_what_a_tool_left() -> None:
     from flowtide.runtime.pipeline import _json_result
 
     plain = {"a": [1, 2.5]}
-    assert _json_result(plain) is plain  # already JSON: not copied
-    assert _json_result({"d": Decimal("600"), "x": float("nan")}) == {"d": 600, "x": None}
+    assert _json_result(plain) == (plain, '{"a":[1,2.5]}')
+    assert _json_result(plain)[0] is plain  # already JSON: not copied
+    converted = _json_result({"d": Decimal("600"), "x": float("nan")})
+    assert converted == ({"d": 600, "x": None}, '{"d":600,"x":null}')
+    assert _json_result(None) == (None, None)
     with pytest.raises(ToolError) as info:
         _json_result({"t": Thing()})
     assert info.value.data["path"] == "result['t']"

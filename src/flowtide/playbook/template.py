@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, nodes
+from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, UndefinedError, nodes
 from jinja2.nodes import Template as TemplateNode
 
 from flowtide.errors import TemplateError
@@ -176,6 +176,9 @@ class _Compiled:
     template: Any
     native: bool  # a single `{{ expr }}`: the value itself, not its text
     lookup: bool  # ... and the expression only reads the context (`a.b`, `a['b']`)
+    #: ... and it is a name and constant keys (`iter.x`, `a['b'].c`): read directly
+    #: (`_read_path`), Jinja only when that cannot tell the value.
+    path: tuple[str, tuple[tuple[bool, Any], ...]] | None = None
 
 
 _cache: dict[str, _Compiled] = {}
@@ -208,6 +211,60 @@ def _is_lookup(expr: nodes.Node) -> bool:
     return isinstance(expr, nodes.Name)
 
 
+def _lookup_path(expr: nodes.Node) -> tuple[str, tuple[tuple[bool, Any], ...]] | None:
+    """A lookup's name and its keys in order (`True` for `.attr`, `False` for `[const]`),
+    or None when a key is not a plain string or integer (a slice, a float...)."""
+    keys: list[tuple[bool, Any]] = []
+    while isinstance(expr, nodes.Getattr | nodes.Getitem):
+        if isinstance(expr, nodes.Getattr):
+            keys.append((True, expr.attr))
+        else:
+            assert isinstance(expr.arg, nodes.Const)
+            value = expr.arg.value
+            if type(value) is not str and type(value) is not int:
+                return None
+            keys.append((False, value))
+        expr = expr.node
+    if not isinstance(expr, nodes.Name):
+        return None
+    return expr.name, tuple(reversed(keys))
+
+
+_MISSING: Any = object()
+
+
+def _read_path(path: tuple[str, tuple[tuple[bool, Any], ...]], context: Mapping[str, Any]) -> Any:
+    """The value `{{ name.a['b'] }}` renders to, read as the sandbox reads it, or
+    `_MISSING` when reading it takes more than a dict's lookups (a missing name or key,
+    an attribute, an undefined value, a string over the size limit): then Jinja renders
+    it, with its own errors.
+
+    The same value as Jinja's, by the same rules: a name is the context's, then a global
+    (`_Scope`; Jinja looks `in` and then reads); `.attr` of a mapping is its key
+    (`SizedSandbox.getattr`); `[key]` is `obj[key]` when that does not raise (Jinja's
+    `getitem`); a value that is an `Undefined` fails the render (`_run`), so it goes to
+    Jinja. tests/unit/test_template_fast_path.py checks it against Jinja's rendering."""
+    name, keys = path
+    if name not in context:
+        return _MISSING
+    try:
+        value = context[name]
+    except KeyError:
+        return _MISSING
+    for is_attr, key in keys:
+        if is_attr and not isinstance(value, Mapping):
+            return _MISSING
+        try:
+            value = value[key]
+        except Exception:  # noqa: BLE001 - Jinja says what is wrong
+            return _MISSING
+    if isinstance(value, Undefined) or (
+        isinstance(value, str) and len(value) > TEMPLATE_LIMITS.max_chars
+    ):
+        return _MISSING
+    return value
+
+
 def _compile(source: str) -> _Compiled:
     """Parse, instrument and compile `source` (cached).
 
@@ -233,7 +290,9 @@ def _compile(source: str) -> _Compiled:
         template = ENV.from_string(ENV.instrument(tree))
     except (RecursionError, SyntaxError):  # Python's compiler has its own nesting limits
         raise TemplateSyntaxError("the expression nests too deeply", 1) from None
-    compiled = _Compiled(template, expr is not None, expr is not None and _is_lookup(expr))
+    lookup = expr is not None and _is_lookup(expr)
+    path = _lookup_path(expr) if expr is not None and lookup else None
+    compiled = _Compiled(template, expr is not None, lookup, path)
     if len(_cache) > _CACHE_LIMIT:
         _cache.clear()
     _cache[source] = compiled
@@ -335,6 +394,10 @@ def render_string(
         return source
     try:
         compiled = _compile(source)
+        if compiled.path is not None:
+            value = _read_path(compiled.path, context)
+            if value is not _MISSING:
+                return value
         with render_budget():
             return _run(compiled, context)
     except UndefinedError as exc:

@@ -42,6 +42,9 @@ class Outcome:
     #: output above hold them as the tools saw them: they join the execution's secret
     #: set (a `secrets.added` event), which seals them at rest and masks them on display.
     secrets: set[str] = field(default_factory=set)
+    #: The JSON text of `result` when the runner made it on the way (a result kept
+    #: inline); None when not known. Never sent: a spark loop writes it as the item's row.
+    text: str | None = None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +66,9 @@ def shown_input(value: Any) -> Any:
     return {"truncated": True, "bytes": len(text.encode()), "keys": keys}
 
 
-def _json_result(result: Any) -> Any:
-    """`result` as plain JSON by the one rule set (`flowtide.jsonvalues`).
+def _json_result(result: Any) -> tuple[Any, str | None]:
+    """`result` as plain JSON by the one rule set (`flowtide.jsonvalues`), and its JSON
+    text (None for None and booleans).
 
     The tools that make non-JSON values convert them themselves, so almost every result
     passes the strict encoding as is; this catches the rest (a tool added later, a
@@ -78,7 +78,7 @@ def _json_result(result: Any) -> Any:
         ToolError: code ResultNotSerializable (`to_json`).
     """
     if result is None or type(result) is bool:
-        return result
+        return result, None
     try:
         text = dumps(result)
     except (TypeError, ValueError):  # a NaN, a Decimal, a cycle, a non-text key...
@@ -96,7 +96,7 @@ def _json_result(result: Any) -> Any:
                 code="InvalidText",
                 data={"path": where},
             )
-    return result
+    return result, text
 
 
 def _recorded(
@@ -151,21 +151,67 @@ def _recorded(
 _CONTINUE = Action("continue")
 
 
-@dataclass(slots=True)
 class _Made:
-    """What one attempt of a task made, and the scopes its policy and `set` read."""
+    """What one attempt of a task made, and the scopes its policy and `set` read (made
+    when first read: a loop's item without rules or `set` never needs them)."""
 
-    status: str  # ok | error
-    result: Any
-    error: dict[str, Any] | None
-    #: NoETL's envelope of the call, which the policy judges (`output`).
-    output: dict[str, Any]
-    #: The result as templates read it (`result_view`).
-    view: Any
-    #: The scope the task's fields rendered against.
-    scope: Mapping[str, Any]
-    #: `scope` with the task's own result (`own_result`): what its rules and `then.set` see.
-    policy_scope: Mapping[str, Any]
+    __slots__ = (
+        "status",
+        "result",
+        "error",
+        "output",
+        "scope",
+        "text",
+        "_task",
+        "_ended",
+        "_view",
+        "_policy",
+    )
+
+    def __init__(
+        self,
+        task: str,
+        status: str,
+        result: Any,
+        error: dict[str, Any] | None,
+        output: dict[str, Any],
+        scope: Mapping[str, Any],
+        text: str | None = None,
+    ) -> None:
+        self.status = status  # ok | error
+        self.result = result
+        self.error = error
+        #: NoETL's envelope of the call, which the policy judges (`output`).
+        self.output = output
+        #: The scope the task's fields rendered against.
+        self.scope = scope
+        #: `result`'s JSON text, when it was made (`_json_result`).
+        self.text = text
+        self._task = task
+        # As the call ended (`status` and `error` may change after its rules are judged).
+        self._ended = (status, error)
+        self._view: Any = _UNSET
+        self._policy: Mapping[str, Any] | None = None
+
+    @property
+    def view(self) -> Any:
+        """The result as templates read it (`result_view`)."""
+        if self._view is _UNSET:
+            self._view = result_view(self.result)
+        return self._view
+
+    @property
+    def policy_scope(self) -> Mapping[str, Any]:
+        """`scope` with the task's own result (`own_result`) as the call ended: what its
+        rules and `then.set` see."""
+        if self._policy is None:
+            status, error = self._ended
+            own = own_result(self._task, status, self.view, self.output, error)
+            self._policy = layered(own, self.scope)
+        return self._policy
+
+
+_UNSET: Any = object()
 
 
 def _line(part: str) -> str:
@@ -287,7 +333,8 @@ class StepRunner:
                 action = next_action(
                     task.policy,
                     made.output,
-                    made.policy_scope,
+                    # The rules' scope, made only when there are rules to judge it.
+                    made.policy_scope if task.policy is not None and task.policy.rules else {},
                     attempt,
                     step=step.name,
                     cancelled=cancelled,
@@ -333,7 +380,8 @@ class StepRunner:
                     continue
                 break  # out of the step, to the step `target`
             i += 1
-        return self._by_reference(step, execution_id, self._finished(step, record, made, action))
+        finished = self._finished(step, record, made, action)
+        return self._by_reference(step, execution_id, finished, made)
 
     def _call(
         self,
@@ -358,6 +406,7 @@ class StepRunner:
         t0 = time.perf_counter()
         error: dict[str, Any] | None = None
         result: Any = None
+        text: str | None = None
         tool_input: Any = None
         try:
             call = prepare(task, scope, step, self.playbook, iterator, element, index)
@@ -369,7 +418,7 @@ class StepRunner:
                 result = call.spec.invoke(call.config, tctx)
             else:
                 result = get_tool(call.kind).run(call.config, tctx)
-            result = _json_result(result)
+            result, text = _json_result(result)
             status = "ok"
         except ToolError as exc:
             status, error = "error", clean_value(error_dict(exc))
@@ -392,7 +441,7 @@ class StepRunner:
             record.secrets |= secrets
             remember(secrets)
         # What a step printed is a log: text that cannot be stored is replaced (U+FFFD).
-        out_text = clean_text("".join(_line(part) for part in tctx.stdout))
+        out_text = clean_text("".join(map(_line, tctx.stdout))) if tctx.stdout else ""
         record.calls.append(
             Call(
                 task.name,
@@ -402,13 +451,11 @@ class StepRunner:
                 time.time(),
                 error,
                 out_text[:STDOUT_LIMIT] or None,
-                dict(tctx.call_meta),
+                dict(tctx.call_meta) if tctx.call_meta else {},
             )
         )
         output = envelope(status, result, error, attempt, duration_ms)
-        view = result_view(result)
-        policy_scope = layered(own_result(task.name, status, view, output, error), scope)
-        return _Made(status, result, error, output, view, scope, policy_scope)
+        return _Made(task.name, status, result, error, output, scope, text)
 
     @staticmethod
     def _finished(step: Step, record: Record, last: _Made | None, action: Action) -> Outcome:
@@ -430,9 +477,13 @@ class StepRunner:
             return record.outcome(status, plain(result), "jump", error, action.to or "", tasks)
         return record.outcome(status, plain(result), "continue", error, None, tasks)
 
-    def _by_reference(self, step: Step, execution_id: int, outcome: Outcome) -> Outcome:
+    def _by_reference(
+        self, step: Step, execution_id: int, outcome: Outcome, made: _Made | None = None
+    ) -> Outcome:
         """`outcome` with its results over the inline limit stored by reference
-        (`_recorded`); a result that cannot be recorded fails the step."""
+        (`_recorded`); a result that cannot be recorded fails the step. `made`: the last
+        call, whose result's JSON text is known (not made again); an inline result's text
+        is kept in `Outcome.text`."""
         try:
             spec = self._output_spec(step)
 
@@ -451,7 +502,10 @@ class StepRunner:
             def record(value: Any) -> Any:
                 if value is None or isinstance(value, bool | int | float):
                     return value
-                text = dumps(value)
+                if made is not None and made.text is not None and value is made.result:
+                    text = made.text
+                else:
+                    text = dumps(value)
                 if text not in stored:  # the last task's result is the step's too
                     stored[text] = _recorded(value, text, spec, outcome.secrets, store)
                 return stored[text]
@@ -467,6 +521,8 @@ class StepRunner:
             outcome.result = None
             outcome.tasks = None
             return outcome
+        if result is outcome.result and made is not None and result is made.result:
+            outcome.text = made.text
         outcome.result, outcome.tasks = result, tasks
         return outcome
 

@@ -166,7 +166,7 @@ class _SparkLoopTool(SparkTool):
         job = self.job
         loop = job.step.loop
         assert loop is not None
-        frame, size, unwrap = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
+        frame, size, shape = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
         say(run, f"loop over {size} items in {_partitions_of(frame)} partitions")
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
@@ -176,7 +176,8 @@ class _SparkLoopTool(SparkTool):
             "step": job.step.name,
             "iterator": loop.iterator,
             "size": size,
-            "unwrap": unwrap,
+            "unwrap": shape.unwrap,
+            "columns": list(shape.columns) if shape.columns is not None else None,
             "items": [plain(x) for x in job.collection]
             if isinstance(job.collection, list | tuple)
             else None,
@@ -265,13 +266,29 @@ def _item_error(index: int, raw: str | None) -> dict[str, Any]:
     }
 
 
+#: Spark column types whose values Arrow hands over as JSON would (`int`, `float` of
+#: a double, `str`, `bool`): a row of only these travels as its columns, any other as
+#: its JSON text (`to_json`: dates as ISO text, decimals as numbers).
+_ARROW_TYPES = frozenset({"bigint", "int", "smallint", "tinyint", "double", "string", "boolean"})
+
+
+@dataclass(frozen=True)
+class ItemShape:
+    """How a partition makes an item of a dataset's row: `unwrap` names the one column
+    whose value is the item (else the item is the row as a dict); `columns` lists the
+    row's columns when they arrive as Arrow columns, else (None) the row is one `item`
+    column of JSON text."""
+
+    unwrap: str | None = None
+    columns: tuple[str, ...] | None = None
+
+
 def items_frame(
     spark: Any, value: Any, ctx: ToolContext, partitions: int | None, load_input: Any
-) -> tuple[Any, int, str | None]:
+) -> tuple[Any, int, ItemShape]:
     """The DataFrame of a rendered `in:` (`index long` for a list, whose items travel with
-    the plan; `index long, item string` for a dataset, the item its row as JSON), its
-    size, and the column whose value is the item (a one-column source) or None (the item
-    is the row, or the list's element).
+    the plan; for a dataset `index long` and the row, as `ItemShape` says), its size, and
+    the shape of its items. A null column of a row is None in the item.
 
     Raises:
         ToolError: kind "loop_error" when `in:` is neither a list nor a dataset.
@@ -283,7 +300,7 @@ def items_frame(
         # items travel with the plan (`items`), each task picking its own.
         n = len(value)
         wanted = max(1, min(partitions or _default_partitions(spark, n), n))
-        return spark.range(0, n, 1, wanted).withColumnRenamed("id", "index"), n, None
+        return spark.range(0, n, 1, wanted).withColumnRenamed("id", "index"), n, ItemShape()
     if not isinstance(value, Mapping):
         raise ToolError(
             f"loop 'in' of a spark loop rendered to {type(value).__name__}: expected a list, "
@@ -293,12 +310,17 @@ def items_frame(
     data = load_input(spark, "in", value, ctx)
     columns = list(data.columns)
     unwrap = columns[0] if len(columns) == 1 else None
+    if all(t in _ARROW_TYPES for _, t in data.dtypes):
+        shape = ItemShape(unwrap, tuple(columns))
+        payload = [F.col(f"`{c}`").alias(f"c{i}") for i, c in enumerate(columns)]
+    else:
+        shape = ItemShape(unwrap, None)
+        row = F.struct(*[F.col(f"`{c}`") for c in columns])
+        payload = [F.to_json(row, {"ignoreNullFields": "false"}).alias("item")]
     # monotonically_increasing_id: the partition in the upper bits, the row within it in
     # the lower 33. Each partition's offset is the rows of the partitions before it.
-    mid = data.select(
-        F.monotonically_increasing_id().alias("_mid"),
-        F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns])).alias("item"),
-    )
+    mid = data.select(F.monotonically_increasing_id().alias("_mid"), *payload)
+    rest = mid.columns[1:]
     part = F.shiftright(F.col("_mid"), 33)
     counts = sorted(
         (int(r["p"]), int(r["n"]))
@@ -310,14 +332,14 @@ def items_frame(
         offsets += [F.lit(p), F.lit(total)]
         total += n
     if not counts:
-        empty = mid.select(F.col("_mid").alias("index"), "item").limit(0)
-        return empty, 0, unwrap
+        empty = mid.select(F.col("_mid").alias("index"), *rest).limit(0)
+        return empty, 0, shape
     offset = F.create_map(*offsets)[part]
     index = (offset + F.col("_mid").bitwiseAND(F.lit((1 << 33) - 1))).alias("index")
-    frame = mid.select(index, "item")
+    frame = mid.select(index, *rest)
     if partitions:
         frame = frame.repartitionByRange(min(partitions, max(total, 1)), "index")
-    return frame, total, unwrap
+    return frame, total, shape
 
 
 def _default_partitions(spark: Any, items: int) -> int:
@@ -352,6 +374,7 @@ class _Prepared:
     iterator: str
     size: int
     unwrap: str | None
+    columns: list[str] | None
     items: list[Any] | None
     base: dict[str, Any]
     ctx: dict[str, Any]
@@ -383,6 +406,7 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
         p["iterator"],
         int(p["size"]),
         p["unwrap"],
+        p.get("columns"),
         p["items"],
         p["base"],
         p["ctx"],
@@ -438,7 +462,7 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
     try:
         for batch in batches:
             indexes = batch.column(0).to_pylist()
-            raws = batch.column(1).to_pylist() if prep.items is None else indexes
+            raws = _elements(prep, batch, indexes)
             cols: tuple[list[Any], ...] = ([], [], [], [], [])
             stop = False
             width = prep.max_in_flight
@@ -451,7 +475,8 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
                 for (index, _), outcome in zip(window, outcomes, strict=True):
                     cols[0].append(index)
                     cols[1].append(outcome.status)
-                    cols[2].append(json.dumps(outcome.result, default=str))
+                    text = outcome.text
+                    cols[2].append(text if text is not None else json.dumps(outcome.result))
                     error = outcome.error
                     cols[3].append(None if error is None else json.dumps(error, default=str))
                     cols[4].append(outcome.action)
@@ -467,14 +492,26 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
             pool.shutdown(wait=True)
 
 
-def _run_item(prep: _Prepared, index: int, raw: Any) -> Outcome:
-    """One item through the step's runner, as an iteration of any loop runs."""
+def _elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
+    """The items of a batch of rows: the plan's list's, or the rows' (Arrow columns, or
+    JSON text), each a dict, or the one column's value (`ItemShape`)."""
     if prep.items is not None:
-        element = prep.items[index]
-    else:
-        element = json.loads(raw)
-        if prep.unwrap is not None and isinstance(element, dict):
-            element = element.get(prep.unwrap)
+        return [prep.items[i] for i in indexes]
+    if prep.columns is not None:
+        values = [batch.column(i + 1).to_pylist() for i in range(len(prep.columns))]
+        if prep.unwrap is not None:
+            return list(values[0])
+        names = prep.columns
+        return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+    out = [json.loads(raw) for raw in batch.column(1).to_pylist()]
+    if prep.unwrap is not None:
+        key = prep.unwrap
+        return [e.get(key) if isinstance(e, dict) else e for e in out]
+    return out
+
+
+def _run_item(prep: _Prepared, index: int, element: Any) -> Outcome:
+    """One item through the step's runner, as an iteration of any loop runs."""
     outcome: Outcome = prep.runner.run(
         prep.step,
         prep.base,

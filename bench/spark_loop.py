@@ -3,6 +3,7 @@ one command per item (`mode: parallel`), embedded, in one invocation.
 
     .venv/bin/python bench/spark_loop.py [--items 1000000] [--small 100000]
                                          [--parallel 100000] [--rounds 1] [--json]
+                                         [--prefect [--prefect-budget 300]]
 
 Each variant is `flowtide run` of a generated playbook in its own process (its own home,
 its own Spark session): a spark step writes `SELECT id AS x FROM range(N)` as parquet,

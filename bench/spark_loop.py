@@ -3,6 +3,7 @@ one command per item (`mode: parallel`), embedded, in one invocation.
 
     .venv/bin/python bench/spark_loop.py [--items 1000000] [--small 100000]
                                          [--parallel 100000] [--rounds 1] [--json]
+                                         [--prefect [--prefect-budget 300]]
 
 Each variant is `flowtide run` of a generated playbook in its own process (its own home,
 its own Spark session): a spark step writes `SELECT id AS x FROM range(N)` as parquet,
@@ -16,6 +17,11 @@ Figures: items/s of each variant, spark(big)/parallel (goal >= 10), spark items/
 `--items` (goal >= 50,000 on a 2-core machine), time(big)/time(small) (goal <= 11), and
 the peak RSS of the flowtide process (goal <= 1 GiB; Spark's JVM and python workers are
 its children and are not counted in it: sampled from /proc every 0.2 s). Rounds run the variants interleaved; medians.
+
+`--prefect` (off by default: it installs Prefect from PyPI once and its ladder takes
+minutes) also runs bench/prefect_map.py: Prefect 3 `task.map` of the same work at the
+largest size of a ladder that it completes within `--prefect-budget` seconds (300), and
+prints its items/s and spark(big)/prefect beside the others.
 """
 
 from __future__ import annotations
@@ -128,6 +134,21 @@ def _run(mode: str, n: int, root: Path) -> dict[str, Any]:
     }
 
 
+def _prefect(budget: float, spark_rate: float) -> dict[str, Any]:
+    """bench/prefect_map.py's ladder (its own venv; progress on stderr) and the ratio."""
+    script = Path(__file__).resolve().parent / "prefect_map.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--json", "--budget", str(budget)],
+        stdout=subprocess.PIPE, text=True, check=False,
+    )  # fmt: skip
+    if not done.stdout.strip():
+        raise SystemExit(f"bench/prefect_map.py exited {done.returncode} with no figures")
+    pf: dict[str, Any] = json.loads(done.stdout)
+    rate = pf["items_per_s"]
+    pf["spark_over_prefect"] = round(spark_rate / rate, 1) if rate else None
+    return pf
+
+
 def _hwm_kb(pid: int) -> int:
     """VmHWM (peak resident set) of process `pid` in KiB; 0 once it is gone."""
     try:
@@ -148,6 +169,8 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--prefect", action="store_true", help="also Prefect 3 task.map (slow)")
+    ap.add_argument("--prefect-budget", type=float, default=300.0)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="flowtide-bench-spark-loop-"))
     samples: dict[str, list[dict[str, Any]]] = {"big": [], "small": [], "parallel": []}
@@ -172,6 +195,8 @@ def main() -> None:
         "time_big_over_small": round(med["big"] / med["small"], 2),
         "peak_rss_mib": max(s["peak_rss_mib"] for v in samples.values() for s in v),
     }
+    if args.prefect:
+        out["prefect"] = _prefect(args.prefect_budget, rate["big"])
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -202,6 +227,14 @@ def main() -> None:
     ]
     for text, met, figure in goals:
         print(f"{'met    ' if met else 'NOT met'}  {text}: {figure}")
+    if "prefect" in out:
+        pf = out["prefect"]
+        print(
+            f"prefect   task.map  {pf['n']:>9,} items  map  {pf['seconds'] or 0:8.2f} s"
+            f"  {pf['items_per_s']:>8,}/s  (Prefect {pf['prefect']}, largest size done within"
+            f" {pf['budget_s']:.0f} s; peak RSS {pf['peak_rss_mb']} MiB)"
+            f"  spark/prefect {pf['spark_over_prefect']}x"
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 from flowtide.errors import PlaybookError
 from flowtide.playbook.loader import parse_playbook
 
-from .conftest import HEADER, Runner
+from .conftest import HEADER, Runner, flowtide_cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -304,3 +304,68 @@ def test_an_http_body_runs_max_in_flight_items_at_once_per_partition(
     assert [r["data"]["double"] for r in fetched] == [n * 2 for n in range(12)]
     assert _Slow.most == 4
     assert result.step("env")["result"]["results"] == [[]]
+
+
+def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> None:
+    """`command.progress` while the job runs (a task at a time, at most every 2 s), the
+    exact counts in the last; the execution's document, summary and `flowtide status`
+    show them."""
+    result = run_playbook(
+        """\
+        workflow:
+          - step: slow
+            loop: {in: "{{ range(48) | list }}", iterator: x, spec: {mode: spark, partitions: 12}}
+            tool:
+              kind: python
+              input: {x: "{{ iter.x }}"}
+              code: |
+                import time
+                time.sleep(0.05)
+                if x == 5:
+                    raise ValueError("five")
+                result = x
+              spec:
+                policy:
+                  rules:
+                    - when: "{{ output.status == 'error' }}"
+                      then: {do: continue}
+        """
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    progress = [e for e in result.events if e["type"] == "command.progress"]
+    assert len(progress) >= 2, progress  # one while it ran at least, and the last
+    during, last = progress[:-1], progress[-1]
+    assert all(0 < e["payload"]["done"] < 48 and e["payload"]["total"] == 48 for e in during)
+    assert all(e["payload"]["per_second"] > 0 for e in progress)
+    assert [e["payload"]["done"] for e in during] == sorted({e["payload"]["done"] for e in during})
+    assert {k: last["payload"][k] for k in ("done", "total", "failed")} == {
+        "done": 48,
+        "total": 48,
+        "failed": 1,
+    }
+    # Reported before the command's end, which comes after its last progress.
+    kinds = [e["type"] for e in result.events if e["step"] == "slow"]
+    assert kinds.index("command.completed") > kinds.index("command.progress")
+    items = result.step("slow")["items"]
+    assert items["done"] == 48 and items["total"] == 48 and items["failed"] == 1
+
+    from flowtide.documents.summary import execution_summary
+    from flowtide.engine.events import Event
+    from flowtide.engine.state import fold
+
+    playbook = parse_playbook((result.home.parent / "pb.yaml").read_text(), "pb.yaml")
+    state = fold(
+        playbook,
+        int(result.doc["execution_id"]),
+        [Event.from_dict(e) for e in result.events],
+    )
+    summary = execution_summary(state)
+    loop = summary["steps"]["slow"]["loop"]
+    assert loop is not None
+    assert (loop["total"], loop["done"], loop["succeeded"], loop["failed"]) == (48, 48, 47, 1)
+    assert summary["progress"]["iterations"] == 48
+    assert summary["progress"]["iterations_done"] == 48
+
+    status = flowtide_cli("status", result.doc["execution_id"], home=result.home)
+    assert status.returncode == 0, status.stderr
+    assert "48/48" in status.stdout and "1 failed" in status.stdout, status.stdout

@@ -76,15 +76,19 @@ def status(
         f"execution [bold]{doc['execution_id']}[/] {doc['status']}  playbook {escape(str(label))}"
     )
     table = Table(box=None)
-    for col in ("step", "status", "runs", "attempts", "error"):
+    with_items = any(step.get("items") for step in doc["steps"].values())
+    columns = ("step", "status", "runs", "attempts", *(("items",) if with_items else ()), "error")
+    for col in columns:
         table.add_column(col)
     for name, step in doc["steps"].items():
         error = (step["error"] or {}).get("message", "") if step["error"] else ""
+        items = (_items(step.get("items")),) if with_items else ()
         table.add_row(
             escape(name),
             step["status"],
             str(step["runs"]),
             _attempts(step),
+            *items,
             escape(str(error)[:80]),
         )
     console.print(table)
@@ -281,6 +285,20 @@ def _attempts(step: dict[str, Any]) -> str:
     """`3 (2 retries)`: a step's task calls and how many were retries."""
     attempts, retries = step.get("attempts", 0), step.get("retries", 0)
     return f"{attempts} ({retries} retries)" if retries else str(attempts)
+
+
+def _items(items: dict[str, Any] | None) -> str:
+    """`40,000/100,000 (12,300/s)`: a spark loop's items done of its total, and the rate;
+    `, 3 failed` once it ended with failures."""
+    if not items:
+        return ""
+    text = f"{int(items.get('done', 0)):,}/{int(items.get('total', 0)):,}"
+    rate = float(items.get("per_second") or 0)
+    if rate:
+        text += f" ({rate:,.0f}/s)"
+    if items.get("failed"):
+        text += f", {int(items['failed']):,} failed"
+    return text
 
 
 def _started_by(trigger: dict[str, str] | None) -> str:

@@ -43,6 +43,9 @@ class StepView(TypedDict):
     retries: int
     result: Any
     error: dict[str, Any] | None
+    #: A spark loop's items: `{done, total, per_second}` while it runs (counted a Spark
+    #: task at a time), with `failed` once it ended.
+    items: NotRequired[dict[str, Any]]
 
 
 class ExecutionError(TypedDict):
@@ -95,7 +98,7 @@ def step_view(state: ExecutionState) -> dict[str, StepView]:
             # Stopped with its execution (a cancel, or another branch failing it): no
             # step.exit will ever come.
             status = "cancelled"
-        steps[name] = {
+        view: StepView = {
             "status": status,
             "runs": rec.runs,
             "attempts": rec.attempts,
@@ -103,6 +106,9 @@ def step_view(state: ExecutionState) -> dict[str, StepView]:
             "result": rec.result,
             "error": rec.error,
         }
+        if rec.items is not None:
+            view["items"] = dict(rec.items)
+        steps[name] = view
     return steps
 
 

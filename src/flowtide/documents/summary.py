@@ -75,6 +75,8 @@ class LoopSummary(TypedDict):
     in_flight: int
     finished: bool
     cursor: Any
+    #: Items per second (a spark loop's, from its `command.progress`).
+    per_second: NotRequired[float]
 
 
 class StepSummary(TypedDict):
@@ -132,14 +134,23 @@ class SummaryDocument(SummaryPart):
 
 
 def progress_of(
-    loops: Iterable[LoopRecord], steps: Mapping[str, StepRecord] | None = None
+    loops: Iterable[LoopRecord],
+    steps: Mapping[str, StepRecord] | None = None,
+    items: Iterable[Mapping[str, Any]] = (),
 ) -> Progress:
-    """The progress of an execution's loops and, when given, its steps."""
+    """The progress of an execution's loops (and the `items` of its spark loops:
+    `StepRecord.items`, read from `steps` when given) and, when given, its steps."""
     iterations = done = failed = 0
     for loop in loops:
         iterations += loop.size
         done += loop.completed
         failed += loop.failed
+    if steps is not None:
+        items = [rec.items for rec in steps.values() if rec.items is not None]
+    for counts in items:
+        iterations += int(counts.get("total") or 0)
+        done += int(counts.get("done") or 0)
+        failed += int(counts.get("failed") or 0)
     return {
         "steps": len(steps) if steps is not None else None,
         "steps_finished": (
@@ -167,6 +178,25 @@ def _loop(loop: LoopRecord, ended: bool) -> LoopSummary:
     }
 
 
+def _items_loop(rec: StepRecord, ended: bool) -> LoopSummary:
+    """A spark loop's summary, from its `command.progress` (its items run in one
+    command: none is in flight as far as the engine knows)."""
+    items = rec.items or {}
+    done = int(items.get("done") or 0)
+    failed = int(items.get("failed") or 0)
+    return {
+        "instance": rec.runs,
+        "total": int(items.get("total") or 0),
+        "done": done,
+        "succeeded": done - failed,
+        "failed": failed,
+        "in_flight": 0,
+        "finished": ended or rec.status not in ("running", "pending"),
+        "cursor": False,
+        "per_second": float(items.get("per_second") or 0.0),
+    }
+
+
 def execution_summary(state: ExecutionState) -> SummaryPart:
     """`status`, `progress` (steps and loop iterations done of total), `steps` (per step:
     `status`, `runs`, `started`, `ended`, `duration`, `error`, `loop` for its latest
@@ -188,7 +218,13 @@ def execution_summary(state: ExecutionState) -> SummaryPart:
                 else None
             ),
             "error": rec.error,
-            "loop": _loop(loop, state.terminal) if loop is not None else None,
+            "loop": (
+                _loop(loop, state.terminal)
+                if loop is not None
+                else _items_loop(rec, state.terminal)
+                if rec.items is not None
+                else None
+            ),
         }
         if loop is not None:
             latest.append(loop)

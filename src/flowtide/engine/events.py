@@ -28,6 +28,9 @@ COMMAND_ISSUED: Final = "command.issued"
 COMMAND_CLAIMED: Final = "command.claimed"
 COMMAND_STARTED: Final = "command.started"
 COMMAND_HEARTBEAT: Final = "command.heartbeat"
+# How far a command that runs many items in one go (a spark loop) is: written at a
+# bounded rate while it runs, and once with the exact counts in its final report.
+COMMAND_PROGRESS: Final = "command.progress"
 COMMAND_COMPLETED: Final = "command.completed"
 COMMAND_FAILED: Final = "command.failed"
 CALL_DONE: Final = "call.done"
@@ -150,6 +153,16 @@ class CommandRef(TypedDict):
 
 
 CommandStartedPayload = CommandRef
+
+
+class CommandProgressPayload(CommandRef):
+    """`command.progress` (`runtime.command.progress_event`): items done of `total`, at
+    `per_second` since the items began; `failed` in the last one (exact counts)."""
+
+    done: int
+    total: int
+    per_second: float
+    failed: NotRequired[int]
 
 
 class CommandIssuedPayload(CommandRef):
@@ -307,6 +320,7 @@ PAYLOADS: Final[Mapping[str, type[Mapping[str, Any]]]] = {
     COMMAND_CLAIMED: CommandClaimedPayload,
     COMMAND_STARTED: CommandStartedPayload,
     COMMAND_HEARTBEAT: NoPayload,
+    COMMAND_PROGRESS: CommandProgressPayload,
     COMMAND_COMPLETED: CommandResultPayload,
     COMMAND_FAILED: CommandResultPayload,
     CALL_DONE: CallPayload,
@@ -404,6 +418,8 @@ def payload_of(event: Event, kind: Literal["command.issued"]) -> CommandIssuedPa
 def payload_of(event: Event, kind: Literal["command.claimed"]) -> CommandClaimedPayload: ...
 @overload
 def payload_of(event: Event, kind: Literal["command.started"]) -> CommandStartedPayload: ...
+@overload
+def payload_of(event: Event, kind: Literal["command.progress"]) -> CommandProgressPayload: ...
 @overload
 def payload_of(
     event: Event, kind: Literal["command.completed", "command.failed"]

@@ -32,6 +32,9 @@ class StepRecord:
     # task), and how many of them were retries (attempt > 1).
     attempts: int = 0
     retries: int = 0
+    #: A command of many items (a spark loop): its last `command.progress` (done, total,
+    #: per_second, and failed once it ended); None for other steps.
+    items: dict[str, Any] | None = None
 
 
 @dataclass
@@ -218,6 +221,7 @@ class ExecutionState:
         rec.status = "running"
         rec.error = None
         rec.started, rec.ended = event.time, None
+        rec.items = None
         self.active.add(step)
         self.waiting.discard(step)
         # A step entered again leaves the context until it has a result (context_parts).
@@ -337,6 +341,23 @@ class ExecutionState:
         rec.error = event.error
         rec.outcome = ev.CALL_DONE if status == "ok" else ev.CALL_ERROR
 
+    def _on_command_progress(self, event: Event) -> None:
+        cid = event.command_id
+        if cid is None or cid not in self.commands:
+            return  # a late report of a command that ended
+        payload = payload_of(event, ev.COMMAND_PROGRESS)
+        rec = self.steps.get(event.step or "")
+        if rec is None:
+            return
+        items = {
+            "done": int(payload.get("done") or 0),
+            "total": int(payload.get("total") or 0),
+            "per_second": float(payload.get("per_second") or 0.0),
+        }
+        if "failed" in payload:
+            items["failed"] = int(payload.get("failed") or 0)
+        rec.items = items
+
     def _on_call(self, event: Event) -> None:
         rec = self.steps.get(event.step or "")
         if rec is None:
@@ -446,6 +467,7 @@ _APPLY = {
     ev.STEP_ENTER: ExecutionState._on_step_enter,
     ev.LOOP_STARTED: ExecutionState._on_loop_started,
     ev.COMMAND_ISSUED: ExecutionState._on_command_issued,
+    ev.COMMAND_PROGRESS: ExecutionState._on_command_progress,
     ev.COMMAND_COMPLETED: ExecutionState._on_command_done,
     ev.COMMAND_FAILED: ExecutionState._on_command_done,
     ev.CALL_DONE: ExecutionState._on_call,

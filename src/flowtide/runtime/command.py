@@ -14,6 +14,7 @@ from flowtide.engine import events as ev
 from flowtide.engine.events import (
     CallPayload,
     Command,
+    CommandProgressPayload,
     CommandRef,
     CommandResultPayload,
     Event,
@@ -22,7 +23,7 @@ from flowtide.logs import CommandLog, LogKey, LogSpool, current_log
 from flowtide.runtime.outcome import Outcome, crashed
 from flowtide.runtime.pipeline import StepRunner
 
-__all__ = ["outcome_events", "run_command", "started_event"]
+__all__ = ["outcome_events", "progress_event", "run_command", "started_event"]
 
 
 def run_command(
@@ -42,6 +43,7 @@ def run_command(
     logs: LogSpool | None = None,
     secrets: Callable[[], Iterable[str]] | None = None,
     on_started: Callable[[list[Event]], None] | None = None,
+    report: Callable[[list[Event]], None] | None = None,
 ) -> list[Event]:
     """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
     when it is an iteration, `size` its loop's collection size when known) against the
@@ -52,7 +54,9 @@ def run_command(
     the execution started under), current while its tools run.
     `logs`: where what the step prints goes while it runs (masked with `secrets` too);
     `on_started`: given `command.started` as the command starts (else it is reported
-    with the other events).
+    with the other events). `report`: given events while the command runs (a spark
+    loop's `command.progress`; thread-safe, never blocking: it may be called from any
+    thread); without it no progress is reported before the end.
     """
     if on_started is not None:
         on_started([started_event(command, next_id(), worker_id, time.time())])
@@ -61,11 +65,26 @@ def run_command(
         key = LogKey(command.execution_id, command.command_id, command.step, command.loop_index)
         log = CommandLog(key, logs, secrets)
     token = current_log.set(log)
+    progress = None
+    if report is not None:
+
+        def progress(items: dict[str, Any]) -> None:
+            report([progress_event(command, next_id(), worker_id, time.time(), items)])
+
     span = None
     try:
         if not tracing.enabled:
             outcome = _outcome(
-                runner, command, base, ctx, iterator, element, size, credentials, cancelled
+                runner,
+                command,
+                base,
+                ctx,
+                iterator,
+                element,
+                size,
+                credentials,
+                cancelled,
+                progress,
             )
         else:
             span = tracing.command_context(
@@ -73,7 +92,16 @@ def run_command(
             )
             with tracing.use(span.header):
                 outcome = _outcome(
-                    runner, command, base, ctx, iterator, element, size, credentials, cancelled
+                    runner,
+                    command,
+                    base,
+                    ctx,
+                    iterator,
+                    element,
+                    size,
+                    credentials,
+                    cancelled,
+                    progress,
                 )
     finally:
         current_log.reset(token)
@@ -110,6 +138,7 @@ def _outcome(
     size: int | None,
     credentials: Any,
     cancelled: Callable[[], bool] | None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     step = runner.playbook.steps[command.step]
     try:
@@ -128,6 +157,7 @@ def _outcome(
                 execution_id=command.execution_id,
                 cancelled=cancelled,
                 credentials=credentials,
+                progress=progress,
             )
         return runner.run(
             step,
@@ -165,6 +195,31 @@ def started_event(command: Command, event_id: int, worker: str, at: float) -> Ev
         step=command.step,
         status="running",
         payload=_ref(command),
+        parent_event_id=command.issued_event_id,
+        command_id=command.command_id,
+        worker_id=worker,
+        time=at,
+    )
+
+
+def progress_event(
+    command: Command, event_id: int, worker: str, at: float, items: Mapping[str, Any]
+) -> Event:
+    """A `command.progress` of `command`: `items` is `{done, total, per_second}` (and
+    `failed` in the last one)."""
+    payload = cast(CommandProgressPayload, _ref(command))
+    payload["done"] = int(items.get("done") or 0)
+    payload["total"] = int(items.get("total") or 0)
+    payload["per_second"] = round(float(items.get("per_second") or 0.0), 1)
+    if "failed" in items:
+        payload["failed"] = int(items.get("failed") or 0)
+    return Event(
+        event_id=event_id,
+        execution_id=command.execution_id,
+        type=ev.COMMAND_PROGRESS,
+        step=command.step,
+        status="running",
+        payload=payload,
         parent_event_id=command.issued_event_id,
         command_id=command.command_id,
         worker_id=worker,
@@ -230,6 +285,8 @@ def outcome_events(
                 time=call.started,
             )
         )
+    if outcome.items is not None:
+        out.append(progress_event(command, new_id(), worker, time.time(), outcome.items))
     # The command's keys first, then the outcome's (the order they are stored in).
     result = cast(CommandResultPayload, base.copy())
     result["status"] = outcome.status

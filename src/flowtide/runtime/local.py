@@ -507,6 +507,7 @@ class LocalRuntime:
             logs=self.logs,
             secrets=lambda: execution.state.secrets,
             on_started=self._post_threadsafe,
+            report=self._post_threadsafe,
         )
         self._post_threadsafe(events)
 

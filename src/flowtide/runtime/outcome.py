@@ -45,6 +45,9 @@ class Outcome:
     #: The JSON text of `result` when the runner made it on the way (a result kept
     #: inline); None when not known. Never sent: a spark loop writes it as the item's row.
     text: str | None = None
+    #: A command of many items (a spark loop): its exact counts as it ended (`done`,
+    #: `total`, `failed`, `per_second`), reported as its last `command.progress`.
+    items: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -26,6 +26,19 @@ _STYLE = {
 }
 
 
+def _items(items: Mapping[str, Any]) -> Any:
+    """A spark loop's items: a bar, done/total and items per second."""
+    total, done = int(items.get("total") or 0), int(items.get("done") or 0)
+    failed = int(items.get("failed") or 0)
+    rate = float(items.get("per_second") or 0.0)
+    text = f" {done:,}/{total:,}" + (f" ({failed:,} failed)" if failed else "")
+    if rate:
+        text += f"  {rate:,.0f}/s"
+    grid = Table.grid()
+    grid.add_row(ProgressBar(total=total, completed=done, width=30), Text(text))
+    return grid
+
+
 class ProgressView:
     """Shows the steps of one execution (its children are summarised) while it runs."""
 
@@ -91,6 +104,8 @@ class ProgressView:
                 grid = Table.grid()
                 grid.add_row(bar, label)
                 progress = grid
+            elif rec.items is not None and rec.items.get("total"):
+                progress = _items(rec.items)
             table.add_row(
                 name, Text(rec.status, style=_STYLE.get(rec.status, "")), str(rec.runs), progress
             )

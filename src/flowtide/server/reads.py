@@ -80,13 +80,13 @@ class ServerReads:
 
     async def progress(self, running: list[int]) -> dict[int, Progress]:
         """From the snapshot this server last took of each one's state (no read, no
-        fold): its loops only; none of those it holds no state of."""
+        fold): its loops (and spark loops' items) only; none of those it holds no state of."""
         cache = self.coordinator.cache
         out = {}
         for execution_id in running:
             snap = cache.snapshot(execution_id)
             if snap is not None:
-                out[execution_id] = progress_of(snap.loops.values())
+                out[execution_id] = progress_of(snap.loops.values(), items=snap.items)
         return out
 
     async def stopped(self, running: list[int]) -> dict[int, float]:

@@ -37,6 +37,7 @@ WORKER_EVENTS: Final = frozenset(
         ev.SECRETS_ADDED,
         ev.COMMAND_STARTED,
         ev.COMMAND_HEARTBEAT,
+        ev.COMMAND_PROGRESS,
         ev.CALL_DONE,
         ev.CALL_ERROR,
         ev.COMMAND_COMPLETED,
@@ -47,7 +48,9 @@ WORKER_EVENTS: Final = frozenset(
 REPORTS: Final = (ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
 #: Events whose payload `attempt` is the command's (call.done/call.error carry the tool
 #: call's retry attempt instead).
-_ATTEMPT_EVENTS: Final = frozenset({ev.COMMAND_STARTED, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED})
+_ATTEMPT_EVENTS: Final = frozenset(
+    {ev.COMMAND_STARTED, ev.COMMAND_PROGRESS, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED}
+)
 _NOBODY: Final = Holder(None, None, None)
 
 

@@ -154,6 +154,8 @@ class Snapshot:
     revision: int = 0
     #: What the execution started under (`flowtide.tracing`).
     traceparent: str | None = None
+    #: The items progress of its steps that run many items in one command (spark loops).
+    items: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def of(cls, state: ExecutionState) -> Snapshot:
@@ -165,6 +167,7 @@ class Snapshot:
             dict(state.loops),
             state.context_rev,
             state.traceparent,
+            tuple(dict(r.items) for r in state.steps.values() if r.items is not None),
         )
 
 

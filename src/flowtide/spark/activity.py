@@ -28,6 +28,8 @@ from flowtide.logs import current_log
 __all__ = [
     "TRACEPARENT_PROPERTY",
     "TRACEPARENT_TAG",
+    "ItemsWatch",
+    "PROGRESS_SECONDS",
     "SparkRun",
     "begin",
     "cancel_all",
@@ -39,6 +41,8 @@ __all__ = [
 
 _POLL_SECONDS = 0.2
 _TELL_SECONDS = 1.0
+#: Seconds between two reports of a spark loop's items (each is an event in its log).
+PROGRESS_SECONDS = 2.0
 _DRIVER_BYTES = 64 * 1024
 _KEEP_LINES = 500
 _SNAPSHOT_TTL = 0.25
@@ -78,6 +82,23 @@ class SparkRun:
     driver_offset: int = -1
     said: str = ""
     said_at: float = 0.0
+    #: A spark loop's items while its job runs (`watch_items`).
+    items: ItemsWatch | None = None
+
+
+@dataclass
+class ItemsWatch:
+    """The items of a spark loop's job, counted a task at a time: `done` is `total` times
+    the tasks done of its stage (the stage of `partitions` tasks, else the job's last),
+    never less than it was. Told (`report`, the step's log) at most every
+    `PROGRESS_SECONDS` and only when it grew."""
+
+    total: int
+    partitions: int | None
+    report: Callable[[dict[str, Any]], None] | None
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    told_at: float = 0.0
 
 
 #: The classic driver's local property, and the prefix of the Connect operation tag, that
@@ -253,6 +274,26 @@ def _tell(run: SparkRun, now: float) -> None:
     _copy_driver_log(run)
 
 
+def _count_items(run: SparkRun, now: float) -> None:
+    """Tell how many of a spark loop's items are done (`ItemsWatch`), when it grew."""
+    watch = run.items
+    if watch is None or now - watch.told_at < PROGRESS_SECONDS:
+        return
+    stages = _describe(run, now)["stages"]
+    ours = [s for s in stages if watch.partitions and s["total"] == watch.partitions] or stages
+    if not ours:
+        return
+    stage = max(ours, key=lambda s: s["id"])
+    done = watch.total * stage["done"] // max(stage["total"], 1)
+    if done <= watch.done:
+        return
+    watch.done, watch.told_at = done, now
+    rate = done / max(now - watch.started, 1e-3)
+    say(run, f"items {done:,}/{watch.total:,} ({rate:,.0f}/s)")
+    if watch.report is not None:
+        watch.report({"done": done, "total": watch.total, "per_second": rate})
+
+
 def _copy_driver_log(run: SparkRun) -> None:
     """Copy the driver's log lines written since the last copy (whole lines, at most
     `_DRIVER_BYTES` a time: the rest is counted, not copied) to the run's log; none
@@ -302,6 +343,8 @@ def _watch() -> None:
         for run in runs:
             with contextlib.suppress(Exception):
                 _tell(run, now)
+            with contextlib.suppress(Exception):
+                _count_items(run, now)
             if run.reason is not None:
                 continue
             try:

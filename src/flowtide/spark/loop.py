@@ -73,9 +73,12 @@ def run_spark_loop(
     execution_id: int,
     cancelled: Callable[[], bool] | None = None,
     credentials: Any = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """Run the `mode: spark` loop `step` (one command): its items as Spark tasks, its
-    outcome the loop's result reference with exact stats (see the module docstring)."""
+    outcome the loop's result reference with exact stats (see the module docstring).
+    `progress`: told the items done while the job runs (`activity.ItemsWatch`); the
+    outcome's `items` are the exact counts."""
     assert step.loop is not None
     task = step.tasks[0]
     record = Record(time.time())
@@ -88,10 +91,18 @@ def run_spark_loop(
     result: Any = None
     error: dict[str, Any] | None = None
     action = "continue"
+    job: _LoopJob | None = None
     try:
         collection = render(step.loop.collection, scope, step=step.name, field="loop.in")
         job = _LoopJob(
-            runner.playbook, step, collection, base, ctx, execution_id, _in_flight(step, scope)
+            runner.playbook,
+            step,
+            collection,
+            base,
+            ctx,
+            execution_id,
+            _in_flight(step, scope),
+            progress=progress,
         )
         result = _SparkLoopTool(job).run({}, tctx)
         failure = job.failure
@@ -120,6 +131,7 @@ def run_spark_loop(
     outcome: Outcome = runner._by_reference(
         step, execution_id, record.outcome(status, result, action, error)
     )
+    outcome.items = job.items if job is not None else None
     return outcome
 
 
@@ -134,7 +146,10 @@ class _LoopJob:
     ctx: Mapping[str, Any]
     execution_id: int
     max_in_flight: int = 1
+    progress: Callable[[dict[str, Any]], None] | None = None
     failure: dict[str, Any] | None = None
+    #: The exact counts once the job ran: `{done, total, failed, per_second}`.
+    items: dict[str, Any] | None = None
 
 
 class _SparkLoopTool(SparkTool):
@@ -161,13 +176,14 @@ class _SparkLoopTool(SparkTool):
     ) -> dict[str, Any]:
         from pyspark.sql import functions as F
 
-        from flowtide.spark.activity import say
+        from flowtide.spark.activity import ItemsWatch, say
 
         job = self.job
         loop = job.step.loop
         assert loop is not None
         frame, size, shape = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
-        say(run, f"loop over {size} items in {_partitions_of(frame)} partitions")
+        partitions = _partitions_of(frame)
+        say(run, f"loop over {size} items in {partitions or 'its'} partitions")
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
             "key": uuid.uuid4().hex,
@@ -188,7 +204,15 @@ class _SparkLoopTool(SparkTool):
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
         }
         out = frame.mapInArrow(_partition_function(plan), OUT_SCHEMA)
-        written = write(out, None, ctx)
+        watch = ItemsWatch(size, partitions, job.progress)
+        if run is not None:
+            run.items = watch
+        try:
+            written = write(out, None, ctx)
+        finally:
+            if run is not None:
+                run.items = None
+        seconds = time.monotonic() - watch.started
         back = spark.read.parquet(written.uri)
         # One job: the rows per (status, action) and the first index of each.
         groups = back.groupBy("status", "action").agg(
@@ -206,6 +230,12 @@ class _SparkLoopTool(SparkTool):
         result: dict[str, Any] = reference(written)
         result["row_count"] = ran
         result["stats"] = {"total": size, "success": ok, "failed": ran - ok}
+        job.items = {
+            "done": ran,
+            "total": size,
+            "failed": ran - ok,
+            "per_second": ran / max(seconds, 1e-3),
+        }
         if size <= loop.results_max:
             rows = back.select("index", "result").collect()
             ordered = sorted((int(r["index"]), r["result"]) for r in rows)
@@ -245,11 +275,12 @@ def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:
     return max(1, min(int(value), _MAX_IN_FLIGHT))
 
 
-def _partitions_of(frame: Any) -> str:
+def _partitions_of(frame: Any) -> int | None:
+    """The partitions of `frame` (None with Spark Connect, which has no RDDs)."""
     try:
-        return str(frame.rdd.getNumPartitions())
+        return int(frame.rdd.getNumPartitions())
     except Exception:  # noqa: BLE001 - Spark Connect has no RDDs
-        return "its"
+        return None
 
 
 def _item_error(index: int, raw: str | None) -> dict[str, Any]:

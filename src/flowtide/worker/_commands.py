@@ -170,13 +170,15 @@ class CommandRunner:
         claimed: Claimed,
         share: ExecutionShare,
         on_started: Callable[[list[Event]], None] | None = None,
+        report: Callable[[list[Event]], None] | None = None,
     ) -> list[Event]:
         """Run `claimed` in this thread; its events. `on_started`: given `command.started`
-        as the command starts (then it is not among the events returned)."""
+        as the command starts (then it is not among the events returned); `report`: given
+        events to send while it runs (`run_command`)."""
         with self._in_threads_lock:
             self.in_threads += 1
         try:
-            return self._run(claimed, share, on_started)
+            return self._run(claimed, share, on_started, report)
         finally:
             with self._in_threads_lock:
                 self.in_threads -= 1
@@ -186,6 +188,7 @@ class CommandRunner:
         claimed: Claimed,
         share: ExecutionShare,
         on_started: Callable[[list[Event]], None] | None,
+        report: Callable[[list[Event]], None] | None = None,
     ) -> list[Event]:
         command = claimed.command
         runner = self.runner(share)
@@ -210,6 +213,7 @@ class CommandRunner:
             traceparent=share.traceparent,
             logs=self.logs,
             on_started=on_started,
+            report=report,
         )
 
     def run_child(

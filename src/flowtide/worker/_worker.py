@@ -425,10 +425,47 @@ class Worker:
             except ServerError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
-    def _run(self, claimed: Claimed, share: ExecutionShare, start: _Start) -> list[Any]:
-        """Run a claimed command in this worker thread."""
+    def _run(
+        self,
+        claimed: Claimed,
+        share: ExecutionShare,
+        start: _Start,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> list[Any]:
+        """Run a claimed command in this worker thread (`loop`: the worker's, which sends
+        what the command reports while it runs)."""
         trace.mark("started", claimed.command.command_id)
-        return self._commands.run(claimed, share, start.events.extend)
+        command = claimed.command
+
+        def report(events: list[Any]) -> None:
+            # Any thread (a spark loop's monitor): sent from the event loop, in order
+            # with the command's other reports.
+            if loop is not None and not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(
+                    self._report_progress(command.execution_id, command.command_id, start, events),
+                    loop,
+                )
+
+        return self._commands.run(claimed, share, start.events.extend, report)
+
+    async def _report_progress(
+        self, execution_id: int, command_id: int, start: _Start, events: list[Any]
+    ) -> None:
+        """Send events of a running command (its progress), after its `command.started`
+        (sent with them when it was not yet); dropped once the command's own report is
+        on its way: that one says how it ended."""
+        if start.finished:
+            return
+        with_start = not start.sent
+        if with_start:
+            start.sent = True
+            events = [*start.events, *events]
+        try:
+            await self._reports.send(execution_id, [e.to_dict() for e in events], command_id)
+        except Exception as exc:  # noqa: BLE001 - progress is news, never a result
+            if with_start:
+                start.sent = False  # it goes with the final report then
+            log.debug("command %s: progress not reported: %s", command_id, exc)
 
     async def _report_started(self, execution_id: int, command_id: int, start: _Start) -> None:
         """After `STARTED_AFTER` seconds, report the command's `command.started` if it is
@@ -485,8 +522,9 @@ class Worker:
         early.add_done_callback(self._tasks.discard)
         try:
             try:
-                events = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, self._run, claimed, share, start
+                loop = asyncio.get_running_loop()
+                events = await loop.run_in_executor(
+                    self._threads, self._run, claimed, share, start, loop
                 )
             finally:
                 self.running -= 1

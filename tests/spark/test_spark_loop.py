@@ -14,6 +14,7 @@ import pytest
 
 from flowtide.errors import PlaybookError
 from flowtide.playbook.loader import parse_playbook
+from payloads import event_problems
 
 from .conftest import HEADER, Runner, flowtide_cli
 
@@ -333,6 +334,7 @@ def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> Non
     )
     assert result.doc["status"] == "completed", result.doc["error"]
     progress = [e for e in result.events if e["type"] == "command.progress"]
+    assert event_problems(progress) == []  # as engine.events.PAYLOADS says
     assert len(progress) >= 2, progress  # one while it ran at least, and the last
     during, last = progress[:-1], progress[-1]
     assert all(0 < e["payload"]["done"] < 48 and e["payload"]["total"] == 48 for e in during)

@@ -55,6 +55,9 @@ class SparkRun:
     deadline: float | None = None  # time.monotonic() after which the run is interrupted
     started: float = field(default_factory=time.monotonic)
     reason: str | None = None  # "cancelled" | "timeout" once interrupted
+    #: Called as the run is interrupted, before its jobs are cancelled (a spark loop
+    #: tells its python workers to start no more items: `flowtide.spark.loop`).
+    on_interrupt: Callable[[], None] | None = None
     # Spark Connect: what the progress handler reported.
     operations: list[str] = field(default_factory=list)
     stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (done, total)
@@ -191,6 +194,9 @@ def interrupt(run: SparkRun, reason: str) -> None:
     if run.reason is not None:
         return
     run.reason = reason
+    if run.on_interrupt is not None:
+        with contextlib.suppress(Exception):
+            run.on_interrupt()
     try:
         if run.connect:
             run.session.interruptTag(run.tag)

@@ -24,6 +24,11 @@ claims it (embedded or a distributed worker) is the Spark driver:
    `results` (what every item returned, in index order, as a loop of any mode gives)
    when there are at most `spec.results_max` items (default 10,000).
 
+A cancel or timeout interrupts the job (`flowtide.spark.activity`); with a local master
+the driver also leaves a stop marker that the python workers look for before each item,
+so no item starts once the loop is stopped (Spark itself kills a python worker whose task
+was cancelled only seconds later).
+
 An item whose rules say `fail` fails the loop once the job is over (the items of other
 partitions still ran); `break` stops the items after it in its partition, the other
 partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
@@ -33,8 +38,12 @@ as with any retried command: a task Spark runs again runs its items again.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -50,6 +59,7 @@ from flowtide.playbook.template import render
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
 from flowtide.settings import LimitsSection, current
 from flowtide.tools.base import ToolContext
+from flowtide.tools.registry import get_tool
 from flowtide.tools.spark import SparkTool
 
 __all__ = ["OUT_SCHEMA", "run_spark_loop"]
@@ -62,6 +72,9 @@ _ITEMS_PER_PARTITION = 25_000
 _MAX_PARTITIONS = 10_000
 #: Items at once in one partition, at most (threads of a python worker).
 _MAX_IN_FLIGHT = 256
+#: Seconds a stop marker stays after its job ended: the python workers of the cancelled
+#: tasks may still be running items meanwhile (until Spark kills them).
+_STOP_KEEP_SECONDS = 60.0
 
 
 def run_spark_loop(
@@ -77,6 +90,9 @@ def run_spark_loop(
     """Run the `mode: spark` loop `step` (one command): its items as Spark tasks, its
     outcome the loop's result reference with exact stats (see the module docstring)."""
     assert step.loop is not None
+    # The registry's spark tool: `cancel_running` (a cancel, a worker's shutdown) stops
+    # Spark work through it, this loop's job included.
+    get_tool("spark")
     task = step.tasks[0]
     record = Record(time.time())
     scope = layered({"ctx": ctx, "vars": ctx}, base)
@@ -168,9 +184,12 @@ class _SparkLoopTool(SparkTool):
         assert loop is not None
         frame, size, unwrap = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
         say(run, f"loop over {size} items in {_partitions_of(frame)} partitions")
+        key = uuid.uuid4().hex
+        stop = _stop_marker(key)
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
-            "key": uuid.uuid4().hex,
+            "key": key,
+            "stop": stop,
             "text": job.playbook.text,
             "file": job.playbook.file,
             "step": job.step.name,
@@ -187,7 +206,16 @@ class _SparkLoopTool(SparkTool):
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
         }
         out = frame.mapInArrow(_partition_function(plan), OUT_SCHEMA)
-        written = write(out, None, ctx)
+        if stop is not None:
+            run.on_interrupt = lambda: open(stop, "a").close()  # noqa: SIM115
+        try:
+            if run.reason is not None:  # interrupted before the marker could be left
+                raise ToolError(f"spark step '{ctx.step}' {run.reason}", kind=run.reason)
+            written = write(out, None, ctx)
+        finally:
+            run.on_interrupt = None
+            if stop is not None and os.path.exists(stop):
+                _remove_later(stop)
         back = spark.read.parquet(written.uri)
         # One job: the rows per (status, action) and the first index of each.
         groups = back.groupBy("status", "action").agg(
@@ -223,6 +251,49 @@ class _SparkLoopTool(SparkTool):
         stats = result["stats"]
         say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
         return result
+
+
+def _stop_marker(key: str) -> str | None:
+    """Where the driver marks loop `key` stopped: a file its python workers can see, which
+    is only sure with a local master (they run on this machine); None otherwise."""
+    from flowtide.spark.session import sessions
+
+    info = sessions.info
+    if info is None or not info.master.startswith("local"):
+        return None
+    return os.path.join(tempfile.gettempdir(), f"flowtide-spark-loop-stop-{key}")
+
+
+_markers: set[str] = set()
+_markers_lock = threading.Lock()
+
+
+def _remove_later(path: str) -> None:
+    """Remove stop marker `path` in `_STOP_KEEP_SECONDS`, or as the process exits."""
+
+    def remove() -> None:
+        with _markers_lock:
+            _markers.discard(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+    with _markers_lock:
+        _markers.add(path)
+    timer = threading.Timer(_STOP_KEEP_SECONDS, remove)
+    timer.daemon = True
+    timer.start()
+
+
+def _remove_markers() -> None:
+    with _markers_lock:
+        left = list(_markers)
+        _markers.clear()
+    for path in left:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+atexit.register(_remove_markers)
 
 
 def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:
@@ -421,10 +492,16 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
     """Run the items of one partition (Arrow batches of `index`, and `item` for a
     dataset), yielding batches of `OUT_SCHEMA` rows. With `max_in_flight` > 1 the items
     run that many at a time on threads (an http body's calls overlap); an item whose
-    rules say `break` stops the partition once the items running beside it are done."""
+    rules say `break` stops the partition once the items running beside it are done.
+
+    Raises:
+        RuntimeError: the driver left the loop's stop marker (cancelled, timed out): no
+            more items start, and the task fails rather than commit part of its rows.
+    """
     import pyarrow as pa
 
     prep = _prepare(plan)
+    marker = plan.get("stop")
     schema = pa.schema(
         [
             ("index", pa.int64()),
@@ -443,6 +520,8 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
             stop = False
             width = prep.max_in_flight
             for at in range(0, len(indexes), width):
+                if marker and os.path.exists(marker):
+                    raise RuntimeError("the loop was stopped (cancelled or timed out)")
                 window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
                 if pool is None:
                     outcomes = [_run_item(prep, i, raw) for i, raw in window]

@@ -206,14 +206,13 @@ def test_cancel_stops_the_job(stack: Stack, marks: Path) -> None:
         after = len(_runs(marks))
         assert after == stopped, f"{after - stopped} items started after the job was stopped"
         assert after < n // 4, f"{after} items of {n} ran: the job was not stopped early"
-        import sys
-        print(f"stopped {time.monotonic() - cancelled_at - 1.5:.2f} s after the cancel, {after} ran", file=sys.stderr)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
     return list(psutil.Process(pid).children(recursive=True))
 
 
+@pytest.mark.timeout(300)  # two drivers start a JVM each
 def test_a_driver_killed_mid_job_gives_the_loop_to_the_other_worker(
     stack: Stack, marks: Path
 ) -> None:

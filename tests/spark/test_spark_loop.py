@@ -288,3 +288,42 @@ def test_an_http_body_runs_max_in_flight_items_at_once_per_partition(
     assert [r["data"]["double"] for r in fetched] == [n * 2 for n in range(12)]
     assert _Slow.most == 4
     assert result.step("env")["result"]["results"] == [[]]
+
+
+def test_a_partition_starts_no_item_once_the_stop_marker_is_there(tmp_path: Path) -> None:
+    # What a python worker runs (no JVM): the driver marks a cancelled loop stopped, and
+    # the items of its tasks, still running until Spark kills them, start no more.
+    import pyarrow as pa
+
+    from flowtide.spark.loop import run_partition
+
+    marks, stop = tmp_path / "marks", tmp_path / "stop"
+    marks.mkdir()
+    text = f"""\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: stopped, path: tests/stopped}}
+workflow:
+  - step: work
+    loop: {{in: "{{{{ range(4) | list }}}}", iterator: x, spec: {{mode: spark}}}}
+    tool:
+      kind: python
+      input: {{x: "{{{{ iter.x }}}}"}}
+      code: |
+        open("{marks}/" + str(x), "w").close()
+        if x == 1:
+            open("{stop}", "w").close()
+        result = x
+"""
+    plan = {
+        **{"key": "stopped", "stop": str(stop), "text": text, "file": None, "step": "work"},
+        **{"iterator": "x", "size": 4, "unwrap": None, "items": [0, 1, 2, 3]},
+        **{"base": {}, "ctx": {}, "execution_id": 1, "max_in_flight": 1, "data_dir": None},
+    }
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2, 3])], names=["index"])
+    with pytest.raises(RuntimeError, match="the loop was stopped"):
+        list(run_partition(plan, iter([batch])))
+    assert sorted(p.name for p in marks.iterdir()) == ["0", "1"]
+    # Without the marker (its item leaves it again) every item runs.
+    (rows,) = run_partition({**plan, "key": "again", "stop": None}, iter([batch]))
+    assert rows.column(0).to_pylist() == [0, 1, 2, 3]

@@ -26,9 +26,12 @@ from flowtide.spark.outputs import read_output
 from .stack import Stack
 from .test_results import _embedded
 
-pytestmark = [pytest.mark.postgres, pytest.mark.nats, pytest.mark.spark]
+# Each worker starts a JVM (seconds; more on a busy machine).
+pytestmark = [pytest.mark.postgres, pytest.mark.nats, pytest.mark.spark, pytest.mark.timeout(300)]
 
 STACK_WORKERS = 2
+# One command at a time: two loops at once have a driver each.
+STACK_CONCURRENCY = 1
 
 PLAYBOOK = """\
 apiVersion: noetl.io/v2
@@ -169,19 +172,28 @@ def _exact(doc: dict[str, Any], n: int) -> None:
 
 
 def test_the_lease_is_kept_while_the_job_runs_past_it(stack: Stack, marks: Path) -> None:
-    # 10 items of 0.5 s in each of 2 partitions: the job alone outlasts the lease.
+    # Two loops at once, a worker the driver of each (both workers have their JVM for the
+    # tests after this one): 10 items of 0.5 s in each of 2 partitions outlast the lease.
+    folders = [marks / "a", marks / "b"]
+    for folder in folders:
+        folder.mkdir()
+        folder.chmod(0o777)
     with stack.client() as client:
-        eid = _start(client, marks)
-        doc = _wait(client, eid, timeout=120)
-        assert doc["status"] == "completed", doc["error"]
-        _exact(doc, 20)
-        (claimed,) = _events(client, eid, "command.claimed")
-        (done,) = _events(client, eid, "command.completed")
-        assert done["time"] - claimed["time"] > 1.5 * stack.lease
-        # Issued once, claimed once, run once: never taken back from its driver.
-        assert len(_events(client, eid, "command.issued")) == 1
-        assert done["worker_id"] == claimed["worker_id"]
-        assert sorted(_runs(marks)) == list(range(20))
+        eids = [_start(client, folder) for folder in folders]
+        drivers = set()
+        for eid, folder in zip(eids, folders, strict=True):
+            doc = _wait(client, eid, timeout=240)
+            assert doc["status"] == "completed", doc["error"]
+            _exact(doc, 20)
+            (claimed,) = _events(client, eid, "command.claimed")
+            (done,) = _events(client, eid, "command.completed")
+            assert done["time"] - claimed["time"] > 1.5 * stack.lease
+            # Issued once, claimed once, run once: never taken back from its driver.
+            assert len(_events(client, eid, "command.issued")) == 1
+            assert done["worker_id"] == claimed["worker_id"]
+            drivers.add(done["worker_id"])
+            assert sorted(_runs(folder)) == list(range(20))
+        assert drivers == {"w0", "w1"}
 
 
 def test_cancel_stops_the_job(stack: Stack, marks: Path) -> None:
@@ -212,7 +224,6 @@ def _descendants(pid: int) -> list[psutil.Process]:
     return list(psutil.Process(pid).children(recursive=True))
 
 
-@pytest.mark.timeout(300)  # two drivers start a JVM each
 def test_a_driver_killed_mid_job_gives_the_loop_to_the_other_worker(
     stack: Stack, marks: Path
 ) -> None:

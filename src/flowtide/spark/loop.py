@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -75,6 +76,7 @@ _MAX_IN_FLIGHT = 256
 #: Seconds a stop marker stays after its job ended: the python workers of the cancelled
 #: tasks may still be running items meanwhile (until Spark kills them).
 _STOP_KEEP_SECONDS = 60.0
+_MARKER_PREFIX = "flowtide-spark-loop-stop-"
 
 
 def run_spark_loop(
@@ -261,7 +263,7 @@ def _stop_marker(key: str) -> str | None:
     info = sessions.info
     if info is None or not info.master.startswith("local"):
         return None
-    return os.path.join(tempfile.gettempdir(), f"flowtide-spark-loop-stop-{key}")
+    return os.path.join(tempfile.gettempdir(), f"{_MARKER_PREFIX}{key}")
 
 
 _markers: set[str] = set()
@@ -269,7 +271,8 @@ _markers_lock = threading.Lock()
 
 
 def _remove_later(path: str) -> None:
-    """Remove stop marker `path` in `_STOP_KEEP_SECONDS`, or as the process exits."""
+    """Remove stop marker `path` in `_STOP_KEEP_SECONDS`, or as the process exits; and
+    the markers of drivers that could not (killed), once an hour old."""
 
     def remove() -> None:
         with _markers_lock:
@@ -279,6 +282,11 @@ def _remove_later(path: str) -> None:
 
     with _markers_lock:
         _markers.add(path)
+    now = time.time()
+    for old in glob.glob(os.path.join(tempfile.gettempdir(), _MARKER_PREFIX + "*")):
+        with contextlib.suppress(OSError):  # another's, or gone meanwhile
+            if now - os.path.getmtime(old) > 3600:
+                os.unlink(old)
     timer = threading.Timer(_STOP_KEEP_SECONDS, remove)
     timer.daemon = True
     timer.start()

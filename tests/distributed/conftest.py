@@ -24,8 +24,10 @@ _names = itertools.count()
 def stack(
     pg_server: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Stack]:
-    """The module's stack; a module sets STACK_WORKERS to start other than 2 workers."""
+    """The module's stack; a module sets STACK_WORKERS to start other than 2 workers, and
+    STACK_CONCURRENCY for other than 8 slots each."""
     workers = getattr(request.module, "STACK_WORKERS", 2)
+    concurrency = getattr(request.module, "STACK_CONCURRENCY", 8)
     root = tmp_path_factory.mktemp("stack")
     name = f"dist_{next(_names)}"
     db = pg_server.create_database(name)
@@ -35,7 +37,7 @@ def stack(
     try:
         stack.start_server()
         for _ in range(workers):
-            stack.start_worker()
+            stack.start_worker(concurrency=concurrency)
         yield stack
     finally:
         stack.stop()

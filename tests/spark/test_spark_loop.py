@@ -371,3 +371,53 @@ def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> Non
     status = flowtide_cli("status", result.doc["execution_id"], home=result.home)
     assert status.returncode == 0, status.stderr
     assert "48/48" in status.stdout and "1 failed" in status.stdout, status.stdout
+
+
+def test_a_partition_starts_no_item_once_the_stop_marker_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a python worker runs (no JVM): the driver marks a cancelled loop stopped, and
+    # the items of its tasks, still running until Spark kills them, start no more (the
+    # marker is looked for every 50 ms: here before each item). Meanwhile the partition
+    # writes how many items it ran, which the driver adds up for the loop's progress.
+    import pyarrow as pa
+
+    from flowtide.spark import loopmarks, partition
+    from flowtide.spark.partition import run_partition
+
+    monkeypatch.setattr(partition, "LOOK_SECONDS", 0.0)
+
+    marks, base = tmp_path / "marks", str(tmp_path / "loop")
+    stop = base + ".stop"
+    marks.mkdir()
+    text = f"""\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: stopped, path: tests/stopped}}
+workflow:
+  - step: work
+    loop: {{in: "{{{{ range(4) | list }}}}", iterator: x, spec: {{mode: spark}}}}
+    tool:
+      kind: python
+      input: {{x: "{{{{ iter.x }}}}"}}
+      code: |
+        open("{marks}/" + str(x), "w").close()
+        if x == 1:
+            open("{stop}", "w").close()
+        result = x
+"""
+    plan = {
+        **{"key": "stopped", "marks": base, "text": text, "file": None, "step": "work"},
+        **{"iterator": "x", "size": 4, "unwrap": None, "items": [0, 1, 2, 3]},
+        **{"base": {}, "ctx": {}, "execution_id": 1, "max_in_flight": 1, "data_dir": None},
+    }
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2, 3])], names=["index"])
+    with pytest.raises(RuntimeError, match="the loop was stopped"):
+        list(run_partition(plan, iter([batch])))
+    assert sorted(p.name for p in marks.iterdir()) == ["0", "1"]
+    assert loopmarks.read_done(base) == 2
+    loopmarks.forget(base)
+    assert loopmarks.read_done(base) is None
+    # Without the marker (its item leaves it again) every item runs.
+    (rows,) = run_partition({**plan, "key": "again", "marks": None}, iter([batch]))
+    assert rows.column(0).to_pylist() == [0, 1, 2, 3]

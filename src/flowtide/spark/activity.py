@@ -59,6 +59,9 @@ class SparkRun:
     deadline: float | None = None  # time.monotonic() after which the run is interrupted
     started: float = field(default_factory=time.monotonic)
     reason: str | None = None  # "cancelled" | "timeout" once interrupted
+    #: Called as the run is interrupted, before its jobs are cancelled (a spark loop
+    #: tells its python workers to start no more items: `flowtide.spark.loop`).
+    on_interrupt: Callable[[], None] | None = None
     # Spark Connect: what the progress handler reported.
     operations: list[str] = field(default_factory=list)
     stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (done, total)
@@ -88,14 +91,16 @@ class SparkRun:
 
 @dataclass
 class ItemsWatch:
-    """The items of a spark loop's job, counted a task at a time: `done` is `total` times
-    the tasks done of its stage (the stage of `partitions` tasks, else the job's last),
-    never less than it was. Told (`report`, the step's log) at most every
+    """The items of a spark loop's job: what its partitions wrote they ran (`marks`: a
+    local master, `flowtide.spark.loopmarks`), else counted a task at a time (`total`
+    times the tasks done of its stage: the stage of `partitions` tasks, else the job's
+    last); never less than it was. Told (`report`, the step's log) at most every
     `PROGRESS_SECONDS` and only when it grew."""
 
     total: int
     partitions: int | None
     report: Callable[[dict[str, Any]], None] | None
+    marks: str | None = None
     started: float = field(default_factory=time.monotonic)
     done: int = 0
     told_at: float = 0.0
@@ -212,6 +217,9 @@ def interrupt(run: SparkRun, reason: str) -> None:
     if run.reason is not None:
         return
     run.reason = reason
+    if run.on_interrupt is not None:
+        with contextlib.suppress(Exception):
+            run.on_interrupt()
     try:
         if run.connect:
             run.session.interruptTag(run.tag)
@@ -279,12 +287,16 @@ def _count_items(run: SparkRun, now: float) -> None:
     watch = run.items
     if watch is None or now - watch.told_at < PROGRESS_SECONDS:
         return
+    done = 0
     stages = _describe(run, now)["stages"]
     ours = [s for s in stages if watch.partitions and s["total"] == watch.partitions] or stages
-    if not ours:
-        return
-    stage = max(ours, key=lambda s: s["id"])
-    done = watch.total * stage["done"] // max(stage["total"], 1)
+    if ours:
+        stage = max(ours, key=lambda s: s["id"])
+        done = watch.total * stage["done"] // max(stage["total"], 1)
+    if watch.marks is not None:
+        from flowtide.spark.loopmarks import read_done
+
+        done = max(done, min(read_done(watch.marks) or 0, watch.total))
     if done <= watch.done:
         return
     watch.done, watch.told_at = done, now

@@ -24,6 +24,11 @@ claims it (embedded or a distributed worker) is the Spark driver:
    `results` (what every item returned, in index order, as a loop of any mode gives)
    when there are at most `spec.results_max` items (default 10,000).
 
+A cancel or timeout interrupts the job (`flowtide.spark.activity`); with a local master
+the driver also leaves a stop marker that the python workers look for before each item,
+so no item starts once the loop is stopped (Spark itself kills a python worker whose task
+was cancelled only seconds later).
+
 An item whose rules say `fail` fails the loop once the job is over (the items of other
 partitions still ran); `break` stops the items after it in its partition, the other
 partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
@@ -34,11 +39,9 @@ as with any retried command: a task Spark runs again runs its items again.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +52,10 @@ from flowtide.playbook.model import Step
 from flowtide.playbook.template import render
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
 from flowtide.settings import LimitsSection, current
+from flowtide.spark import loopmarks
+from flowtide.spark.partition import partition_function
 from flowtide.tools.base import ToolContext
+from flowtide.tools.registry import get_tool
 from flowtide.tools.spark import SparkTool
 
 __all__ = ["OUT_SCHEMA", "run_spark_loop"]
@@ -80,6 +86,9 @@ def run_spark_loop(
     `progress`: told the items done while the job runs (`activity.ItemsWatch`); the
     outcome's `items` are the exact counts."""
     assert step.loop is not None
+    # The registry's spark tool: `cancel_running` (a cancel, a worker's shutdown) stops
+    # Spark work through it, this loop's job included.
+    get_tool("spark")
     task = step.tasks[0]
     record = Record(time.time())
     scope = layered({"ctx": ctx, "vars": ctx}, base)
@@ -184,9 +193,12 @@ class _SparkLoopTool(SparkTool):
         frame, size, shape = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
         partitions = _partitions_of(frame)
         say(run, f"loop over {size} items in {partitions or 'its'} partitions")
+        key = uuid.uuid4().hex
+        marks = loopmarks.marks_for(key)
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
-            "key": uuid.uuid4().hex,
+            "key": key,
+            "marks": marks,
             "text": job.playbook.text,
             "file": job.playbook.file,
             "step": job.step.name,
@@ -203,15 +215,20 @@ class _SparkLoopTool(SparkTool):
             "max_in_flight": job.max_in_flight,
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
         }
-        out = frame.mapInArrow(_partition_function(plan), OUT_SCHEMA)
-        watch = ItemsWatch(size, partitions, job.progress)
-        if run is not None:
-            run.items = watch
+        out = frame.mapInArrow(partition_function(plan), OUT_SCHEMA)
+        watch = ItemsWatch(size, partitions, job.progress, marks)
+        run.items = watch
+        if marks is not None:
+            run.on_interrupt = lambda: loopmarks.stop(marks)
         try:
+            if run.reason is not None:  # interrupted before the marker could be left
+                raise ToolError(f"spark step '{ctx.step}' {run.reason}", kind=run.reason)
             written = write(out, None, ctx)
         finally:
-            if run is not None:
-                run.items = None
+            run.items = None
+            run.on_interrupt = None
+            if marks is not None:
+                loopmarks.forget(marks)
         seconds = time.monotonic() - watch.started
         back = spark.read.parquet(written.uri)
         # One job: the rows per (status, action) and the first index of each.
@@ -383,174 +400,3 @@ def _default_partitions(spark: Any, items: int) -> int:
         cores = int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2
     by_size = -(-items // _ITEMS_PER_PARTITION)
     return min(max(max(1, cores) * _PARTITIONS_PER_CORE, by_size), _MAX_PARTITIONS)
-
-
-# -- in a Spark python worker -------------------------------------------------------------
-
-
-def _partition_function(plan: dict[str, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The `mapInArrow` function of a loop: a closure over its `plan` (shipped, pickled,
-    once per task)."""
-
-    def run_items(batches: Iterator[Any]) -> Iterator[Any]:
-        return run_partition(plan, batches)
-
-    return run_items
-
-
-@dataclass
-class _Prepared:
-    runner: Any
-    step: Step
-    iterator: str
-    size: int
-    unwrap: str | None
-    columns: list[str] | None
-    items: list[Any] | None
-    base: dict[str, Any]
-    ctx: dict[str, Any]
-    execution_id: int
-    max_in_flight: int = 1
-
-
-_prepared_plans: dict[str, _Prepared] = {}
-
-
-def _prepare(plan: dict[str, Any]) -> _Prepared:
-    """The runner of `plan`, made once per python worker process and plan."""
-    key = str(plan["key"])
-    got = _prepared_plans.get(key)
-    if got is not None:
-        return got
-    from pathlib import Path
-
-    from flowtide.playbook.loader import parse_playbook
-    from flowtide.runtime.pipeline import StepRunner
-
-    _executor_environment()
-    p = plan
-    playbook = parse_playbook(p["text"], p["file"])
-    runner = StepRunner(playbook, data_dir=Path(p["data_dir"]) if p["data_dir"] else None)
-    got = _Prepared(
-        runner,
-        playbook.steps[p["step"]],
-        p["iterator"],
-        int(p["size"]),
-        p["unwrap"],
-        p.get("columns"),
-        p["items"],
-        p["base"],
-        p["ctx"],
-        int(p["execution_id"]),
-        int(p.get("max_in_flight") or 1),
-    )
-    _prepared_plans.clear()  # one loop at a time is what a python worker serves
-    _prepared_plans[key] = got
-    return got
-
-
-#: flowtide settings an item's tools read that hold no secret (limits, file roots): kept.
-_KEPT_SETTINGS = (
-    "FLOWTIDE_FILE_ROOTS",
-    "FLOWTIDE_HTTP_",
-    "FLOWTIDE_MAX_",
-    "FLOWTIDE_TEMPLATE_ENV",
-)
-
-
-def _executor_environment() -> None:
-    """A Spark python worker inherits the driver's environment: flowtide's own settings
-    that may hold secrets (tokens, keys, URLs) are removed before user code runs here
-    (the limits and file roots stay), and python bodies run in this process (the worker
-    is already a process apart from flowtide's)."""
-    for name in [n for n in os.environ if n.startswith("FLOWTIDE_")]:
-        if not name.startswith(_KEPT_SETTINGS):
-            del os.environ[name]
-    from flowtide.tools.python_pool import Isolation
-    from flowtide.tools.registry import get_tool
-
-    get_tool("python").configure(Isolation(mode="thread"))
-
-
-def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
-    """Run the items of one partition (Arrow batches of `index`, and `item` for a
-    dataset), yielding batches of `OUT_SCHEMA` rows. With `max_in_flight` > 1 the items
-    run that many at a time on threads (an http body's calls overlap); an item whose
-    rules say `break` stops the partition once the items running beside it are done."""
-    import pyarrow as pa
-
-    prep = _prepare(plan)
-    schema = pa.schema(
-        [
-            ("index", pa.int64()),
-            ("status", pa.string()),
-            ("result", pa.string()),
-            ("error", pa.string()),
-            ("action", pa.string()),
-        ]
-    )
-    pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
-    try:
-        for batch in batches:
-            indexes = batch.column(0).to_pylist()
-            raws = _elements(prep, batch, indexes)
-            cols: tuple[list[Any], ...] = ([], [], [], [], [])
-            stop = False
-            width = prep.max_in_flight
-            for at in range(0, len(indexes), width):
-                window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
-                if pool is None:
-                    outcomes = [_run_item(prep, i, raw) for i, raw in window]
-                else:
-                    outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
-                for (index, _), outcome in zip(window, outcomes, strict=True):
-                    cols[0].append(index)
-                    cols[1].append(outcome.status)
-                    text = outcome.text
-                    cols[2].append(text if text is not None else json.dumps(outcome.result))
-                    error = outcome.error
-                    cols[3].append(None if error is None else json.dumps(error, default=str))
-                    cols[4].append(outcome.action)
-                    stop = stop or outcome.action == "break"
-                if stop:
-                    break
-            arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-            if stop:
-                return
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-
-def _elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
-    """The items of a batch of rows: the plan's list's, or the rows' (Arrow columns, or
-    JSON text), each a dict, or the one column's value (`ItemShape`)."""
-    if prep.items is not None:
-        return [prep.items[i] for i in indexes]
-    if prep.columns is not None:
-        values = [batch.column(i + 1).to_pylist() for i in range(len(prep.columns))]
-        if prep.unwrap is not None:
-            return list(values[0])
-        names = prep.columns
-        return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
-    out = [json.loads(raw) for raw in batch.column(1).to_pylist()]
-    if prep.unwrap is not None:
-        key = prep.unwrap
-        return [e.get(key) if isinstance(e, dict) else e for e in out]
-    return out
-
-
-def _run_item(prep: _Prepared, index: int, element: Any) -> Outcome:
-    """One item through the step's runner, as an iteration of any loop runs."""
-    outcome: Outcome = prep.runner.run(
-        prep.step,
-        prep.base,
-        prep.ctx,
-        execution_id=prep.execution_id,
-        iterator=prep.iterator,
-        element=element,
-        index=index,
-        size=prep.size,
-    )
-    return outcome

@@ -1,0 +1,225 @@
+"""A spark loop's items in a Spark python worker (`flowtide.spark.loop`): the
+`mapInArrow` function of its job runs each item of a partition through the step's
+runner, as an iteration of any loop runs, and yields the rows `OUT_SCHEMA` says.
+
+The plan (the playbook's text, the step, the execution's context, the items of a list)
+arrives pickled with each task and is prepared once per python worker process: the
+playbook parsed, the templates and the code compiled once. With a local master the
+partition looks at the loop's marks (`flowtide.spark.loopmarks`) every `LOOK_SECONDS`:
+it stops when the driver left the stop marker, and writes how many items it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from flowtide.playbook.model import Step
+from flowtide.runtime.outcome import Outcome
+from flowtide.spark import loopmarks
+
+__all__ = ["LOOK_SECONDS", "partition_function", "run_partition"]
+
+#: Seconds between two looks at a loop's marks in a partition.
+LOOK_SECONDS = 0.05
+
+
+def _partition_id() -> int:
+    """This task's partition (0 outside a Spark task: a test's direct call)."""
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+    except ImportError:
+        return 0
+    return int(context.partitionId()) if context is not None else 0
+
+
+def partition_function(plan: dict[str, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The `mapInArrow` function of a loop: a closure over its `plan` (shipped, pickled,
+    once per task)."""
+
+    def run_items(batches: Iterator[Any]) -> Iterator[Any]:
+        return run_partition(plan, batches)
+
+    return run_items
+
+
+@dataclass
+class _Prepared:
+    runner: Any
+    step: Step
+    iterator: str
+    size: int
+    unwrap: str | None
+    columns: list[str] | None
+    items: list[Any] | None
+    base: dict[str, Any]
+    ctx: dict[str, Any]
+    execution_id: int
+    max_in_flight: int = 1
+
+
+_prepared_plans: dict[str, _Prepared] = {}
+
+
+def _prepare(plan: dict[str, Any]) -> _Prepared:
+    """The runner of `plan`, made once per python worker process and plan."""
+    key = str(plan["key"])
+    got = _prepared_plans.get(key)
+    if got is not None:
+        return got
+    from pathlib import Path
+
+    from flowtide.playbook.loader import parse_playbook
+    from flowtide.runtime.pipeline import StepRunner
+
+    _executor_environment()
+    p = plan
+    playbook = parse_playbook(p["text"], p["file"])
+    runner = StepRunner(playbook, data_dir=Path(p["data_dir"]) if p["data_dir"] else None)
+    got = _Prepared(
+        runner,
+        playbook.steps[p["step"]],
+        p["iterator"],
+        int(p["size"]),
+        p["unwrap"],
+        p.get("columns"),
+        p["items"],
+        p["base"],
+        p["ctx"],
+        int(p["execution_id"]),
+        int(p.get("max_in_flight") or 1),
+    )
+    _prepared_plans.clear()  # one loop at a time is what a python worker serves
+    _prepared_plans[key] = got
+    return got
+
+
+#: flowtide settings an item's tools read that hold no secret (limits, file roots): kept.
+_KEPT_SETTINGS = (
+    "FLOWTIDE_FILE_ROOTS",
+    "FLOWTIDE_HTTP_",
+    "FLOWTIDE_MAX_",
+    "FLOWTIDE_TEMPLATE_ENV",
+)
+
+
+def _executor_environment() -> None:
+    """A Spark python worker inherits the driver's environment: flowtide's own settings
+    that may hold secrets (tokens, keys, URLs) are removed before user code runs here
+    (the limits and file roots stay), and python bodies run in this process (the worker
+    is already a process apart from flowtide's)."""
+    for name in [n for n in os.environ if n.startswith("FLOWTIDE_")]:
+        if not name.startswith(_KEPT_SETTINGS):
+            del os.environ[name]
+    from flowtide.tools.python_pool import Isolation
+    from flowtide.tools.registry import get_tool
+
+    get_tool("python").configure(Isolation(mode="thread"))
+
+
+def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
+    """Run the items of one partition (Arrow batches of `index`, and `item` for a
+    dataset), yielding batches of `OUT_SCHEMA` rows. With `max_in_flight` > 1 the items
+    run that many at a time on threads (an http body's calls overlap); an item whose
+    rules say `break` stops the partition once the items running beside it are done.
+
+    Raises:
+        RuntimeError: the driver left the loop's stop marker (cancelled, timed out): no
+            more items start, and the task fails rather than commit part of its rows.
+    """
+    import pyarrow as pa
+
+    prep = _prepare(plan)
+    marks = plan.get("marks")
+    partition = _partition_id()
+    ran = 0
+    schema = pa.schema(
+        [
+            ("index", pa.int64()),
+            ("status", pa.string()),
+            ("result", pa.string()),
+            ("error", pa.string()),
+            ("action", pa.string()),
+        ]
+    )
+    pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
+    look_at = (
+        0.0  # when to look for the marker next (a stat per item would cost as much as the item)
+    )
+    try:
+        for batch in batches:
+            indexes = batch.column(0).to_pylist()
+            raws = _elements(prep, batch, indexes)
+            cols: tuple[list[Any], ...] = ([], [], [], [], [])
+            stop = False
+            width = prep.max_in_flight
+            for at in range(0, len(indexes), width):
+                if marks and time.monotonic() >= look_at:
+                    loopmarks.write_done(marks, partition, ran)
+                    if loopmarks.stopped(marks):
+                        raise RuntimeError("the loop was stopped (cancelled or timed out)")
+                    look_at = time.monotonic() + LOOK_SECONDS
+                window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
+                if pool is None:
+                    outcomes = [_run_item(prep, i, raw) for i, raw in window]
+                else:
+                    outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
+                for (index, _), outcome in zip(window, outcomes, strict=True):
+                    cols[0].append(index)
+                    cols[1].append(outcome.status)
+                    text = outcome.text
+                    cols[2].append(text if text is not None else json.dumps(outcome.result))
+                    error = outcome.error
+                    cols[3].append(None if error is None else json.dumps(error, default=str))
+                    cols[4].append(outcome.action)
+                    stop = stop or outcome.action == "break"
+                ran += len(window)
+                if stop:
+                    break
+            arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            if stop:
+                return
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
+    """The items of a batch of rows: the plan's list's, or the rows' (Arrow columns, or
+    JSON text), each a dict, or the one column's value (`ItemShape`)."""
+    if prep.items is not None:
+        return [prep.items[i] for i in indexes]
+    if prep.columns is not None:
+        values = [batch.column(i + 1).to_pylist() for i in range(len(prep.columns))]
+        if prep.unwrap is not None:
+            return list(values[0])
+        names = prep.columns
+        return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+    out = [json.loads(raw) for raw in batch.column(1).to_pylist()]
+    if prep.unwrap is not None:
+        key = prep.unwrap
+        return [e.get(key) if isinstance(e, dict) else e for e in out]
+    return out
+
+
+def _run_item(prep: _Prepared, index: int, element: Any) -> Outcome:
+    """One item through the step's runner, as an iteration of any loop runs."""
+    outcome: Outcome = prep.runner.run(
+        prep.step,
+        prep.base,
+        prep.ctx,
+        execution_id=prep.execution_id,
+        iterator=prep.iterator,
+        element=element,
+        index=index,
+        size=prep.size,
+    )
+    return outcome

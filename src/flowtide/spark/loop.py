@@ -29,6 +29,10 @@ partitions still ran); `break` stops the items after it in its partition, the ot
 partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
 items print is not kept (their results and errors are). Side effects are at-least-once,
 as with any retried command: a task Spark runs again runs its items again.
+
+With `spec.rate` (items started per second across the job) the job is one wave: a
+partition per task slot unless `spec.partitions` says, each pacing its item starts at
+its share of the rate on a monotonic schedule (`flowtide.spark.pace`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from flowtide.playbook.model import Step
 from flowtide.playbook.template import render
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
 from flowtide.settings import LimitsSection, current
+from flowtide.spark.pace import Pacer, burst_for, share_of
 from flowtide.tools.base import ToolContext
 from flowtide.tools.spark import SparkTool
 
@@ -93,6 +98,7 @@ def run_spark_loop(
         job = _LoopJob(
             runner.playbook, step, collection, base, ctx, execution_id, _in_flight(step, scope)
         )
+        job.rate = _rate(step, scope)
         result = _SparkLoopTool(job).run({}, tctx)
         failure = job.failure
         if failure is not None:
@@ -135,6 +141,7 @@ class _LoopJob:
     execution_id: int
     max_in_flight: int = 1
     failure: dict[str, Any] | None = None
+    rate: float | None = None
 
 
 class _SparkLoopTool(SparkTool):
@@ -166,8 +173,15 @@ class _SparkLoopTool(SparkTool):
         job = self.job
         loop = job.step.loop
         assert loop is not None
-        frame, size, shape = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
+        # With a rate: one wave, a partition per task slot unless `spec.partitions` says.
+        slots = _slots(spark) if job.rate else 0
+        parts = loop.partitions or slots or None
+        frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
         say(run, f"loop over {size} items in {_partitions_of(frame)} partitions")
+        share = None
+        if job.rate:
+            share = share_of(job.rate, min(parts or 1, max(size, 1)), slots)
+            say(run, f"rate {job.rate:g} items/s: {share:g} per partition, {slots} task slots")
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
             "key": uuid.uuid4().hex,
@@ -185,6 +199,7 @@ class _SparkLoopTool(SparkTool):
             "ctx": dict(job.ctx),
             "execution_id": job.execution_id,
             "max_in_flight": job.max_in_flight,
+            "share": share,
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
         }
         out = frame.mapInArrow(_partition_function(plan), OUT_SCHEMA)
@@ -243,6 +258,30 @@ def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:
             kind="loop_error",
         )
     return max(1, min(int(value), _MAX_IN_FLIGHT))
+
+
+def _rate(step: Step, scope: Mapping[str, Any]) -> float | None:
+    """`spec.rate` of a spark loop: items started per second across the job, or None.
+
+    Raises:
+        ToolError: kind "loop_error" when it does not render to a positive number.
+    """
+    assert step.loop is not None
+    raw = step.loop.rate
+    if raw is None:
+        return None
+    value = render(raw, scope, step=step.name, field="loop.spec.rate")
+    try:
+        rate = float(value) if not isinstance(value, bool) else 0.0
+    except (TypeError, ValueError):
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise ToolError(
+            f"loop 'spec.rate' rendered to {value!r}, expected a positive number (items per"
+            " second)",
+            kind="loop_error",
+        )
+    return rate
 
 
 def _partitions_of(frame: Any) -> str:
@@ -346,12 +385,18 @@ def _default_partitions(spark: Any, items: int) -> int:
     """Four per core of Spark's parallelism, and more for a large loop: at most
     `_ITEMS_PER_PARTITION` items each (a task Spark runs again runs its items again, and
     progress moves a task at a time)."""
-    try:
-        cores = int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
-        cores = int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2
+    cores = _slots(spark)
     by_size = -(-items // _ITEMS_PER_PARTITION)
     return min(max(max(1, cores) * _PARTITIONS_PER_CORE, by_size), _MAX_PARTITIONS)
+
+
+def _slots(spark: Any) -> int:
+    """The tasks Spark runs at once: its default parallelism (Spark Connect: a quarter
+    of `spark.sql.shuffle.partitions`, at least 2)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        return int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2
 
 
 # -- in a Spark python worker -------------------------------------------------------------
@@ -380,6 +425,8 @@ class _Prepared:
     ctx: dict[str, Any]
     execution_id: int
     max_in_flight: int = 1
+    share: float | None = None  # items/s of each partition (`spec.rate`), or None
+    pacer: Pacer | None = None  # the pace of the task running now
 
 
 _prepared_plans: dict[str, _Prepared] = {}
@@ -395,11 +442,14 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
 
     from flowtide.playbook.loader import parse_playbook
     from flowtide.runtime.pipeline import StepRunner
+    from flowtide.tools.registry import warm_tools
 
     _executor_environment()
     p = plan
     playbook = parse_playbook(p["text"], p["file"])
     runner = StepRunner(playbook, data_dir=Path(p["data_dir"]) if p["data_dir"] else None)
+    # The first item is not the one that imports its tool (a rate paces from it).
+    warm_tools({t.kind for t in playbook.steps[p["step"]].tasks})
     got = _Prepared(
         runner,
         playbook.steps[p["step"]],
@@ -412,6 +462,7 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
         p["ctx"],
         int(p["execution_id"]),
         int(p.get("max_in_flight") or 1),
+        float(p["share"]) if p.get("share") else None,
     )
     _prepared_plans.clear()  # one loop at a time is what a python worker serves
     _prepared_plans[key] = got
@@ -449,6 +500,7 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
     import pyarrow as pa
 
     prep = _prepare(plan)
+    prep.pacer = Pacer(s, burst=burst_for(s, prep.max_in_flight)) if (s := prep.share) else None
     schema = pa.schema(
         [
             ("index", pa.int64()),
@@ -512,6 +564,8 @@ def _elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
 
 def _run_item(prep: _Prepared, index: int, element: Any) -> Outcome:
     """One item through the step's runner, as an iteration of any loop runs."""
+    if prep.pacer is not None:
+        prep.pacer.wait()  # `spec.rate`: the item starts in its slot
     outcome: Outcome = prep.runner.run(
         prep.step,
         prep.base,

@@ -3,7 +3,7 @@ one command per item (`mode: parallel`), embedded, in one invocation.
 
     .venv/bin/python bench/spark_loop.py [--items 1000000] [--small 100000]
                                          [--parallel 100000] [--rounds 1] [--json]
-    .venv/bin/python bench/spark_loop.py --http [--http-items 100000] [--rate 1000]
+    .venv/bin/python bench/spark_loop.py --http [--http-items 100000] [--rate 500]
                                          [--http-port 0]
 
 Each variant is `flowtide run` of a generated playbook in its own process (its own home,
@@ -287,7 +287,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--http", action="store_true", help="the rate-limited http variant alone")
     ap.add_argument("--http-items", type=int, default=100_000)
-    ap.add_argument("--rate", type=float, default=1000.0, help="--http: items/s of the job")
+    ap.add_argument("--rate", type=float, default=500.0, help="--http: items/s of the job")
     ap.add_argument("--http-port", type=int, default=0, help="--http: the stub's port")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="flowtide-bench-spark-loop-"))

@@ -100,8 +100,9 @@ def test_a_rate_holds_the_job_wide_item_starts(run_playbook: Runner) -> None:
     steady = sum(1 for t, _ in arrivals if lo <= t <= hi)
     assert steady / (hi - lo) == pytest.approx(RATE, rel=0.08)
     # Never over the rate by more than the catch-up each partition may make, in any
-    # second (without pacing the items arrive in well under a second).
-    bound = RATE + parts * (burst_for(share, IN_FLIGHT) + 1)
+    # second, and 100 ms of arrival jitter (the starts are paced, the requests reach the
+    # server a little later each; without pacing the items arrive in under a second).
+    bound = RATE * 1.1 + parts * (burst_for(share, IN_FLIGHT) + 1)
     times = [t for t, _ in arrivals]
     busiest = max(sum(1 for u in times[k:] if u < t + 1.0) for k, t in enumerate(times))
     assert busiest <= bound, f"{busiest} requests in one second, rate {RATE}"

@@ -4,6 +4,8 @@ one command per item (`mode: parallel`), embedded, in one invocation.
     .venv/bin/python bench/spark_loop.py [--items 1000000] [--small 100000]
                                          [--parallel 100000] [--rounds 1] [--json]
                                          [--prefect [--prefect-budget 300]]
+    .venv/bin/python bench/spark_loop.py --http [--http-items 100000] [--rate 500]
+                                         [--http-port 0]
 
 Each variant is `flowtide run` of a generated playbook in its own process (its own home,
 its own Spark session): a spark step writes `SELECT id AS x FROM range(N)` as parquet,
@@ -22,6 +24,12 @@ its children and are not counted in it: sampled from /proc every 0.2 s). Rounds 
 minutes) also runs bench/prefect_map.py: Prefect 3 `task.map` of the same work at the
 largest size of a ladder that it completes within `--prefect-budget` seconds (300), and
 prints its items/s and spark(big)/prefect beside the others.
+`--http` (alone): a `mode: spark` loop of `--http-items` `http` GETs with `spec.rate`
+against a stub server on loopback (`http.server`, threaded, keep-alive, in its own
+process so its CPU is read apart), which notes when each request arrives. Figures: the
+achieved rate (requests over the span from the first arrival to the last; and over the
+middle 90 % of the requests), its deviation from `--rate` (goal: within 5 %), the
+busiest second, and the stub's CPU (it must not be what limits the rate).
 """
 
 from __future__ import annotations
@@ -149,6 +157,134 @@ def _prefect(budget: float, spark_rate: float) -> dict[str, Any]:
     return pf
 
 
+HTTP_PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: bench_spark_loop_http, path: bench/spark_loop_http}
+workload: {n: 0, rate: 1, url: ""}
+executor:
+  spark:
+    master: local[*]
+workflow:
+  - step: work
+    loop:
+      in: "{{ range(workload.n) | list }}"
+      iterator: n
+      spec: {mode: spark, rate: "{{ workload.rate }}", max_in_flight: 8, results_max: 0}
+    tool: {kind: http, url: "{{ workload.url }}/n/{{ iter.n }}"}
+    next: [check]
+  - step: check
+    tool: {kind: python, input: {stats: "{{ work.stats }}"}, code: "result = stats"}
+"""
+
+#: The stub: answers every GET at once and notes its arrival (monotonic clock);
+#: GET /_arrivals returns them. Run as `python -c STUB PORT`; prints its port.
+STUB = r"""
+import json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+arrivals, lock = [], threading.Lock()
+class Stub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    def do_GET(self):
+        if self.path == "/_arrivals":
+            with lock:
+                body = json.dumps(arrivals).encode()
+        else:
+            at = time.monotonic()
+            with lock:
+                arrivals.append(at)
+            body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Stub)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run_http(n: int, rate: float, port: int, root: Path) -> dict[str, Any]:
+    """The `--http` variant: one `flowtide run` of a rate-limited spark loop of GETs."""
+    import urllib.request
+
+    folder = Path(tempfile.mkdtemp(prefix=f"http-{n}-", dir=root))
+    book = folder / "pb.yaml"
+    book.write_text(HTTP_PLAYBOOK)
+    stub = subprocess.Popen(
+        [sys.executable, "-c", STUB, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert stub.stdout is not None
+        url = f"http://127.0.0.1:{int(stub.stdout.readline())}"
+        env = dict(os.environ, FLOWTIDE_HOME=str(folder / "home"), FLOWTIDE_NO_PROGRESS="1")
+        cpu0, t0 = _cpu_seconds(stub.pid), time.perf_counter()
+        sets = [f"n={n}", f"rate={rate:g}", f"url={url}"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "flowtide.cli", "run", str(book), "--json"]
+            + [x for kv in sets for x in ("--set", kv)],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        wall = time.perf_counter() - t0
+        stub_cpu = _cpu_seconds(stub.pid) - cpu0
+        with urllib.request.urlopen(f"{url}/_arrivals") as answer:
+            arrivals = sorted(json.loads(answer.read()))
+    finally:
+        stub.terminate()
+        stub.wait()
+    doc = json.loads(proc.stdout)
+    if doc["status"] != "completed":
+        raise SystemExit(f"http {n}: {doc['error']}\n{proc.stderr[-2000:]}")
+    assert doc["result"] == {"total": n, "success": n, "failed": 0}, doc["result"]
+    assert len(arrivals) == n, len(arrivals)
+    span = arrivals[-1] - arrivals[0]
+    cut = n // 20
+    middle = arrivals[cut : n - cut]
+    achieved = (n - 1) / span
+    busiest, k = 0, 0
+    for j, t in enumerate(arrivals):
+        while arrivals[k] <= t - 1.0:
+            k += 1
+        busiest = max(busiest, j - k + 1)
+    return {
+        "items": n,
+        "rate": rate,
+        "span_seconds": round(span, 2),
+        "achieved_per_s": round(achieved, 1),
+        "deviation_pct": round((achieved / rate - 1) * 100, 2),
+        "middle_per_s": round((len(middle) - 1) / (middle[-1] - middle[0]), 1),
+        "busiest_second": busiest,
+        "stub_cpu_pct_of_a_core": round(stub_cpu / span * 100, 1),
+        "wall_seconds": round(wall, 1),
+        "load": [round(x, 2) for x in os.getloadavg()],
+        "cores": os.cpu_count(),
+    }
+
+
+def _print_http(out: dict[str, Any]) -> None:
+    print(
+        f"http  {out['items']:,} items at rate {out['rate']:g}/s: achieved {out['achieved_per_s']:,}/s"
+        f" over {out['span_seconds']} s ({out['deviation_pct']:+.2f} %), middle 90 %"
+        f" {out['middle_per_s']:,}/s, busiest second {out['busiest_second']:,}"
+    )
+    print(
+        f"stub CPU {out['stub_cpu_pct_of_a_core']} % of a core; wall {out['wall_seconds']} s;"
+        f" load {' '.join(map(str, out['load']))} on {out['cores']} cores"
+    )
+    met = abs(out["deviation_pct"]) <= 5
+    print(f"{'met    ' if met else 'NOT met'}  rate within 5 %: {out['deviation_pct']:+.2f} %")
+
+
 def _hwm_kb(pid: int) -> int:
     """VmHWM (peak resident set) of process `pid` in KiB; 0 once it is gone."""
     try:
@@ -171,8 +307,16 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--prefect", action="store_true", help="also Prefect 3 task.map (slow)")
     ap.add_argument("--prefect-budget", type=float, default=300.0)
+    ap.add_argument("--http", action="store_true", help="the rate-limited http variant alone")
+    ap.add_argument("--http-items", type=int, default=100_000)
+    ap.add_argument("--rate", type=float, default=500.0, help="--http: items/s of the job")
+    ap.add_argument("--http-port", type=int, default=0, help="--http: the stub's port")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="flowtide-bench-spark-loop-"))
+    if args.http:
+        http = _run_http(args.http_items, args.rate, args.http_port, root)
+        print(json.dumps(http, indent=2)) if args.json else _print_http(http)
+        return
     samples: dict[str, list[dict[str, Any]]] = {"big": [], "small": [], "parallel": []}
     for _ in range(args.rounds):
         samples["parallel"].append(_run("parallel", args.parallel, root))

@@ -192,6 +192,11 @@ def test_the_lease_is_kept_while_the_job_runs_past_it(stack: Stack, marks: Path)
             assert len(_events(client, eid, "command.issued")) == 1
             assert done["worker_id"] == claimed["worker_id"]
             drivers.add(done["worker_id"])
+            # The driver sent the items done while the job ran, and the exact counts last.
+            progress = _events(client, eid, "command.progress")
+            assert any(0 < e["payload"]["done"] < 20 for e in progress[:-1]), progress
+            assert progress[-1]["payload"]["done"] == 20
+            assert progress[-1]["payload"]["failed"] == 0
             assert sorted(_runs(folder)) == list(range(20))
         assert drivers == {"w0", "w1"}
 

@@ -78,9 +78,11 @@ class Loop:
     frame_process: str = "row"  # row | frame
     # `mode: spark`: the items run as Spark tasks (flowtide.spark.loop), split into
     # `partitions` (None: Spark's parallelism); `results_max`: up to this many items the
-    # result also holds `results`.
+    # result also holds `results`; `rate`: items started per second across the job
+    # (number, template, or None: as fast as they run).
     partitions: int | None = None
     results_max: int = 10_000
+    rate: Any = None
 
 
 @dataclass(frozen=True)

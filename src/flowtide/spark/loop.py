@@ -34,6 +34,10 @@ partitions still ran); `break` stops the items after it in its partition, the ot
 partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
 items print is not kept (their results and errors are). Side effects are at-least-once,
 as with any retried command: a task Spark runs again runs its items again.
+
+With `spec.rate` (items started per second across the job) the job is one wave: a
+partition per task slot unless `spec.partitions` says, each pacing its item starts at
+its share of the rate on a monotonic schedule (`flowtide.spark.pace`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from flowtide.playbook.template import render
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
 from flowtide.settings import LimitsSection, current
 from flowtide.spark import loopmarks
+from flowtide.spark.pace import share_of
 from flowtide.spark.partition import partition_function
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
@@ -113,6 +118,7 @@ def run_spark_loop(
             _in_flight(step, scope),
             progress=progress,
         )
+        job.rate = _rate(step, scope)
         result = _SparkLoopTool(job).run({}, tctx)
         failure = job.failure
         if failure is not None:
@@ -157,6 +163,7 @@ class _LoopJob:
     max_in_flight: int = 1
     progress: Callable[[dict[str, Any]], None] | None = None
     failure: dict[str, Any] | None = None
+    rate: float | None = None
     #: The exact counts once the job ran: `{done, total, failed, per_second}`.
     items: dict[str, Any] | None = None
 
@@ -190,9 +197,16 @@ class _SparkLoopTool(SparkTool):
         job = self.job
         loop = job.step.loop
         assert loop is not None
-        frame, size, shape = items_frame(spark, job.collection, ctx, loop.partitions, load_input)
+        # With a rate: one wave, a partition per task slot unless `spec.partitions` says.
+        slots = _slots(spark) if job.rate else 0
+        parts = loop.partitions or slots or None
+        frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
         partitions = _partitions_of(frame)
         say(run, f"loop over {size} items in {partitions or 'its'} partitions")
+        share = None
+        if job.rate:
+            share = share_of(job.rate, min(parts or 1, max(size, 1)), slots)
+            say(run, f"rate {job.rate:g} items/s: {share:g} per partition, {slots} task slots")
         key = uuid.uuid4().hex
         marks = loopmarks.marks_for(key)
         # Shipped once per task in the closure (pickled): the context as templates see it.
@@ -213,6 +227,7 @@ class _SparkLoopTool(SparkTool):
             "ctx": dict(job.ctx),
             "execution_id": job.execution_id,
             "max_in_flight": job.max_in_flight,
+            "share": share,
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
         }
         out = frame.mapInArrow(partition_function(plan), OUT_SCHEMA)
@@ -290,6 +305,30 @@ def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:
             kind="loop_error",
         )
     return max(1, min(int(value), _MAX_IN_FLIGHT))
+
+
+def _rate(step: Step, scope: Mapping[str, Any]) -> float | None:
+    """`spec.rate` of a spark loop: items started per second across the job, or None.
+
+    Raises:
+        ToolError: kind "loop_error" when it does not render to a positive number.
+    """
+    assert step.loop is not None
+    raw = step.loop.rate
+    if raw is None:
+        return None
+    value = render(raw, scope, step=step.name, field="loop.spec.rate")
+    try:
+        rate = float(value) if not isinstance(value, bool) else 0.0
+    except (TypeError, ValueError):
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise ToolError(
+            f"loop 'spec.rate' rendered to {value!r}, expected a positive number (items per"
+            " second)",
+            kind="loop_error",
+        )
+    return rate
 
 
 def _partitions_of(frame: Any) -> int | None:
@@ -394,9 +433,15 @@ def _default_partitions(spark: Any, items: int) -> int:
     """Four per core of Spark's parallelism, and more for a large loop: at most
     `_ITEMS_PER_PARTITION` items each (a task Spark runs again runs its items again, and
     progress moves a task at a time)."""
-    try:
-        cores = int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
-        cores = int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2
+    cores = _slots(spark)
     by_size = -(-items // _ITEMS_PER_PARTITION)
     return min(max(max(1, cores) * _PARTITIONS_PER_CORE, by_size), _MAX_PARTITIONS)
+
+
+def _slots(spark: Any) -> int:
+    """The tasks Spark runs at once: its default parallelism (Spark Connect: a quarter
+    of `spark.sql.shuffle.partitions`, at least 2)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        return int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8) // 4 or 2

@@ -22,6 +22,7 @@ from typing import Any
 from flowtide.playbook.model import Step
 from flowtide.runtime.outcome import Outcome
 from flowtide.spark import loopmarks
+from flowtide.spark.pace import Pacer, burst_for
 
 __all__ = ["LOOK_SECONDS", "partition_function", "run_partition"]
 
@@ -63,6 +64,8 @@ class _Prepared:
     ctx: dict[str, Any]
     execution_id: int
     max_in_flight: int = 1
+    share: float | None = None  # items/s of each partition (`spec.rate`), or None
+    pacer: Pacer | None = None  # the pace of the task running now
 
 
 _prepared_plans: dict[str, _Prepared] = {}
@@ -78,11 +81,14 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
 
     from flowtide.playbook.loader import parse_playbook
     from flowtide.runtime.pipeline import StepRunner
+    from flowtide.tools.registry import warm_tools
 
     _executor_environment()
     p = plan
     playbook = parse_playbook(p["text"], p["file"])
     runner = StepRunner(playbook, data_dir=Path(p["data_dir"]) if p["data_dir"] else None)
+    # The first item is not the one that imports its tool (a rate paces from it).
+    warm_tools({t.kind for t in playbook.steps[p["step"]].tasks})
     got = _Prepared(
         runner,
         playbook.steps[p["step"]],
@@ -95,6 +101,7 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
         p["ctx"],
         int(p["execution_id"]),
         int(p.get("max_in_flight") or 1),
+        float(p["share"]) if p.get("share") else None,
     )
     _prepared_plans.clear()  # one loop at a time is what a python worker serves
     _prepared_plans[key] = got
@@ -137,6 +144,7 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
     import pyarrow as pa
 
     prep = _prepare(plan)
+    prep.pacer = Pacer(s, burst=burst_for(s, prep.max_in_flight)) if (s := prep.share) else None
     marks = plan.get("marks")
     partition = _partition_id()
     ran = 0
@@ -212,6 +220,8 @@ def _elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
 
 def _run_item(prep: _Prepared, index: int, element: Any) -> Outcome:
     """One item through the step's runner, as an iteration of any loop runs."""
+    if prep.pacer is not None:
+        prep.pacer.wait()  # `spec.rate`: the item starts in its slot
     outcome: Outcome = prep.runner.run(
         prep.step,
         prep.base,

@@ -73,8 +73,9 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
         max_rows, process = _parse_frame(c, spec, (*path, "spec"), step)
     partitions = _positive(c, spec, "partitions", path, step, None)
     results_max = _positive(c, spec, "results_max", path, step, 10_000, zero=True)
+    rate = _rate(c, spec, path, step)
     if mode != "spark":
-        for key in ("partitions", "results_max"):
+        for key in ("partitions", "results_max", "rate"):
             if key in spec:
                 c.error(
                     (*path, "spec", key),
@@ -92,7 +93,29 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
         frame_process=process,
         partitions=partitions,
         results_max=results_max if results_max is not None else 10_000,
+        rate=rate,
     )
+
+
+def _rate(c: _Checker, spec: dict[str, Any], path: NodePath, step: str) -> Any:
+    """`spec.rate`: items started per second across a spark loop's job, a number > 0
+    or a template (rendered on the driver), or None."""
+    value = spec.get("rate")
+    if is_template(value):
+        c.templates(value, (*path, "spec", "rate"), step, "loop.spec.rate")
+        return value
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        c.error(
+            (*path, "spec", "rate"),
+            f"loop 'spec.rate' must be a number > 0 (items per second), got {value!r}",
+            step=step,
+            field="loop.spec.rate",
+            expected="a positive number or a template",
+        )
+        return None
+    return value
 
 
 def _positive(

@@ -311,6 +311,11 @@ LOOP_SPEC = _table(
         "`mode: spark`: up to this many items, the result also holds `results`",
         default="10000",
     ),
+    Key(
+        "rate",
+        "number or template",
+        "`mode: spark`: items started per second across the job (one wave, paced)",
+    ),
     Key("frame", "mapping", "a cursor loop's claim size: `{max_rows, process}`"),
     Key("policy", "mapping", "NoETL's loop scheduling policy (`exec`)", acted=False),
 )

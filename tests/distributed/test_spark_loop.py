@@ -151,10 +151,13 @@ def _driver(client: httpx.Client, eid: str, marks: Path, stack: Stack) -> str:
     raise AssertionError("the loop's items never started: " + stack.log("worker0"))
 
 
-def _running(client: httpx.Client, worker_id: str) -> int:
+def _running(client: httpx.Client, worker_id: str, since: float = 0.0) -> int:
+    """What `worker_id` runs, as its last heartbeat said (-1: none since `since`)."""
     for pool in client.get("/api/worker/pools").json()["pools"]:
         for worker in pool["workers"]:
             if worker["worker_id"] == worker_id:
+                if time.time() - float(worker["last_heartbeat_age"]) < since:
+                    return -1  # said before `since`: may be stale
                 return int(worker["running"])
     return -1
 
@@ -209,11 +212,12 @@ def test_cancel_stops_the_job(stack: Stack, marks: Path) -> None:
         driver = _driver(client, eid, marks, stack)
         r = client.post(f"/api/executions/{eid}/cancel")
         assert r.status_code == 200, r.text
-        cancelled_at = time.monotonic()
+        cancelled_at, cancelled_wall = time.monotonic(), time.time()
         doc = _wait(client, eid, timeout=10)
         assert doc["status"] == "cancelled", doc
-        # The job is interrupted: the driver's slot is free well before the 20 s of work.
-        while _running(client, driver) != 0:
+        # The job is interrupted: the driver's slot is free well before the 20 s of work
+        # (a heartbeat after the cancel says so).
+        while _running(client, driver, since=cancelled_wall) != 0:
             assert time.monotonic() - cancelled_at < 10, stack.log(f"worker{driver[1:]}")
             time.sleep(0.1)
         # No item starts once the job is stopped (the python workers of its cancelled

@@ -316,7 +316,10 @@ export function mountDetail(root, ctx, id) {
       if (node && node.loop) rows.push(['Loop', `${node.loop.mode || ''} over ${node.loop.iterator ?? '?'}`]);
       const L = st.loop;
       if (L) {
-        rows.push(['Iterations', `${L.done}/${L.cursor && !L.total ? '?' : L.total} done`]);
+        // A spark loop's items per second (its progress events).
+        const rate = L.per_second ? ` · ${Math.round(L.per_second).toLocaleString('en-US')}/s` : '';
+        const n = (x) => Number(x).toLocaleString('en-US');
+        rows.push(['Iterations', `${n(L.done)}/${L.cursor && !L.total ? '?' : n(L.total)} done${rate}`]);
         rows.push(['Outcome', `${L.succeeded} succeeded · ${L.failed} failed · ${L.in_flight} in flight${L.finished ? ' · finished' : ''}`]);
       }
       const at = doc ? where(doc) : node && node.line != null ? `playbook line ${node.line}` : '';

@@ -371,6 +371,8 @@ def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> Non
     status = flowtide_cli("status", result.doc["execution_id"], home=result.home)
     assert status.returncode == 0, status.stderr
     assert "48/48" in status.stdout and "1 failed" in status.stdout, status.stdout
+    printed = flowtide_cli("events", result.doc["execution_id"], home=result.home)
+    assert "command.progress" in printed.stdout and "items=48/48" in printed.stdout
 
 
 def test_a_partition_starts_no_item_once_the_stop_marker_is_there(

@@ -204,6 +204,8 @@ def _print_event(e: Event) -> None:
         extra = f" index={payload.get('loop_index')}"
     elif e.type == ev.LOOP_ITEM:
         extra = f" index={ev.payload_of(e, ev.LOOP_ITEM).get('index')}"
+    elif e.type == ev.COMMAND_PROGRESS:
+        extra = f" items={_items(dict(ev.payload_of(e, ev.COMMAND_PROGRESS)))}"
     elif e.type in (ev.NOTIFICATION_SENT, ev.NOTIFICATION_FAILED):
         note = ev.payload_of(e, ev.NOTIFICATION_SENT)
         extra = f" {note.get('on')} -> {note.get('target')} {note.get('to')} #{note.get('attempt')}"

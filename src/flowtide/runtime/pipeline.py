@@ -361,7 +361,9 @@ class StepRunner:
             except TemplateError as exc:
                 return record.failed(error_dict(exc))
             record.results[task.name] = made.result
-            pipe[task.name] = views[task.name] = result_view(made.result)
+            pipe[task.name] = views[task.name] = (
+                made.view
+            )  # one view of the result (never changed in place)
             if action.do == "fail":
                 error = made.error or {
                     "kind": "policy",

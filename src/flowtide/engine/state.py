@@ -273,6 +273,9 @@ class ExecutionState:
             issued_event_id=event.event_id,
             cursor=bool(payload.get("cursor")),
         )
+        rec = self.steps.get(event.step or "")
+        if rec is not None and rec.items is not None:
+            rec.items = None  # a spark loop issued again starts its items again
         if payload.get("cursor") and instance is not None:
             loop = self.loops.get((event.step or "", int(instance)))
             if loop is not None:

@@ -20,6 +20,7 @@ import fnmatch
 import json
 import re
 import shlex
+from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -245,12 +246,29 @@ def _read_path(path: tuple[str, tuple[tuple[bool, Any], ...]], context: Mapping[
     `getitem`); a value that is an `Undefined` fails the render (`_run`), so it goes to
     Jinja. tests/unit/test_template_fast_path.py checks it against Jinja's rendering."""
     name, keys = path
-    if name not in context:
+    if type(context) is ChainMap:
+        # ChainMap's own `in` and `[]`, without its generator and method calls: any map
+        # holds the name, then the first map that gives it.
+        for layer in context.maps:
+            if name in layer:
+                break
+        else:
+            return _MISSING
+        for layer in context.maps:
+            try:
+                value = layer[name]
+                break
+            except KeyError:
+                continue
+        else:
+            return _MISSING
+    elif name not in context:
         return _MISSING
-    try:
-        value = context[name]
-    except KeyError:
-        return _MISSING
+    else:
+        try:
+            value = context[name]
+        except KeyError:
+            return _MISSING
     for is_attr, key in keys:
         if is_attr and not isinstance(value, Mapping):
             return _MISSING

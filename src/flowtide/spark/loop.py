@@ -229,6 +229,9 @@ class _SparkLoopTool(SparkTool):
             "max_in_flight": job.max_in_flight,
             "share": share,
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
+            # The items' code sees the environment a python step's would: on a worker
+            # not the worker's (`partition.executor_environment`).
+            "embedded": _embedded(),
         }
         out = frame.mapInArrow(partition_function(plan), OUT_SCHEMA)
         watch = ItemsWatch(size, partitions, job.progress, marks)
@@ -286,6 +289,13 @@ class _SparkLoopTool(SparkTool):
         stats = result["stats"]
         say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
         return result
+
+
+def _embedded() -> bool:
+    """Whether this driver runs the user's own steps (embedded), not a worker's: a
+    worker's python steps are not embedded (`Isolation.embedded`)."""
+    isolation = getattr(get_tool("python"), "isolation", None)
+    return bool(getattr(isolation, "embedded", False))
 
 
 def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:

@@ -4,11 +4,13 @@ python workers, and the `command.progress` a worker reports."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,61 @@ def test_old_folders_go_but_only_this_users_and_never_through_a_link(tmp_folder:
     assert not os.path.exists(old)
     assert os.path.isdir(fresh)
     assert (target / "data").read_text() == "keep"
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Answers each request with the Authorization header it got."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"auth": self.headers.get("Authorization")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_secrets_an_items_tool_touched_are_not_written_with_its_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The dataset a spark loop writes cannot seal a value as the event log does: what
+    # an item's tool treated as a secret (an http auth token) is masked in it.
+    import pyarrow as pa
+
+    from flowtide.spark import partition
+
+    monkeypatch.setattr(partition, "_executor_environment", lambda embedded: None)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = "tok-" + "9f3a" * 8
+    text = f"""\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: masked, path: tests/masked}}
+workflow:
+  - step: call
+    loop: {{in: [0, 1], iterator: x, spec: {{mode: spark}}}}
+    tool:
+      kind: http
+      url: "http://127.0.0.1:{server.server_port}/{{{{ iter.x }}}}"
+      auth: {{type: bearer, token: "{{{{ workload.token }}}}"}}
+"""
+    plan = {
+        **{"key": "masked", "marks": None, "text": text, "file": None, "step": "call"},
+        **{"iterator": "x", "size": 2, "unwrap": None, "items": [0, 1]},
+        **{"base": {"workload": {"token": token}}, "ctx": {}, "execution_id": 1},
+        **{"max_in_flight": 1, "data_dir": None},
+    }
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1])], names=["index"])
+    try:
+        (rows,) = partition.run_partition(plan, iter([batch]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert rows.column(1).to_pylist() == ["ok", "ok"]
+    results = [json.loads(r) for r in rows.column(2).to_pylist()]
+    assert [r["data"]["auth"] for r in results] == ["Bearer ***", "Bearer ***"]
+    assert token not in json.dumps(rows.to_pydict())

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowtide.playbook.model import Step
+from flowtide.redaction import mask_value
 from flowtide.runtime.outcome import Outcome
 from flowtide.spark import loopmarks
 from flowtide.spark.pace import Pacer, burst_for
@@ -227,9 +228,13 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
                 for (index, _), outcome in zip(window, outcomes, strict=True):
                     cols[0].append(index)
                     cols[1].append(outcome.status)
-                    text = outcome.text
+                    text, error = outcome.text, outcome.error
+                    if outcome.secrets:
+                        # What the item's tools took for secrets: the dataset cannot
+                        # seal them as the event log does.
+                        text = json.dumps(mask_value(outcome.result, outcome.secrets))
+                        error = mask_value(error, outcome.secrets)
                     cols[2].append(text if text is not None else json.dumps(outcome.result))
-                    error = outcome.error
                     cols[3].append(None if error is None else json.dumps(error, default=str))
                     cols[4].append(outcome.action)
                     stop = stop or outcome.action == "break"

@@ -12,10 +12,13 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from flowtide.spark import loopmarks
+from flowtide.errors import ToolError
+from flowtide.playbook.loader import parse_playbook
+from flowtide.spark import loop, loopmarks
 from flowtide.spark.partition import executor_environment
 
 _WORKER_ENV = {
@@ -211,3 +214,73 @@ workflow:
     results = [json.loads(r) for r in rows.column(2).to_pylist()]
     assert [r["data"]["auth"] for r in results] == ["Bearer ***", "Bearer ***"]
     assert token not in json.dumps(rows.to_pydict())
+
+
+def _loop_step(spec: str) -> Any:
+    text = f"""\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: hostile, path: tests/hostile}}
+workflow:
+  - step: work
+    loop: {{in: [1], iterator: x, spec: {{mode: spark, {spec}}}}}
+    tool: {{kind: python, code: "result = 1"}}
+"""
+    return parse_playbook(text).steps["work"]
+
+
+@pytest.mark.parametrize(
+    "value", ["x", "nan", "inf", "-1", 0, -5, 1e-9, "1e400", [1], {"a": 1}, True, None, ""]
+)
+def test_a_rate_that_renders_to_no_rate_is_a_clear_error(value: Any) -> None:
+    step = _loop_step('rate: "{{ workload.r }}"')
+    with pytest.raises(ToolError, match=r"loop 'spec.rate' rendered to .*expected a positive"):
+        loop._rate(step, {"workload": {"r": value}})
+
+
+def test_a_rate_within_bounds_is_taken() -> None:
+    step = _loop_step('rate: "{{ workload.r }}"')
+    assert loop._rate(step, {"workload": {"r": "2.5"}}) == 2.5
+    assert loop._rate(step, {"workload": {"r": 1e-6}}) == 1e-6
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "1.5", "1e9", [2], True, None])
+def test_max_in_flight_that_renders_to_no_count_is_a_clear_error(value: Any) -> None:
+    step = _loop_step('max_in_flight: "{{ workload.m }}"')
+    with pytest.raises(ToolError, match="spec.max_in_flight' rendered to"):
+        loop._in_flight(step, {"workload": {"m": value}})
+
+
+def test_max_in_flight_is_capped() -> None:
+    step = _loop_step('max_in_flight: "{{ workload.m }}"')
+    assert loop._in_flight(step, {"workload": {"m": "99999999999"}}) == loop._MAX_IN_FLIGHT
+    assert loop._in_flight(step, {"workload": {"m": 0}}) == 1
+
+
+class _Rows:
+    """The loop's written rows, as far as `_results` reads them; collecting them is the
+    cost to avoid."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.collected = 0
+
+    def select(self, *columns: str) -> _Rows:
+        return self
+
+    def collect(self) -> list[dict[str, Any]]:
+        self.collected += 1
+        return self.rows
+
+
+def test_results_too_large_to_keep_are_never_collected_to_the_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `results_max: 1000000000` with millions of items: the driver (a worker's, shared
+    # by every execution) must not hold them all to find they do not fit.
+    monkeypatch.setenv("FLOWTIDE_MAX_RESULT_BYTES", "1000")
+    rows = _Rows([{"index": 1, "result": '"b"'}, {"index": 0, "result": '"a"'}])
+    assert loop._results(rows, 501) is None
+    assert rows.collected == 0
+    assert loop._results(rows, 500) == ["a", "b"]
+    assert rows.collected == 1

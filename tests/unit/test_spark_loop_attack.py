@@ -49,12 +49,15 @@ _WORKER_ENV = {
     # flowtide limits and roots stay: the items' tools read them.
     "FLOWTIDE_MAX_RESULT_BYTES": "1000",
     "FLOWTIDE_FILE_ROOTS": "/data",
+    # ... but not a setting of theirs that would hold a secret.
+    "FLOWTIDE_HTTP_PROXY_PASSWORD": "proxy-secret",
 }
 
 
 def test_an_item_on_a_worker_sees_no_secret_of_the_worker_environment() -> None:
     env = executor_environment(_WORKER_ENV, embedded=False)
     secrets = {"aws-secret", "aws-id", "pg-secret", "postgresql://u:p@db/x", "worker-token"}
+    secrets.add("proxy-secret")
     secrets |= {"factory-secret", "gateway-secret", "sc://host:15002/;token=connect-secret"}
     assert not secrets & set(env.values()), env
     assert "_PYSPARK_DRIVER_CONN_INFO_PATH" not in env

@@ -148,8 +148,7 @@ def executor_environment(environ: Mapping[str, str], *, embedded: bool) -> dict[
         if k in _KEPT_NAMES
         or k.startswith("LC_")
         or k.upper() in _KEPT_PROXIES
-        or (k.startswith("FLOWTIDE_") and k.startswith(_KEPT_SETTINGS))
-        or (k.startswith(_SPARK_PREFIXES) and not _secret_name(k))
+        or (k.startswith(_KEPT_SETTINGS + _SPARK_PREFIXES) and not _secret_name(k))
     }
     env.update(visible_env(environ, embedded=embedded))
     return {k: v for k, v in env.items() if not (_spark_secret(k) or k.startswith("_PYSPARK"))}

@@ -81,8 +81,10 @@ def test_a_spark_loop_gives_the_next_step_what_a_parallel_loop_gives(
     assert got[999] == {"sq": 999 * 999, "i": 999, "last": True}
     # An item's error is its result (the envelope's error), counted as failed.
     assert spark.doc["result"]["stats"] == {"total": 1000, "success": 990, "failed": 10}
-    # One command for the loop: a handful of events, not ~8 per item.
-    assert len([e for e in spark.events if e["step"] == "square"]) <= 8
+    # One command for the loop: a handful of events, not ~8 per item (besides its
+    # progress, one every 2 s while the job runs: how many depends on the machine's load).
+    square_events = [e for e in spark.events if e["step"] == "square"]
+    assert len([e for e in square_events if e["type"] != "command.progress"]) <= 7
     square = spark.step("square")["result"]
     assert square["row_count"] == 1000 and square["format"] == "parquet"
     assert [c["name"] for c in square["schema"]] == ["index", "status", "result", "error", "action"]

@@ -80,6 +80,40 @@ def test_a_spark_loop_runs_on_a_worker_as_embedded(stack: Stack, tmp_path: Path)
     assert local["result"] == remote["result"]
 
 
+ENV = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: spark_loop_env, path: tests/dist/spark_loop_env}
+workflow:
+  - step: env
+    loop: {in: [1], iterator: x, spec: {mode: spark}}
+    tool: {kind: python, code: "import os; result = sorted(os.environ)"}
+"""
+
+
+def test_an_item_on_a_worker_sees_no_more_of_its_environment_than_a_python_step(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Not the worker's variables (its tokens, or any the test runner has): only what a
+    # python step's child process gets, and Spark's own (never its keys).
+    file = tmp_path / "spark_loop_env.yaml"
+    file.write_text(ENV)
+    proc = stack.run("run", file, "--json", timeout=300)
+    assert proc.stdout, proc.stderr + stack.log("worker0")
+    remote = json.loads(proc.stdout)
+    assert remote["status"] == "completed", remote["error"]
+    (names,) = remote["result"]["results"]
+    basics = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SSL_CERT_FILE"}
+    basics |= {"SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+    basics |= {
+        p for n in ("http", "https", "all", "no") for p in (f"{n}_proxy", f"{n.upper()}_PROXY")
+    }
+    kept = ("LC_", "SPARK_", "PYSPARK_", "PYTHON", "FLOWTIDE_MAX_", "FLOWTIDE_FILE_ROOTS")
+    other = [n for n in names if n not in basics and not n.startswith(kept)]
+    assert not other, other
+    assert "PYTHON_WORKER_FACTORY_SECRET" not in names
+
+
 # Each run of an item leaves a file `<index>-<uuid>` in `marks` as it starts, then sleeps.
 SLOW = """\
 apiVersion: noetl.io/v2

@@ -4,6 +4,8 @@ this process (the session the other spark tests share)."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -79,8 +81,10 @@ def test_a_spark_loop_gives_the_next_step_what_a_parallel_loop_gives(
     assert got[999] == {"sq": 999 * 999, "i": 999, "last": True}
     # An item's error is its result (the envelope's error), counted as failed.
     assert spark.doc["result"]["stats"] == {"total": 1000, "success": 990, "failed": 10}
-    # One command for the loop: a handful of events, not ~8 per item.
-    assert len([e for e in spark.events if e["step"] == "square"]) <= 8
+    # One command for the loop: a handful of events, not ~8 per item (besides its
+    # progress, one every 2 s while the job runs: how many depends on the machine's load).
+    square_events = [e for e in spark.events if e["step"] == "square"]
+    assert len([e for e in square_events if e["type"] != "command.progress"]) <= 7
     square = spark.step("square")["result"]
     assert square["row_count"] == 1000 and square["format"] == "parquet"
     assert [c["name"] for c in square["schema"]] == ["index", "status", "result", "error", "action"]
@@ -294,7 +298,10 @@ def test_an_http_body_runs_max_in_flight_items_at_once_per_partition(
                   kind: python
                   code: |
                     import os
-                    result = sorted(k for k in os.environ if k.startswith("FLOWTIDE_TOKEN"))
+                    result = sorted(
+                        k for k in os.environ
+                        if k.startswith("FLOWTIDE_TOKEN") or k == "PYTHON_WORKER_FACTORY_SECRET"
+                    )
             """
         )
     finally:
@@ -388,9 +395,13 @@ def test_a_partition_starts_no_item_once_the_stop_marker_is_there(
     from flowtide.spark.partition import run_partition
 
     monkeypatch.setattr(partition, "LOOK_SECONDS", 0.0)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # The partition keeps of its process's environment what an item may see: this one's
+    # comes back after.
+    saved = dict(os.environ)
 
-    marks, base = tmp_path / "marks", str(tmp_path / "loop")
-    stop = base + ".stop"
+    marks, base = tmp_path / "marks", loopmarks.make("stopped")
+    stop = os.path.join(base, "stop")
     marks.mkdir()
     text = f"""\
 apiVersion: noetl.io/v2
@@ -414,12 +425,16 @@ workflow:
         **{"base": {}, "ctx": {}, "execution_id": 1, "max_in_flight": 1, "data_dir": None},
     }
     batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2, 3])], names=["index"])
-    with pytest.raises(RuntimeError, match="the loop was stopped"):
-        list(run_partition(plan, iter([batch])))
-    assert sorted(p.name for p in marks.iterdir()) == ["0", "1"]
-    assert loopmarks.read_done(base) == 2
-    loopmarks.forget(base)
-    assert loopmarks.read_done(base) is None
-    # Without the marker (its item leaves it again) every item runs.
-    (rows,) = run_partition({**plan, "key": "again", "marks": None}, iter([batch]))
+    try:
+        with pytest.raises(RuntimeError, match="the loop was stopped"):
+            list(run_partition(plan, iter([batch])))
+        assert sorted(p.name for p in marks.iterdir()) == ["0", "1"]
+        assert loopmarks.read_done(base) == 2
+        loopmarks.forget(base)
+        assert loopmarks.read_done(base) is None
+        # Without the marker (its item leaves it again) every item runs.
+        (rows,) = run_partition({**plan, "key": "again", "marks": None}, iter([batch]))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     assert rows.column(0).to_pylist() == [0, 1, 2, 3]

@@ -7,6 +7,7 @@ execution and the state re-folded from its log are the same.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -352,13 +353,17 @@ class ExecutionState:
         rec = self.steps.get(event.step or "")
         if rec is None:
             return
-        items = {
-            "done": int(payload.get("done") or 0),
-            "total": int(payload.get("total") or 0),
-            "per_second": float(payload.get("per_second") or 0.0),
+        # A worker's word: whole numbers, done within total, failed within done, a
+        # finite rate (the documents built from it are JSON; a reader trusts them).
+        total = _count(payload.get("total"))
+        done = min(_count(payload.get("done")), total)
+        items: dict[str, Any] = {
+            "done": done,
+            "total": total,
+            "per_second": _rate(payload.get("per_second")),
         }
         if "failed" in payload:
-            items["failed"] = int(payload.get("failed") or 0)
+            items["failed"] = min(_count(payload.get("failed")), done)
         rec.items = items
 
     def _on_call(self, event: Event) -> None:
@@ -463,6 +468,29 @@ def context_from_parts(
     return base_context(
         execution_id, parts["workload"], list(playbook.steps), results, parts["ctx"], env
     )
+
+
+#: A count or rate a worker reports, at most (more is no count of items).
+_MAX_COUNT = 2**53
+_MAX_RATE = 1e12
+
+
+def _count(value: Any) -> int:
+    """A reported count: a whole number from 0 to `_MAX_COUNT` (anything else is 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return int(min(max(value, 0), _MAX_COUNT))
+
+
+def _rate(value: Any) -> float:
+    """A reported rate (items/s): finite, from 0 to `_MAX_RATE` (anything else is 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0.0
+    return float(min(max(value, 0.0), _MAX_RATE))
 
 
 _APPLY = {

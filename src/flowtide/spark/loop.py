@@ -73,6 +73,8 @@ _ITEMS_PER_PARTITION = 25_000
 _MAX_PARTITIONS = 10_000
 #: Items at once in one partition, at most (threads of a python worker).
 _MAX_IN_FLIGHT = 256
+#: The lowest `spec.rate` (items/s): an item's slot must be a time a thread can wait.
+_MIN_RATE = 1e-6
 
 
 def run_spark_loop(
@@ -199,7 +201,8 @@ class _SparkLoopTool(SparkTool):
         assert loop is not None
         # With a rate: one wave, a partition per task slot unless `spec.partitions` says.
         slots = _slots(spark) if job.rate else 0
-        parts = loop.partitions or slots or None
+        # A playbook's word is no reason for more tasks than any loop gets.
+        parts = min(loop.partitions, _MAX_PARTITIONS) if loop.partitions else slots or None
         frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
         partitions = _partitions_of(frame)
         say(run, f"loop over {size} items in {partitions or 'its'} partitions")
@@ -229,6 +232,9 @@ class _SparkLoopTool(SparkTool):
             "max_in_flight": job.max_in_flight,
             "share": share,
             "data_dir": str(ctx.data_dir) if ctx.data_dir is not None else None,
+            # The items' code sees the environment a python step's would: on a worker
+            # not the worker's (`partition.executor_environment`).
+            "embedded": _embedded(),
         }
         out = frame.mapInArrow(partition_function(plan), OUT_SCHEMA)
         watch = ItemsWatch(size, partitions, job.progress, marks)
@@ -248,11 +254,14 @@ class _SparkLoopTool(SparkTool):
         back = spark.read.parquet(written.uri)
         # One job: the rows per (status, action) and the first index of each.
         groups = back.groupBy("status", "action").agg(
-            F.count(F.lit(1)).alias("n"), F.min("index").alias("first")
+            F.count(F.lit(1)).alias("n"),
+            F.min("index").alias("first"),
+            F.sum(F.length("result") + 1).alias("chars"),
         )
-        ok, ran, first_fail = 0, 0, None
+        ok, ran, first_fail, chars = 0, 0, None, 0
         for row in groups.collect():
             ran += int(row["n"])
+            chars += int(row["chars"] or 0)
             ok += int(row["n"]) if row["status"] == "ok" else 0
             if row["action"] == "fail" and (first_fail is None or row["first"] < first_fail):
                 first_fail = int(row["first"])
@@ -269,23 +278,38 @@ class _SparkLoopTool(SparkTool):
             "per_second": ran / max(seconds, 1e-3),
         }
         if size <= loop.results_max:
-            rows = back.select("index", "result").collect()
-            ordered = sorted((int(r["index"]), r["result"]) for r in rows)
-            # Kept only while it fits well inside what a result may hold inline: the
-            # stats and the reference must stay readable by the steps after it.
-            limit = current(LimitsSection).max_result_bytes // 2
-            size_bytes = sum(len(raw) + 1 for _, raw in ordered)
-            if size_bytes <= limit:
-                result["results"] = [json.loads(raw) for _, raw in ordered]
+            kept = _results(back, chars)
+            if kept is not None:
+                result["results"] = kept
             else:
                 say(
                     run,
-                    f"results not kept in the step's result ({size_bytes} bytes, over half of"
+                    f"results not kept in the step's result ({chars} characters, over half of"
                     " FLOWTIDE_MAX_RESULT_BYTES): read them from the dataset by reference",
                 )
         stats = result["stats"]
         say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
         return result
+
+
+def _results(back: Any, chars: int) -> list[Any] | None:
+    """What every item returned, in index order, from the loop's rows `back` whose
+    results take `chars` characters (each and a separator), counted by Spark: None when
+    they would not fit well inside what a result may hold inline (the stats and the
+    reference must stay readable by the steps after it). Only rows that fit are
+    collected to the driver, whatever `results_max` says."""
+    if chars > current(LimitsSection).max_result_bytes // 2:
+        return None
+    rows = back.select("index", "result").collect()
+    ordered = sorted((int(r["index"]), r["result"]) for r in rows)
+    return [json.loads(raw) for _, raw in ordered]
+
+
+def _embedded() -> bool:
+    """Whether this driver runs the user's own steps (embedded), not a worker's: a
+    worker's python steps are not embedded (`Isolation.embedded`)."""
+    isolation = getattr(get_tool("python"), "isolation", None)
+    return bool(getattr(isolation, "embedded", False))
 
 
 def _in_flight(step: Step, scope: Mapping[str, Any]) -> int:
@@ -322,10 +346,10 @@ def _rate(step: Step, scope: Mapping[str, Any]) -> float | None:
         rate = float(value) if not isinstance(value, bool) else 0.0
     except (TypeError, ValueError):
         rate = 0.0
-    if not rate > 0 or rate == float("inf"):
+    if not rate >= _MIN_RATE or rate == float("inf"):
         raise ToolError(
             f"loop 'spec.rate' rendered to {value!r}, expected a positive number (items per"
-            " second)",
+            f" second) of at least {_MIN_RATE:g}",
             kind="loop_error",
         )
     return rate

@@ -14,17 +14,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from flowtide.playbook.model import Step
+from flowtide.redaction import mask_value
 from flowtide.runtime.outcome import Outcome
 from flowtide.spark import loopmarks
 from flowtide.spark.pace import Pacer, burst_for
 
-__all__ = ["LOOK_SECONDS", "partition_function", "run_partition"]
+__all__ = ["LOOK_SECONDS", "executor_environment", "partition_function", "run_partition"]
 
 #: Seconds between two looks at a loop's marks in a partition.
 LOOK_SECONDS = 0.05
@@ -83,7 +84,7 @@ def _prepare(plan: dict[str, Any]) -> _Prepared:
     from flowtide.runtime.pipeline import StepRunner
     from flowtide.tools.registry import warm_tools
 
-    _executor_environment()
+    _executor_environment(bool(plan.get("embedded", False)))
     p = plan
     playbook = parse_playbook(p["text"], p["file"])
     runner = StepRunner(playbook, data_dir=Path(p["data_dir"]) if p["data_dir"] else None)
@@ -115,16 +116,60 @@ _KEPT_SETTINGS = (
     "FLOWTIDE_MAX_",
     "FLOWTIDE_TEMPLATE_ENV",
 )
+#: What a process running a step's code has (`python_pool.child_environment`), and what
+#: the items' http calls need of the worker's (its proxy, its certificates).
+_KEPT_NAMES = frozenset(
+    {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+    | {"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+)
+_KEPT_PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+#: The python worker's own variables (Spark reads them while it serves tasks)...
+_SPARK_PREFIXES = ("SPARK_", "PYSPARK_", "PYTHON")
+#: ... less any that may hold a secret: the python worker factory's and the py4j
+#: gateway's keys would let an item speak to Spark's JVM as Spark does, a Connect URL
+#: may carry its token.
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASSW", "CREDENTIAL", "KEY", "AUTH_")
+_SPARK_SECRETS = frozenset({"SPARK_REMOTE", "SPARK_CONNECT_AUTHENTICATE_TOKEN"})
 
 
-def _executor_environment() -> None:
-    """A Spark python worker inherits the driver's environment: flowtide's own settings
-    that may hold secrets (tokens, keys, URLs) are removed before user code runs here
-    (the limits and file roots stay), and python bodies run in this process (the worker
-    is already a process apart from flowtide's)."""
-    for name in [n for n in os.environ if n.startswith("FLOWTIDE_")]:
-        if not name.startswith(_KEPT_SETTINGS):
-            del os.environ[name]
+def executor_environment(environ: Mapping[str, str], *, embedded: bool) -> dict[str, str]:
+    """The environment an item's code may see in a Spark python worker whose own is
+    `environ` (inherited from the driver: on a worker, the worker's). As a python step's
+    child process (`python_pool.child_environment`): PATH, HOME, the locale, TMPDIR and
+    the variables templates may see (`visible_env`: on a worker only those listed in
+    FLOWTIDE_TEMPLATE_ENV, embedded the user's own; never FLOWTIDE_*); besides, the
+    proxy and certificate variables, flowtide's limits and file roots, and Spark's own
+    variables less those that may hold a secret (never Spark's keys, embedded or not)."""
+    from flowtide.playbook.template import visible_env
+
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k in _KEPT_NAMES
+        or k.startswith("LC_")
+        or k.upper() in _KEPT_PROXIES
+        or (k.startswith(_KEPT_SETTINGS + _SPARK_PREFIXES) and not _secret_name(k))
+    }
+    env.update(visible_env(environ, embedded=embedded))
+    return {k: v for k, v in env.items() if not (_spark_secret(k) or k.startswith("_PYSPARK"))}
+
+
+def _secret_name(name: str) -> bool:
+    return name in _SPARK_SECRETS or any(w in name.upper() for w in _SECRET_WORDS)
+
+
+def _spark_secret(name: str) -> bool:
+    return name.startswith(_SPARK_PREFIXES) and _secret_name(name)
+
+
+def _executor_environment(embedded: bool) -> None:
+    """A Spark python worker inherits the driver's environment: before user code runs
+    here it keeps only what `executor_environment` says (a worker's secrets, flowtide's
+    and Spark's go), and python bodies run in this process (the worker is already a
+    process apart from flowtide's)."""
+    kept = executor_environment(dict(os.environ), embedded=embedded)
+    for name in [n for n in os.environ if n not in kept]:
+        del os.environ[name]
     from flowtide.tools.python_pool import Isolation
     from flowtide.tools.registry import get_tool
 
@@ -182,9 +227,13 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
                 for (index, _), outcome in zip(window, outcomes, strict=True):
                     cols[0].append(index)
                     cols[1].append(outcome.status)
-                    text = outcome.text
+                    text, error = outcome.text, outcome.error
+                    if outcome.secrets:
+                        # What the item's tools took for secrets: the dataset cannot
+                        # seal them as the event log does.
+                        text = json.dumps(mask_value(outcome.result, outcome.secrets))
+                        error = mask_value(error, outcome.secrets)
                     cols[2].append(text if text is not None else json.dumps(outcome.result))
-                    error = outcome.error
                     cols[3].append(None if error is None else json.dumps(error, default=str))
                     cols[4].append(outcome.action)
                     stop = stop or outcome.action == "break"

@@ -355,6 +355,9 @@ def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> Non
     # Reported before the command's end, which comes after its last progress.
     kinds = [e["type"] for e in result.events if e["step"] == "slow"]
     assert kinds.index("command.completed") > kinds.index("command.progress")
+    # The job's call.done is timed as it ended, as any call's: after the progress it made.
+    done = next(e for e in result.events if e["type"] == "call.done" and e["step"] == "slow")
+    assert done["time"] >= during[-1]["time"]
     items = result.step("slow")["items"]
     assert items["done"] == 48 and items["total"] == 48 and items["failed"] == 1
 

@@ -202,3 +202,33 @@ workflow:
             - else: {then: {do: continue, set: {ctx.first: "{{ output.response.users[0].id }}"}}}
 """
     assert _run(text).ctx == {"first": 5}
+
+
+def test_a_tasks_rules_and_set_see_event_name_as_the_guide_says() -> None:
+    """`event.name` (call.done | call.error) and `event.step` in a task's policy rules,
+    their `then.set` and the task's `set`, as in a step's `set` and arcs."""
+    text = """
+workflow:
+  - step: check
+    tool:
+      - name: good
+        kind: python
+        code: "result = 1"
+        set: {ctx.good_set: "{{ event.name }}"}
+        spec:
+          policy:
+            rules:
+              - when: "{{ event.name == 'call.done' }}"
+                then: {do: continue, set: {ctx.good: "{{ event.name }}/{{ event.step }}"}}
+      - name: bad
+        kind: python
+        code: "raise ValueError('no')"
+        spec:
+          policy:
+            rules:
+              - when: "{{ event.name == 'call.error' }}"
+                then: {do: continue, set: {ctx.bad: "{{ event.name }}"}}
+"""
+    outcome = _run(text, step="check")
+    assert outcome.action == "continue", outcome.error
+    assert outcome.ctx == {"good_set": "call.done", "good": "call.done/check", "bad": "call.error"}

@@ -163,6 +163,7 @@ class _Made:
         "scope",
         "text",
         "_task",
+        "_step",
         "_ended",
         "_view",
         "_policy",
@@ -177,6 +178,7 @@ class _Made:
         output: dict[str, Any],
         scope: Mapping[str, Any],
         text: str | None = None,
+        step: str | None = None,
     ) -> None:
         self.status = status  # ok | error
         self.result = result
@@ -188,6 +190,7 @@ class _Made:
         #: `result`'s JSON text, when it was made (`_json_result`).
         self.text = text
         self._task = task
+        self._step = step
         # As the call ended (`status` and `error` may change after its rules are judged).
         self._ended = (status, error)
         self._view: Any = _UNSET
@@ -206,7 +209,7 @@ class _Made:
         rules and `then.set` see."""
         if self._policy is None:
             status, error = self._ended
-            own = own_result(self._task, status, self.view, self.output, error)
+            own = own_result(self._task, status, self.view, self.output, error, self._step)
             self._policy = layered(own, self.scope)
         return self._policy
 
@@ -353,7 +356,9 @@ class StepRunner:
                     ctx_local = {**ctx_local, **record.ctx}
                 if task.set:
                     set_scope = layered(
-                        own_result(task.name, made.status, made.view, made.result, made.error),
+                        own_result(
+                            task.name, made.status, made.view, made.result, made.error, step.name
+                        ),
                         made.scope,
                     )
                     apply_set(task.set, set_scope, ctx_local, record.ctx, iter_extra, pipe, step)
@@ -457,7 +462,7 @@ class StepRunner:
             )
         )
         output = envelope(status, result, error, attempt, duration_ms)
-        return _Made(task.name, status, result, error, output, scope, text)
+        return _Made(task.name, status, result, error, output, scope, text, step.name)
 
     @staticmethod
     def _finished(step: Step, record: Record, last: _Made | None, action: Action) -> Outcome:

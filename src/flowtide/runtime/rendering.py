@@ -73,10 +73,16 @@ def sequence_names(task: str, attempt: int, results: Mapping[str, Any]) -> dict[
 
 
 def own_result(
-    name: str, status: str, view: Any, output: Any, error: Mapping[str, Any] | None = None
+    name: str,
+    status: str,
+    view: Any,
+    output: Any,
+    error: Mapping[str, Any] | None = None,
+    step: str | None = None,
 ) -> dict[str, Any]:
     """The names a task's policy rules and `set` see after its call: `output` (the
-    envelope for rules, the raw result for a task `set`), `result`, `error` (the call's
+    envelope for rules, the raw result for a task `set`), `event` (`{name: call.done |
+    call.error, step}`, as a step's `set` and arcs see it), `result`, `error` (the call's
     error, only when it failed: NoETL binds it as `output.error` when there is one,
     `ExecutionState.get_render_context`), and the task's own
     name bound to the result it just made, when it made one: for a single-tool step that
@@ -90,7 +96,8 @@ def own_result(
     the step result" (`noetl/core/dsl/engine/executor/events.py`).
     """
     names: dict[str, Any] = {name: view} if status == "ok" else {"error": error}
-    return {**names, "output": output, "result": view}
+    event = {"name": "call.done" if status == "ok" else "call.error", "step": step or name}
+    return {**names, "output": output, "result": view, "event": event}
 
 
 class Prepared(NamedTuple):

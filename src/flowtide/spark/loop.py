@@ -135,7 +135,7 @@ def run_spark_loop(
             1,
             error is None,
             round((time.perf_counter() - t0) * 1000, 3),
-            record.started,
+            time.time(),  # as the job ended, as any call's (its events stay in time order)
             error,
             "".join(tctx.stdout) or None,
             dict(tctx.call_meta),

@@ -11,6 +11,7 @@ from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
+from flowtide.playbook.sandbox import Explains
 from flowtide.playbook.template import NotRun, TemplateEnv
 
 #: What `env` holds when a runtime passes nothing: no environment variable at all. The
@@ -47,6 +48,36 @@ class ResultDict(dict[str, Any]):
             return self[key]
         except KeyError:
             return default
+
+
+class SparkLoopView(Explains, ResultDict):
+    """A spark loop's result as templates see it: when it holds no `results` (more items
+    than `results_max`, or too large), `.results` says why and how to read the rows."""
+
+    __slots__ = ("_step", "_results_max")
+
+    def __init__(self, value: Mapping[str, Any], step: str, results_max: int) -> None:
+        super().__init__(value)
+        self._step = step
+        self._results_max = results_max
+
+    def explain(self, name: str) -> str | None:
+        if name != "results":
+            return None
+        step, rows = self._step, self.get("row_count")
+        if isinstance(rows, int) and rows > self._results_max:
+            why = (
+                f"its {rows:,} items are more than its loop.spec.results_max "
+                f"({self._results_max:,}; raise it to keep them here)"
+            )
+        else:
+            why = "its results are larger than half of FLOWTIDE_MAX_RESULT_BYTES"
+        return (
+            f"step '{step}' is a spark loop whose result holds no 'results': {why}. Read the "
+            f"rows (index, status, result, error, action) by reference: a spark step's "
+            f'`inputs: {{r: "{{{{ {step} }}}}"}}`, or `flowtide data EXECUTION_ID {step}`; '
+            f"'{step}.stats' and '{step}.row_count' are here"
+        )
 
 
 class ResultList(list[Any]):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowtide.engine import events as ev
-from flowtide.engine.context import NO_ENV, base_context, result_view
+from flowtide.engine.context import NO_ENV, SparkLoopView, base_context, result_view
 from flowtide.engine.events import Command, Event, payload_of
 from flowtide.playbook.model import Playbook
 
@@ -455,6 +455,17 @@ def secret_values(event: Event) -> frozenset[str]:
     return frozenset(v for v in values if isinstance(v, str) and v)
 
 
+def _view(playbook: Playbook, name: str, value: Any, tasks: Mapping[str, Any] | None) -> Any:
+    """A step's result as templates see it (`result_view`; a spark loop's without its
+    `results`: a `SparkLoopView`)."""
+    step = playbook.steps.get(name)
+    loop = step.loop if step is not None else None
+    if loop is not None and loop.mode == "spark" and isinstance(value, dict):
+        if "results" not in value:
+            return SparkLoopView(value, name, loop.results_max)
+    return result_view(value, tasks)
+
+
 def context_from_parts(
     playbook: Playbook,
     execution_id: int,
@@ -463,7 +474,8 @@ def context_from_parts(
 ) -> dict[str, Any]:
     """The base render context from `ExecutionState.context_parts()`."""
     results = {
-        name: result_view(r["result"], r.get("tasks")) for name, r in parts["results"].items()
+        name: _view(playbook, name, r["result"], r.get("tasks"))
+        for name, r in parts["results"].items()
     }
     return base_context(
         execution_id, parts["workload"], list(playbook.steps), results, parts["ctx"], env

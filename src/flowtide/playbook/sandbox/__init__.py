@@ -66,7 +66,17 @@ from flowtide.playbook.sandbox.sizes import (
 )
 
 
-class TemplateEnv(dict[str, str]):
+class Explains:
+    """A mapping whose missing keys render as undefined with `explain(name)` as the
+    message (None: Jinja's own), so `x.name | default(...)` still works."""
+
+    __slots__ = ()
+
+    def explain(self, name: str) -> str | None:
+        return None
+
+
+class TemplateEnv(Explains, dict[str, str]):
     """The `env` mapping templates see: the environment variables a runtime chose to show
     (see `flowtide.playbook.template.visible_env`). A name it does not hold renders as
     undefined with `explain(name)` as the message, so `env.X | default(...)` still works.
@@ -148,7 +158,7 @@ class SizedSandbox(ImmutableSandboxedEnvironment):
             except (KeyError, TypeError):
                 pass
         value = super().getattr(obj, attribute)
-        if isinstance(obj, TemplateEnv) and isinstance(value, Undefined):
+        if isinstance(obj, Explains) and isinstance(value, Undefined):
             return self.undefined(hint=obj.explain(attribute), obj=obj, name=attribute)
         return value
 
@@ -157,7 +167,7 @@ class SizedSandbox(ImmutableSandboxedEnvironment):
         if isinstance(argument, slice):
             budget = current_budget()
             budget.charge(made(result, "a slice", budget.limits))
-        elif isinstance(obj, TemplateEnv) and isinstance(result, Undefined):
+        elif isinstance(obj, Explains) and isinstance(result, Undefined):
             return self.undefined(hint=obj.explain(str(argument)), obj=obj, name=str(argument))
         return result
 

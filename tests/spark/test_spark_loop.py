@@ -228,6 +228,26 @@ def test_items_from_a_spark_steps_result_and_from_a_source(
     ]
 
 
+def test_a_source_that_cannot_be_read_names_the_step_and_loop_in(
+    run_playbook: Runner, tmp_path: Path
+) -> None:
+    result = run_playbook(
+        """\
+        workload: {path: ""}
+        workflow:
+          - step: rows
+            loop: {in: {format: csv, path: "{{ workload.path }}"}, iterator: r, spec: {mode: spark}}
+            tool: {kind: python, input: {r: "{{ iter.r }}"}, code: "result = r"}
+        """,
+        workload={"path": str(tmp_path / "missing.csv")},
+    )
+    assert result.doc["status"] == "failed"
+    error = result.doc["error"]
+    assert error["step"] == "rows" and error["kind"] == "analysis_error", error
+    assert error["message"].startswith("step 'rows', field 'loop.in': cannot read the items: ")
+    assert "missing.csv" in error["message"] and "spark step" not in error["message"]
+
+
 def test_the_loader_says_what_a_spark_loop_takes(tmp_path: Path) -> None:
     with pytest.raises(PlaybookError) as err:
         parse_playbook(

@@ -203,7 +203,12 @@ class _SparkLoopTool(SparkTool):
         slots = _slots(spark) if job.rate else 0
         # A playbook's word is no reason for more tasks than any loop gets.
         parts = min(loop.partitions, _MAX_PARTITIONS) if loop.partitions else slots or None
-        frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
+        try:
+            frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
+        except ToolError:
+            raise
+        except Exception as exc:  # a source that cannot be read: say it is `loop.in`'s
+            raise _in_failed(exc, ctx.step) from None
         partitions = _partitions_of(frame)
         say(run, f"loop over {size} items in {partitions or 'its'} partitions")
         share = None
@@ -451,6 +456,20 @@ def items_frame(
     if partitions:
         frame = frame.repartitionByRange(min(partitions, max(total, 1)), "index")
     return frame, total, shape
+
+
+def _in_failed(exc: BaseException, step: str) -> ToolError:
+    """A ToolError for a loop's `in:` Spark could not read, naming the step and field."""
+    from flowtide.tools.spark import _translate
+
+    error = _translate(exc, step, None, None)
+    detail = error.message.removeprefix(f"spark step '{step}': ")
+    return ToolError(
+        f"step '{step}', field 'loop.in': cannot read the items: {detail}",
+        kind=error.kind,
+        retryable=error.retryable,
+        code=error.code,
+    )
 
 
 def _default_partitions(spark: Any, items: int) -> int:

@@ -260,12 +260,19 @@ workflow:
   - step: t
     loop: {in: [1], iterator: x, spec: {mode: parallel, partitions: 4}}
     tool: {kind: noop}
+  - step: u
+    loop: {in: [1], iterator: x, spec: {mode: spark, partitions: 0}}
+    tool: {kind: python, code: "result = 1"}
 """,
             str(tmp_path / "pb.yaml"),
         )
     text = str(err.value)
     assert "a 'mode: spark' loop runs one python or http tool per item" in text
     assert "loop 'spec.partitions' applies to 'mode: spark' only" in text
+    # Each says what to do instead.
+    assert "(this step has: shell); for other tools, or several, use 'mode: parallel'" in text
+    assert "remove it, or set 'spec.mode: spark'" in text
+    assert "got 0 (expected an integer >= 1, or no 'partitions' for the default)" in text
 
 
 class _Slow(BaseHTTPRequestHandler):

@@ -24,7 +24,7 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
             "'loop' must be a mapping",
             step=step,
             field="loop",
-            expected="{in: TEMPLATE, iterator: NAME, spec: {mode: sequential|parallel}}",
+            expected="{in: TEMPLATE, iterator: NAME, spec: {mode: sequential|parallel|spark}}",
         )
         return None
     c.keys(raw, "loop", path, step, "loop")
@@ -79,7 +79,8 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
             if key in spec:
                 c.error(
                     (*path, "spec", key),
-                    f"loop 'spec.{key}' applies to 'mode: spark' only (the mode is '{mode}')",
+                    f"loop 'spec.{key}' applies to 'mode: spark' only (the mode is '{mode}'): "
+                    "remove it, or set 'spec.mode: spark'",
                     step=step,
                     field=f"loop.spec.{key}",
                 )
@@ -139,6 +140,7 @@ def _positive(
             f"loop 'spec.{key}' must be an integer >= {low}, got {value!r}",
             step=step,
             field=f"loop.spec.{key}",
+            expected=f"an integer >= {low}, or no '{key}' for the default",
         )
         return default
     return value

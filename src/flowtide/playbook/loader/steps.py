@@ -157,7 +157,8 @@ def _check_spark_loop(
         c.error(
             path,
             f"a 'mode: spark' loop runs one python or http tool per item (this step has: "
-            f"{kinds}{', a pipeline' if pipeline else ''})",
+            f"{kinds}{', a pipeline' if pipeline else ''}); for other tools, or several, "
+            "use 'mode: parallel'",
             step=step,
             field="tool",
             expected="tool: {kind: python, ...} or tool: {kind: http, ...}",

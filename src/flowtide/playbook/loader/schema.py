@@ -291,7 +291,11 @@ LOOP = _table(
     Key("collection", "template or list", "older name of `in`"),
     Key("iterator", "string", "the name of the current element"),
     Key("element", "string", "older name of `iterator`"),
-    Key("spec", "mapping", "`mode`, `max_in_flight`, `frame`"),
+    Key(
+        "spec",
+        "mapping",
+        "`mode`, `max_in_flight`, `frame`; spark: `partitions`, `results_max`, `rate`",
+    ),
     Key("mode", "string", "older place of `spec.mode`"),
     Key("max_in_flight", "int or template", "older place of `spec.max_in_flight`"),
     Key("cursor", "mapping", "a cursor loop's claim query: `{kind: postgres, auth, claim}`"),

@@ -81,6 +81,11 @@ def test_a_spark_loop_gives_the_next_step_what_a_parallel_loop_gives(
     assert got[999] == {"sq": 999 * 999, "i": 999, "last": True}
     # An item's error is its result (the envelope's error), counted as failed.
     assert spark.doc["result"]["stats"] == {"total": 1000, "success": 990, "failed": 10}
+    # The step's log, numbers as `flowtide status` writes them.
+    call = next(e for e in spark.events if e["type"] == "call.done" and e["step"] == "square")
+    log = call["payload"]["stdout"]
+    assert "[spark] loop over 1,000 items in 3 partitions" in log, log
+    assert "[spark] items: 990 ok, 10 failed of 1,000" in log, log
     # One command for the loop: a handful of events, not ~8 per item (besides its
     # progress, one every 2 s while the job runs: how many depends on the machine's load).
     square_events = [e for e in spark.events if e["step"] == "square"]

@@ -21,17 +21,20 @@ from flowtide.cli.options import (
 
 def data(
     execution_id: ExecutionIdArg,
-    step: Annotated[str, typer.Argument(help="A spark step of that execution.")],
+    step: Annotated[
+        str, typer.Argument(help="A spark step or a spark loop (mode: spark) of that execution.")
+    ],
     limit: Annotated[int, typer.Option(help="Rows to print (0: all).")] = 20,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Print the rows a spark step wrote (its result reference), read with DuckDB: no JVM.
+    """Print the rows a spark step or a spark loop wrote, read with DuckDB (no JVM).
 
-    Works for parquet, csv and json results on this machine's disk (the default for steps
-    without a sink: .flowtide/data/<execution_id>/<step>/). A loop step prints iteration 0;
-    use `flowtide status` for the references of the others.
+    A spark loop's rows are (index, status, result, error, action), one per item.
+    Works for parquet, csv and json results on this machine's disk (by default
+    HOME/data/<execution_id>/<step>/). A loop of spark steps prints iteration 0;
+    `flowtide status` shows the references of the others.
     """
     from flowtide.errors import DatasetError
     from flowtide.spark.outputs import output_reference, read_output
@@ -45,7 +48,10 @@ def data(
         raise typer.Exit(EXIT_INVALID)
     ref = output_reference(record.result)
     if ref is None:
-        err(f"error: step '{step}' did not produce a dataset reference (not a spark step?)")
+        err(
+            f"error: step '{step}' did not produce a dataset reference (not a spark step or "
+            "a spark loop? `flowtide status` shows its result)"
+        )
         raise typer.Exit(EXIT_INVALID)
     try:
         out = read_output(ref, limit=limit)
@@ -64,7 +70,7 @@ def data(
     from rich.table import Table
 
     table = Table(
-        title=f"{step}: {out.uri} ({out.format}, {out.row_count} rows)", title_justify="left"
+        title=f"{step}: {out.uri} ({out.format}, {out.row_count:,} rows)", title_justify="left"
     )
     for column in out.columns:
         table.add_column(column)
@@ -72,7 +78,7 @@ def data(
         table.add_row(*("" if v is None else str(v) for v in row.values()))
     Console().print(table)
     if limit and out.row_count > len(out.rows):
-        typer.echo(f"... {out.row_count - len(out.rows)} more rows (--limit 0 for all)")
+        typer.echo(f"... {out.row_count - len(out.rows):,} more rows (--limit 0 for all)")
 
 
 def prune_cmd(

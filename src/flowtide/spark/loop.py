@@ -210,7 +210,7 @@ class _SparkLoopTool(SparkTool):
         except Exception as exc:  # a source that cannot be read: say it is `loop.in`'s
             raise _in_failed(exc, ctx.step) from None
         partitions = _partitions_of(frame)
-        say(run, f"loop over {size} items in {partitions or 'its'} partitions")
+        say(run, f"loop over {size:,} items in {partitions or 'its'} partitions")
         share = None
         if job.rate:
             share = share_of(job.rate, min(parts or 1, max(size, 1)), slots)
@@ -293,7 +293,7 @@ class _SparkLoopTool(SparkTool):
                     " FLOWTIDE_MAX_RESULT_BYTES): read them from the dataset by reference",
                 )
         stats = result["stats"]
-        say(run, f"items: {stats['success']} ok, {stats['failed']} failed of {size}")
+        say(run, f"items: {stats['success']:,} ok, {stats['failed']:,} failed of {size:,}")
         return result
 
 

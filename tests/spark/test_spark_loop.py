@@ -174,6 +174,11 @@ def test_an_item_that_fails_fails_the_loop_with_its_index(run_playbook: Runner) 
     error = result.doc["error"]
     assert error["step"] == "work" and error["kind"] == "python_error"
     assert error["message"].startswith("item 2: ") and "ZeroDivisionError" in error["message"]
+    # Item 4 failed too: said, with where to read every item's row.
+    eid = result.doc["execution_id"]
+    assert error["message"].endswith(
+        f" (1 more item failed: their rows are in `flowtide data {eid} work`)"
+    ), error["message"]
 
 
 def test_items_from_a_spark_steps_result_and_from_a_source(

@@ -263,16 +263,23 @@ class _SparkLoopTool(SparkTool):
             F.min("index").alias("first"),
             F.sum(F.length("result") + 1).alias("chars"),
         )
-        ok, ran, first_fail, chars = 0, 0, None, 0
+        ok, ran, first_fail, chars, fails = 0, 0, None, 0, 0
         for row in groups.collect():
             ran += int(row["n"])
             chars += int(row["chars"] or 0)
             ok += int(row["n"]) if row["status"] == "ok" else 0
-            if row["action"] == "fail" and (first_fail is None or row["first"] < first_fail):
-                first_fail = int(row["first"])
+            if row["action"] == "fail":
+                fails += int(row["n"])
+                if first_fail is None or row["first"] < first_fail:
+                    first_fail = int(row["first"])
         if first_fail is not None:
             failed = back.filter(F.col("index") == first_fail).select("error").collect()
             job.failure = _item_error(first_fail, failed[0]["error"] if failed else None)
+            if fails > 1:
+                job.failure["message"] += (
+                    f" ({fails - 1:,} more item{'s' if fails > 2 else ''} failed: "
+                    f"their rows are in `flowtide data {job.execution_id} {job.step.name}`)"
+                )
         result: dict[str, Any] = reference(written)
         result["row_count"] = ran
         result["stats"] = {"total": size, "success": ok, "failed": ran - ok}

@@ -197,6 +197,12 @@ REFERENCE_TYPOS = [
         "spec.policy.rules[0].when",
         "did you mean 'output'?",
     ),
+    (
+        'x: "{{ item }}"',
+        'x: "{{ iter.itme }}"',
+        "tool.input.x",
+        "unknown iter key 'itme'; did you mean 'item'?",
+    ),
 ]
 
 
@@ -217,10 +223,26 @@ def test_validate_resolves_template_references(old: str, new: str, field: str, s
         "{% set y = 2 %}{{ y }}",
         "{{ ctx.anything }} {{ vars.x }} {{ execution_id }} {{ job.uuid }} {{ now() }}",
         "{{ env.HOME }} {{ range(3) | list }} {{ workload.get('x') }}",
+        "{{ iter.item }} {{ iter._index }} {{ iter['_first'] }} {{ iter.index }}",
+        "{{ iter.maybe | default(0) }} {{ iter.get('other') }}",
     ],
 )
 def test_what_cannot_be_known_statically_is_not_refused(template: str) -> None:
     parse_playbook(variant('"{{ item }}"', repr(template)), FILE, references=())
+
+
+def test_iter_keys_a_set_writes_resolve() -> None:
+    text = dedent(
+        """\
+        workflow:
+          - step: start
+            loop: {in: [1, 2], iterator: n, spec: {mode: sequential}}
+            tool:
+              - {name: first, kind: noop, set: {iter.page: 1}}
+              - {name: second, kind: python, input: {p: "{{ iter.page }}"}, code: "result = p"}
+        """
+    )
+    parse_playbook(text, FILE, references=())
 
 
 def test_names_a_playbook_writes_resolve() -> None:

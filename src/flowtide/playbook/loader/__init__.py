@@ -21,6 +21,7 @@ from flowtide.playbook.loader.arcs import _reachability
 from flowtide.playbook.loader.checker import _Checker, _suggest
 from flowtide.playbook.loader.references import (
     MAX_SUGGESTED,
+    known_iter_keys,
     known_names,
     suggest,
     unknown,
@@ -277,9 +278,10 @@ def _check_references(
 ) -> None:
     """Every name the playbook's templates read is one some context offers."""
     names = known_names(workload, steps, workbook)
+    iters = known_iter_keys(steps, workbook)
     found = 0
     for ref in c.references:
-        for what, line, choices in unknown(ref, names, workload):
+        for what, line, choices in unknown(ref, names, workload, iters):
             name = what.split("'")[1]
             found += 1
             hint = suggest(name, choices) if found <= MAX_SUGGESTED else ""

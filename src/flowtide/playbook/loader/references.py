@@ -23,7 +23,7 @@ from flowtide.playbook.source import Path as NodePath
 from flowtide.playbook.template import ENV
 from flowtide.tools.spec import did_you_mean
 
-__all__ = ["RUNTIME_NAMES", "Reference", "scan", "suggest", "unknown"]
+__all__ = ["RUNTIME_NAMES", "Reference", "known_iter_keys", "scan", "suggest", "unknown"]
 
 #: Names the runtime puts in render contexts (`flowtide.engine.context.base_context`,
 #: `iteration_scope`, `flowtide.engine.start.render_workload`, the step exit and policy
@@ -51,7 +51,7 @@ RUNTIME_NAMES: Mapping[str, str] = {
     "result": "after a call: its result",
     "response": "after a call: its result",
     "error": "after a failed call: its error (`output.error`)",
-    "event": "on arcs: `{name, step}` of the step's outcome",
+    "event": "on arcs, in policies and `set`: `{name, step}` of the outcome",
     "_prev": "in a pipeline: the last successful result",
     "_task": "in a pipeline: the task's own name",
     "_attempt": "in a pipeline: the task's attempt (1 the first)",
@@ -77,6 +77,40 @@ def _root(node: nodes.Node | None) -> nodes.Name | None:
     while isinstance(node, nodes.Getattr | nodes.Getitem | nodes.Filter | nodes.Test):
         node = node.node
     return node if isinstance(node, nodes.Name) else None
+
+
+def _keys_of(tree: nodes.Template, root: str) -> list[tuple[str, int]]:
+    """The constant keys `tree` reads of the name `root` (`root.key`, `root['key']`)."""
+    keys: list[tuple[str, int]] = []
+    for attr in tree.find_all(nodes.Getattr):
+        if (
+            isinstance(attr.node, nodes.Name)
+            and attr.node.name == root
+            and attr.attr not in _MAPPING_METHODS
+        ):
+            keys.append((attr.attr, attr.lineno))
+    for item in tree.find_all(nodes.Getitem):
+        if (
+            isinstance(item.node, nodes.Name)
+            and item.node.name == root
+            and isinstance(item.arg, nodes.Const)
+            and isinstance(item.arg.value, str)
+        ):
+            keys.append((item.arg.value, item.lineno))
+    return keys
+
+
+def iter_keys(source: str) -> list[tuple[str, int]]:
+    """The `iter.<key>` reads of `source` with their line, unless `iter` is guarded (or
+    `source` does not parse)."""
+    try:
+        tree = ENV.parse(source)
+    except (TemplateSyntaxError, RecursionError):
+        return []
+    guarded, free, _ = scan(source)
+    if "iter" in guarded or "iter" not in {name for name, _ in free}:
+        return []
+    return _keys_of(tree, "iter")
 
 
 def scan(source: str) -> tuple[set[str], list[tuple[str, int]], list[tuple[str, int]]]:
@@ -108,21 +142,7 @@ def scan(source: str) -> tuple[set[str], list[tuple[str, int]], list[tuple[str, 
                 names.append((name.name, name.lineno))
     keys: list[tuple[str, int]] = []
     if "workload" in free and "workload" not in guarded:
-        for attr in tree.find_all(nodes.Getattr):
-            if (
-                isinstance(attr.node, nodes.Name)
-                and attr.node.name == "workload"
-                and attr.attr not in _MAPPING_METHODS
-            ):
-                keys.append((attr.attr, attr.lineno))
-        for item in tree.find_all(nodes.Getitem):
-            if (
-                isinstance(item.node, nodes.Name)
-                and item.node.name == "workload"
-                and isinstance(item.arg, nodes.Const)
-                and isinstance(item.arg.value, str)
-            ):
-                keys.append((item.arg.value, item.lineno))
+        keys = _keys_of(tree, "workload")
     return guarded, names, keys
 
 
@@ -183,6 +203,34 @@ def _task_names(task: Task) -> Iterable[str]:
         yield from _set_names(rule.set)
 
 
+#: What `iter` holds besides the iterators and `set: {iter.x: ...}` names
+#: (`flowtide.engine.context.iteration_scope`).
+ITER_MARKS = ("index", "_index", "_first", "_last")
+
+
+def known_iter_keys(steps: Mapping[str, Step], workbook: Mapping[str, Task]) -> set[str]:
+    """Every key `iter` can hold in this playbook: each loop's iterator, the marks, and
+    the names a `set` writes under `iter.`."""
+    out = set(ITER_MARKS)
+    blocks: list[Mapping[str, Any]] = []
+    for step in steps.values():
+        if step.loop is not None:
+            out.add(step.loop.iterator)
+        blocks.append(step.set)
+        blocks.extend(arc.set for arc in step.next.arcs)
+        for task in step.tasks:
+            blocks.append(task.set)
+            blocks.extend(rule.set for rule in (task.policy.rules if task.policy else ()))
+    for task in workbook.values():
+        blocks.append(task.set)
+        blocks.extend(rule.set for rule in (task.policy.rules if task.policy else ()))
+    for block in blocks:
+        for key in block:
+            if str(key).startswith("iter."):
+                out.add(str(key)[len("iter.") :].split(".")[0])
+    return out
+
+
 def known_names(
     workload: Mapping[str, Any], steps: Mapping[str, Step], workbook: Mapping[str, Task]
 ) -> set[str]:
@@ -202,10 +250,14 @@ def known_names(
 
 
 def unknown(
-    reference: Reference, names: set[str], workload: Mapping[str, Any]
+    reference: Reference,
+    names: set[str],
+    workload: Mapping[str, Any],
+    iters: set[str] | None = None,
 ) -> list[tuple[str, int, Iterable[str]]]:
     """The unknown names of one template: (what, its line in the template, the names it
-    could have meant)."""
+    could have meant). `iters`: the keys `iter` can hold (`known_iter_keys`; None: not
+    checked)."""
     _, free, keys = scan(reference.source)
     out: list[tuple[str, int, Iterable[str]]] = []
     for name, line in free:
@@ -214,4 +266,8 @@ def unknown(
     for key, line in keys:
         if key not in workload:
             out.append((f"workload key '{key}'", line, workload))
+    if iters is not None and "iter" in reference.source:
+        for key, line in iter_keys(reference.source):
+            if key not in iters:
+                out.append((f"iter key '{key}'", line, iters))
     return out

@@ -97,7 +97,8 @@ def own_result(
     """
     names: dict[str, Any] = {name: view} if status == "ok" else {"error": error}
     event = {"name": "call.done" if status == "ok" else "call.error", "step": step or name}
-    return {**names, "output": output, "result": view, "event": event}
+    # A task named `event` keeps its name (as before `event` was offered here).
+    return {"event": event, **names, "output": output, "result": view}
 
 
 class Prepared(NamedTuple):

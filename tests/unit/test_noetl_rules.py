@@ -232,3 +232,22 @@ workflow:
     outcome = _run(text, step="check")
     assert outcome.action == "continue", outcome.error
     assert outcome.ctx == {"good_set": "call.done", "good": "call.done/check", "bad": "call.error"}
+
+
+def test_a_task_named_event_still_reads_its_own_result_by_its_name() -> None:
+    text = """
+workflow:
+  - step: start
+    tool:
+      name: event
+      kind: python
+      code: "result = {'x': 1}"
+      spec:
+        policy:
+          rules:
+            - when: "{{ event.x == 1 }}"
+              then: {do: continue, set: {ctx.x: "{{ event.x }}"}}
+"""
+    outcome = _run(text)
+    assert outcome.status == "ok", outcome.error
+    assert outcome.ctx == {"x": 1}

@@ -11,7 +11,6 @@ the engine turns into events. A cursor loop's claim query runs here too (`claim`
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +33,7 @@ from flowtide.runtime.rendering import (
     pipeline_locals,
     prepare,
     sequence_names,
+    shown_input,
     task_layers,
     timeout,
 )
@@ -43,8 +43,6 @@ from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 
 STDOUT_LIMIT = 16 * 1024
-#: How much of a failed call's rendered input its event keeps (`shown_input`).
-INPUT_SHOWN_BYTES = 4 * 1024
 # The result limits are the settings tree's (flowtide.settings.LimitsSection), read
 # once per process when its first result is recorded:
 # max_result_bytes (FLOWTIDE_MAX_RESULT_BYTES): largest result recorded in events, as
@@ -53,17 +51,6 @@ INPUT_SHOWN_BYTES = 4 * 1024
 # a `result_too_large` error, never a report the server refuses.
 # max_stored_result_bytes (FLOWTIDE_MAX_STORED_RESULT_BYTES, JSON bytes): the artifact
 # store has a limit too; past it the step fails with `result_too_large`.
-
-
-def shown_input(value: Any) -> Any:
-    """A failed call's rendered input as its `call.error` event keeps it: the value when
-    its JSON is at most `INPUT_SHOWN_BYTES`, else its size and top-level keys (never a
-    cut text: a secret cut in two would no longer be masked)."""
-    text = json.dumps(value, default=str, separators=(",", ":"))
-    if len(text) <= INPUT_SHOWN_BYTES:
-        return json.loads(text)
-    keys = [str(k) for k in list(value)[:50]] if isinstance(value, dict) else None
-    return {"truncated": True, "bytes": len(text.encode()), "keys": keys}
 
 
 def _json_result(result: Any) -> tuple[Any, str | None]:

@@ -7,6 +7,7 @@ execution's context, the loop's element, the calls made before it in the same co
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -221,3 +222,18 @@ def timeout(config: Mapping[str, Any]) -> float | None:
         return float(value) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+#: How much of a failed call's rendered input its event keeps (`shown_input`).
+INPUT_SHOWN_BYTES = 4 * 1024
+
+
+def shown_input(value: Any) -> Any:
+    """A failed call's rendered input as its `call.error` event keeps it: the value when
+    its JSON is at most `INPUT_SHOWN_BYTES`, else its size and top-level keys (never a
+    cut text: a secret cut in two would no longer be masked)."""
+    text = json.dumps(value, default=str, separators=(",", ":"))
+    if len(text) <= INPUT_SHOWN_BYTES:
+        return json.loads(text)
+    keys = [str(k) for k in list(value)[:50]] if isinstance(value, dict) else None
+    return {"truncated": True, "bytes": len(text.encode()), "keys": keys}

@@ -71,38 +71,17 @@ def run_command(
         def progress(items: dict[str, Any]) -> None:
             report([progress_event(command, next_id(), worker_id, time.time(), items)])
 
+    args = (runner, command, base, ctx, iterator, element, size, credentials, cancelled)
     span = None
     try:
         if not tracing.enabled:
-            outcome = _outcome(
-                runner,
-                command,
-                base,
-                ctx,
-                iterator,
-                element,
-                size,
-                credentials,
-                cancelled,
-                progress,
-            )
+            outcome = _outcome(*args, progress)
         else:
             span = tracing.command_context(
                 command.execution_id, command.command_id, command.attempt, traceparent
             )
             with tracing.use(span.header):
-                outcome = _outcome(
-                    runner,
-                    command,
-                    base,
-                    ctx,
-                    iterator,
-                    element,
-                    size,
-                    credentials,
-                    cancelled,
-                    progress,
-                )
+                outcome = _outcome(*args, progress)
     finally:
         current_log.reset(token)
         if log is not None:

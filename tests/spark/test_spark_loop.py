@@ -8,7 +8,7 @@ import os
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,6 +16,7 @@ import pytest
 
 from flowtide.errors import PlaybookError
 from flowtide.playbook.loader import parse_playbook
+from jsonstub import JsonHandler
 from payloads import event_problems
 
 from .conftest import HEADER, Runner, flowtide_cli
@@ -285,7 +286,7 @@ workflow:
     assert "got 0 (expected an integer >= 1, or no 'partitions' for the default)" in text
 
 
-class _Slow(BaseHTTPRequestHandler):
+class _Slow(JsonHandler):
     """Answers `{"n": N}` after 0.2 s, counting the requests in flight at once."""
 
     lock = threading.Lock()
@@ -301,15 +302,7 @@ class _Slow(BaseHTTPRequestHandler):
         with cls.lock:
             cls.now -= 1
         n = int(self.path.rsplit("/", 1)[-1])
-        body = json.dumps({"n": n, "double": n * 2}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply({"n": n, "double": n * 2})
 
 
 def test_an_http_body_runs_max_in_flight_items_at_once_per_partition(

@@ -3,10 +3,9 @@ HTTP server on loopback (arrival times), on the local Spark the spark tests shar
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from flowtide.errors import PlaybookError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.spark.pace import burst_for
+from jsonstub import JsonHandler
 
 from .conftest import HEADER, Runner
 
@@ -24,7 +24,7 @@ ITEMS = 300
 IN_FLIGHT = 4
 
 
-class _Stamp(BaseHTTPRequestHandler):
+class _Stamp(JsonHandler):
     """Answers `{"n": N}` at once, noting when each request arrived (keep-alive; no
     Nagle delay between the headers and the body written apart)."""
 
@@ -38,15 +38,7 @@ class _Stamp(BaseHTTPRequestHandler):
         n = int(self.path.rsplit("/", 1)[-1])
         with self.lock:
             self.arrivals.append((at, n))
-        body = json.dumps({"n": n}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply({"n": n})
 
 
 def _slots() -> int:

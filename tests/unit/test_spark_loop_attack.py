@@ -10,7 +10,7 @@ import stat
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from flowtide.errors import ToolError
 from flowtide.playbook.loader import parse_playbook
 from flowtide.spark import loop, loopmarks
 from flowtide.spark.partition import executor_environment
+from jsonstub import JsonHandler
 
 _WORKER_ENV = {
     "PATH": "/usr/bin",
@@ -161,19 +162,11 @@ def test_old_folders_go_but_only_this_users_and_never_through_a_link(tmp_folder:
     assert (target / "data").read_text() == "keep"
 
 
-class _Echo(BaseHTTPRequestHandler):
+class _Echo(JsonHandler):
     """Answers each request with the Authorization header it got."""
 
     def do_GET(self) -> None:
-        body = json.dumps({"auth": self.headers.get("Authorization")}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply({"auth": self.headers.get("Authorization")})
 
 
 def test_secrets_an_items_tool_touched_are_not_written_with_its_result(

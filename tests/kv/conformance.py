@@ -805,8 +805,15 @@ class KVConformance:
             assert len(await self.initial_data(watcher)) == 1
             for i in range(5):
                 await kv.put("a", b"%d" % i)
-            items = [await self.next_item(watcher) for _ in range(5)]
-            assert all(item is not None for item in items)
+            # With history 1 a revision replaced before the consumer reached it is gone
+            # from the stream, so updates may be skipped; the newest one always arrives.
+            for _ in range(5):
+                item = await self.next_item(watcher)
+                assert item is not None, "end-of-initial-data marker delivered twice"
+                if item.value == b"4":
+                    break
+            else:
+                raise AssertionError("the newest revision never arrived")
 
     async def test_two_watchers_see_same_updates(self) -> None:
         kv = await self.open_kv()

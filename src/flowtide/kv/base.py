@@ -134,9 +134,12 @@ class KeyWatcher(Protocol):
 
     The initial data (per the watch options) comes first, then `None` exactly once as
     the end-of-initial-data marker (also when there is no initial data, and first thing
-    with `updates_only`), then live updates as they are written. The watch starts when
-    the watcher is entered (`async with`) or first iterated; use `async with` or `stop()`
-    to release it. Iteration ends after `stop()`, when the handle is closed or the
+    with `updates_only`), then live updates as they are written. A revision the bucket's
+    history limit removed before it was delivered is skipped, as on JetStream (its
+    consumer reads the stream, and a key's older revisions leave it), so a watcher
+    always reaches each key's newest revision but may not see every one before it. The
+    watch starts when the watcher is entered (`async with`) or first iterated; use
+    `async with` or `stop()` to release it. Iteration ends after `stop()`, when the handle is closed or the
     bucket destroyed.
     """
 

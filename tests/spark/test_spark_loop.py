@@ -19,7 +19,7 @@ from flowtide.playbook.loader import parse_playbook
 from jsonstub import JsonHandler
 from payloads import event_problems
 
-from .conftest import HEADER, Runner, flowtide_cli
+from .conftest import HEADER, Runner, cli_json, flowtide_cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -237,6 +237,104 @@ def test_items_from_a_spark_steps_result_and_from_a_source(
     assert sorted(mixed, key=lambda r: r["x"]) == [
         {"x": i, "name": None if i == 1 else "n", "d": "2026-01-02", "m": 1.5} for i in range(3)
     ]
+
+
+def test_parquet_items_are_numbered_by_file_name_then_row_and_read_by_the_tasks(
+    run_playbook: Runner, tmp_path: Path
+) -> None:
+    """Parquet files on this disk: the tasks read their row groups themselves (no job
+    counts the rows first); indexes follow the files in name order, then their rows,
+    whatever slices of row groups the tasks got."""
+    import pyarrow as pa
+
+    data = tmp_path / "items"
+    data.mkdir()
+    # Written out of name order, with row groups of 7 rows; an empty file; Spark's
+    # marker files, which are not data.
+    values = {"b.parquet": list(range(100, 130)), "a.parquet": [1, 2, 3, 4, 5], "c.parquet": []}
+    for name, xs in values.items():
+        table = pa.table(
+            {"v": pa.array(xs, pa.int64()), "s": pa.array([f"s{x}" for x in xs], pa.string())}
+        )
+        pq.write_table(table, data / name, row_group_size=7)
+    (data / "_SUCCESS").touch()
+    (data / ".notes").write_bytes(b"x")
+    result = run_playbook(
+        """\
+        workload: {data: ""}
+        workflow:
+          - step: rows
+            loop:
+              in: {format: parquet, path: "{{ workload.data }}"}
+              iterator: r
+              spec: {mode: spark, partitions: 4}
+            tool:
+              kind: python
+              input: {r: "{{ iter.r }}", i: "{{ loop_index }}"}
+              code: "result = [i, r['v'], r['s']]"
+        """,
+        workload={"data": str(data)},
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    rows = result.step("rows")["result"]
+    expected = [*values["a.parquet"], *values["b.parquet"]]
+    assert rows["results"] == [[i, v, f"s{v}"] for i, v in enumerate(expected)]
+    assert rows["stats"] == {"total": 35, "success": 35, "failed": 0}
+    # The loop's own rows: a file per task, in index order, and nothing else left.
+    out = Path(rows["uri"].removeprefix("file://"))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_SUCCESS",
+        *(f"part-0000{t}.parquet" for t in range(4)),
+    ]
+    assert pq.read_table(out).column("index").to_pylist() == list(range(35))
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
+    assert rows["preview"][0] == {
+        "index": 0,
+        "status": "ok",
+        "result": '[0,1,"s1"]',
+        "error": None,
+        "action": "continue",
+    }
+
+
+def test_a_task_whose_python_worker_dies_is_run_again_and_counted_once(tmp_path: Path) -> None:
+    """A local master that retries tasks (`local[2,2]`): an item kills its python worker
+    on the task's first attempt; Spark runs the task again, the loop keeps the rows of
+    the attempt that answered, and every index is there once."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    book = tmp_path / "killed.yaml"
+    book.write_text(
+        HEADER + "workload: {marks: ''}\n"
+        "workflow:\n"
+        "  - step: work\n"
+        '    loop: {in: "{{ range(600) | list }}", iterator: x, spec: {mode: spark, partitions: 3}}\n'
+        "    tool:\n"
+        "      kind: python\n"
+        "      input: {x: '{{ iter.x }}', marks: '{{ workload.marks }}'}\n"
+        "      code: |\n"
+        "        import os\n"
+        "        open(os.path.join(marks, str(x)), 'a').write('.')\n"
+        "        if x == 300 and not os.path.exists(os.path.join(marks, 'died')):\n"
+        "            open(os.path.join(marks, 'died'), 'w').close()\n"
+        "            os._exit(1)\n"
+        "        result = x * x\n"
+    )
+    home = tmp_path / "home"
+    env = {"FLOWTIDE_SPARK_MASTER": "local[2,2]"}
+    doc = cli_json("run", str(book), "--set", f"marks={marks}", home=home, env=env)
+    assert doc["status"] == "completed", doc["error"]
+    work = json.loads(flowtide_cli("status", doc["execution_id"], "--json", home=home).stdout)
+    result = work["steps"]["work"]["result"]
+    assert result["stats"] == {"total": 600, "success": 600, "failed": 0}
+    assert result["results"] == [x * x for x in range(600)]
+    out = Path(result["uri"].removeprefix("file://"))
+    assert pq.read_table(out).column("index").to_pylist() == list(range(600))
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
+    # The dead attempt's items ran twice (at-least-once side effects), the others once.
+    runs = {int(p.name): len(p.read_text()) for p in marks.iterdir() if p.name != "died"}
+    assert sorted(runs) == list(range(600))
+    assert runs[300] == 2 and runs[0] == 1 and runs[599] == 1
 
 
 def test_a_source_that_cannot_be_read_names_the_step_and_loop_in(

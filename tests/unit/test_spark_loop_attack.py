@@ -253,30 +253,19 @@ def test_max_in_flight_is_capped() -> None:
     assert loop._in_flight(step, {"workload": {"m": 0}}) == 1
 
 
-class _Rows:
-    """The loop's written rows, as far as `_results` reads them; collecting them is the
-    cost to avoid."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-        self.collected = 0
-
-    def select(self, *columns: str) -> _Rows:
-        return self
-
-    def collect(self) -> list[dict[str, Any]]:
-        self.collected += 1
-        return self.rows
-
-
 def test_results_too_large_to_keep_are_never_collected_to_the_driver(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # `results_max: 1000000000` with millions of items: the driver (a worker's, shared
     # by every execution) must not hold them all to find they do not fit.
     monkeypatch.setenv("FLOWTIDE_MAX_RESULT_BYTES", "1000")
-    rows = _Rows([{"index": 1, "result": '"b"'}, {"index": 0, "result": '"a"'}])
-    assert loop._results(rows, 501) is None
-    assert rows.collected == 0
-    assert loop._results(rows, 500) == ["a", "b"]
-    assert rows.collected == 1
+    reads: list[int] = []
+
+    def read() -> list[tuple[int, str]]:
+        reads.append(1)
+        return [(0, '"a"'), (1, '"b"')]
+
+    assert loop._results(read, 501) is None
+    assert reads == []
+    assert loop._results(read, 500) == ["a", "b"]
+    assert reads == [1]

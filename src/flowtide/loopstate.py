@@ -13,9 +13,10 @@ bucket TTL is the backstop for executions that never end.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from flowtide.kv import KeyExistsError, KeyValue, KVError, encode_key_token
+from flowtide.kv import CREATE_MANY_MAX, KeyExistsError, KeyValue, KVError, encode_key_token
 
 DEFAULT_BUCKET = "flowtide_state"
 DEFAULT_TTL = 3600.0
@@ -72,6 +73,58 @@ class LoopState:
                 return False
             return entry.value.decode(errors="replace").endswith(f":{command_id}")
         return True
+
+    async def record_many(
+        self,
+        execution_id: int,
+        step: str,
+        instance: int,
+        records: Sequence[tuple[int, str, int | None]],
+    ) -> list[bool]:
+        """`record` for many iterations of one loop: per (index, status, command_id), in
+        order, what `record` would return had it been called for each in turn.
+
+        One `create_many` per 1,000 records. The records of existing keys that name a
+        command are read back with one `get_last_many` per call, so a command's own
+        earlier record counts again as in `record` (an index given twice counts for the
+        second item only when both name the same command).
+
+        Raises:
+            KVError: as `record`, when the KV fails; records of earlier chunks may have
+                been written (a retry of the same commands counts them again).
+        """
+        out: list[bool] = []
+        prefix = loop_prefix(execution_id, step, instance)
+        for start in range(0, len(records), CREATE_MANY_MAX):
+            chunk = records[start : start + CREATE_MANY_MAX]
+            keys = [f"{prefix}.r.{index}" for index, _, _ in chunk]
+            values = [
+                (status if command_id is None else f"{status}:{command_id}").encode()
+                for _, status, command_id in chunk
+            ]
+            revisions = await self.kv.create_many(list(zip(keys, values, strict=True)))
+            # Existing keys whose item names a command: counted if that command wrote them.
+            check = [
+                i
+                for i, (rev, (_, _, command_id)) in enumerate(zip(revisions, chunk, strict=True))
+                if rev is None and command_id is not None
+            ]
+            stored: dict[str, bytes] = {}
+            if check:
+                try:
+                    found = await self.kv.get_last_many(list(dict.fromkeys(keys[i] for i in check)))
+                except KVError:
+                    found = {}
+                stored = {key: entry.value for key, entry in found.items()}
+            for i, (rev, (_, _, command_id)) in enumerate(zip(revisions, chunk, strict=True)):
+                if rev is not None:
+                    out.append(True)
+                elif command_id is None or keys[i] not in stored:
+                    out.append(False)
+                else:
+                    value = stored[keys[i]].decode(errors="replace")
+                    out.append(value.endswith(f":{command_id}"))
+        return out
 
     async def claim_done(self, execution_id: int, step: str, instance: int) -> bool:
         """Claim the loop's completion. True for exactly one caller."""

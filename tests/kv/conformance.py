@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from flowtide.kv import (
+    CREATE_MANY_MAX,
     BucketNotFoundError,
     Entry,
     InvalidKeyError,
@@ -285,6 +286,127 @@ class KVConformance:
         winners, losers = await race_to_create(kv, "done", b"1", 16)
         assert len(winners) == 1 and len(losers) == 15
         assert all(exc.revision == winners[0] for exc in losers)
+
+    # ------------------------------------------------------------------ create_many
+
+    async def test_create_many_new_keys(self) -> None:
+        kv = await self.open_kv()
+        items = [(f"k.{i}", b"v%d" % i) for i in range(20)]
+        revs = await kv.create_many(items)
+        assert all(isinstance(r, int) for r in revs)
+        first = revs[0]
+        assert isinstance(first, int)
+        assert revs == list(range(first, first + 20))
+        for (key, value), rev in zip(items, revs, strict=True):
+            entry = await kv.get(key)
+            assert (entry.value, entry.revision) == (value, rev)
+
+    async def test_create_many_skips_existing_keys_and_writes_the_others(self) -> None:
+        kv = await self.open_kv()
+        old = await kv.put("b", b"old")
+        revs = await kv.create_many([("a", b"1"), ("b", b"2"), ("c", b"3")])
+        assert revs[1] is None
+        assert isinstance(revs[0], int) and isinstance(revs[2], int) and revs[0] < revs[2]
+        assert (await kv.get("a")).value == b"1"
+        assert (await kv.get("c")).value == b"3"
+        entry = await kv.get("b")
+        assert (entry.value, entry.revision) == (b"old", old)
+        assert await kv.create_many([("a", b"x"), ("c", b"y")]) == [None, None]
+        assert (await kv.status()).values == 3
+
+    async def test_create_many_after_delete_and_after_purge(self) -> None:
+        kv = await self.open_kv(history=5)
+        await kv.put("deleted", b"1")
+        await kv.put("purged", b"1")
+        await kv.put("alive", b"1")
+        await kv.delete("deleted")
+        await kv.purge("purged")
+        revs = await kv.create_many(
+            [("deleted", b"2"), ("alive", b"2"), ("purged", b"2"), ("new", b"2")]
+        )
+        assert revs[1] is None
+        for key, rev in (("deleted", revs[0]), ("purged", revs[2]), ("new", revs[3])):
+            entry = await kv.get(key)
+            assert (entry.value, entry.revision) == (b"2", rev)
+        assert (await kv.get("alive")).value == b"1"
+        assert await kv.create_many([("deleted", b"3"), ("purged", b"3")]) == [None, None]
+
+    async def test_create_many_duplicate_keys_first_wins(self) -> None:
+        kv = await self.open_kv(history=5)
+        await kv.put("old", b"0")
+        revs = await kv.create_many(
+            [("k", b"1"), ("k", b"2"), ("j", b"3"), ("old", b"4"), ("k", b"5"), ("old", b"6")]
+        )
+        assert revs[1:] == [None, revs[2], None, None, None]
+        assert isinstance(revs[0], int) and isinstance(revs[2], int)
+        assert (await kv.get("k")).value == b"1"
+        assert len(await kv.history("k")) == 1
+        assert (await kv.get("old")).value == b"0"
+
+    async def test_create_many_validates_everything_before_writing(self) -> None:
+        kv = await self.open_kv(max_value_size=8)
+        for bad in ("a..b", "a.*", "_kv.x", ""):
+            with pytest.raises(InvalidKeyError) as info:
+                await kv.create_many([("good", b"1"), (bad, b"2"), ("other", b"3")])
+            assert info.value.key == bad
+        with pytest.raises(ValueTooLargeError) as too_large:
+            await kv.create_many([("good", b"1"), ("big", b"123456789")])
+        assert (too_large.value.key, too_large.value.size, too_large.value.max_size) == (
+            "big",
+            9,
+            8,
+        )
+        assert (await kv.status()).values == 0
+        assert await kv.keys() == []
+
+    async def test_create_many_of_nothing(self) -> None:
+        kv = await self.open_kv()
+        assert await kv.create_many([]) == []
+        assert (await kv.status()).values == 0
+
+    async def test_create_many_on_a_closed_handle(self) -> None:
+        kv = await self.open_kv()
+        other = await self.make_kv(kv.bucket)
+        await other.close()
+        for items in ([("k", b"v")], []):
+            with pytest.raises(KVError, match="closed"):
+                await other.create_many(items)
+        assert await kv.keys() == []
+
+    async def test_create_many_limit(self) -> None:
+        kv = await self.open_kv()
+        too_many = [(f"k.{i}", b"v") for i in range(CREATE_MANY_MAX + 1)]
+        with pytest.raises(KVError, match=f"at most {CREATE_MANY_MAX} items"):
+            await kv.create_many(too_many)
+        assert (await kv.status()).values == 0
+        revs = await kv.create_many(too_many[:CREATE_MANY_MAX])
+        assert len(revs) == CREATE_MANY_MAX and None not in revs
+        assert len(set(revs)) == CREATE_MANY_MAX
+        assert len(await kv.keys("k.*")) == CREATE_MANY_MAX
+
+    async def test_concurrent_create_many_gives_each_key_to_one_caller(self) -> None:
+        kv1 = await self.open_kv(history=3)
+        kv2 = await self.open_kv(kv1.bucket)
+        keys = [f"r.{i}" for i in range(300)]
+        # A third of the keys were deleted, a third purged: re-creating them races too.
+        for key in keys[:200]:
+            await kv1.put(key, b"before")
+        for key in keys[:100]:
+            await kv1.delete(key)
+        for key in keys[100:200]:
+            await kv1.purge(key)
+        order2 = keys[::-1]
+        got1, got2 = await asyncio.gather(
+            kv1.create_many([(k, b"one") for k in keys]),
+            kv2.create_many([(k, b"two") for k in order2]),
+        )
+        won1 = {k for k, rev in zip(keys, got1, strict=True) if rev is not None}
+        won2 = {k for k, rev in zip(order2, got2, strict=True) if rev is not None}
+        assert won1 | won2 == set(keys)
+        assert won1 & won2 == set()
+        stored = await kv1.get_last_many("r.*")
+        assert {k for k, e in stored.items() if e.value == b"one"} == won1
+        assert {k for k, e in stored.items() if e.value == b"two"} == won2
 
     async def test_update_with_current_revision(self) -> None:
         kv = await self.open_kv()

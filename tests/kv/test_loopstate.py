@@ -12,6 +12,7 @@ import multiprocessing
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from textwrap import dedent
 from typing import Any
@@ -223,3 +224,41 @@ def test_a_record_the_log_never_got_counts_for_the_same_command(nats_url: str, w
         await kv.close()
 
     run(main())
+
+
+def test_record_many_on_nats_counts_each_iteration_once(nats_url: str) -> None:
+    """Two handles on their own connections record overlapping batches for different
+    commands: every iteration counts once. Re-issued, the first command's records count
+    again exactly where it won (read back in one multi-key read of 1,000 keys); a third
+    command's do not count."""
+
+    def deliver(indices: list[int], command: int) -> list[bool]:
+        async def main() -> list[bool]:
+            kv = await connect(nats_url, bucket)
+            out = await LoopState(kv).record_many(
+                eid, "fetch", 0, [(i, "ok", command + i) for i in indices]
+            )
+            await kv.close()
+            return out
+
+        return asyncio.run(main())
+
+    bucket, eid, size = f"many_{int(time.time())}", 7004, 1500
+    run(open_bucket(nats_url, bucket))
+    rng = random.Random(5)
+    first = rng.sample(range(size), 1000)
+    second = sorted(set(range(size)) - set(first)) + rng.sample(first, 500)
+    with ThreadPoolExecutor(2) as pool:
+        got1, got2 = pool.map(deliver, [first, second], [0, 100_000])
+    assert sum(got1) + sum(got2) == size
+    assert all(got2[:500]) and sum(got1) >= 500
+    assert deliver(first, 0) == got1
+    assert deliver(second, 1_000_000) == [False] * 1000
+
+    async def check() -> None:
+        kv = await connect(nats_url, bucket)
+        assert await LoopState(kv).finished_count(eid, "fetch", 0) == size
+        await kv.destroy()
+        await kv.close()
+
+    run(check())

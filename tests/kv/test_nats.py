@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +25,7 @@ import pytest
 import flowtide.kv.nats as adapter
 from flowtide.kv import (
     BucketNotFoundError,
+    CreateManyError,
     KeyExistsError,
     KeyNotFoundError,
     KeyValue,
@@ -349,6 +351,148 @@ async def test_create_race_after_delete(kv: NatsKeyValue) -> None:
     assert all(exc.revision == winners[0] for exc in losers)
 
 
+# ------------------------------------------------------------------ create_many
+
+
+async def test_create_many_pipelines_and_settles_refusals_as_create(
+    kv: NatsKeyValue, api_error_codes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New keys cost no request/reply of their own (the publishes are pipelined); each
+    existing key is one 10071 and one read of the stream leader."""
+    for i in range(0, 600, 2):
+        await kv.put(f"k.{i}", b"old")
+    requests: list[str] = []
+    real_request = kv._conn.request
+
+    async def counting(subject: str, *args: Any, **kwargs: Any) -> Any:
+        requests.append(subject)
+        return await real_request(subject, *args, **kwargs)
+
+    monkeypatch.setattr(kv._conn, "request", counting)
+    api_error_codes.clear()
+    revs = await kv.create_many([(f"k.{i}", b"new") for i in range(600)])
+    assert [r is None for r in revs] == [i % 2 == 0 for i in range(600)]
+    assert api_error_codes == [10071] * 300
+    assert len(requests) == 300
+    assert all(subject.startswith("$JS.API.STREAM.MSG.GET.") for subject in requests)
+    assert {e.value for e in (await kv.get_last_many("k.*")).values()} == {b"old", b"new"}
+
+
+async def test_create_many_bounds_the_acks_outstanding(
+    kv: NatsKeyValue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = kv._conn
+    live: set[str] = set()
+    most = 0
+    real_expect, real_forget = conn.expect_reply, conn.forget_reply
+
+    def expect() -> tuple[str, asyncio.Future[Any]]:
+        nonlocal most
+        token, future = real_expect()
+        live.add(token)
+        most = max(most, len(live))
+        return token, future
+
+    def forget(token: str) -> None:
+        live.discard(token)
+        real_forget(token)
+
+    monkeypatch.setattr(conn, "expect_reply", expect)
+    monkeypatch.setattr(conn, "forget_reply", forget)
+    revs = await kv.create_many([(f"k.{i}", b"v") for i in range(1000)])
+    assert None not in revs and len(set(revs)) == 1000
+    assert most == adapter.bucket._PIPELINE_WINDOW
+    assert live == set()
+
+
+async def test_create_many_stops_sending_when_the_server_does_not_answer(
+    nats_server: NatsServer,
+) -> None:
+    """A subscriber that never replies: the first request times out, the unanswered ones
+    fail with it and the rest are not sent, in about one timeout, not one per request."""
+    kv = await connect(nats_server.url, bucket_name())
+    assert isinstance(kv, NatsKeyValue)
+    nc = await nats.connect(nats_server.url)
+    received: list[str] = []
+
+    async def swallow(msg: Any) -> None:
+        received.append(msg.subject)
+
+    await nc.subscribe("sink.>", cb=swallow)
+    await nc.flush()
+    try:
+        requests = [(f"sink.{i}", b"x", None) for i in range(20)]
+        t0 = time.monotonic()
+        outcomes = await adapter.pipeline.request_pipelined(
+            kv._conn, requests, timeout=0.5, window=4
+        )
+        elapsed = time.monotonic() - t0
+        assert elapsed < 4.0  # 20 timeouts in a row would be 10 s
+        assert all(isinstance(o, KVError) for o in outcomes)
+        assert "no reply" in str(outcomes[0])
+        assert all("not sent" in str(o) for o in outcomes[4:])
+        assert sorted(received) == sorted(f"sink.{i}" for i in range(4))
+    finally:
+        await nc.close()
+        await _drop(kv)
+
+
+async def test_create_many_reports_failed_items_after_the_others(kv: NatsKeyValue) -> None:
+    big = b"x" * (2 * 1024 * 1024)  # over the server's max payload, not the bucket's limit
+    with pytest.raises(CreateManyError) as info:
+        await kv.create_many([("a", b"1"), ("big", big), ("c", b"3"), ("a", b"4")])
+    error = info.value
+    assert error.key == "big" and error.bucket == kv.bucket
+    assert "big" in str(error) and "1 of 4" in str(error)
+    assert list(error.errors) == [1]
+    assert isinstance(error.errors[1], ValueTooLargeError)
+    assert isinstance(error.__cause__, ValueTooLargeError)
+    assert error.results[1:] == [None, error.results[2], None]
+    assert (await kv.get("a")).revision == error.results[0]
+    assert (await kv.get("c")).revision == error.results[2]
+    with pytest.raises(KeyNotFoundError):
+        await kv.get("big")
+
+
+async def test_create_many_from_many_connections(nats_server: NatsServer) -> None:
+    """Threads each with their own loop, hence their own connection, create the same keys
+    (some deleted before, so re-creation races too): each key goes to one of them."""
+    name = bucket_name()
+    kv = await connect(nats_server.url, name, history=2)
+    keys = [f"r.{i}" for i in range(400)]
+    for key in keys[:100]:
+        await kv.put(key, b"before")
+        await kv.delete(key)
+    won: dict[int, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def thread_main(who: int) -> None:
+        async def main() -> None:
+            handle = await connect(nats_server.url, name)
+            order = keys[::-1] if who % 2 else keys
+            revs = await handle.create_many([(k, b"%d" % who) for k in order])
+            won[who] = [k for k, r in zip(order, revs, strict=True) if r is not None]
+            await handle.close()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=thread_main, args=(who,)) for who in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        await anyio.to_thread.run_sync(lambda: [t.join() for t in threads])
+        assert errors == []
+        assert sorted(k for keys_won in won.values() for k in keys_won) == sorted(keys)
+        stored = await kv.get_last_many("r.*")
+        for who, keys_won in won.items():
+            assert all(stored[k].value == b"%d" % who for k in keys_won)
+    finally:
+        await _drop(kv)
+
+
 async def test_value_at_the_limit_survives_headers(nats_server: NatsServer) -> None:
     kv = await connect(nats_server.url, bucket_name(), max_value_size=8)
     try:
@@ -380,6 +524,7 @@ async def test_missing_bucket_is_bucket_not_found_everywhere(nats_server: NatsSe
         lambda: other.get("k", revision=3),
         lambda: other.put("k", b"v"),
         lambda: other.create("k", b"v"),
+        lambda: other.create_many([("k", b"v"), ("j", b"w")]),
         lambda: other.update("k", b"v", 1),
         lambda: other.delete("k"),
         lambda: other.purge("k"),
@@ -997,3 +1142,34 @@ def test_idle_heartbeat_verdict(
     headers: dict[str, str], reply: str, delivered: int, verdict: bool | None
 ) -> None:
     assert adapter._idle_after(_msg(reply=reply, headers=headers), delivered) is verdict
+
+
+async def test_replicated_bucket_create_many_races(
+    cluster: list[NatsServer], api_error_codes: list[int]
+) -> None:
+    """Two connections to different servers of a cluster create the same keys of an R3
+    bucket, some over delete markers: refusals come as 10071 or 10164 and each key still
+    goes to exactly one of them."""
+    name = bucket_name()
+    kv1 = await _connect_when_meta_leader(cluster[0].url, name, replicas=3, history=2)
+    kv2 = await _connect_when_meta_leader(cluster[1].url, name)
+    try:
+        keys = [f"r.{i}" for i in range(300)]
+        for key in keys[:100]:
+            await kv1.put(key, b"before")
+            await kv1.delete(key)
+        api_error_codes.clear()
+        order2 = keys[::-1]
+        got1, got2 = await asyncio.gather(
+            kv1.create_many([(k, b"one") for k in keys]),
+            kv2.create_many([(k, b"two") for k in order2]),
+        )
+        won1 = {k for k, r in zip(keys, got1, strict=True) if r is not None}
+        won2 = {k for k, r in zip(order2, got2, strict=True) if r is not None}
+        assert won1 | won2 == set(keys) and not won1 & won2
+        assert api_error_codes and set(api_error_codes) <= {10071, 10164}
+        stored = await kv1.get_last_many("r.*")
+        assert {k for k, e in stored.items() if e.value == b"one"} == won1
+    finally:
+        await kv2.close()
+        await _drop(kv1)

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from flowtide.kv.base import (
+    CREATE_MANY_MAX,
     MAX_HISTORY,
     BucketConfig,
     BucketNotFoundError,
+    CreateManyError,
     Entry,
     InvalidKeyError,
     KeyExistsError,
@@ -35,9 +37,11 @@ if TYPE_CHECKING:
     from flowtide.natsauth import NatsAuth
 
 __all__ = [
+    "CREATE_MANY_MAX",
     "MAX_HISTORY",
     "BucketConfig",
     "BucketNotFoundError",
+    "CreateManyError",
     "Entry",
     "InvalidKeyError",
     "KVError",

@@ -31,6 +31,7 @@ from typing import Any, Final, Protocol, Self
 from flowtide.kv.entries import Entry, Operation, Status, StorageType
 from flowtide.kv.errors import (
     BucketNotFoundError,
+    CreateManyError,
     InvalidKeyError,
     KeyExistsError,
     KeyNotFoundError,
@@ -48,9 +49,11 @@ from flowtide.kv.keys import (
 )
 
 __all__ = [
+    "CREATE_MANY_MAX",
     "MAX_HISTORY",
     "BucketConfig",
     "BucketNotFoundError",
+    "CreateManyError",
     "EndOfWatch",
     "Entry",
     "InvalidKeyError",
@@ -68,6 +71,7 @@ __all__ = [
     "WrongRevisionError",
     "as_bytes",
     "decode_key_token",
+    "prepare_creates",
     "encode_key_token",
     "validate_bucket_name",
     "validate_filter",
@@ -75,6 +79,10 @@ __all__ = [
 ]
 
 MAX_HISTORY = 64
+
+# The most items one `create_many` call takes: bounds the memory, the time a caller waits
+# and (NATS) the replies outstanding. Callers with more chunk (as `LoopState.record_many`).
+CREATE_MANY_MAX: Final = 1000
 
 
 # ---------------------------------------------------------------------- the port
@@ -91,6 +99,41 @@ def as_bytes(value: bytes) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"KV values are bytes, got {type(value).__name__}")
+
+
+def prepare_creates(
+    items: Sequence[tuple[str, bytes]], *, bucket: str, max_value_size: int | None
+) -> list[tuple[str, bytes] | None]:
+    """Validate the items of a `create_many` call before anything is written.
+
+    Returns:
+        Per item its key and value as stored, or None for a key an earlier item of the
+        call already has (the first one wins).
+    Raises:
+        KVError: more than CREATE_MANY_MAX items.
+        InvalidKeyError: a key is invalid.
+        ValueTooLargeError: a value exceeds `max_value_size`.
+        TypeError: a value is not bytes-like.
+    """
+    if len(items) > CREATE_MANY_MAX:
+        raise KVError(
+            f"create_many takes at most {CREATE_MANY_MAX} items per call, got {len(items)}; "
+            "split them into several calls",
+            bucket=bucket,
+        )
+    seen: set[str] = set()
+    out: list[tuple[str, bytes] | None] = []
+    for key, value in items:
+        validate_key(key, bucket=bucket)
+        data = as_bytes(value)
+        if max_value_size is not None and len(data) > max_value_size:
+            raise ValueTooLargeError(bucket, key, size=len(data), max_size=max_value_size)
+        if key in seen:
+            out.append(None)
+        else:
+            seen.add(key)
+            out.append((key, data))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +254,33 @@ class KeyValue(Protocol):
             KeyExistsError: the key exists (`revision` is its current revision).
             InvalidKeyError: the key is invalid.
             ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketNotFoundError: the bucket was destroyed.
+        """
+        ...
+
+    async def create_many(self, items: Sequence[tuple[str, bytes]]) -> list[int | None]:
+        """`create` for many keys in one call, each key on its own (not atomic).
+
+        Every key and value is validated before anything is written. Then each item is
+        written only if its key does not exist or its newest message is a delete or
+        purge marker, as `create` does; an existing key does not stop the other items. A
+        key given twice is written at most once, for its first item; later ones get
+        None. New revisions increase in item order among the items written together.
+        At most CREATE_MANY_MAX (1,000) items per call: callers with more split them.
+
+        Args:
+            items: (key, value) pairs; an empty sequence returns [].
+        Returns:
+            Per item, in order: its new revision, or None when the key already existed
+            (or an earlier item of the call had the same key).
+        Raises:
+            KVError: more than CREATE_MANY_MAX items (nothing written).
+            InvalidKeyError: a key is invalid (nothing written).
+            ValueTooLargeError: a value exceeds the bucket's max_value_size (nothing
+                written).
+            CreateManyError: some items could not be written for another reason than an
+                existing key; raised once every other item was processed, naming the
+                first failed key, with the per-item results.
             BucketNotFoundError: the bucket was destroyed.
         """
         ...

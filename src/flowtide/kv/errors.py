@@ -10,6 +10,7 @@ from flowtide.kv.entries import Operation
 
 __all__ = [
     "BucketNotFoundError",
+    "CreateManyError",
     "KVUnavailable",
     "InvalidKeyError",
     "KVError",
@@ -136,3 +137,27 @@ class KVUnavailable(FlowtideError):
     refusing); the message names the URL without its secret."""
 
     refused = True
+
+
+class CreateManyError(KVError):
+    """`create_many` could not write some items for another reason than an existing key
+    (the server refused or did not answer); every other item was processed.
+
+    `key` is the first failed item's key and `__cause__` its error. `results` is what
+    `create_many` would have returned, None also for the failed items; `errors` maps each
+    failed item's index to its error.
+    """
+
+    def __init__(
+        self, bucket: str, results: list[int | None], errors: dict[int, KVError], total: int
+    ) -> None:
+        self.results = results
+        self.errors = errors
+        first = errors[min(errors)]
+        key = first.key or "?"
+        super().__init__(
+            f"create_many in bucket {bucket!r}: {len(errors)} of {total} items not written; "
+            f"first, key {key!r}: {first.message}",
+            bucket=bucket,
+            key=first.key,
+        )

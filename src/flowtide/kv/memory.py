@@ -44,6 +44,7 @@ from flowtide.kv.base import (
     ValueTooLargeError,
     WrongRevisionError,
     as_bytes,
+    prepare_creates,
     validate_key,
 )
 
@@ -260,6 +261,27 @@ class MemoryKeyValue:
             if msgs and msgs[-1].operation is Operation.PUT:
                 raise KeyExistsError(state.name, key, revision=msgs[-1].revision)
             return state.append(key, data, Operation.PUT).revision
+
+    async def create_many(self, items: Sequence[tuple[str, bytes]]) -> list[int | None]:
+        """See `KeyValue.create_many`. All items under one hold of the bucket lock, so
+        another writer sees all of them or none (the port promises less)."""
+        wanted = prepare_creates(
+            items, bucket=self.bucket, max_value_size=self._state.config.max_value_size
+        )
+        out: list[int | None] = []
+        with self._state.lock:
+            state = self._check()
+            for item in wanted:
+                if item is None:
+                    out.append(None)
+                    continue
+                key, data = item
+                msgs = state.by_key.get(key)
+                if msgs and msgs[-1].operation is Operation.PUT:
+                    out.append(None)
+                else:
+                    out.append(state.append(key, data, Operation.PUT).revision)
+        return out
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         """See `KeyValue.update`."""

@@ -19,6 +19,11 @@ onto JetStream:
   implemented here: nats-py's `kv.keys(filters=...)` raises NoKeysError with a filter,
   and its ordered consumer reports a failed re-creation only to the error callback.
   keys is ADR-8's headers-only consumer delivering the last message per subject.
+- create_many sends its items' creates back to back on the handle's connection (at
+  most 256 acks outstanding, gathered on the connection's reply inbox) instead of one
+  request/reply each; an item refused with 10071/10164 is settled as create does (the
+  stream leader's newest message of the key: a PUT means it exists, a marker means send
+  it again expecting the marker's revision).
 - purge_all is one `$JS.API.STREAM.PURGE.KV_<bucket>` request per filter.
 
 Connections: one NATS connection per (URL, event loop), shared by every handle opened
@@ -66,6 +71,7 @@ Modules, each importing only those listed before it:
   reduction, the request errors (no I/O).
 - `connection`: the pooled NATS connection per (URL, credentials, event loop), requests
   and the multi-message reply inbox.
+- `pipeline`: pipelined publishes with their replies gathered (create_many).
 - `streams`: bucket <-> stream configuration, binding a bucket.
 - `consumers`: what a handle shares with its watchers: state checks, stream API requests,
   ordered push consumers and snapshot scans.

@@ -10,8 +10,12 @@ import json
 from collections.abc import Sequence
 from typing import Final
 
+from nats.aio.msg import Msg
+
 from flowtide.kv.base import (
     BucketConfig,
+    BucketNotFoundError,
+    CreateManyError,
     KeyExistsError,
     KeyFilter,
     KVError,
@@ -20,9 +24,11 @@ from flowtide.kv.base import (
     ValueTooLargeError,
     WrongRevisionError,
     as_bytes,
+    prepare_creates,
     validate_key,
 )
 from flowtide.kv.nats.connection import _acquire
+from flowtide.kv.nats.pipeline import request_pipelined
 from flowtide.kv.nats.protocol import (
     _ERR_MESSAGE_TOO_LARGE,
     _HDR_EXPECTED_LAST,
@@ -43,6 +49,8 @@ from flowtide.kv.nats.watcher import NatsWatcher
 from flowtide.natsauth import NatsAuth
 
 _CREATE_ATTEMPTS: Final = 10
+# create_many: acks outstanding at a time on the connection (and leader reads at a time).
+_PIPELINE_WINDOW: Final = 256
 
 
 async def open_nats(
@@ -98,6 +106,10 @@ class NatsKeyValue(_BucketReads):
         if limit is not None and len(value) > limit:
             raise ValueTooLargeError(self.bucket, key, size=len(value), max_size=limit)
 
+    def _too_large(self, key: str, value: bytes) -> ValueTooLargeError:
+        limit = self._conn.client.max_payload
+        return ValueTooLargeError(self.bucket, key, size=len(value), max_size=limit)
+
     async def _publish(self, key: str, value: bytes, headers: dict[str, str] | None) -> int:
         try:
             msg = await self._conn.request(
@@ -106,15 +118,21 @@ class NatsKeyValue(_BucketReads):
         except _NoResponders:
             raise await self._missing_or(f"write to {key!r}") from None
         except _TooLarge:
-            limit = self._conn.client.max_payload
-            raise ValueTooLargeError(self.bucket, key, size=len(value), max_size=limit) from None
+            raise self._too_large(key, value) from None
         except KVError as exc:
             exc.bucket = self.bucket
             raise
+        return self._ack(key, value, msg)
+
+    def _ack(self, key: str, value: bytes, msg: Msg) -> int:
+        """The revision a JetStream publish ack gives; raises _WrongLast for a lost
+        compare-and-set, the port's errors otherwise."""
         try:
             ack = json.loads(msg.data)
         except ValueError:
-            raise KVError(f"unreadable JetStream ack for {key!r}", bucket=self.bucket) from None
+            raise KVError(
+                f"unreadable JetStream ack for {key!r}", bucket=self.bucket, key=key
+            ) from None
         error = ack.get("error")
         if not error:
             return int(ack["seq"])
@@ -171,6 +189,98 @@ class NatsKeyValue(_BucketReads):
             bucket=self.bucket,
             key=key,
         )
+
+    async def create_many(self, items: Sequence[tuple[str, bytes]]) -> list[int | None]:
+        """See `KeyValue.create_many`. Rounds of pipelined publishes on the handle's
+        connection (at most 256 acks outstanding), each expecting last subject sequence
+        0 in the first round. For an item refused with "wrong last sequence" the stream
+        leader's newest message of its key decides, as for `create`: a PUT makes the
+        item None, a marker sends it again in the next round expecting the marker's
+        revision. An item still refused after ten rounds fails (CreateManyError)."""
+        wanted = prepare_creates(
+            items, bucket=self.bucket, max_value_size=self._info.max_value_size
+        )
+        self._check()
+        pairs = {i: item for i, item in enumerate(wanted) if item is not None}
+        results: list[int | None] = [None] * len(wanted)
+        errors: dict[int, KVError] = {}
+        # A 503 (no stream behind the subject) is the same for every item: asked once.
+        missing: KVError | None = None
+        expected = dict.fromkeys(pairs, 0)
+        for _ in range(_CREATE_ATTEMPTS):
+            if not expected:
+                break
+            order = list(expected)
+            try:
+                replies = await request_pipelined(
+                    self._conn,
+                    [
+                        (self._prefix + pairs[i][0], pairs[i][1], {_HDR_EXPECTED_LAST: str(last)})
+                        for i, last in expected.items()
+                    ],
+                    timeout=self._timeout,
+                    window=_PIPELINE_WINDOW,
+                )
+            except KVError as exc:
+                exc.bucket = self.bucket
+                raise
+            refused: list[int] = []
+            for i, reply in zip(order, replies, strict=True):
+                key, data = pairs[i]
+                try:
+                    if isinstance(reply, Exception):
+                        raise reply
+                    results[i] = self._ack(key, data, reply)
+                except _WrongLast:
+                    refused.append(i)
+                except _NoResponders:
+                    missing = missing or await self._missing_or(f"write to {key!r}")
+                    errors[i] = missing
+                except _TooLarge:
+                    errors[i] = self._too_large(key, data)
+                except KVError as exc:
+                    exc.bucket = self.bucket
+                    exc.key = exc.key or key
+                    errors[i] = exc
+            expected = {}
+            newest = await self._leader_lasts([pairs[i][0] for i in refused])
+            for i, last in zip(refused, newest, strict=True):
+                if isinstance(last, KVError):
+                    last.key = last.key or pairs[i][0]
+                    errors[i] = last
+                elif last is None:
+                    expected[i] = 0  # purged since: no message left
+                elif last[1] is not Operation.PUT:
+                    # ADR-8: a key whose newest message is a marker may be re-created.
+                    expected[i] = last[0]
+        for i in expected:
+            errors[i] = KVError(
+                f"create of {pairs[i][0]!r} lost {_CREATE_ATTEMPTS} races against deletes "
+                "and re-creates in a row",
+                bucket=self.bucket,
+                key=pairs[i][0],
+            )
+        if errors:
+            gone = [e for e in errors.values() if isinstance(e, BucketNotFoundError)]
+            if gone:
+                raise gone[0]
+            raise CreateManyError(self.bucket, results, errors, len(wanted)) from errors[
+                min(errors)
+            ]
+        return results
+
+    async def _leader_lasts(self, keys: list[str]) -> list[tuple[int, Operation] | None | KVError]:
+        """`_leader_last` of each key, at most 256 requests outstanding."""
+        limit = asyncio.Semaphore(_PIPELINE_WINDOW)
+
+        async def one(key: str) -> tuple[int, Operation] | None | KVError:
+            async with limit:
+                try:
+                    return await self._leader_last(key)
+                except KVError as exc:
+                    return exc
+
+        return list(await asyncio.gather(*(one(k) for k in keys)))
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         """See `KeyValue.update`. WrongRevisionError's `current` is the revision the stream

@@ -143,6 +143,8 @@ class _Connection:
         self._mux_prefix: str | None = None
         self._mux_lock = asyncio.Lock()
         self._mux_waiters: dict[str, _Replies] = {}
+        # Single-message replies on the same inbox (pipelined publishes' acks).
+        self._mux_single: dict[str, asyncio.Future[Msg]] = {}
         self._mux_next = 0
         # Clean-up work (unsubscribe, consumer delete) that must not be cancelled with
         # the caller; awaited before the connection closes.
@@ -388,9 +390,32 @@ class _Connection:
                     self._mux_prefix = prefix
         return self._mux_prefix
 
+    async def reply_inbox(self) -> str:
+        """The prefix of this connection's wildcard reply inbox (subscribed on first use);
+        a reply subject is the prefix plus a token from `expect_reply`."""
+        return await self._mux()
+
+    def expect_reply(self) -> tuple[str, asyncio.Future[Msg]]:
+        """A fresh token on the reply inbox and the future its one reply completes
+        (a status reply too); `forget_reply` when no longer waiting."""
+        self._mux_next += 1
+        token = str(self._mux_next)
+        future: asyncio.Future[Msg] = self.loop.create_future()
+        self._mux_single[token] = future
+        return token, future
+
+    def forget_reply(self, token: str) -> None:
+        self._mux_single.pop(token, None)
+
     async def _on_mux_msg(self, msg: Msg) -> None:
         prefix = self._mux_prefix or ""
-        reply = self._mux_waiters.get(msg.subject[len(prefix) :])
+        token = msg.subject[len(prefix) :]
+        single = self._mux_single.pop(token, None)
+        if single is not None:
+            if not single.done():
+                single.set_result(msg)
+            return
+        reply = self._mux_waiters.get(token)
         if reply is None or reply.done.done():
             return
         if _status(msg) is None:

@@ -31,8 +31,8 @@ was cancelled only seconds later).
 
 An item whose rules say `fail` fails the loop once the job is over (the items of other
 partitions still ran); `break` stops the items after it in its partition, the other
-partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
-items print is not kept (their results and errors are). Side effects are at-least-once,
+partitions run to their end. What an item `set`s in `ctx` stays with the item. The first
+lines the items print are shown in the step's log (`flowtide.spark.printed`). Side effects are at-least-once,
 as with any retried command: a task Spark runs again runs its items again.
 
 With `spec.rate` (items started per second across the job) the job is one wave: a
@@ -59,6 +59,7 @@ from flowtide.settings import LimitsSection, current
 from flowtide.spark import loopmarks
 from flowtide.spark.pace import share_of
 from flowtide.spark.partition import partition_function
+from flowtide.spark.printed import LoopOutput
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 from flowtide.tools.spark import SparkTool
@@ -217,6 +218,10 @@ class _SparkLoopTool(SparkTool):
             say(run, f"rate {job.rate:g} items/s: {share:g} per partition, {slots} task slots")
         key = uuid.uuid4().hex
         marks = loopmarks.marks_for(key)
+        printed = LoopOutput(lambda line: say(run, line))
+        output = printed.accumulator(spark)
+        if output is None:
+            say(run, "what the items print is not shown with Spark Connect")
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
             "key": key,
@@ -240,6 +245,7 @@ class _SparkLoopTool(SparkTool):
             # The items' code sees the environment a python step's would: on a worker
             # not the worker's (`partition.executor_environment`).
             "embedded": _embedded(),
+            "output": output,
         }
         out = frame.mapInArrow(partition_function(plan), OUT_SCHEMA)
         watch = ItemsWatch(size, partitions, job.progress, marks)
@@ -255,6 +261,7 @@ class _SparkLoopTool(SparkTool):
             run.on_interrupt = None
             if marks is not None:
                 loopmarks.forget(marks)
+            printed.finish()
         seconds = time.monotonic() - watch.started
         back = spark.read.parquet(written.uri)
         # One job: the rows per (status, action) and the first index of each.

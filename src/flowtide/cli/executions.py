@@ -82,7 +82,7 @@ def status(
         table.add_column(col)
     for name, step in doc["steps"].items():
         error = (step["error"] or {}).get("message", "") if step["error"] else ""
-        items = (_items(step.get("items")),) if with_items else ()
+        items = (_items(step.get("items"), step["status"]),) if with_items else ()
         table.add_row(
             escape(name),
             step["status"],
@@ -289,13 +289,16 @@ def _attempts(step: dict[str, Any]) -> str:
     return f"{attempts} ({retries} retries)" if retries else str(attempts)
 
 
-def _items(items: dict[str, Any] | None) -> str:
+def _items(items: dict[str, Any] | None, status: str = "running") -> str:
     """`40,000/100,000 (12,300/s)`: a spark loop's items done of its total, and the rate;
-    `, 3 failed` once it ended with failures."""
+    `, 3 failed` once it ended with failures; `when it stopped` (no rate) when its job
+    stopped before its end (interrupted, cancelled: a resume runs it again)."""
     if not items:
         return ""
     text = f"{int(items.get('done', 0)):,}/{int(items.get('total', 0)):,}"
     rate = float(items.get("per_second") or 0)
+    if status not in ("running", "pending") and "failed" not in items:
+        return text + " when it stopped"
     if rate:
         text += f" ({rate:,.0f}/s)"
     if items.get("failed"):

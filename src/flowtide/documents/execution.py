@@ -169,11 +169,11 @@ def as_interrupted(doc: ExecutionDocument) -> ExecutionDocument:
     steps: dict[str, Any] = {}
     for name, step in doc["steps"].items():
         if step["status"] == "running":
-            step = {**step, "status": INTERRUPTED}  # type: ignore[typeddict-item]
+            step = {**step, "status": INTERRUPTED}
             if "items" in step:
                 step["items"] = shown_items(step["items"], INTERRUPTED)
         steps[name] = step
-    return {**doc, "status": INTERRUPTED, "steps": steps}  # type: ignore[typeddict-item]
+    return {**doc, "status": INTERRUPTED, "steps": steps}
 
 
 def shown_items(items: dict[str, Any], status: str) -> dict[str, Any]:

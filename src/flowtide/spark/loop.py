@@ -91,8 +91,8 @@ def run_spark_loop(
 ) -> Outcome:
     """Run the `mode: spark` loop `step` (one command): its items as Spark tasks, its
     outcome the loop's result reference with exact stats (see the module docstring).
-    `progress`: told the items done while the job runs (`activity.ItemsWatch`); the
-    outcome's `items` are the exact counts."""
+    `progress`: told the items done while the job runs (`activity.ItemsWatch`), none
+    as it starts; the outcome's `items` are the exact counts."""
     assert step.loop is not None
     # The registry's spark tool: `cancel_running` (a cancel, a worker's shutdown) stops
     # Spark work through it, this loop's job included.
@@ -111,6 +111,10 @@ def run_spark_loop(
     job: _LoopJob | None = None
     try:
         collection = render(step.loop.collection, scope, step=step.name, field="loop.in")
+        if progress is not None and isinstance(collection, list | tuple):
+            # None done yet: what an earlier attempt counted (before a resume, another
+            # worker's before it died) is not this one's (a dataset's: once counted).
+            progress({"done": 0, "total": len(collection), "per_second": 0.0})
         job = _LoopJob(
             runner.playbook,
             step,
@@ -211,6 +215,8 @@ class _SparkLoopTool(SparkTool):
         except Exception as exc:  # a source that cannot be read: say it is `loop.in`'s
             raise _in_failed(exc, ctx.step) from None
         partitions = _partitions_of(frame)
+        if job.progress is not None and not isinstance(job.collection, list | tuple):
+            job.progress({"done": 0, "total": size, "per_second": 0.0})  # as for a list
         say(run, f"loop over {size:,} items in {partitions or 'its'} partitions")
         share = None
         if job.rate:

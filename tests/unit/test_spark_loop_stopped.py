@@ -48,3 +48,24 @@ def test_documents_of_an_interrupted_run_have_no_rate() -> None:
     plain = {k: v for k, v in loop.items() if k != "per_second"}
     other: Any = {"status": "running", "steps": {"each": {"status": "running", "loop": plain}}}
     assert "per_second" not in summary_interrupted(other, 12.0)["steps"]["each"]["loop"]
+
+
+def test_a_stopped_spark_loop_says_a_resume_runs_its_items_again() -> None:
+    from flowtide.cli.executions import _stopped_spark_loops
+    from flowtide.documents.summary import _items_loop
+    from flowtide.engine.state import StepRecord
+
+    doc: Any = {
+        "steps": {
+            "work": {"status": "interrupted", "items": dict(RUNNING)},
+            "done": {"status": "completed", "items": dict(FINAL)},
+            "plain": {"status": "interrupted"},
+        }
+    }
+    assert _stopped_spark_loops(doc) == ["work"]
+    rec = StepRecord()
+    rec.status, rec.items = "cancelled", dict(RUNNING)
+    loop = _items_loop(rec, False)
+    assert loop["exact"] is False and loop["per_second"] == 0.0 and loop["done"] == 4912
+    rec.status, rec.items = "completed", dict(FINAL)
+    assert _items_loop(rec, True)["exact"] is True

@@ -97,6 +97,11 @@ def status(
             "its process went away before it ended:"
             f" `flowtide resume {doc['execution_id']}` carries it on"
         )
+        for name in _stopped_spark_loops(doc):
+            console.print(
+                f"spark loop {escape(name)}: its job stopped before its end, a resume runs all"
+                " its items again"
+            )
     if doc["error"]:
         print_error(console, doc["error"])
     if doc.get("result") is not None:
@@ -281,6 +286,18 @@ def _stopped(store: Store, home: Path | None, running: list[int]) -> dict[int, f
     if not running:
         return {}
     return stopped_runs(store, run_locks_for(store, home_dir(home)), running)
+
+
+def _stopped_spark_loops(doc: dict[str, Any]) -> list[str]:
+    """The steps of `doc` that are spark loops whose job stopped before its end (their
+    counts were progress: nothing of the job is kept)."""
+    return [
+        name
+        for name, step in doc["steps"].items()
+        if step.get("items")
+        and step["status"] not in ("running", "pending")
+        and "failed" not in step["items"]
+    ]
 
 
 def _attempts(step: dict[str, Any]) -> str:

@@ -78,6 +78,10 @@ class LoopSummary(TypedDict):
     cursor: Any
     #: Items per second (a spark loop's, from its `command.progress`).
     per_second: NotRequired[float]
+    #: A spark loop's: whether its counts are its job's exact ones (it ended); until
+    #: then they are progress, and a job that stopped before its end runs all its items
+    #: again when resumed.
+    exact: NotRequired[bool]
 
 
 class StepSummary(TypedDict):
@@ -196,6 +200,7 @@ def _items_loop(rec: StepRecord, ended: bool) -> LoopSummary:
         "cursor": False,
         # No rate for a job that stopped before its end (`execution.shown_items`).
         "per_second": float(shown_items(items, rec.status).get("per_second") or 0.0),
+        "exact": "failed" in items,
     }
 
 

@@ -53,3 +53,13 @@ def test_an_interrupted_runs_log_says_so_without_the_jvms_stack_traces(tmp_path:
         in shown
     )
     assert len(run.stdout or []) == 3
+
+
+def test_a_run_stopped_with_its_process_says_so(tmp_path: Path) -> None:
+    run = SparkRun("stopping-log", 6, "work", _Session(), True, stdout=[])
+    activity.begin(run)
+    assert activity.cancel_all() >= 1
+    activity.end(run)
+    assert run.stdout == [
+        "[spark] cancelled: stopping its Spark jobs (the process running it is stopping)\n"
+    ]

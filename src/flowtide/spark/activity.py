@@ -221,13 +221,14 @@ def _on_progress(*args: Any, **kwargs: Any) -> None:
             run.stages_done.add(sid)
 
 
-def interrupt(run: SparkRun, reason: str) -> None:
-    """Stop the run's Spark jobs; the step then fails with kind `reason`."""
+def interrupt(run: SparkRun, reason: str, why: str | None = None) -> None:
+    """Stop the run's Spark jobs; the step then fails with kind `reason` (its log says
+    so, and `why` when given)."""
     if run.reason is not None:
         return
     _copy_driver_log(run)  # what it logged before, copied as it was
     run.reason = reason
-    say(run, f"{reason}: stopping its Spark jobs")
+    say(run, f"{reason}: stopping its Spark jobs" + (f" ({why})" if why else ""))
     if run.on_interrupt is not None:
         with contextlib.suppress(Exception):
             run.on_interrupt()
@@ -254,7 +255,7 @@ def cancel_all(reason: str = "cancelled") -> int:
     with _lock:
         runs = list(_runs.values())
     for run in runs:
-        interrupt(run, reason)
+        interrupt(run, reason, "the process running it is stopping")
     return len(runs)
 
 

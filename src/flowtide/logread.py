@@ -26,6 +26,9 @@ __all__ = ["LogPiece", "POLL", "read_logs"]
 
 #: Seconds between two looks at the rings and the log while following.
 POLL: Final = 0.2
+#: Statuses after which nothing more is written: ended, or no process runs it any more
+#: (`interrupted`, as an embedded store's readers tell it; a resume is another follow).
+_NOT_FOLLOWED: Final = ENDED_STATUSES | {"interrupted"}
 #: Events read from the store at once.
 _BATCH: Final = 2000
 _TYPES: Final = (ev.CALL_DONE, ev.CALL_ERROR, ev.COMMAND_COMPLETED, ev.COMMAND_FAILED)
@@ -72,15 +75,15 @@ async def read_logs(
     """The execution's output so far, command by command (ended ones first, in the order
     they ended, then the running ones); with `follow`, then what is written, until the
     execution has ended. `live`: the rings of its commands but the ones it is given
-    (those already read to their end); `status`: its
-    status; `secrets`: its secret set. `step`: only that step's commands."""
+    (those already read to their end); `status`: its status (`interrupted` when no
+    process runs it any more: its log is then read to its end, not followed); `secrets`: its secret set. `step`: only that step's commands."""
     commands: dict[int, _Command] = {}
     finished: set[int] = set()
     after: int | None = None
     steps = [step] if step is not None else None
     quiet_since = time.monotonic()
     while True:
-        ended_before = (await status()) in ENDED_STATUSES
+        ended_before = (await status()) in _NOT_FOLLOWED
         # The events first, then the rings: a command seen ended had flushed its ring.
         while True:
             batch = await asyncio.to_thread(

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import Flowtide, describe, error_line, wait_until
+from .helpers import Flowtide, describe, error_line, local_ui, wait_until
 
 TOKEN = "tok-logs-7d1e9a-never-print-me"
 LINES = 3000
@@ -249,3 +249,55 @@ def test_logs_to_a_file_writes_what_was_printed(monkeypatch: pytest.MonkeyPatch)
     _show({"step": "s", "dropped": 0, "text": PRINTED}, as_json=False)
     # As printed but for the lone surrogate, which no encoding writes (a crash before).
     assert out.getvalue() == PRINTED.replace("\ud800", "\ufffd")
+
+
+STUCK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: stuck, path: tests/cli/stuck}
+workload: {marker: M}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      input: {marker: "{{ marker }}"}
+      code: |
+        import time
+        print("before the kill")
+        open(marker, "w").write(str(execution_id))
+        time.sleep(120)
+"""
+
+
+def test_logs_follow_ends_when_the_runs_process_died(ft: Flowtide, tmp_path: Path) -> None:
+    """A run whose process was killed (interrupted) writes nothing more: `logs -f`
+    prints what it wrote and ends, as `events --follow` does, rather than wait forever."""
+    playbook = tmp_path / "stuck.yaml"
+    playbook.write_text(STUCK, encoding="utf-8")
+    marker = tmp_path / "execution-id"
+    with (tmp_path / "run.out").open("wb") as out:
+        run = ft.popen("run", playbook, "--set", f"marker={marker}", stdout=out, stderr=out)
+        try:
+            wait_until(lambda: marker.exists() and marker.read_text() != "", timeout=60,
+                       what="the python step to start", proc=run)  # fmt: skip
+            # The line is in the ring once the log's writer flushed it.
+            execution_id = marker.read_text()
+            wait_until(lambda: "before the kill" in ft("logs", execution_id).stdout,
+                       timeout=30, what="the printed line")  # fmt: skip
+        finally:
+            run.kill()
+            run.wait()
+    assert ft.executions()[0]["status"] == "interrupted"
+    followed = ft("logs", execution_id, "start", "-f", timeout=20)
+    assert followed.returncode == 0, describe(followed)
+    assert followed.stdout == "before the kill\n"
+    # The UI's log stream (`flowtide ui` over the same home) ends too.
+    with local_ui(ft, tmp_path / "ui.log") as ui:
+        reply = ui.api.get(
+            f"/api/executions/{execution_id}/logs",
+            params={"step": "start", "follow": "true"},
+            timeout=20,
+        )
+    assert reply.status_code == 200, reply.text
+    pieces = [json.loads(line) for line in reply.text.splitlines() if line.strip()]
+    assert "".join(p["text"] for p in pieces) == "before the kill\n"

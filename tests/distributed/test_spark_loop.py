@@ -87,7 +87,7 @@ metadata: {name: spark_loop_env, path: tests/dist/spark_loop_env}
 workflow:
   - step: env
     loop: {in: [1], iterator: x, spec: {mode: spark}}
-    tool: {kind: python, code: "import os; result = sorted(os.environ)"}
+    tool: {kind: python, code: "import os; print('seen on a worker'); result = sorted(os.environ)"}
 """
 
 
@@ -112,6 +112,10 @@ def test_an_item_on_a_worker_sees_no_more_of_its_environment_than_a_python_step(
     other = [n for n in names if n not in basics and not n.startswith(kept)]
     assert not other, other
     assert "PYTHON_WORKER_FACTORY_SECRET" not in names
+    # What the item printed is in the step's log, as the other `[spark]` lines are.
+    logs = stack.run("logs", remote["execution_id"], "env")
+    assert logs.returncode == 0, logs.stderr
+    assert "[spark] item 0: seen on a worker\n" in logs.stdout, logs.stdout
 
 
 # Each run of an item leaves a file `<index>-<uuid>` in `marks` as it starts, then sleeps.

@@ -470,10 +470,17 @@ def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> Non
     assert result.doc["status"] == "completed", result.doc["error"]
     progress = [e for e in result.events if e["type"] == "command.progress"]
     assert event_problems(progress) == []  # as engine.events.PAYLOADS says
-    assert len(progress) >= 2, progress  # one while it ran at least, and the last
-    during, last = progress[:-1], progress[-1]
+    # None done as it starts (a resumed loop's count is its own, not the last attempt's),
+    # one while it ran at least, and the last.
+    assert len(progress) >= 3, progress
+    start, during, last = progress[0], progress[1:-1], progress[-1]
+    assert {k: start["payload"][k] for k in ("done", "total", "per_second")} == {
+        "done": 0,
+        "total": 48,
+        "per_second": 0.0,
+    }
     assert all(0 < e["payload"]["done"] < 48 and e["payload"]["total"] == 48 for e in during)
-    assert all(e["payload"]["per_second"] > 0 for e in progress)
+    assert all(e["payload"]["per_second"] > 0 for e in progress[1:])
     assert [e["payload"]["done"] for e in during] == sorted({e["payload"]["done"] for e in during})
     assert {k: last["payload"][k] for k in ("done", "total", "failed")} == {
         "done": 48,

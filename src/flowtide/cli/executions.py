@@ -82,7 +82,7 @@ def status(
         table.add_column(col)
     for name, step in doc["steps"].items():
         error = (step["error"] or {}).get("message", "") if step["error"] else ""
-        items = (_items(step.get("items")),) if with_items else ()
+        items = (_items(step.get("items"), step["status"]),) if with_items else ()
         table.add_row(
             escape(name),
             step["status"],
@@ -97,6 +97,11 @@ def status(
             "its process went away before it ended:"
             f" `flowtide resume {doc['execution_id']}` carries it on"
         )
+        for name in _stopped_spark_loops(doc):
+            console.print(
+                f"spark loop {escape(name)}: its job stopped before its end, a resume runs all"
+                " its items again"
+            )
     if doc["error"]:
         print_error(console, doc["error"])
     if doc.get("result") is not None:
@@ -283,19 +288,34 @@ def _stopped(store: Store, home: Path | None, running: list[int]) -> dict[int, f
     return stopped_runs(store, run_locks_for(store, home_dir(home)), running)
 
 
+def _stopped_spark_loops(doc: dict[str, Any]) -> list[str]:
+    """The steps of `doc` that are spark loops whose job stopped before its end (their
+    counts were progress: nothing of the job is kept)."""
+    return [
+        name
+        for name, step in doc["steps"].items()
+        if step.get("items")
+        and step["status"] not in ("running", "pending")
+        and "failed" not in step["items"]
+    ]
+
+
 def _attempts(step: dict[str, Any]) -> str:
     """`3 (2 retries)`: a step's task calls and how many were retries."""
     attempts, retries = step.get("attempts", 0), step.get("retries", 0)
     return f"{attempts} ({retries} retries)" if retries else str(attempts)
 
 
-def _items(items: dict[str, Any] | None) -> str:
+def _items(items: dict[str, Any] | None, status: str = "running") -> str:
     """`40,000/100,000 (12,300/s)`: a spark loop's items done of its total, and the rate;
-    `, 3 failed` once it ended with failures."""
+    `, 3 failed` once it ended with failures; `when it stopped` (no rate) when its job
+    stopped before its end (interrupted, cancelled: a resume runs it again)."""
     if not items:
         return ""
     text = f"{int(items.get('done', 0)):,}/{int(items.get('total', 0)):,}"
     rate = float(items.get("per_second") or 0)
+    if status not in ("running", "pending") and "failed" not in items:
+        return text + " when it stopped"
     if rate:
         text += f" ({rate:,.0f}/s)"
     if items.get("failed"):

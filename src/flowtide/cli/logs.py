@@ -84,9 +84,16 @@ async def _local(
     async def live(skip: Set[int]) -> Any:
         return await asyncio.to_thread(read_live, root, execution_id, skip)
 
+    def read_status() -> str:
+        from flowtide.cli.executions import _stopped
+
+        status = store.get_execution(execution_id).status
+        if status == "running" and _stopped(store, home, [execution_id]):
+            return "interrupted"  # its process died: nothing more will be written
+        return status
+
     async def status() -> str:
-        row = await asyncio.to_thread(store.get_execution, execution_id)
-        return row.status
+        return await asyncio.to_thread(read_status)
 
     async def secrets() -> frozenset[str]:
         found = await asyncio.to_thread(store.events, execution_id, types=[ev.SECRETS_ADDED])

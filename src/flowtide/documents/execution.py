@@ -44,7 +44,8 @@ class StepView(TypedDict):
     result: Any
     error: dict[str, Any] | None
     #: A spark loop's items: `{done, total, per_second}` while it runs (counted a Spark
-    #: task at a time), with `failed` once it ended.
+    #: task at a time), with `failed` once it ended (`per_second` 0 when it stopped
+    #: before: `shown_items`).
     items: NotRequired[dict[str, Any]]
 
 
@@ -107,7 +108,7 @@ def step_view(state: ExecutionState) -> dict[str, StepView]:
             "error": rec.error,
         }
         if rec.items is not None:
-            view["items"] = dict(rec.items)
+            view["items"] = shown_items(rec.items, rec.status)
         steps[name] = view
     return steps
 
@@ -165,8 +166,20 @@ def child_result(state: ExecutionState) -> ChildResult:
 def as_interrupted(doc: ExecutionDocument) -> ExecutionDocument:
     """The document of a run that no process runs any more (`flowtide.runlock`): it and
     the steps it was running are `interrupted`, not running."""
-    steps = {
-        name: {**step, "status": INTERRUPTED} if step["status"] == "running" else step
-        for name, step in doc["steps"].items()
-    }
-    return {**doc, "status": INTERRUPTED, "steps": steps}  # type: ignore[typeddict-item]
+    steps: dict[str, Any] = {}
+    for name, step in doc["steps"].items():
+        if step["status"] == "running":
+            step = {**step, "status": INTERRUPTED}
+            if "items" in step:
+                step["items"] = shown_items(step["items"], INTERRUPTED)
+        steps[name] = step
+    return {**doc, "status": INTERRUPTED, "steps": steps}
+
+
+def shown_items(items: dict[str, Any], status: str) -> dict[str, Any]:
+    """A spark loop's `items` as shown for a step in `status`: the items per second
+    while it runs and once the job's exact counts came (`failed` is there); a job that
+    stopped before (interrupted, cancelled) has no rate: `per_second` is 0."""
+    if status == "running" or "failed" in items:
+        return dict(items)
+    return {**items, "per_second": 0.0}

@@ -15,6 +15,7 @@ from typing import Any, Final, NotRequired, cast
 
 from typing_extensions import TypedDict
 
+from flowtide.documents.execution import shown_items
 from flowtide.documents.graph import Graph, playbook_graph
 from flowtide.documents.notifications import (
     ExecutionNotifications,
@@ -77,6 +78,10 @@ class LoopSummary(TypedDict):
     cursor: Any
     #: Items per second (a spark loop's, from its `command.progress`).
     per_second: NotRequired[float]
+    #: A spark loop's: whether its counts are its job's exact ones (it ended); until
+    #: then they are progress, and a job that stopped before its end runs all its items
+    #: again when resumed.
+    exact: NotRequired[bool]
 
 
 class StepSummary(TypedDict):
@@ -193,7 +198,9 @@ def _items_loop(rec: StepRecord, ended: bool) -> LoopSummary:
         "in_flight": 0,
         "finished": ended or rec.status not in ("running", "pending"),
         "cursor": False,
-        "per_second": float(items.get("per_second") or 0.0),
+        # No rate for a job that stopped before its end (`execution.shown_items`).
+        "per_second": float(shown_items(items, rec.status).get("per_second") or 0.0),
+        "exact": "failed" in items,
     }
 
 
@@ -308,6 +315,15 @@ def keep_summary(store: Store, state: ExecutionState) -> None:
         log.warning("execution %s: summary not kept: %s", state.execution_id, exc)
 
 
+def _stopped_loop(loop: LoopSummary) -> LoopSummary:
+    """A loop of a run that stopped: nothing in flight, and a spark loop's rate
+    stopped with it (`execution.shown_items`)."""
+    out: LoopSummary = {**loop, "in_flight": 0}
+    if "per_second" in loop:
+        out["per_second"] = 0.0
+    return out
+
+
 def as_interrupted(doc: SummaryDocument, stopped: float) -> SummaryDocument:
     """The summary of a run that no process runs any more (`flowtide.runlock`), stopped
     at `stopped`: it and the steps it was running are `interrupted` (ended then, nothing
@@ -319,7 +335,7 @@ def as_interrupted(doc: SummaryDocument, stopped: float) -> SummaryDocument:
             step = {
                 **step,
                 "status": INTERRUPTED,
-                "loop": {**loop, "in_flight": 0} if loop is not None else None,
+                "loop": _stopped_loop(loop) if loop is not None else None,
             }
         steps[name] = step
     return {**doc, "status": INTERRUPTED, "steps": steps, "updated": stopped}

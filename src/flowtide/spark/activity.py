@@ -77,6 +77,9 @@ class SparkRun:
     #: Other executions whose spark steps ran on the same driver since the last copy.
     others: set[int] = field(default_factory=set)
     withheld: bool = False  # told once that lines were not copied
+    #: Driver log lines written once the run was interrupted: the JVM's account of the
+    #: cancel (a stack trace per task it killed), counted, not copied.
+    after_stop: int = 0
     #: The command's live log (`flowtide.logs.current_log` of the step's thread).
     log: Any = None
     #: The call's printed output (`ToolContext.stdout`: kept in its event once it ended).
@@ -165,6 +168,12 @@ def end(run: SparkRun) -> list[Any]:
     """Unregister `run`; returns its job ids (classic) or operation ids (Connect)."""
     global _cache
     _copy_driver_log(run)
+    if run.after_stop:
+        say(
+            run,
+            f"driver: {run.after_stop:,} lines logged as its jobs were stopped, not copied"
+            f" (see {run.driver_log})",
+        )
     with _lock:
         _runs.pop(run.tag, None)
         if run.driver_log:
@@ -212,11 +221,14 @@ def _on_progress(*args: Any, **kwargs: Any) -> None:
             run.stages_done.add(sid)
 
 
-def interrupt(run: SparkRun, reason: str) -> None:
-    """Stop the run's Spark jobs; the step then fails with kind `reason`."""
+def interrupt(run: SparkRun, reason: str, why: str | None = None) -> None:
+    """Stop the run's Spark jobs; the step then fails with kind `reason` (its log says
+    so, and `why` when given)."""
     if run.reason is not None:
         return
+    _copy_driver_log(run)  # what it logged before, copied as it was
     run.reason = reason
+    say(run, f"{reason}: stopping its Spark jobs" + (f" ({why})" if why else ""))
     if run.on_interrupt is not None:
         with contextlib.suppress(Exception):
             run.on_interrupt()
@@ -243,7 +255,7 @@ def cancel_all(reason: str = "cancelled") -> int:
     with _lock:
         runs = list(_runs.values())
     for run in runs:
-        interrupt(run, reason)
+        interrupt(run, reason, "the process running it is stopping")
     return len(runs)
 
 
@@ -310,7 +322,9 @@ def _copy_driver_log(run: SparkRun) -> None:
     """Copy the driver's log lines written since the last copy (whole lines, at most
     `_DRIVER_BYTES` a time: the rest is counted, not copied) to the run's log; none
     when a spark step of another execution ran on the driver meanwhile (its lines
-    may hold that execution's data or secrets, which this one's log does not mask)."""
+    may hold that execution's data or secrets, which this one's log does not mask),
+    nor once the run was interrupted (counted: the JVM's stack traces of the tasks it
+    killed would bury the step's log)."""
     if not run.driver_log or run.driver_offset < 0:
         return
     with _copying:
@@ -340,9 +354,13 @@ def _copy_locked(run: SparkRun, path: str) -> None:
             run.withheld = True
             say(run, "driver: log lines not copied while spark steps of other executions run")
         return
+    lines = whole.decode("utf-8", "replace").splitlines()
+    if run.reason is not None:
+        run.after_stop += len(lines)
+        return
     if skipped:
         say(run, f"driver: {skipped} bytes of its log skipped (see {run.driver_log})")
-    for line in whole.decode("utf-8", "replace").splitlines():
+    for line in lines:
         say(run, f"driver: {line}")
 
 

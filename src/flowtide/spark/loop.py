@@ -36,9 +36,10 @@ was cancelled only seconds later).
 
 An item whose rules say `fail` fails the loop once the job is over (the items of other
 partitions still ran); `break` stops the items after it in its partition, the other
-partitions run to their end. What an item `set`s in `ctx` stays with the item. What the
-items print is not kept (their results and errors are). Side effects are at-least-once,
-as with any retried command: a task Spark runs again runs its items again.
+partitions run to their end. What an item `set`s in `ctx` stays with the item. The first
+lines the items print are shown in the step's log (`flowtide.spark.printed`). Side
+effects are at-least-once, as with any retried command: a task Spark runs again runs its
+items again.
 
 With `spec.rate` (items started per second across the job) the job is one wave: a
 partition per task slot unless `spec.partitions` says, each pacing its item starts at
@@ -65,6 +66,7 @@ from flowtide.spark import loopmarks
 from flowtide.spark.direct import direct_items
 from flowtide.spark.loopjobs import OUT_SCHEMA, direct_job, jvm_job
 from flowtide.spark.pace import share_of
+from flowtide.spark.printed import LoopOutput
 from flowtide.tools.base import ToolContext
 from flowtide.tools.registry import get_tool
 from flowtide.tools.spark import SparkTool
@@ -94,8 +96,8 @@ def run_spark_loop(
 ) -> Outcome:
     """Run the `mode: spark` loop `step` (one command): its items as Spark tasks, its
     outcome the loop's result reference with exact stats (see the module docstring).
-    `progress`: told the items done while the job runs (`activity.ItemsWatch`); the
-    outcome's `items` are the exact counts."""
+    `progress`: told the items done while the job runs (`activity.ItemsWatch`), none
+    as it starts; the outcome's `items` are the exact counts."""
     assert step.loop is not None
     # The registry's spark tool: `cancel_running` (a cancel, a worker's shutdown) stops
     # Spark work through it, this loop's job included.
@@ -114,6 +116,10 @@ def run_spark_loop(
     job: _LoopJob | None = None
     try:
         collection = render(step.loop.collection, scope, step=step.name, field="loop.in")
+        if progress is not None and isinstance(collection, list | tuple):
+            # None done yet: what an earlier attempt counted (before a resume, another
+            # worker's before it died) is not this one's (a dataset's: once counted).
+            progress({"done": 0, "total": len(collection), "per_second": 0.0})
         job = _LoopJob(
             runner.playbook,
             step,
@@ -227,11 +233,17 @@ class _SparkLoopTool(SparkTool):
             raise
         except Exception as exc:  # a source that cannot be read: say it is `loop.in`'s
             raise _in_failed(exc, ctx.step) from None
+        if job.progress is not None and not isinstance(job.collection, list | tuple):
+            job.progress({"done": 0, "total": size, "per_second": 0.0})  # as for a list
         say(run, f"loop over {size:,} items in {partitions or 'its'} partitions")
         share = None
         if job.rate:
             share = share_of(job.rate, min(parts or 1, max(size, 1)), slots)
             say(run, f"rate {job.rate:g} items/s: {share:g} per partition, {slots} task slots")
+        printed = LoopOutput(lambda line: say(run, line))
+        output = printed.accumulator(spark)
+        if output is None:
+            say(run, "what the items print is not shown with Spark Connect")
         # Shipped once per task in the closure (pickled): the context as templates see it.
         plan = {
             "key": key,
@@ -255,6 +267,7 @@ class _SparkLoopTool(SparkTool):
             # The items' code sees the environment a python step's would: on a worker
             # not the worker's (`partition.executor_environment`).
             "embedded": _embedded(),
+            "output": output,
         }
         watch = ItemsWatch(size, partitions, job.progress, marks)
         run.items = watch
@@ -272,6 +285,7 @@ class _SparkLoopTool(SparkTool):
             run.on_interrupt = None
             if marks is not None:
                 loopmarks.forget(marks)
+            printed.finish()
         seconds = time.monotonic() - watch.started
         totals = rows.totals
         if totals.first_fail is not None:

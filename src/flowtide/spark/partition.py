@@ -6,7 +6,8 @@ The plan (the playbook's text, the step, the execution's context, the items of a
 arrives pickled with each task and is prepared once per python worker process: the
 playbook parsed, the templates and the code compiled once. With a local master the
 partition looks at the loop's marks (`flowtide.spark.loopmarks`) every `LOOK_SECONDS`:
-it stops when the driver left the stop marker, and writes how many items it ran.
+it stops when the driver left the stop marker, and writes how many items it ran. The
+first lines its items print go to the driver as it ends (`flowtide.spark.printed`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flowtide.redaction import mask_value
 from flowtide.runtime.outcome import Outcome
 from flowtide.spark import loopmarks
 from flowtide.spark.pace import Pacer, burst_for
+from flowtide.spark.printed import PartitionOutput
 
 __all__ = [
     "LOOK_SECONDS",
@@ -218,6 +220,8 @@ class ItemRunner:
         # When to look for the marker next (a stat per item would cost as much as one).
         self.look_at = 0.0
         self.pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
+        self.printed = PartitionOutput()  # what its items print, sent as it ends (`printed`)
+        self.output = plan.get("output")  # the loop's accumulator (None: Spark Connect)
 
     def run(self, indexes: list[int], raws: list[Any]) -> tuple[tuple[list[Any], ...], bool]:
         """The rows of the items `raws` (at `indexes`), and whether one said `break`
@@ -243,6 +247,9 @@ class ItemRunner:
             else:
                 outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
             for (index, _), outcome in zip(window, outcomes, strict=True):
+                for call in outcome.calls:
+                    if call.stdout:
+                        self.printed.add(index, call.stdout, outcome.secrets)
                 cols[0].append(index)
                 cols[1].append(outcome.status)
                 text, error = outcome.text, outcome.error
@@ -265,6 +272,9 @@ class ItemRunner:
             self.pool.shutdown(wait=True)
         if self.marks:
             loopmarks.write_done(self.marks, self.partition, self.ran)
+        report = self.printed.report(self.partition)
+        if self.output is not None and report is not None:
+            self.output.add([report])  # a failed task's updates never reach the driver
 
 
 def run_partition(plan: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:

@@ -433,7 +433,10 @@ async def execution_logs(
         raise NotFoundError(f"execution {execution_id} has no step {step!r}")
 
     async def status() -> str:
-        return (await reads.row(execution_id)).status
+        status = (await reads.row(execution_id)).status
+        if status == "running" and await _stopped(reads, False, execution_id) is not None:
+            return "interrupted"  # no process runs it (`flowtide ui`): nothing more comes
+        return status
 
     async def secrets() -> frozenset[str]:
         return (await reads.state(execution_id)).secrets

@@ -197,9 +197,15 @@ export function mountDetail(root, ctx, id) {
     errorBox.dataset.status = kind || '';
     if (errorBox.hidden) return;
     if (kind === 'interrupted') {
+      // A spark loop's items are one command: what its job did before it stopped is not kept.
+      const sparks = Object.entries(s.steps || {})
+        .filter(([, st]) => st.status === 'interrupted' && st.loop && st.loop.exact === false)
+        .map(([name]) => name);
       fill(errorBox, h('strong', null, 'Interrupted'), ': the process running it went away before it ended.',
         ' Resume carries it on from its log (finished steps and iterations are kept), as ',
-        h('span', { class: 'mono' }, `flowtide resume ${id}`), ' does.');
+        h('span', { class: 'mono' }, `flowtide resume ${id}`), ' does.',
+        sparks.length ? h('span', { 'data-testid': 'spark-loops-again' },
+          ` Spark loop ${sparks.join(', ')}: its job stopped before its end, a resume runs all its items again.`) : null);
       return;
     }
     const title = kind === 'cancelled' ? 'Cancelled' : err.step ? `Step ${err.step} failed` : 'Execution failed';
@@ -320,7 +326,14 @@ export function mountDetail(root, ctx, id) {
         const rate = L.per_second ? ` · ${Math.round(L.per_second).toLocaleString('en-US')}/s` : '';
         const n = (x) => Number(x).toLocaleString('en-US');
         rows.push(['Iterations', `${n(L.done)}/${L.cursor && !L.total ? '?' : n(L.total)} done${rate}`]);
-        rows.push(['Outcome', `${L.succeeded} succeeded · ${L.failed} failed · ${L.in_flight} in flight${L.finished ? ' · finished' : ''}`]);
+        if (L.exact === false) {
+          // A spark loop's counts are progress until its job ends (then exact).
+          rows.push(['Outcome', h('span', { 'data-testid': 'spark-outcome' }, st.status === 'running' || st.status === 'pending'
+            ? 'counted as its job ends'
+            : 'its job stopped before its end: a resume runs all its items again')]);
+        } else {
+          rows.push(['Outcome', `${L.succeeded} succeeded · ${L.failed} failed · ${L.in_flight} in flight${L.finished ? ' · finished' : ''}`]);
+        }
       }
       const at = doc ? where(doc) : node && node.line != null ? `playbook line ${node.line}` : '';
       if (at) rows.push(['Defined at', h('span', { class: 'mono' }, at)]);

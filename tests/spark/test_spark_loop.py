@@ -576,3 +576,36 @@ workflow:
         os.environ.clear()
         os.environ.update(saved)
     assert rows.column(0).to_pylist() == [0, 1, 2, 3]
+
+
+def test_warming_starts_a_python_worker_per_task_slot(run_playbook: Runner) -> None:
+    """A playbook with a spark loop warms the session's python workers (the embedded
+    runtime's `warm`): one job of a task per slot, outside any run's job group, whose
+    tasks load what a loop's task imports."""
+    from flowtide.spark.direct import _warm_worker, warm_workers
+    from flowtide.spark.session import sessions
+
+    result = run_playbook(
+        """\
+        workflow:
+          - step: work
+            loop: {in: [1, 2, 3], iterator: x, spec: {mode: spark}}
+            tool: {kind: python, input: {x: "{{ iter.x }}"}, code: "result = x"}
+        """
+    )
+    assert result.doc["status"] == "completed", result.doc["error"]
+    spark = sessions._root
+    assert spark is not None
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    warm_workers(spark)
+    [job] = set(tracker.getJobIdsForGroup(None)) - before
+    info = tracker.getJobInfo(job)
+    assert info.status == "SUCCEEDED"
+    stage = tracker.getStageInfo(info.stageIds[-1])
+    assert stage.numTasks == spark.sparkContext.defaultParallelism
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1], pa.int64())], ["id"])
+    [ready] = list(_warm_worker(iter([batch])))
+    assert ready.column(0).to_pylist() == [1, 1]

@@ -341,13 +341,22 @@ class LocalRuntime:
         kinds = {t.kind for s in playbook.steps.values() for t in s.tasks}
         kinds |= {s.loop.cursor.kind for s in playbook.steps.values() if s.loop and s.loop.cursor}
         kinds |= {t.kind for t in playbook.workbook.values()}
+        # A spark loop: the session, and its python workers ready to run items.
+        spark_loops = any(s.loop and s.loop.mode == "spark" for s in playbook.steps.values())
+        if spark_loops and "spark loops" not in self._warmed:
+            kinds |= {"spark", "spark loops"}
         kinds -= self._warmed
         if kinds:
             self._warmed |= kinds
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(
                 None,
-                lambda: warm_tools(kinds, executor=playbook.executor, data_dir=self.data_dir),
+                lambda: warm_tools(
+                    kinds,
+                    executor=playbook.executor,
+                    data_dir=self.data_dir,
+                    spark_loops="spark loops" in kinds,
+                ),
             )
 
     def state(self, execution_id: int) -> ExecutionState:

@@ -203,7 +203,8 @@ def _run_task(plan: dict[str, Any], task: int) -> Any:
     aside = staging / f".{name}"
     counts = Summary(task, name)
     try:
-        with pq.ParquetWriter(aside, schema) as writer:
+        # Dictionaries for the few-valued columns only (a result's text is rarely repeated).
+        with pq.ParquetWriter(aside, schema, use_dictionary=["status", "action"]) as writer:
             for indexes, raws in _chunks(plan, task, runner):
                 cols, stop = runner.run(indexes, raws)
                 counts.add(cols)
@@ -333,3 +334,30 @@ def preview(final: Path, rows: int) -> list[dict[str, Any]]:
         table = pq.read_table(file).slice(0, rows - len(out))
         out += table.to_pylist()
     return out
+
+
+def warm_workers(spark: Any) -> None:
+    """Start a local session's python workers with what a loop's task imports loaded: a
+    job of a task per slot, run while the playbook's first steps run. Spark keeps idle
+    python workers for the next tasks (a minute), so the loop's first tasks start at
+    once. Nothing for Spark Connect or another master (their workers are elsewhere)."""
+    from flowtide.spark.session import sessions
+
+    info = sessions.info
+    if info is None or not info.master.startswith("local"):
+        return
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    spark.range(0, slots, 1, slots).mapInArrow(_warm_worker, "ready long").collect()
+
+
+def _warm_worker(batches: Iterator[Any]) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.parquet  # noqa: F401 - what a task reading items imports
+
+    import flowtide.playbook.loader  # noqa: F401
+    import flowtide.runtime.pipeline  # noqa: F401
+    from flowtide.tools.registry import get_tool
+
+    get_tool("python")
+    for batch in batches:
+        yield pa.RecordBatch.from_arrays([pa.array([1] * batch.num_rows, pa.int64())], ["ready"])

@@ -185,13 +185,22 @@ class SparkTool:
     def __init__(self) -> None:
         self._warming: threading.Thread | None = None
 
-    def warm(self, executor: Mapping[str, Any] | None = None, data_dir: Any = None) -> None:
+    def warm(
+        self,
+        executor: Mapping[str, Any] | None = None,
+        data_dir: Any = None,
+        spark_loops: bool = False,
+    ) -> None:
         """Start the shared session in the background while the first steps run (the JVM
-        takes seconds); the first spark step waits for it. Errors are left for that step
-        to report."""
+        takes seconds); the first spark step waits for it. With `spark_loops` (the
+        playbook has one), also start the session's python workers with flowtide loaded
+        (`flowtide.spark.direct.warm_workers`), which a loop's first tasks would wait for.
+        Errors are left for the steps to report."""
         from flowtide.spark.session import resolve_settings, sessions
 
-        if sessions.active or (self._warming is not None and self._warming.is_alive()):
+        if self._warming is not None and self._warming.is_alive():
+            return
+        if sessions.active and not spark_loops:
             return
         try:
             settings = resolve_settings(executor)
@@ -201,7 +210,11 @@ class SparkTool:
 
         def start() -> None:
             try:
-                sessions.root(settings, log_dir)
+                session = sessions.root(settings, log_dir)
+                if spark_loops:
+                    from flowtide.spark.direct import warm_workers
+
+                    warm_workers(session)
             except Exception:
                 pass
 

@@ -263,7 +263,7 @@ class Summary:
         indexes, statuses, results, errors, actions = cols
         self.ran += len(indexes)
         self.ok += statuses.count("ok")
-        self.chars += sum(len(r) + 1 for r in results)
+        self.chars += sum(map(len, results)) + len(results)
         if "fail" in actions:
             for i, action in enumerate(actions):
                 if action == "fail":

@@ -217,8 +217,7 @@ class ItemRunner:
         self.marks: str | None = plan.get("marks")
         self.partition = partition
         self.ran = 0
-        # When to look for the marker next (a stat per item would cost as much as one).
-        self.look_at = 0.0
+        self.look_at = 0.0  # when to look at the marks next (`_look`)
         self.pool = ThreadPoolExecutor(prep.max_in_flight) if prep.max_in_flight > 1 else None
         self.printed = PartitionOutput()  # what its items print, sent as it ends (`printed`)
         self.output = plan.get("output")  # the loop's accumulator (None: Spark Connect)
@@ -231,41 +230,57 @@ class ItemRunner:
             RuntimeError: the driver left the loop's stop marker (cancelled, timed out):
                 no more items start, and the task fails rather than commit its rows.
         """
-        prep, marks, pool = self.prep, self.marks, self.pool
+        prep, pool = self.prep, self.pool
         cols: tuple[list[Any], ...] = ([], [], [], [], [])
         stop = False
+        if pool is None:
+            # One item at a time (the common case): no windows to make per item.
+            for index, raw in zip(indexes, raws, strict=True):
+                self._look()
+                outcome = _run_item(prep, index, raw)
+                self._add(cols, index, outcome)
+                self.ran += 1
+                if outcome.action == "break":
+                    return cols, True
+            return cols, False
         width = prep.max_in_flight
         for at in range(0, len(indexes), width):
-            if marks and time.monotonic() >= self.look_at:
-                loopmarks.write_done(marks, self.partition, self.ran)
-                if loopmarks.stopped(marks):
-                    raise RuntimeError("the loop was stopped (cancelled or timed out)")
-                self.look_at = time.monotonic() + LOOK_SECONDS
+            self._look()
             window = list(zip(indexes[at : at + width], raws[at : at + width], strict=True))
-            if pool is None:
-                outcomes = [_run_item(prep, i, raw) for i, raw in window]
-            else:
-                outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
+            outcomes = list(pool.map(lambda w: _run_item(prep, *w), window))
             for (index, _), outcome in zip(window, outcomes, strict=True):
-                for call in outcome.calls:
-                    if call.stdout:
-                        self.printed.add(index, call.stdout, outcome.secrets)
-                cols[0].append(index)
-                cols[1].append(outcome.status)
-                text, error = outcome.text, outcome.error
-                if outcome.secrets:
-                    # What the item's tools took for secrets: the dataset cannot seal
-                    # them as the event log does.
-                    text = json.dumps(mask_value(outcome.result, outcome.secrets))
-                    error = mask_value(error, outcome.secrets)
-                cols[2].append(text if text is not None else json.dumps(outcome.result))
-                cols[3].append(None if error is None else json.dumps(error, default=str))
-                cols[4].append(outcome.action)
+                self._add(cols, index, outcome)
                 stop = stop or outcome.action == "break"
             self.ran += len(window)
             if stop:
                 break
         return cols, stop
+
+    def _look(self) -> None:
+        """Every `LOOK_SECONDS`: write the items done, stop if the marker is there (a
+        stat per item would cost as much as one)."""
+        if self.marks and time.monotonic() >= self.look_at:
+            loopmarks.write_done(self.marks, self.partition, self.ran)
+            if loopmarks.stopped(self.marks):
+                raise RuntimeError("the loop was stopped (cancelled or timed out)")
+            self.look_at = time.monotonic() + LOOK_SECONDS
+
+    def _add(self, cols: tuple[list[Any], ...], index: int, outcome: Outcome) -> None:
+        """The row of item `index`, and what it printed."""
+        for call in outcome.calls:
+            if call.stdout:
+                self.printed.add(index, call.stdout, outcome.secrets)
+        cols[0].append(index)
+        cols[1].append(outcome.status)
+        text, error = outcome.text, outcome.error
+        if outcome.secrets:
+            # What the item's tools took for secrets: the dataset cannot seal them as the
+            # event log does.
+            text = json.dumps(mask_value(outcome.result, outcome.secrets))
+            error = mask_value(error, outcome.secrets)
+        cols[2].append(text if text is not None else json.dumps(outcome.result))
+        cols[3].append(None if error is None else json.dumps(error, default=str))
+        cols[4].append(outcome.action)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -224,7 +224,6 @@ def _run_task(plan: dict[str, Any], task: int) -> Any:
 
 def _chunks(plan: dict[str, Any], task: int, runner: ItemRunner) -> Iterator[Any]:
     """(indexes, items) of task `task`, `CHUNK_ROWS` at a time."""
-    import pyarrow.parquet as pq
 
     prep = runner.prep
     pieces = plan["slices"][task]
@@ -234,16 +233,31 @@ def _chunks(plan: dict[str, Any], task: int, runner: ItemRunner) -> Iterator[Any
                 stop = min(at + CHUNK_ROWS, start + rows)
                 yield list(range(first + at - start, first + stop - start)), prep.items[at:stop]
         return
-    files: dict[int, Any] = {}
     for first, f, group, start, rows in pieces:
-        source = files.get(f)
-        if source is None:
-            source = files[f] = pq.ParquetFile(plan["files"][f])
-        table = source.read_row_group(group, columns=prep.columns).slice(start, rows)
+        table = _row_group(plan, f, group, prep.columns).slice(start, rows)
         for at in range(0, rows, CHUNK_ROWS):
             part = table.slice(at, CHUNK_ROWS)
             indexes = list(range(first + at, first + at + part.num_rows))
             yield indexes, row_items(prep, [part.column(c) for c in range(part.num_columns)])
+
+
+#: The row group this python worker read last: (plan key, file, group) and its rows. A
+#: row group is read whole, and a task often has a slice of one that the task before it
+#: on this worker read too: kept, one group at a time (what a task holds anyway).
+_last_group: tuple[tuple[str, int, int], Any] | None = None
+
+
+def _row_group(plan: dict[str, Any], f: int, group: int, columns: list[str] | None) -> Any:
+    import pyarrow.parquet as pq
+
+    global _last_group
+    key = (str(plan["key"]), f, group)
+    if _last_group is not None and _last_group[0] == key:
+        return _last_group[1]
+    _last_group = None  # the old group goes before the new one is read
+    table = pq.ParquetFile(plan["files"][f]).read_row_group(group, columns=columns)
+    _last_group = (key, table)
+    return table
 
 
 @dataclass

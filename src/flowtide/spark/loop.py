@@ -76,6 +76,9 @@ __all__ = ["OUT_SCHEMA", "run_spark_loop"]
 #: Partitions per core of Spark's default parallelism when `spec.partitions` is not set.
 _PARTITIONS_PER_CORE = 4
 _ITEMS_PER_PARTITION = 25_000
+#: The same for a direct job (a local master): its progress moves item by item whatever
+#: a task's size, and each task costs the driver's JVM (~0.1 s of CPU): fewer, larger.
+_ITEMS_PER_DIRECT_TASK = 100_000
 _MAX_PARTITIONS = 10_000
 #: Items at once in one partition, at most (threads of a python worker).
 _MAX_IN_FLIGHT = 256
@@ -221,7 +224,8 @@ class _SparkLoopTool(SparkTool):
         try:
             if direct is not None:
                 size = direct.size
-                tasks = partitions = max(1, min(parts or _default_partitions(spark, size), size))
+                wanted = parts or _default_partitions(spark, size, _ITEMS_PER_DIRECT_TASK)
+                tasks = partitions = max(1, min(wanted, size))
                 frame: Any = spark.range(0, tasks, 1, tasks)
                 columns = direct.columns
                 unwrap = columns[0] if columns is not None and len(columns) == 1 else None
@@ -504,12 +508,12 @@ def _in_failed(exc: BaseException, step: str) -> ToolError:
     )
 
 
-def _default_partitions(spark: Any, items: int) -> int:
+def _default_partitions(spark: Any, items: int, per_task: int = _ITEMS_PER_PARTITION) -> int:
     """Four per core of Spark's parallelism, and more for a large loop: at most
-    `_ITEMS_PER_PARTITION` items each (a task Spark runs again runs its items again, and
-    progress moves a task at a time)."""
+    `per_task` items each (a task Spark runs again runs its items again, and on a
+    cluster progress moves a task at a time)."""
     cores = _slots(spark)
-    by_size = -(-items // _ITEMS_PER_PARTITION)
+    by_size = -(-items // per_task)
     return min(max(max(1, cores) * _PARTITIONS_PER_CORE, by_size), _MAX_PARTITIONS)
 
 

@@ -479,7 +479,8 @@ def test_items_done_are_reported_while_the_job_runs(run_playbook: Runner) -> Non
         "total": 48,
         "per_second": 0.0,
     }
-    assert all(0 < e["payload"]["done"] < 48 and e["payload"]["total"] == 48 for e in during)
+    # (All 48 may be counted before the job has committed its rows.)
+    assert all(0 < e["payload"]["done"] <= 48 and e["payload"]["total"] == 48 for e in during)
     assert all(e["payload"]["per_second"] > 0 for e in progress[1:])
     assert [e["payload"]["done"] for e in during] == sorted({e["payload"]["done"] for e in during})
     assert {k: last["payload"][k] for k in ("done", "total", "failed")} == {

@@ -99,3 +99,20 @@ def test_commit_refuses_a_job_that_did_not_answer_for_every_task(tmp_path: Path)
     with pytest.raises(RuntimeError, match="answered for 1 of 2 tasks"):
         commit([_answer(0, "part-00000-1.parquet", 1)], 2, staging, final)
     assert not final.exists() and not staging.exists()
+
+
+def test_a_data_folder_elsewhere_keeps_the_rows_to_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The direct job writes with python on this disk: a configured `s3a://` (or any
+    # remote) data folder must be written by Spark.
+    from flowtide.spark.loop import _local_output
+    from flowtide.tools.base import ToolContext
+
+    ctx = ToolContext(execution_id=1, step="s", data_dir=tmp_path)
+    monkeypatch.delenv("FLOWTIDE_SPARK_DATA_DIR", raising=False)
+    assert _local_output(ctx)
+    monkeypatch.setenv("FLOWTIDE_SPARK_DATA_DIR", "s3a://bucket/flowtide")
+    assert not _local_output(ctx)
+    monkeypatch.setenv("FLOWTIDE_SPARK_DATA_DIR", str(tmp_path / "shared"))
+    assert _local_output(ctx)

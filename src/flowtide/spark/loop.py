@@ -217,8 +217,10 @@ class _SparkLoopTool(SparkTool):
         parts = min(loop.partitions, _MAX_PARTITIONS) if loop.partitions else slots or None
         key = uuid.uuid4().hex
         marks = loopmarks.marks_for(key)
-        # A local master: the python workers read the items and write the rows themselves.
-        direct = direct_items(job.collection, marks is not None and _classic(spark))
+        # A local master writing to this disk: the python workers read the items and write
+        # the rows themselves.
+        local = marks is not None and _classic(spark)
+        direct = direct_items(job.collection, local and _local_output(ctx))
         partitions: int | None = None
         tasks = 0
         try:
@@ -324,6 +326,14 @@ class _SparkLoopTool(SparkTool):
         stats = result["stats"]
         say(run, f"items: {stats['success']:,} ok, {stats['failed']:,} failed of {size:,}")
         return result
+
+
+def _local_output(ctx: ToolContext) -> bool:
+    """Whether the loop's rows go to this machine's disk (not a configured `s3a://`,
+    `hdfs://` or other data folder)."""
+    from flowtide.spark.datasets import default_location
+
+    return default_location(ctx).startswith("file:")
 
 
 def _classic(spark: Any) -> bool:

@@ -68,6 +68,13 @@ def resolve_path(path: str, base_dir: Path) -> str:
 ENV_DATA_DIR = "FLOWTIDE_SPARK_DATA_DIR"
 
 
+def _folder_name(step: str) -> str:
+    """A step's folder in its execution's: its name with only `_SAFE` characters, never
+    "", "." or ".." (`<eid>/..` is the whole data folder, which an overwrite deletes)."""
+    safe = _SAFE.sub("_", step)
+    return safe if safe.strip(".") else "_" * max(1, len(safe))
+
+
 def default_location(ctx: ToolContext) -> str:
     """Where a step's result goes when it has no sink:
     `<data_dir>/<execution_id>/<step>/` (plus `i<index>/` inside a loop).
@@ -82,7 +89,7 @@ def default_location(ctx: ToolContext) -> str:
     configured = read(SparkSection).data_dir or (
         spark.get("data_dir") if isinstance(spark, Mapping) else None
     )
-    leaf = f"{ctx.execution_id}/{_SAFE.sub('_', ctx.step)}"
+    leaf = f"{ctx.execution_id}/{_folder_name(ctx.step)}"
     if ctx.loop_index is not None:
         leaf += f"/i{ctx.loop_index}"
     if configured and "://" in str(configured):

@@ -52,6 +52,34 @@ def test_what_a_task_may_read_itself() -> None:
     assert direct_items({"uri": "file:///nowhere/at/all", "format": "parquet"}, local=True) is None
 
 
+def test_only_what_the_jvm_path_takes_for_a_reference_is_read_directly(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"v": [1, 2]}), tmp_path / "a.parquet")
+    ref = {"uri": tmp_path.as_uri(), "row_count": 2}
+    assert direct_items(ref, local=True) == DirectItems(
+        2, [str(tmp_path / "a.parquet")], [(0, 0, 2)], ["v"]
+    )
+    # A bare `{uri}` is no reference `load_input` reads (it says so): not read here either.
+    assert direct_items({"uri": tmp_path.as_uri()}, local=True) is None
+
+
+def test_a_footer_pyarrow_cannot_take_leaves_the_items_to_the_jvm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"v": [1]}), tmp_path / "a.parquet")
+
+    def unsupported(path: str) -> None:
+        raise pa.ArrowNotImplementedError("a type pyarrow does not read")
+
+    monkeypatch.setattr(pq, "read_metadata", unsupported)
+    assert direct_items({"format": "parquet", "path": str(tmp_path)}, local=True) is None
+
+
 class _Row:
     def __init__(self, **values: Any) -> None:
         self.values = values

@@ -102,7 +102,9 @@ def direct_items(value: Any, local: bool) -> DirectItems | None:
         return DirectItems(len(value), groups=[(-1, 0, len(value))] if value else [])
     if not isinstance(value, Mapping):
         return None
-    if set(value) >= {"uri"} and str(value.get("format") or "parquet").lower() == "parquet":
+    reference = "uri" in value and bool({"format", "schema", "row_count"} & set(value))
+    if reference and str(value.get("format") or "parquet").lower() == "parquet":
+        # A spark step's result, as `datasets.load_input` takes one.
         if value.get("options") or not isinstance(value.get("uri"), str):
             return None
         where = value["uri"]
@@ -162,7 +164,7 @@ def _parquet_items(path: Path) -> DirectItems | None:
                 if rows:
                     items.groups.append((i, g, rows))
                     items.size += rows
-    except (OSError, ValueError, ImportError):
+    except (OSError, ValueError, NotImplementedError, ImportError):
         return None  # not parquet that pyarrow reads: the JVM reads it, or says why not
     if schema is None or not schema.names:
         return None

@@ -4,6 +4,7 @@ how the tasks' answers are committed."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -212,7 +213,7 @@ def _read_task(plan: dict[str, Any], task: int, runner: Any) -> list[tuple[list[
     return list(_chunks(plan, task, runner))
 
 
-@pytest.mark.parametrize("step", ["..", ".", "...", "", "a/../..", "../x"])
+@pytest.mark.parametrize("step", ["..", ".", "", "a/../..", "../x", "a b"])
 def test_a_steps_folder_is_inside_its_executions_whatever_its_name(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str
 ) -> None:
@@ -229,3 +230,9 @@ def test_a_steps_folder_is_inside_its_executions_whatever_its_name(
     where = Path(url2pathname(urlparse(default_location(ctx)).path))
     assert os.path.normpath(where).startswith(str(tmp_path / "7") + os.sep)
     assert where.parent == tmp_path / "7" and where.name not in ("", ".", "..")
+    # Nor do two steps share one: each replaces its own.
+    twin_name = re.sub("[^A-Za-z0-9_=-]", "_", step) or "_"
+    twin = ToolContext(execution_id=7, step=twin_name, data_dir=tmp_path)
+    assert default_location(twin) != default_location(ctx)
+    plain = ToolContext(execution_id=7, step="load_2.x-y=z", data_dir=tmp_path)
+    assert default_location(plain) == (tmp_path / "7" / "load_2.x-y=z").as_uri()

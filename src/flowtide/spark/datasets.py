@@ -17,6 +17,7 @@ add `table` and the credential alias `auth`, never the password).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,10 +70,14 @@ ENV_DATA_DIR = "FLOWTIDE_SPARK_DATA_DIR"
 
 
 def _folder_name(step: str) -> str:
-    """A step's folder in its execution's: its name with only `_SAFE` characters, never
-    "", "." or ".." (`<eid>/..` is the whole data folder, which an overwrite deletes)."""
+    """A step's folder in its execution's, its own whatever its name: the name when it
+    is only `_SAFE` characters and not "." or ".." (`<eid>/..` is the whole data folder,
+    which an overwrite deletes), else those characters and a digest of the name (steps
+    `a b` and `a_b` must not replace each other's output)."""
     safe = _SAFE.sub("_", step)
-    return safe if safe.strip(".") else "_" * max(1, len(safe))
+    if safe == step and safe.strip("."):
+        return safe
+    return f"{safe}-{hashlib.sha256(step.encode()).hexdigest()[:12]}"
 
 
 def default_location(ctx: ToolContext) -> str:

@@ -62,6 +62,11 @@ def test_only_what_the_jvm_path_takes_for_a_reference_is_read_directly(tmp_path:
     assert direct_items(ref, local=True) == DirectItems(
         2, [str(tmp_path / "a.parquet")], [(0, 0, 2)], ["v"]
     )
+    # A file still being copied in is not read (Spark skips it too).
+    pq.write_table(pa.table({"v": [3]}), tmp_path / "b.parquet._COPYING_")
+    assert direct_items(ref, local=True) == DirectItems(
+        2, [str(tmp_path / "a.parquet")], [(0, 0, 2)], ["v"]
+    )
     # A bare `{uri}` is no reference `load_input` reads (it says so): not read here either.
     assert direct_items({"uri": tmp_path.as_uri()}, local=True) is None
 

@@ -131,6 +131,10 @@ def _local_path(where: str) -> Path | None:
     return Path(where)
 
 
+def _skipped(name: str) -> bool:
+    return name.startswith(("_", ".")) or name.endswith("._COPYING_")
+
+
 def _parquet_items(path: Path) -> DirectItems | None:
     """The row groups of the parquet files at `path` (a file, or a folder of files with
     no folders in it), or None when they are not all plain and alike."""
@@ -141,7 +145,8 @@ def _parquet_items(path: Path) -> DirectItems | None:
             entries = sorted(os.scandir(path), key=lambda e: e.name)
             if any(e.is_dir() for e in entries):
                 return None  # partitioned folders: their columns are in the names
-            files = [e.path for e in entries if not e.name.startswith(("_", "."))]
+            # What Spark skips too: hidden files, markers, a file still being copied.
+            files = [e.path for e in entries if not _skipped(e.name)]
         elif path.is_file():
             files = [str(path)]
         else:

@@ -610,3 +610,30 @@ def test_warming_starts_a_python_worker_per_task_slot(run_playbook: Runner) -> N
     batch = pa.RecordBatch.from_arrays([pa.array([0, 1], pa.int64())], ["id"])
     [ready] = list(_warm_worker(iter([batch])))
     assert ready.column(0).to_pylist() == [1, 1]
+
+
+def test_a_failed_direct_job_leaves_no_files_and_no_output(run_playbook: Runner) -> None:
+    """A task that fails for good (its python worker dies; this local master runs a task
+    once): the loop fails naming Spark's error, and neither the attempts' files nor an
+    output folder are left in the execution's data folder."""
+    result = run_playbook(
+        """\
+        workflow:
+          - step: work
+            loop: {in: "{{ range(40) | list }}", iterator: x, spec: {mode: spark, partitions: 4}}
+            tool:
+              kind: python
+              input: {x: "{{ iter.x }}"}
+              code: |
+                import os
+                if x == 25:
+                    os._exit(3)
+                result = x
+        """
+    )
+    assert result.doc["status"] == "failed"
+    error = result.step("work")["error"]
+    assert error["kind"] == "spark_error", error
+    data = result.home / "data" / str(result.doc["execution_id"])
+    left = sorted(str(p.relative_to(data)) for p in data.rglob("*")) if data.exists() else []
+    assert [p for p in left if "work" in p] == []

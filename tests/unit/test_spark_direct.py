@@ -3,7 +3,10 @@ how the tasks' answers are committed."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -48,6 +51,39 @@ def test_what_a_task_may_read_itself() -> None:
     ref = {"uri": "file:///nowhere", "format": "parquet", "options": {"mergeSchema": "true"}}
     assert direct_items(ref, local=True) is None
     assert direct_items({"uri": "file:///nowhere/at/all", "format": "parquet"}, local=True) is None
+
+
+def test_only_what_the_jvm_path_takes_for_a_reference_is_read_directly(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"v": [1, 2]}), tmp_path / "a.parquet")
+    ref = {"uri": tmp_path.as_uri(), "row_count": 2}
+    assert direct_items(ref, local=True) == DirectItems(
+        2, [str(tmp_path / "a.parquet")], [(0, 0, 2)], ["v"]
+    )
+    # A file still being copied in is not read (Spark skips it too).
+    pq.write_table(pa.table({"v": [3]}), tmp_path / "b.parquet._COPYING_")
+    assert direct_items(ref, local=True) == DirectItems(
+        2, [str(tmp_path / "a.parquet")], [(0, 0, 2)], ["v"]
+    )
+    # A bare `{uri}` is no reference `load_input` reads (it says so): not read here either.
+    assert direct_items({"uri": tmp_path.as_uri()}, local=True) is None
+
+
+def test_a_footer_pyarrow_cannot_take_leaves_the_items_to_the_jvm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"v": [1]}), tmp_path / "a.parquet")
+
+    def unsupported(path: str) -> None:
+        raise pa.ArrowNotImplementedError("a type pyarrow does not read")
+
+    monkeypatch.setattr(pq, "read_metadata", unsupported)
+    assert direct_items({"format": "parquet", "path": str(tmp_path)}, local=True) is None
 
 
 class _Row:
@@ -116,3 +152,92 @@ def test_a_data_folder_elsewhere_keeps_the_rows_to_spark(
     assert not _local_output(ctx)
     monkeypatch.setenv("FLOWTIDE_SPARK_DATA_DIR", str(tmp_path / "shared"))
     assert _local_output(ctx)
+
+
+def _parquet_plan(tmp_path: Path, values: list[int], group_rows: int) -> tuple[Any, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "items"
+    data.mkdir()
+    pq.write_table(pa.table({"v": values}), data / "a.parquet", row_group_size=group_rows)
+    items = direct_items({"format": "parquet", "path": str(data)}, local=True)
+    assert items is not None and items.columns == ["v"]
+    prep = SimpleNamespace(items=None, columns=["v"], unwrap="v")
+    return items, SimpleNamespace(prep=prep)
+
+
+def _read(plan: dict[str, Any], tasks: int, runner: Any) -> list[tuple[int, Any]]:
+    from flowtide.spark.direct import _chunks
+
+    out: list[tuple[int, Any]] = []
+    for task in range(tasks):
+        for indexes, items in _chunks(plan, task, runner):
+            out += zip(indexes, items, strict=True)
+    return out
+
+
+def test_a_file_with_fewer_rows_than_its_footer_said_fails_the_task(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    items, runner = _parquet_plan(tmp_path, list(range(10)), 10)
+    # Rewritten between the driver's look at the footers and the tasks' reads: the tasks
+    # must not answer for rows they never ran.
+    pq.write_table(pa.table({"v": list(range(4))}), items.files[0])
+    plan = {"key": "changed", "files": items.files, "slices": items.slices(2)}
+    with pytest.raises(RuntimeError, match="items changed while it ran: row group 0 of"):
+        _read(plan, 2, runner)
+
+
+def test_a_large_row_group_is_read_a_chunk_at_a_time_and_not_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from flowtide.spark import direct
+
+    items, runner = _parquet_plan(tmp_path, [v * 10 for v in range(50)], 20)
+    monkeypatch.setattr(direct, "CHUNK_ROWS", 3)
+    monkeypatch.setattr(direct, "_last_group", None)
+    # Every group is "large": read by batches, the rows before a slice dropped.
+    monkeypatch.setattr(direct, "WHOLE_GROUP_BYTES", 0)
+    plan = {"key": "large", "files": items.files, "slices": items.slices(7)}
+    chunks = [indexes for t in range(7) for indexes, _ in _read_task(plan, t, runner)]
+    assert max(map(len, chunks)) <= 3
+    assert [x for _, x in _read(plan, 7, runner)] == [v * 10 for v in range(50)]
+    assert [i for i, _ in _read(plan, 7, runner)] == list(range(50))
+    assert direct._last_group is None
+    # A small group is read whole once and kept for the next slice of it.
+    monkeypatch.setattr(direct, "WHOLE_GROUP_BYTES", 64 << 20)
+    assert [x for _, x in _read(plan, 7, runner)] == [v * 10 for v in range(50)]
+    assert direct._last_group is not None and direct._last_group[0] == ("large", 0, 2)
+
+
+def _read_task(plan: dict[str, Any], task: int, runner: Any) -> list[tuple[list[int], Any]]:
+    from flowtide.spark.direct import _chunks
+
+    return list(_chunks(plan, task, runner))
+
+
+@pytest.mark.parametrize("step", ["..", ".", "", "a/../..", "../x", "a b"])
+def test_a_steps_folder_is_inside_its_executions_whatever_its_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str
+) -> None:
+    # A loop's (or any spark step's) output folder is replaced as a whole: a step named
+    # ".." must not make it the data folder, nor "." the execution's.
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    from flowtide.spark.datasets import default_location
+    from flowtide.tools.base import ToolContext
+
+    monkeypatch.delenv("FLOWTIDE_SPARK_DATA_DIR", raising=False)
+    ctx = ToolContext(execution_id=7, step=step, data_dir=tmp_path)
+    where = Path(url2pathname(urlparse(default_location(ctx)).path))
+    assert os.path.normpath(where).startswith(str(tmp_path / "7") + os.sep)
+    assert where.parent == tmp_path / "7" and where.name not in ("", ".", "..")
+    # Nor do two steps share one: each replaces its own.
+    twin_name = re.sub("[^A-Za-z0-9_=-]", "_", step) or "_"
+    twin = ToolContext(execution_id=7, step=twin_name, data_dir=tmp_path)
+    assert default_location(twin) != default_location(ctx)
+    plain = ToolContext(execution_id=7, step="load_2.x-y=z", data_dir=tmp_path)
+    assert default_location(plain) == (tmp_path / "7" / "load_2.x-y=z").as_uri()

@@ -17,6 +17,7 @@ add `table` and the credential alias `auth`, never the password).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,6 +69,17 @@ def resolve_path(path: str, base_dir: Path) -> str:
 ENV_DATA_DIR = "FLOWTIDE_SPARK_DATA_DIR"
 
 
+def _folder_name(step: str) -> str:
+    """A step's folder in its execution's, its own whatever its name: the name when it
+    is only `_SAFE` characters and not "." or ".." (`<eid>/..` is the whole data folder,
+    which an overwrite deletes), else those characters and a digest of the name (steps
+    `a b` and `a_b` must not replace each other's output)."""
+    safe = _SAFE.sub("_", step)
+    if safe == step and safe.strip("."):
+        return safe
+    return f"{safe}-{hashlib.sha256(step.encode()).hexdigest()[:12]}"
+
+
 def default_location(ctx: ToolContext) -> str:
     """Where a step's result goes when it has no sink:
     `<data_dir>/<execution_id>/<step>/` (plus `i<index>/` inside a loop).
@@ -82,7 +94,7 @@ def default_location(ctx: ToolContext) -> str:
     configured = read(SparkSection).data_dir or (
         spark.get("data_dir") if isinstance(spark, Mapping) else None
     )
-    leaf = f"{ctx.execution_id}/{_SAFE.sub('_', ctx.step)}"
+    leaf = f"{ctx.execution_id}/{_folder_name(ctx.step)}"
     if ctx.loop_index is not None:
         leaf += f"/i{ctx.loop_index}"
     if configured and "://" in str(configured):

@@ -102,7 +102,9 @@ def direct_items(value: Any, local: bool) -> DirectItems | None:
         return DirectItems(len(value), groups=[(-1, 0, len(value))] if value else [])
     if not isinstance(value, Mapping):
         return None
-    if set(value) >= {"uri"} and str(value.get("format") or "parquet").lower() == "parquet":
+    reference = "uri" in value and bool({"format", "schema", "row_count"} & set(value))
+    if reference and str(value.get("format") or "parquet").lower() == "parquet":
+        # A spark step's result, as `datasets.load_input` takes one.
         if value.get("options") or not isinstance(value.get("uri"), str):
             return None
         where = value["uri"]
@@ -129,6 +131,10 @@ def _local_path(where: str) -> Path | None:
     return Path(where)
 
 
+def _skipped(name: str) -> bool:
+    return name.startswith(("_", ".")) or name.endswith("._COPYING_")
+
+
 def _parquet_items(path: Path) -> DirectItems | None:
     """The row groups of the parquet files at `path` (a file, or a folder of files with
     no folders in it), or None when they are not all plain and alike."""
@@ -139,7 +145,8 @@ def _parquet_items(path: Path) -> DirectItems | None:
             entries = sorted(os.scandir(path), key=lambda e: e.name)
             if any(e.is_dir() for e in entries):
                 return None  # partitioned folders: their columns are in the names
-            files = [e.path for e in entries if not e.name.startswith(("_", "."))]
+            # What Spark skips too: hidden files, markers, a file still being copied.
+            files = [e.path for e in entries if not _skipped(e.name)]
         elif path.is_file():
             files = [str(path)]
         else:
@@ -162,7 +169,7 @@ def _parquet_items(path: Path) -> DirectItems | None:
                 if rows:
                     items.groups.append((i, g, rows))
                     items.size += rows
-    except (OSError, ValueError, ImportError):
+    except (OSError, ValueError, NotImplementedError, ImportError):
         return None  # not parquet that pyarrow reads: the JVM reads it, or says why not
     if schema is None or not schema.names:
         return None
@@ -234,30 +241,67 @@ def _chunks(plan: dict[str, Any], task: int, runner: ItemRunner) -> Iterator[Any
                 yield list(range(first + at - start, first + stop - start)), prep.items[at:stop]
         return
     for first, f, group, start, rows in pieces:
-        table = _row_group(plan, f, group, prep.columns).slice(start, rows)
-        for at in range(0, rows, CHUNK_ROWS):
-            part = table.slice(at, CHUNK_ROWS)
-            indexes = list(range(first + at, first + at + part.num_rows))
+        at = first
+        for part in _group_rows(plan, f, group, start, rows, prep.columns):
+            indexes = list(range(at, at + part.num_rows))
+            at += part.num_rows
             yield indexes, row_items(prep, [part.column(c) for c in range(part.num_columns)])
+        if at != first + rows:
+            # Never fewer rows than the footer the driver read said: an item lost.
+            raise RuntimeError(
+                f"the loop's items changed while it ran: row group {group} of"
+                f" {plan['files'][f]} has fewer rows than its footer said as the loop"
+                f" started ({start + rows} or more)"
+            )
 
+
+#: A row group whose data is larger than this (uncompressed, as its footer says) is read
+#: `CHUNK_ROWS` at a time, never whole nor kept: a task's memory stays about a chunk's.
+WHOLE_GROUP_BYTES = 64 << 20
 
 #: The row group this python worker read last: (plan key, file, group) and its rows. A
-#: row group is read whole, and a task often has a slice of one that the task before it
-#: on this worker read too: kept, one group at a time (what a task holds anyway).
+#: row group (of at most `WHOLE_GROUP_BYTES`) is read whole, and a task often has a slice
+#: of one that the task before it on this worker read too: kept, one group at a time.
 _last_group: tuple[tuple[str, int, int], Any] | None = None
 
 
-def _row_group(plan: dict[str, Any], f: int, group: int, columns: list[str] | None) -> Any:
+def _group_rows(
+    plan: dict[str, Any], f: int, group: int, start: int, rows: int, columns: list[str] | None
+) -> Iterator[Any]:
+    """Rows `start` to `start + rows` of row group `group` of file `f`, in tables or
+    batches of at most `CHUNK_ROWS` rows (fewer rows in all if the file has fewer)."""
     import pyarrow.parquet as pq
 
     global _last_group
     key = (str(plan["key"]), f, group)
     if _last_group is not None and _last_group[0] == key:
-        return _last_group[1]
-    _last_group = None  # the old group goes before the new one is read
-    table = pq.ParquetFile(plan["files"][f]).read_row_group(group, columns=columns)
-    _last_group = (key, table)
-    return table
+        table = _last_group[1]
+    else:
+        _last_group = None  # the old group goes before the new one is read
+        file = pq.ParquetFile(plan["files"][f], buffer_size=1 << 20)
+        if file.metadata.row_group(group).total_byte_size > WHOLE_GROUP_BYTES:
+            yield from _streamed(file, group, start, rows, columns)
+            return
+        table = file.read_row_group(group, columns=columns)
+        _last_group = (key, table)
+    table = table.slice(start, rows)
+    for at in range(0, table.num_rows, CHUNK_ROWS):
+        yield table.slice(at, CHUNK_ROWS)
+
+
+def _streamed(file: Any, group: int, start: int, rows: int, columns: list[str] | None) -> Any:
+    """`_group_rows` of a large row group: its batches read in turn (those before `start`
+    read and dropped), none kept."""
+    skip, left = start, rows
+    for batch in file.iter_batches(batch_size=CHUNK_ROWS, row_groups=[group], columns=columns):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        part = batch.slice(skip, left)
+        skip, left = 0, left - part.num_rows
+        yield part
+        if not left:
+            return
 
 
 @dataclass

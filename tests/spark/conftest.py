@@ -32,6 +32,27 @@ metadata: {name: spark_test, path: tests/spark_test}
 """
 
 
+#: A spark loop of 600 items, one of which kills its python worker (os._exit) the first
+#: time it runs: Spark must run its task again. `workload.marks` is a folder where each
+#: item leaves a dot each time it runs (and `died` once it killed its worker).
+KILLED_LOOP = HEADER + (
+    "workload: {marks: ''}\n"
+    "workflow:\n"
+    "  - step: work\n"
+    '    loop: {in: "{{ range(600) | list }}", iterator: x, spec: {mode: spark, partitions: 3}}\n'
+    "    tool:\n"
+    "      kind: python\n"
+    "      input: {x: '{{ iter.x }}', marks: '{{ workload.marks }}'}\n"
+    "      code: |\n"
+    "        import os\n"
+    "        open(os.path.join(marks, str(x)), 'a').write('.')\n"
+    "        if x == 300 and not os.path.exists(os.path.join(marks, 'died')):\n"
+    "            open(os.path.join(marks, 'died'), 'w').close()\n"
+    "            os._exit(1)\n"
+    "        result = x * x\n"
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if shutil.which("java") is None:
         # Not a skip: CI must run these. scripts/ensure-spark.sh (make test) installs Java.

@@ -19,7 +19,7 @@ from flowtide.playbook.loader import parse_playbook
 from jsonstub import JsonHandler
 from payloads import event_problems
 
-from .conftest import HEADER, Runner, cli_json, flowtide_cli
+from .conftest import HEADER, KILLED_LOOP, Runner, cli_json, flowtide_cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -304,22 +304,7 @@ def test_a_task_whose_python_worker_dies_is_run_again_and_counted_once(tmp_path:
     marks = tmp_path / "marks"
     marks.mkdir()
     book = tmp_path / "killed.yaml"
-    book.write_text(
-        HEADER + "workload: {marks: ''}\n"
-        "workflow:\n"
-        "  - step: work\n"
-        '    loop: {in: "{{ range(600) | list }}", iterator: x, spec: {mode: spark, partitions: 3}}\n'
-        "    tool:\n"
-        "      kind: python\n"
-        "      input: {x: '{{ iter.x }}', marks: '{{ workload.marks }}'}\n"
-        "      code: |\n"
-        "        import os\n"
-        "        open(os.path.join(marks, str(x)), 'a').write('.')\n"
-        "        if x == 300 and not os.path.exists(os.path.join(marks, 'died')):\n"
-        "            open(os.path.join(marks, 'died'), 'w').close()\n"
-        "            os._exit(1)\n"
-        "        result = x * x\n"
-    )
+    book.write_text(KILLED_LOOP)
     home = tmp_path / "home"
     env = {"FLOWTIDE_SPARK_MASTER": "local[2,2]"}
     doc = cli_json("run", str(book), "--set", f"marks={marks}", home=home, env=env)

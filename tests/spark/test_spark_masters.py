@@ -21,7 +21,7 @@ import pytest
 
 from flowtide.spark.session import POSTGRES_JAR
 
-from .conftest import cli_events, cli_json, flowtide_cli
+from .conftest import KILLED_LOOP, cli_events, cli_json, flowtide_cli
 from .servers import ConnectServer, StandaloneCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
@@ -282,23 +282,7 @@ def test_a_spark_loop_task_killed_mid_job_is_run_again_and_counted_once(
     marks.mkdir()
     marks.chmod(0o777)
     book = tmp_path / "killed.yaml"
-    book.write_text(
-        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: killed, path: tests/killed}\n"
-        "workload: {marks: ''}\n"
-        "workflow:\n"
-        "  - step: work\n"
-        '    loop: {in: "{{ range(600) | list }}", iterator: x, spec: {mode: spark, partitions: 3}}\n'
-        "    tool:\n"
-        "      kind: python\n"
-        "      input: {x: '{{ iter.x }}', marks: '{{ workload.marks }}'}\n"
-        "      code: |\n"
-        "        import os\n"
-        "        open(os.path.join(marks, str(x)), 'a').write('.')\n"
-        "        if x == 300 and not os.path.exists(os.path.join(marks, 'died')):\n"
-        "            open(os.path.join(marks, 'died'), 'w').close()\n"
-        "            os._exit(1)\n"
-        "        result = x * x\n"
-    )
+    book.write_text(KILLED_LOOP)
     env = {"FLOWTIDE_SPARK_MASTER": cluster.master_url}
     doc = cli_json("run", str(book), "--set", f"marks={marks}", home=tmp_path / "home", env=env)
     assert doc["status"] == "completed", doc["error"]

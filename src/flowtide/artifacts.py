@@ -65,7 +65,9 @@ _TIER_ALIASES = {"object": "disk", "memory": "kv", "nats_kv": "kv", "file": "dis
 ENV_STORE = "FLOWTIDE_RESULT_STORE"
 PREVIEW_BYTES = 1024
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]")
-_REF = re.compile(r"^(?:flowtide|noetl)://execution/([^/]+)/result/([^/]+)/([^/]+)$")
+_REF = re.compile(
+    r"^(?:flowtide|noetl)://execution/(?!\.\.?/)([^/]+)/result/(?!\.\.?/)([^/]+)/(?!\.\.?$)([^/]+)$"
+)
 
 # NoETL's automatic extraction (extractor.py): these fields always, other scalars and
 # small lists of scalars, `<key>_count` for longer lists, nested objects flattened.
@@ -368,7 +370,9 @@ def put(
     text = dumps(value) if text is None else text
     data, digest = _encode(text, compress)
     key = uuid.uuid4().hex[:16]
-    safe = _SAFE.sub("_", name) or "result"
+    safe = _SAFE.sub("_", name)
+    if not safe.strip("."):
+        safe = "result"  # a folder of the execution's own, never "." or ".." (a step's name)
     tier = "disk" if tier == "auto" else tier
     if location is None:
         location = f"{tier_root(tier, data_dir)}/{execution_id}/{safe}/{key}.json.gz"

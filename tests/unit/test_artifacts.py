@@ -230,3 +230,23 @@ def test_the_loader_checks_output_and_artifact() -> None:
         (3, "tool.action"),
         (4, "output"),
     ]
+
+
+@pytest.mark.parametrize("name", ["..", ".", ""])
+def test_a_step_named_dots_stores_inside_its_executions_folder(tmp_path: Path, name: str) -> None:
+    ref = artifacts.put({"a": 1}, execution_id=7, name=name, tier="disk", data_dir=tmp_path)
+    assert ref["ref"].startswith("flowtide://execution/7/result/result/")
+    root = Path(artifacts.tier_root("disk", tmp_path))
+    [stored] = [p for p in root.rglob("*.json.gz")]
+    assert stored.parent == root / "7" / "result"
+    assert artifacts.local_path(artifacts.location_of(ref, tmp_path, tmp_path)) == stored
+
+
+def test_a_reference_with_dot_dot_parts_is_not_a_stored_results_name(tmp_path: Path) -> None:
+    for ref in (
+        "flowtide://execution/../result/s/k",
+        "flowtide://execution/1/result/../k",
+        "flowtide://execution/1/result/s/..",
+    ):
+        location = artifacts.location_of({"ref": ref}, tmp_path, tmp_path)
+        assert location == ref  # taken as the URL it is, never a path built from its parts

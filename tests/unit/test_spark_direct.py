@@ -241,3 +241,19 @@ def test_a_steps_folder_is_inside_its_executions_whatever_its_name(
     assert default_location(twin) != default_location(ctx)
     plain = ToolContext(execution_id=7, step="load_2.x-y=z", data_dir=tmp_path)
     assert default_location(plain) == (tmp_path / "7" / "load_2.x-y=z").as_uri()
+
+
+def test_what_a_killed_drivers_job_left_is_cleared_before_the_next(tmp_path: Path) -> None:
+    from flowtide.spark.direct import clear_left
+
+    key, other = "1f2e" * 8, "9a0b" * 8
+    final = tmp_path / "work"
+    (tmp_path / f".work.{key}").mkdir()
+    (tmp_path / f".work.{key}" / "part-00000-7.parquet").write_text("x")
+    (tmp_path / f".work.{key}.commit").mkdir()
+    # Another step's (`work.x` may be running beside it), and the output itself, stay.
+    kept = [f".work.x.{other}", f".work2.{other}", ".workx", "work"]
+    for name in kept:
+        (tmp_path / name).mkdir()
+    clear_left(final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from flowtide.spark.partition import ItemRunner, out_schema, row_items
 __all__ = [
     "DirectItems",
     "Summary",
+    "clear_left",
     "commit",
     "direct_function",
     "direct_items",
@@ -367,6 +369,19 @@ def commit(rows: list[Any], tasks: int, staging: Path, final: Path) -> list[Summ
         shutil.rmtree(ready, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)
     return answers
+
+
+def clear_left(final: Path) -> None:
+    """Remove what a killed driver's job for the output folder `final` left beside it
+    (its attempts' folder, a commit half done): a step runs once at a time in its
+    execution, so none of it is another job's."""
+    # `.<name>.<key>` and `.<name>.<key>.commit` (`loopjobs.direct_job`), a key being 32
+    # hex digits: never a folder of a step whose name goes on after this one's.
+    mine = re.compile(rf"\.{re.escape(final.name)}\.[0-9a-f]{{32}}(\.commit)?")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(final.parent):
+            if mine.fullmatch(entry.name):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def read_results(final: Path) -> list[tuple[int, str]]:

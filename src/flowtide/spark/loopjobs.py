@@ -22,6 +22,7 @@ from flowtide.spark.datasets import PREVIEW_ROWS, default_location
 from flowtide.spark.direct import (
     SUMMARY_SCHEMA,
     DirectItems,
+    clear_left,
     commit,
     direct_function,
     preview,
@@ -65,6 +66,7 @@ def direct_job(
     """Run the loop as a direct job (`flowtide.spark.direct`) and commit its files."""
     final = Path(url2pathname(urlparse(default_location(ctx)).path))
     staging = final.parent / f".{final.name}.{plan['key']}"
+    clear_left(final)
     staging.mkdir(parents=True)
     plan = {**plan, "files": items.files, "slices": items.slices(tasks), "staging": str(staging)}
     try:

@@ -412,13 +412,15 @@ async def test_create_many_stops_sending_when_the_server_does_not_answer(
     fail with it and the rest are not sent, in about one timeout, not one per request."""
     kv = await connect(nats_server.url, bucket_name())
     assert isinstance(kv, NatsKeyValue)
-    nc = await nats.connect(nats_server.url)
+    # The subscriber is on the requests' own connection: the server takes its SUB before
+    # their PUBs (from another connection, a loaded server answered 503 to the first).
+    nc = kv._conn.client
     received: list[str] = []
 
     async def swallow(msg: Any) -> None:
         received.append(msg.subject)
 
-    await nc.subscribe("sink.>", cb=swallow)
+    sub = await nc.subscribe("sink.>", cb=swallow)
     await nc.flush()
     try:
         requests = [(f"sink.{i}", b"x", None) for i in range(20)]
@@ -433,7 +435,7 @@ async def test_create_many_stops_sending_when_the_server_does_not_answer(
         assert all("not sent" in str(o) for o in outcomes[4:])
         assert sorted(received) == sorted(f"sink.{i}" for i in range(4))
     finally:
-        await nc.close()
+        await sub.unsubscribe()
         await _drop(kv)
 
 

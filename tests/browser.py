@@ -44,8 +44,22 @@ def chromium() -> Iterator[Any]:
         )
         try:
             yield browser
+        except Exception as failure:
+            _describe_pages(browser, failure)
+            raise
         finally:
             browser.close()
+
+
+def _describe_pages(browser: Any, failure: Exception) -> None:
+    """Add what each open page showed to a failing test's error (CI keeps no screenshots)."""
+    for context in browser.contexts:
+        for page in context.pages:
+            try:
+                text = page.inner_text("body", timeout=2_000)
+            except Exception as err:  # the page itself may be what failed
+                text = f"(its text could not be read: {err})"
+            failure.add_note(f"page {page.url} showed:\n{text[:3000]}")
 
 
 def shot(page: Any, name: str) -> None:

@@ -129,6 +129,14 @@ class LocalUi:
         assert reply.status_code == 200, reply.text
         return reply.json()
 
+    def sign_in(self, page: Any) -> None:
+        """Open the page with the token in its fragment and wait until the sign-in is done.
+
+        The page posts the fragment's token in the background; navigating away before
+        that answers aborts it and the next page shows the login form."""
+        page.goto(f"{self.url}#token={self.token}")
+        page.get_by_test_id("user-name").filter(has_text=re.compile(".")).wait_for()
+
     def start(self, playbook: str, **payload: Any) -> str:
         """Start an inline playbook in the UI's process; its execution id."""
         reply = self.api.post("/api/execute", json={"playbook": playbook, "payload": payload})

@@ -55,7 +55,7 @@ def test_the_step_panel_shows_the_failed_calls_input(ft: Flowtide, tmp_path: Pat
         with chromium() as browser:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(SEEN_MS)
-            page.goto(f"{ui.url}#token={ui.token}")
+            ui.sign_in(page)
             page.get_by_test_id("exec-row").first.wait_for()
             page.goto(f"{ui.url}/executions/{eid}?step=start")
             shown = page.get_by_test_id("step-input")

@@ -105,7 +105,7 @@ def test_the_printed_url_opens_the_runs_in_a_browser(
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         page = context.new_page()
         page.set_default_timeout(SEEN_MS)
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.locator(f'[data-testid="exec-row"][data-id="{ids["failed"]}"]').wait_for()
         # Signed in by the fragment, which is gone from the address bar.
         assert "token" not in page.url

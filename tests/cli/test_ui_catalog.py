@@ -60,7 +60,7 @@ def test_the_catalog_lists_shows_runs_and_validates_a_playbook(catalog_ui: Local
         page.set_default_timeout(SEEN_MS)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.get_by_test_id("nav-catalog").click()
 
         # The list: the registered playbook, its latest version and its file.

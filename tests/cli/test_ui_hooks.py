@@ -58,7 +58,7 @@ def test_the_webhooks_page(hooked_ui: LocalUi) -> None:
         page.set_default_timeout(SEEN_MS)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.get_by_test_id("nav-hooks").click()
         hook = page.locator('[data-testid="hook"][data-name="deploy"]')
         hook.locator('[data-testid="square"][data-status="completed"]').wait_for()

@@ -77,7 +77,7 @@ def test_the_step_panel_follows_a_running_steps_logs(
             context = browser.new_context(viewport={"width": 1400, "height": 900})
             page: Any = context.new_page()
             page.set_default_timeout(SEEN_MS)
-            page.goto(f"{ui.url}#token={ui.token}")
+            ui.sign_in(page)
             page.goto(f"{ui.url}/executions/{eid}")
             page.locator('[data-testid="graph-node"][data-step="talk"]').click()
             selector = '[data-testid="step-panel"][data-step="talk"] [data-testid="step-logs"]'

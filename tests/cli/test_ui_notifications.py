@@ -70,7 +70,7 @@ def test_an_executions_notifications(notifying_ui: tuple[LocalUi, Target, Target
         page.set_default_timeout(SEEN_MS)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.goto(f"{ui.url}/executions/{execution_id}")
         page.get_by_test_id("detail-status").get_by_text("failed").wait_for()
         panel = page.get_by_test_id("notifications")
@@ -108,7 +108,7 @@ def test_an_executions_notifications(notifying_ui: tuple[LocalUi, Target, Target
     with chromium() as browser:
         page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
         page.set_default_timeout(SEEN_MS)
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.goto(f"{ui.url}/executions/{quiet}")
         page.get_by_test_id("detail-status").get_by_text("completed").wait_for()
         assert page.get_by_test_id("notifications").is_hidden()

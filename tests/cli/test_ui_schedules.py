@@ -71,7 +71,7 @@ def test_the_schedules_pages(scheduled_ui: LocalUi) -> None:
         page.set_default_timeout(SEEN_MS)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.get_by_test_id("nav-schedules").click()
         row = page.locator('[data-testid="schedule-row"][data-name="every-second"]')
         row.wait_for()

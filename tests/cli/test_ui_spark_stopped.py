@@ -76,7 +76,7 @@ def test_a_killed_spark_loop_is_shown_stopped(ft: Flowtide, tmp_path: Path) -> N
         assert loop["exact"] is False and loop["per_second"] == 0.0 and loop["done"] > 0
         page: Any = browser.new_page(viewport={"width": 1400, "height": 900})
         page.set_default_timeout(SEEN_MS)
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.get_by_test_id("exec-row").first.wait_for()
         page.goto(f"{ui.url}/executions/{eid}?step=work")
         again = page.get_by_test_id("spark-loops-again")

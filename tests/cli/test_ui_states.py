@@ -120,7 +120,7 @@ def page(browser: Any, ui: LocalUi) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     page.set_default_timeout(SEEN_MS)
-    page.goto(f"{ui.url}#token={ui.token}")
+    ui.sign_in(page)
     page.get_by_test_id("exec-row").first.wait_for()
     yield page
     context.close()

@@ -111,7 +111,7 @@ def test_the_subscriptions_page(subscribed_ui: tuple[LocalUi, NatsServer]) -> No
         page.set_default_timeout(SEEN_MS)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.get_by_test_id("nav-subscriptions").click()
         orders = page.locator('[data-testid="subscription"][data-name="orders"]')
         orders.get_by_test_id("subscription-state").get_by_text("listening").wait_for()
@@ -165,7 +165,7 @@ def test_the_subscriptions_page(subscribed_ui: tuple[LocalUi, NatsServer]) -> No
             "**/api/whoami",
             lambda route: route.fulfill(json={"name": "viewer", "role": "reader"}),
         )
-        reader.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(reader)
         reader.get_by_test_id("nav-subscriptions").click()
         shown = reader.locator('[data-testid="subscription"][data-name="orders"]')
         shown.locator('[data-testid="square"][data-status="completed"]').nth(3).wait_for()
@@ -177,7 +177,7 @@ def test_no_subscriptions_yet(ft: Flowtide, tmp_path: Path) -> None:
     with local_ui(ft, tmp_path / "ui.out") as ui, chromium() as browser:
         page = browser.new_context(viewport={"width": 1100, "height": 700}).new_page()
         page.set_default_timeout(SEEN_MS)
-        page.goto(f"{ui.url}#token={ui.token}")
+        ui.sign_in(page)
         page.get_by_test_id("nav-subscriptions").click()
         page.get_by_test_id("subscriptions-none").wait_for()
         assert "flowtide subscription add" in page.get_by_test_id("subscriptions-none").inner_text()

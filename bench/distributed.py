@@ -87,6 +87,33 @@ GOAL_DEFAULT_CLAIM_MS = (5.0, 20.0)  # loop claim p50, p99 at that setting
 GOAL_SEQUENTIAL_IT_S = 150.0  # max_in_flight 1
 GOAL_BEST_IT_S = 2000.0
 GOAL_SINGLE_CLAIM_MS = (3.0, 20.0)  # single-step issued -> claimed p50, p99
+# Issue 34 (iterations in chunks): at the default setting, distributed/embedded and all
+# processes' CPU per iteration; max_in_flight 1; 8 one-second sleeps at max_in_flight 8.
+GOAL_RATIO = 0.5
+GOAL_CPU_MS = 0.6
+GOAL_SEQUENTIAL_34_IT_S = 300.0
+GOAL_SLEEPS_S = 1.5
+SLEEPS = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: bench_sleeps, path: bench/sleeps}
+workflow:
+  - step: start
+    tool: {kind: noop}
+    next: [nap]
+  - step: nap
+    loop:
+      in: "{{ range(8) | list }}"
+      iterator: i
+      spec: {mode: parallel, max_in_flight: 8}
+    tool:
+      kind: python
+      input: {i: "{{ i }}"}
+      code: |
+        import time
+        time.sleep(1)
+        result = i
+"""
 NOETL_P50_MS = 338.0
 NOETL_P99_MS = 520.0
 DEFAULT_CONCURRENCY = 8  # `flowtide worker --concurrency` and the dev stack's default
@@ -490,8 +517,13 @@ def measure_loop(bench: Bench, n: int, max_in_flight: int) -> dict[str, Any]:
     end = next(float(e["time"]) for e in events if e["type"] in TERMINAL_EVENTS)
     wall = end - submitted
     delays = claim_delays(events)
-    if len(delays) != n + 2:
-        raise AssertionError(f"{len(delays)} claims in the log, expected {n + 2} (no re-issues)")
+    # One claim per command (a chunk of iterations is one command), none issued again.
+    issued = [e for e in events if e["type"] == "command.issued"]
+    if any((e["payload"] or {}).get("reissued") for e in issued) or len(delays) != len(issued):
+        raise AssertionError(
+            f"{len(delays)} claims in the log for {len(issued)} issues (expected one each,"
+            " no re-issues)"
+        )
     by_worker: dict[str, int] = {}
     for e in events:
         if e["type"] == "command.claimed":
@@ -513,6 +545,22 @@ def measure_loop(bench: Bench, n: int, max_in_flight: int) -> dict[str, Any]:
         # Cores used by each part over the polled wall time (2 cores in all here).
         "cores": {k: v / polled for k, v in cpu.items()},
     }
+
+
+def measure_sleeps(bench: Bench) -> float:
+    """Seconds from submit to the terminal event of 8 one-second iterations at
+    max_in_flight 8: slow work that was parallel must stay parallel (chunks never
+    serialise it)."""
+    eid, submitted = bench.execute(SLEEPS)
+    status = bench.wait(eid, poll=0.05)
+    if status != "completed":
+        raise AssertionError(f"sleep loop {eid} {status}")
+    events = bench.events(eid)
+    results = bench.api.get(f"/api/executions/{eid}").json()["steps"]["nap"]["result"]
+    if results["results"] != list(range(8)):
+        raise AssertionError(f"sleep loop results {results}")
+    end = next(float(e["time"]) for e in events if e["type"] in TERMINAL_EVENTS)
+    return end - submitted
 
 
 # -- the per-hop trace (FLOWTIDE_TRACE, flowtide.trace) ---------------------------------------
@@ -645,6 +693,39 @@ def round_trip_goals(
     return goals
 
 
+def chunk_goals(
+    report: dict[str, Any], default: dict[str, Any] | None, log: Log
+) -> dict[str, bool]:
+    """Issue 34's goals: iterations in chunks, at half the embedded speed or better."""
+    goals: dict[str, bool] = {}
+    lines: list[str] = []
+
+    def check(label: str, value: float, goal: float, unit: str, at_least: bool) -> None:
+        ok = value >= goal if at_least else value <= goal
+        goals[label] = ok
+        sign = ">=" if at_least else "<="
+        lines.append(f"  {label:46s} {value:8,.2f} {unit:5s} goal {sign} {goal:,.2f}  {_mark(ok)}")
+
+    if default is not None:
+        ratio = default.get("distributed_over_embedded")
+        if ratio is not None:
+            check("default setting: distributed/embedded", ratio, GOAL_RATIO, "x", True)
+        cpu = default["cpu_ms_per_iteration"]
+        check(
+            "default setting: CPU per iteration, all", sum(cpu.values()), GOAL_CPU_MS, "ms", False
+        )
+    sequential = [r for r in report["loops"] if r["max_in_flight"] == 1]
+    if sequential:
+        it_s = max(r["it_s"]["median"] for r in sequential)
+        check("max_in_flight 1: loop it/s", it_s, GOAL_SEQUENTIAL_34_IT_S, "it/s", True)
+    if "sleeps_s" in report:
+        check("8 x sleep 1 s, max_in_flight 8", report["sleeps_s"], GOAL_SLEEPS_S, "s", False)
+    log("issue 34 (iterations in chunks):")
+    for line in lines:
+        log(line)
+    return {f"issue 34: {k}": v for k, v in goals.items()}
+
+
 def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     from flowtide.dev.postgres import find_pg_bin
     from flowtide.dev.stack import DevStackError
@@ -712,6 +793,9 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
                 report["single"]["concurrency"] = concurrency
             # A warm-up loop (imports, the server's caches and pools), not counted.
             measure_loop(bench, min(n, 200), DEFAULT_MAX_IN_FLIGHT)
+            if "sleeps_s" not in report:
+                report["sleeps_s"] = measure_sleeps(bench)
+                log(f"  8 x sleep 1 s at max_in_flight 8: {report['sleeps_s']:.2f} s")
             for c, mif in settings:
                 if c != concurrency:
                     continue
@@ -885,6 +969,7 @@ def summarize(report: dict[str, Any], args: argparse.Namespace, log: Log) -> Non
         )
     report["best"] = {"concurrency": best["concurrency"], "max_in_flight": best["max_in_flight"]}
     goals.update(round_trip_goals(report, default, best, log))
+    goals.update(chunk_goals(report, default, log))
     report["goals"] = goals
     log("goals: " + "; ".join(f"{k}: {_mark(v)}" for k, v in goals.items()))
     log(

@@ -279,13 +279,15 @@ class ClaimRequest:
 class Claimed:
     """A command a claim won: what runs (`command`), the loop element it runs for (and
     `size`, its collection's size), and the lease (seconds) the worker holds it for
-    without a heartbeat."""
+    without a heartbeat. A chunk of iterations (`chunk`) lists the (index, element) of
+    each iteration it runs, in order: those its command has not reported yet."""
 
     command: Command
     iterator: str | None = None
     element: Any = None
     lease: float = 30.0
     size: int | None = None
+    chunk: list[tuple[int, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return self._into({})
@@ -308,6 +310,8 @@ class Claimed:
         doc["lease"] = self.lease
         if self.size is not None:
             doc["size"] = self.size
+        if self.chunk is not None:
+            doc["chunk"] = self.chunk
         return doc
 
     @classmethod
@@ -325,12 +329,14 @@ class Claimed:
             raw.get("extra") or {},
         )
         size = doc.get("size")
+        chunk = doc.get("chunk")
         return cls(
             command,
             doc.get("iterator"),
             doc.get("element"),
             float(doc.get("lease", 30.0)),
             None if size is None else int(size),
+            None if chunk is None else [(int(i), element) for i, element in chunk],
         )
 
 

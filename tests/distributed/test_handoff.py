@@ -25,7 +25,8 @@ workflow:
     loop:
       in: "{{ range(40) | list }}"
       iterator: i
-      spec: {mode: sequential}
+      # One command per iteration: what this test is about is each one handed over.
+      spec: {mode: sequential, batch: 1}
     tool:
       kind: python
       input: {i: "{{ i }}"}

@@ -199,7 +199,9 @@ def test_executions_run_on_their_shard_and_nowhere_else(cluster: Cluster) -> Non
     for _, eid in started:
         owner = shard_for(int(eid), SHARDS)
         here = cluster.rows(cluster.shard_dbs[owner], int(eid))
-        assert here["execution"] == 1 and here["event"] > 5 and here["command"] >= 4, here
+        # Three iterations and `total`: at least three commands (a chunk of the loop's
+        # iterations is one).
+        assert here["execution"] == 1 and here["event"] > 5 and here["command"] >= 3, here
         for i, db in enumerate(cluster.shard_dbs):
             if i != owner:
                 assert set(cluster.rows(db, int(eid)).values()) == {0}, (eid, i)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowtide.engine import events as ev
+from flowtide.engine.chunks import chunk_size
 from flowtide.engine.context import envelope, layered, loop_view, plain, result_view
 from flowtide.engine.events import (
     Command,
@@ -80,6 +81,7 @@ class _Out:
         index: int | None = None,
         attempt: int = 1,
         cursor: bool = False,
+        count: int = 1,
     ) -> None:
         command_id = self.new_id()
         payload: CommandIssuedPayload = {"command_id": command_id, "attempt": attempt}
@@ -89,6 +91,8 @@ class _Out:
         elif instance is not None:
             payload["loop_instance"] = instance
             payload["loop_index"] = index
+            if count > 1:
+                payload["loop_count"] = count
         issued = self.emit(
             ev.COMMAND_ISSUED, step, status="issued", payload=payload, command_id=command_id
         )
@@ -407,11 +411,14 @@ def _advance_loop(out: _Out, name: str) -> None:
         _advance_cursor(out, name)
         return
     if not loop.broken:
-        in_flight = len(loop.in_flight)
+        # A chunk of iterations is one command in flight (`flowtide.engine.chunks`).
+        in_flight = len(loop.commands)
         next_index = loop.next_index
+        step = state.playbook.steps[name]
         while in_flight < loop.max_in_flight and next_index < loop.size:
-            out.issue(name, instance=loop.instance, index=next_index)
-            next_index += 1
+            count = chunk_size(state, step, loop, next_index)
+            out.issue(name, instance=loop.instance, index=next_index, count=count)
+            next_index += count
             in_flight += 1
     if (
         not loop.in_flight

@@ -171,6 +171,9 @@ class CommandIssuedPayload(CommandRef):
     #: handed it back (`reason`).
     reissued: NotRequired[bool]
     reason: NotRequired[str]
+    #: A chunk: the iterations `loop_index` .. `loop_index + loop_count - 1`, run one
+    #: after another by one worker, each reported with its own events (absent: one).
+    loop_count: NotRequired[int]
 
 
 class CommandClaimedPayload(TypedDict):

@@ -60,6 +60,13 @@ class LoopRecord:
     claiming: bool = False  # a claim command is outstanding
     claims: int = 0  # claims reported so far
     exhausted: bool = False  # a claim returned no rows
+    #: The loop's commands in flight (a chunk of iterations is one): what
+    #: `max_in_flight` counts.
+    commands: set[int] = field(default_factory=set)
+    #: The iterations' tool calls so far: their summed duration (ms) and how many (the
+    #: chunk size is chosen from them, `flowtide.engine.chunks`).
+    busy_ms: float = 0.0
+    calls: int = 0
 
     @property
     def size(self) -> int:
@@ -85,6 +92,19 @@ class CommandRecord:
     loop_index: int | None
     issued_event_id: int
     cursor: bool = False  # a cursor loop's claim, not an iteration
+    #: A chunk of iterations (`loop_count` > 1 in its `command.issued`): how many, and
+    #: the indexes not reported yet (None for any other command). The command stays open
+    #: until every one is, or until one of them breaks or fails the loop.
+    count: int = 1
+    pending: set[int] | None = None
+
+    def iteration(self, payload: Any) -> int | None:
+        """The loop index a report of this command is about: the command's own, or for a
+        chunk the report's `loop_index` when it is one not reported yet (else None)."""
+        if self.pending is None:
+            return self.loop_index
+        index = payload.get("loop_index") if isinstance(payload, dict) else None
+        return index if isinstance(index, int) and index in self.pending else None
 
     def to_command(self, execution_id: int, attempt: int | None = None) -> Command:
         """The command this record tracks (with another `attempt` when re-issuing)."""
@@ -137,7 +157,8 @@ class ExecutionState:
         # False when the last command report applied was a late or duplicate one
         # (decide must not act on it either).
         self.last_report_counted = True
-        # The command record the last counted report closed (None when not counted).
+        # The command record the last counted report closed (None when not counted); for
+        # a chunk, a record of the one iteration it reported.
         self.last_report: CommandRecord | None = None
         # Values the execution's tools touched (`secrets.added`): what is stored holding
         # one is sealed, what is shown is masked. Never part of the render context.
@@ -150,6 +171,10 @@ class ExecutionState:
         self._applying: int = 0
 
     # -- reading -----------------------------------------------------------------------
+
+    #: Whether `decide` may issue several iterations of a loop as one command (a chunk):
+    #: the runtime that holds the state runs chunks (the distributed server's does).
+    batching = False
 
     @property
     def terminal(self) -> bool:
@@ -265,6 +290,16 @@ class ExecutionState:
         cid = int(event.command_id or payload["command_id"])
         instance = payload.get("loop_instance")
         index = payload.get("loop_index")
+        count = int(payload.get("loop_count") or 1)
+        pending = None
+        if count > 1 and index is not None:
+            before = self.commands.get(cid)
+            # Issued again (its lease ran out): what its first issue had not reported.
+            pending = (
+                set(before.pending)
+                if before is not None and before.pending is not None
+                else set(range(int(index), int(index) + count))
+            )
         self.commands[cid] = CommandRecord(
             command_id=cid,
             step=event.step or "",
@@ -273,6 +308,8 @@ class ExecutionState:
             loop_index=index,
             issued_event_id=event.event_id,
             cursor=bool(payload.get("cursor")),
+            count=count,
+            pending=pending,
         )
         rec = self.steps.get(event.step or "")
         if rec is not None and rec.items is not None:
@@ -284,18 +321,26 @@ class ExecutionState:
         elif instance is not None and index is not None:
             loop = self.loops.get((event.step or "", int(instance)))
             if loop is not None:
-                loop.in_flight.add(int(index))
-                loop.next_index = max(loop.next_index, int(index) + 1)
+                if pending is not None:
+                    loop.in_flight.update(pending)
+                else:
+                    loop.in_flight.add(int(index))
+                loop.commands.add(cid)
+                loop.next_index = max(loop.next_index, int(index) + count)
 
     def _on_command_done(self, event: Event) -> None:
         cid = event.command_id
-        cmd = self.commands.pop(cid, None) if cid is not None else None
+        # command.completed or command.failed: the same payload
+        payload = payload_of(event, ev.COMMAND_COMPLETED)
+        cmd = self.commands.get(cid) if cid is not None else None
+        if cmd is not None and cmd.pending is not None:
+            cmd = self._chunk_iteration(cmd, payload)
+        elif cmd is not None:
+            del self.commands[cmd.command_id]
         self.last_report_counted = cmd is not None
         self.last_report = cmd
         if cmd is None:
             return  # a duplicate or late report: the first one counted
-        # command.completed or command.failed: the same payload
-        payload = payload_of(event, ev.COMMAND_COMPLETED)
         status = payload.get("status", "ok" if event.type == ev.COMMAND_COMPLETED else "error")
         result = payload.get("result")
         if cmd.cursor:
@@ -322,6 +367,8 @@ class ExecutionState:
                 return
             index = cmd.loop_index
             loop.in_flight.discard(index)
+            if cmd.command_id not in self.commands:
+                loop.commands.discard(cmd.command_id)
             loop.done[index] = True
             loop.results[index] = result
             if status == "ok":
@@ -337,6 +384,8 @@ class ExecutionState:
                     "kind": "error",
                     "message": "loop iteration failed",
                 }
+            if action in ("break", "fail"):
+                self._stop_chunk(loop, cmd.command_id)
             return
         rec = self.steps[cmd.step]
         rec.result = result
@@ -344,6 +393,34 @@ class ExecutionState:
         rec.tasks = payload.get("tasks")
         rec.error = event.error
         rec.outcome = ev.CALL_DONE if status == "ok" else ev.CALL_ERROR
+
+    def _chunk_iteration(self, cmd: CommandRecord, payload: Any) -> CommandRecord | None:
+        """A report of one iteration of the chunk `cmd`: a record of that iteration (the
+        chunk closed once none is left), or None when it is not one still to report."""
+        index = cmd.iteration(payload)
+        if index is None or cmd.pending is None:
+            return None
+        cmd.pending.discard(index)
+        if not cmd.pending:
+            del self.commands[cmd.command_id]
+        return CommandRecord(
+            cmd.command_id,
+            cmd.step,
+            cmd.attempt,
+            cmd.loop_instance,
+            index,
+            cmd.issued_event_id,
+        )
+
+    def _stop_chunk(self, loop: LoopRecord, command_id: int) -> None:
+        """An iteration broke or failed the loop: its chunk's worker runs no more of it, so
+        the chunk's iterations not reported are no longer in flight (never run)."""
+        cmd = self.commands.get(command_id)
+        if cmd is None or cmd.pending is None:
+            return
+        loop.in_flight.difference_update(cmd.pending)
+        loop.commands.discard(command_id)
+        del self.commands[command_id]
 
     def _on_command_progress(self, event: Event) -> None:
         cid = event.command_id
@@ -371,8 +448,15 @@ class ExecutionState:
         if rec is None:
             return
         rec.attempts += 1
-        if int(payload_of(event, ev.CALL_DONE).get("attempt") or 1) > 1:
+        payload = payload_of(event, ev.CALL_DONE)
+        if int(payload.get("attempt") or 1) > 1:
             rec.retries += 1
+        loop = self.loop_of(event.step or "")
+        if loop is not None and not loop.finished:
+            took = payload.get("duration_ms")
+            if isinstance(took, int | float) and not isinstance(took, bool) and took >= 0:
+                loop.busy_ms += float(took)
+                loop.calls += 1
 
     def _on_loop_done(self, event: Event) -> None:
         step = event.step or ""

@@ -83,6 +83,9 @@ class Loop:
     partitions: int | None = None
     results_max: int = 10_000
     rate: Any = None
+    # `spec.batch`: iterations per command on the distributed runtime (None: sized from
+    # the iterations' observed durations; 1: one command per iteration).
+    batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from flowtide.engine import events as ev
 from flowtide.engine.decide import decide
@@ -93,21 +92,22 @@ class Advancer:
                 if event.type in _REPORTS:
                     out.dropped += 1
                 continue
-            if event.type in _REPORTS:
-                record = state.commands.get(event.command_id or -1)
-                if record is not None:
-                    out.command_rows.append(
-                        CommandUpdate(
-                            command_id=record.command_id,
-                            execution_id=state.execution_id,
-                            step=record.step,
-                            status="completed" if event.type == ev.COMMAND_COMPLETED else "failed",
-                            time=now,
-                            worker_id=event.worker_id,
-                        )
-                    )
+            record = state.commands.get(event.command_id or -1) if event.type in _REPORTS else None
             was_terminal = state.terminal
             state.apply(event)
+            if record is not None and record.command_id not in state.commands:
+                # The report closed its command (a chunk's: its last iteration, or one
+                # that broke or failed the loop).
+                out.command_rows.append(
+                    CommandUpdate(
+                        command_id=record.command_id,
+                        execution_id=state.execution_id,
+                        step=record.step,
+                        status="completed" if event.type == ev.COMMAND_COMPLETED else "failed",
+                        time=now,
+                        worker_id=event.worker_id,
+                    )
+                )
             out.recorded.append(event)
             new_events, new_commands = decide(state, event, now, self.next_id)
             pending.extendleft(reversed(new_events))
@@ -143,8 +143,9 @@ class Advancer:
         """
         if self.loopstate is None or self.local_kv:
             return {}
-        todo: list[tuple[int, Any]] = []
-        claimed: set[int] = set()
+        # Per loop: (event id, (index, status, command id)) of each iteration reported.
+        loops: dict[tuple[int, str, int], list[tuple[int, tuple[int, str, int | None]]]] = {}
+        claimed: set[tuple[int, int]] = set()
         for event in batch:
             if event.type not in _REPORTS:
                 continue
@@ -152,26 +153,28 @@ class Advancer:
             if state is None or event.command_id is None:
                 continue
             record = state.commands.get(event.command_id)
-            if record is None or record.loop_index is None or event.command_id in claimed:
+            payload = payload_of(event, ev.COMMAND_COMPLETED)
+            index = record.iteration(payload) if record is not None else None
+            if record is None or index is None or (event.command_id, index) in claimed:
                 continue  # _accept drops it (or records it, for a second report)
-            claimed.add(event.command_id)
-            todo.append(
-                (
-                    event.event_id,
-                    self.loopstate.record(
-                        event.execution_id,
-                        record.step,
-                        record.loop_instance or 0,
-                        record.loop_index,
-                        payload_of(event, ev.COMMAND_COMPLETED).get("status", "ok"),
-                        event.command_id,
-                    ),
-                )
-            )
-        if not todo:
+            claimed.add((event.command_id, index))
+            key = (event.execution_id, record.step, record.loop_instance or 0)
+            status = payload.get("status", "ok")
+            loops.setdefault(key, []).append((event.event_id, (index, status, event.command_id)))
+        if not loops:
             return {}
-        verdicts = await asyncio.gather(*(coro for _, coro in todo))
-        return {event_id: bool(v) for (event_id, _), v in zip(todo, verdicts, strict=True)}
+        groups = list(loops.items())
+        verdicts = await asyncio.gather(
+            *(
+                self.loopstate.record_many(eid, step, instance, [r for _, r in items])
+                for (eid, step, instance), items in groups
+            )
+        )
+        out: dict[int, bool] = {}
+        for (_, items), got in zip(groups, verdicts, strict=True):
+            for (event_id, _), counted in zip(items, got, strict=True):
+                out[event_id] = bool(counted)
+        return out
 
     async def _accept(self, state: ExecutionState, event: Event, recorded: dict[int, bool]) -> bool:
         """Filter worker reports and completion claims through the loop state in the KV."""
@@ -181,13 +184,17 @@ class Advancer:
                 return False  # late or duplicate report
             if event.event_id in recorded:
                 return recorded[event.event_id]
-            if record.loop_index is not None and self.loopstate is not None:
+            reported = payload_of(event, ev.COMMAND_COMPLETED)
+            index = record.iteration(reported)
+            if record.pending is not None and index is None:
+                return False  # not an iteration of the chunk still to report
+            if index is not None and self.loopstate is not None:
                 return await self.loopstate.record(
                     state.execution_id,
                     record.step,
                     record.loop_instance or 0,
-                    record.loop_index,
-                    payload_of(event, ev.COMMAND_COMPLETED).get("status", "ok"),
+                    index,
+                    reported.get("status", "ok"),
                     event.command_id,
                 )
         elif event.type == ev.LOOP_DONE and self.loopstate is not None:

@@ -44,6 +44,7 @@ def run_command(
     secrets: Callable[[], Iterable[str]] | None = None,
     on_started: Callable[[list[Event]], None] | None = None,
     report: Callable[[list[Event]], None] | None = None,
+    started: bool = True,
 ) -> list[Event]:
     """Run `command` (a cursor loop's claim, or the step's tasks for the loop `element`
     when it is an iteration, `size` its loop's collection size when known) against the
@@ -56,7 +57,8 @@ def run_command(
     `on_started`: given `command.started` as the command starts (else it is reported
     with the other events). `report`: given events while the command runs (a spark
     loop's `command.progress`; thread-safe, never blocking: it may be called from any
-    thread); without it no progress is reported before the end.
+    thread); without it no progress is reported before the end. `started` False: no
+    `command.started` at all (a chunk's iterations after its first).
     """
     if on_started is not None:
         on_started([started_event(command, next_id(), worker_id, time.time())])
@@ -89,7 +91,9 @@ def run_command(
                 log.close()
             except Exception:  # noqa: BLE001 - a log that cannot be written loses no command
                 pass
-    events = outcome_events(command, outcome, next_id, worker_id, started=on_started is None)
+    events = outcome_events(
+        command, outcome, next_id, worker_id, started=started and on_started is None
+    )
     if span is not None:
         tracing.record_command(
             execution_id=command.execution_id,

@@ -148,6 +148,10 @@ def _reply_part(item: ClaimItem, got: Taken, snap: Snapshot, lease: float) -> Cl
             part.iterator = loop.iterator
             part.element = loop.collection[got.index]
             part.size = None if loop.cursor else loop.size  # a cursor's collection grows
+            if record is not None and record.pending is not None:
+                # A chunk: the iterations it has not reported (all, but for a chunk
+                # issued again after its worker reported some and was lost).
+                part.chunk = [(i, loop.collection[i]) for i in sorted(record.pending)]
     return part
 
 

@@ -48,6 +48,9 @@ def reissue_events(
             payload["loop_instance"] = record.loop_instance
         if record.loop_index is not None:
             payload["loop_index"] = record.loop_index
+        if record.pending is not None:
+            # A chunk: issued again for the iterations it has not reported.
+            payload["loop_count"] = record.count
         if record.cursor:
             payload["cursor"] = True
         out.append(

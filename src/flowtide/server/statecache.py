@@ -112,7 +112,10 @@ def _playbook_bytes(playbook: Playbook) -> int:
 
 class SizedState(ExecutionState):
     """An ExecutionState that keeps `nbytes`, an estimate of the memory it holds, grown
-    by each event applied (however it is applied: a step's advance or a catch-up)."""
+    by each event applied (however it is applied: a step's advance or a catch-up). The
+    server's workers run chunks of loop iterations (`flowtide.engine.chunks`)."""
+
+    batching = True
 
     def __init__(
         self, playbook: Playbook, execution_id: int, env: Mapping[str, str] = NO_ENV

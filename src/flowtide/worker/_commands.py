@@ -8,12 +8,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from flowtide import tracing
+from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
@@ -41,6 +43,9 @@ CANCEL_TTL = 1.0
 #: Answers kept at most: past it, the expired ones go (one per execution ever run would
 #: otherwise stay for the worker's life).
 CANCEL_CACHE_MAX = 256
+#: Seconds between a chunk's reports of the iterations it finished while it runs (a
+#: worker that dies mid-chunk loses only what it ran since the last one).
+CHUNK_REPORT_EVERY = 0.05
 
 
 class CommandCredentials:
@@ -198,6 +203,8 @@ class CommandRunner:
         credentials = CommandCredentials(
             self.client, self.worker_id, command.execution_id, command.command_id
         )
+        if claimed.chunk is not None:
+            return self._run_chunk(claimed, share, runner, credentials, on_started, report)
         return run_command(
             runner,
             command,
@@ -215,6 +222,67 @@ class CommandRunner:
             on_started=on_started,
             report=report,
         )
+
+    def _run_chunk(
+        self,
+        claimed: Claimed,
+        share: ExecutionShare,
+        runner: StepRunner,
+        credentials: CommandCredentials,
+        on_started: Callable[[list[Event]], None] | None,
+        report: Callable[[list[Event]], None] | None,
+    ) -> list[Event]:
+        """Run a chunk's iterations one after another, each as its own command would run
+        (its own `call.*` and `command.completed` events, `loop_index` its own); what
+        finished goes to `report` every `CHUNK_REPORT_EVERY` seconds, the rest is
+        returned. It stops after an iteration that breaks or fails the loop, and before
+        the next one once the execution is cancelled. An iteration's `ctx` update is seen
+        by the iterations after it, as when the server issues them one by one."""
+        command = claimed.command
+        eid = command.execution_id
+        parts = share.context
+        env = self.template_env
+        base = context_from_parts(runner.playbook, eid, parts, env)
+        ctx = parts["ctx"]
+
+        def cancelled() -> bool:
+            return self.cancelled(eid)
+
+        held: list[Event] = []
+        last = time.monotonic()
+        items = claimed.chunk or []
+        for n, (index, element) in enumerate(items):
+            if n and cancelled():
+                break
+            events = run_command(
+                runner,
+                replace(command, loop_index=index),
+                base,
+                ctx,
+                next_id=self.ids.next_id,
+                worker_id=self.worker_id,
+                iterator=claimed.iterator,
+                element=element,
+                size=claimed.size,
+                credentials=credentials,
+                cancelled=cancelled,
+                traceparent=share.traceparent,
+                logs=self.logs,
+                on_started=on_started if n == 0 else None,
+                started=n == 0,
+            )
+            held.extend(events)
+            end = ev.payload_of(events[-1], ev.COMMAND_COMPLETED)
+            if end.get("action") in ("break", "fail"):
+                break
+            if end.get("ctx"):
+                ctx = {**ctx, **end["ctx"]}
+                base = context_from_parts(runner.playbook, eid, {**parts, "ctx": ctx}, env)
+            now = time.monotonic()
+            if report is not None and now - last >= CHUNK_REPORT_EVERY and n + 1 < len(items):
+                report(held)
+                held, last = [], now
+        return held
 
     def run_child(
         self,

@@ -441,9 +441,9 @@ class Worker:
             # Any thread (a spark loop's monitor): sent from the event loop, in order
             # with the command's other reports.
             if loop is not None and not loop.is_closed():
+                send = self._report_part if claimed.chunk is not None else self._report_progress
                 asyncio.run_coroutine_threadsafe(
-                    self._report_progress(command.execution_id, command.command_id, start, events),
-                    loop,
+                    send(command.execution_id, command.command_id, start, events), loop
                 )
 
         return self._commands.run(claimed, share, start.events.extend, report)
@@ -466,6 +466,21 @@ class Worker:
             if with_start:
                 start.sent = False  # it goes with the final report then
             log.debug("command %s: progress not reported: %s", command_id, exc)
+
+    async def _report_part(
+        self, execution_id: int, command_id: int, start: _Start, events: list[Any]
+    ) -> None:
+        """Send the iterations a chunk finished while it runs (after its `command.started`,
+        sent with them when it was not yet). Results, not news: never dropped here; one
+        that cannot be sent is left to the chunk's lease (its iterations not reported
+        are issued again once the lease runs out)."""
+        if not start.sent:
+            start.sent = True
+            events = [*start.events, *events]
+        try:
+            await self._reports.send(execution_id, [e.to_dict() for e in events], command_id)
+        except Exception as exc:  # noqa: BLE001 - its lease runs out: issued again
+            log.warning("command %s: iterations not reported: %s", command_id, exc)
 
     async def _report_started(self, execution_id: int, command_id: int, start: _Start) -> None:
         """After `STARTED_AFTER` seconds, report the command's `command.started` if it is

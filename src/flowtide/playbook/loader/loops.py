@@ -74,6 +74,15 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
     partitions = _positive(c, spec, "partitions", path, step, None)
     results_max = _positive(c, spec, "results_max", path, step, 10_000, zero=True)
     rate = _rate(c, spec, path, step)
+    batch = _positive(c, spec, "batch", path, step, None)
+    if "batch" in spec and mode in ("cursor", "spark"):
+        c.error(
+            (*path, "spec", "batch"),
+            f"loop 'spec.batch' applies to 'mode: parallel' and 'sequential' loops (the"
+            f" mode is '{mode}'): remove it",
+            step=step,
+            field="loop.spec.batch",
+        )
     if mode != "spark":
         for key in ("partitions", "results_max", "rate"):
             if key in spec:
@@ -95,6 +104,7 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
         partitions=partitions,
         results_max=results_max if results_max is not None else 10_000,
         rate=rate,
+        batch=batch,
     )
 
 

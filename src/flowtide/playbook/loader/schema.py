@@ -320,6 +320,12 @@ LOOP_SPEC = _table(
         "number or template",
         "`mode: spark`: items started per second across the job (one wave, paced)",
     ),
+    Key(
+        "batch",
+        "int",
+        "iterations per command on the distributed runtime (default: sized from their"
+        " durations; 1: one each)",
+    ),
     Key("frame", "mapping", "a cursor loop's claim size: `{max_rows, process}`"),
     Key("policy", "mapping", "NoETL's loop scheduling policy (`exec`)", acted=False),
 )

@@ -157,17 +157,23 @@ class Trial:
 
 
 class Watch:
-    """Polls an execution's events on its own thread: when each iteration completed."""
+    """Follows an execution's events on its own thread (`GET .../events/stream`, in
+    commit order, reconnecting after the last event seen when a server goes away): when
+    each iteration completed. Paging the log by event id while it is written would miss
+    events committed after newer ids (a worker's report) and, polled from two threads,
+    count a page twice."""
 
     def __init__(self, clients: list[httpx.Client], eid: str) -> None:
         self.clients = clients
         self.eid = eid
-        self.after: str | None = None
         self.completions: dict[int, int] = {}
         self.times: list[float] = []
         self.events: list[dict[str, Any]] = []
         #: When the last new event was seen (the run's end, once it ended).
         self.last = time.monotonic()
+        self._lock = threading.Lock()
+        self._after: str | None = None
+        self._ended = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._turn = 0
@@ -182,52 +188,97 @@ class Watch:
 
     @property
     def count(self) -> int:
-        return len(self.times)
+        with self._lock:
+            return len(self.times)
 
-    def poll(self) -> bool:
-        """Read the new events once; False when no server answered."""
-        client = self.clients[self._turn % len(self.clients)]
-        params: dict[str, Any] = {"limit": 1000}
-        if self.after:
-            params["after"] = self.after
-        try:
-            response = client.get(f"/api/executions/{self.eid}/events", params=params, timeout=3)
-            response.raise_for_status()
-            page = response.json()
-        except (httpx.HTTPError, ValueError):
-            self._turn += 1  # another shard's server may answer
-            return False
+    def _take(self, event: dict[str, Any]) -> None:
         now = time.monotonic()
-        for event in page:
+        with self._lock:
             self.events.append(event)
+            self._after = event["event_id"]
+            self.last = now
             index = (event.get("payload") or {}).get("loop_index")
             if event.get("type") == "command.completed" and index is not None:
                 self.completions[index] = self.completions.get(index, 0) + 1
                 self.times.append(now)
-        if page:
-            self.last = now
-            self.after = page[-1]["event_id"]
-            if len(page) == params["limit"]:
-                return self.poll()
-        return True
+
+    def _follow(self, client: httpx.Client) -> None:
+        params = {"after": self._after} if self._after else {}
+        timeout = httpx.Timeout(5.0, read=30.0)
+        url = f"/api/executions/{self.eid}/events/stream"
+        with client.stream("GET", url, params=params, timeout=timeout) as response:
+            response.raise_for_status()
+            kind, data = None, []
+            for line in response.iter_lines():
+                if self._stop.is_set():
+                    return
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif not line and data:
+                    if kind == "end":
+                        self._ended = True
+                        return
+                    self._take(json.loads("\n".join(data)))
+                    kind, data = None, []
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll()
-            self._stop.wait(0.1)
+        while not self._stop.is_set() and not self._ended:
+            client = self.clients[self._turn % len(self.clients)]
+            try:
+                self._follow(client)
+            except (httpx.HTTPError, ValueError):
+                self._turn += 1  # a server went away: another (or it, restarted) goes on
+                self._stop.wait(0.2)
+
+    def poll(self) -> bool:
+        """Once the run ended: read its whole log (complete now) and count from it."""
+        client = self.clients[self._turn % len(self.clients)]
+        events: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 10_000}
+        try:
+            while True:
+                response = client.get(f"/api/executions/{self.eid}/events", params=params)
+                response.raise_for_status()
+                page = response.json()
+                events.extend(page)
+                if len(page) < params["limit"]:
+                    break
+                params["after"] = page[-1]["event_id"]
+        except (httpx.HTTPError, ValueError):
+            return False
+        completions: dict[int, int] = {}
+        for event in events:
+            index = (event.get("payload") or {}).get("loop_index")
+            if event.get("type") == "command.completed" and index is not None:
+                completions[index] = completions.get(index, 0) + 1
+        with self._lock:
+            self.events, self.completions = events, completions
+        return True
 
     def held_by(self, worker_id: str) -> int:
-        """Commands `worker_id` claimed and has not reported, as far as seen."""
-        self.poll()
-        held: set[Any] = set()
-        for event in list(self.events):
-            if event.get("worker_id") != worker_id:
-                continue
-            if event.get("type") == "command.claimed":
-                held.add(event.get("command_id"))
-            elif event.get("type") in ("command.completed", "command.failed"):
-                held.discard(event.get("command_id"))
-        return len(held)
+        """Commands `worker_id` claimed and has not finished, as far as seen (a chunk of
+        iterations is finished once each of them reported)."""
+        with self._lock:
+            events = list(self.events)
+        size: dict[Any, int] = {}
+        holder: dict[Any, str] = {}
+        done: dict[Any, int] = {}
+        for event in events:
+            cid, kind = event.get("command_id"), event.get("type")
+            if kind == "command.issued":
+                size[cid] = int((event.get("payload") or {}).get("loop_count") or 1)
+                done[cid] = 0  # issued again: what it has left
+            elif kind == "command.claimed":
+                holder[cid] = event.get("worker_id") or ""
+            elif kind in ("command.completed", "command.failed"):
+                done[cid] = done.get(cid, 0) + 1
+        return sum(
+            1
+            for cid, who in holder.items()
+            if who == worker_id and done.get(cid, 0) < size.get(cid, 1)
+        )
 
     def wait_count(self, n: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -222,3 +222,16 @@ def test_a_wrong_batch_is_refused_naming_the_field(spec: str, message: str) -> N
     with pytest.raises(PlaybookError) as caught:
         parse_playbook(text)
     assert message in str(caught.value) and "loop.spec.batch" in str(caught.value)
+
+
+@pytest.mark.parametrize("index", [True, "1", 1.0, None, -1, 10**20])
+def test_a_report_naming_no_iteration_of_its_chunk_counts_for_nothing(index: Any) -> None:
+    d = driver(10, width=1, extra=", batch: 5")
+    [chunk] = d.outstanding
+    event = d.completion(chunk, {"result": "forged"})
+    assert event.payload is not None
+    event.payload["loop_index"] = index
+    assert d.post(event)[1:] == []
+    loop = d.state.loops[("each", 1)]
+    assert loop.success == 0 and loop.in_flight == {0, 1, 2, 3, 4}
+    assert d.state.commands[chunk.command_id].pending == {0, 1, 2, 3, 4}

@@ -10,8 +10,8 @@ they are slow (an iteration of a second is a chunk of one), hundreds when they t
 fraction of a millisecond. A playbook fixes the size with `loop.spec.batch` (1: one
 command per iteration).
 
-Only a runtime whose states say `batching` runs chunks (the distributed server); the
-decision is recorded in the `command.issued` event (`loop_count`), so a replay never
+Only a runtime whose states say `batching` runs chunks (the distributed server's, and
+the embedded runtime's unless it is built with `batching=False`); the decision is recorded in the `command.issued` event (`loop_count`), so a replay never
 decides it again.
 """
 

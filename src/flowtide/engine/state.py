@@ -104,7 +104,9 @@ class CommandRecord:
         if self.pending is None:
             return self.loop_index
         index = payload.get("loop_index") if isinstance(payload, dict) else None
-        return index if isinstance(index, int) and index in self.pending else None
+        if isinstance(index, bool) or not isinstance(index, int):
+            return None
+        return index if index in self.pending else None
 
     def to_command(self, execution_id: int, attempt: int | None = None) -> Command:
         """The command this record tracks (with another `attempt` when re-issuing)."""
@@ -173,7 +175,8 @@ class ExecutionState:
     # -- reading -----------------------------------------------------------------------
 
     #: Whether `decide` may issue several iterations of a loop as one command (a chunk):
-    #: the runtime that holds the state runs chunks (the distributed server's does).
+    #: the runtime that holds the state runs chunks (the server's and the embedded
+    #: runtime's do).
     batching = False
 
     @property

@@ -6,7 +6,8 @@ cursor loop's claim query), then the events that report it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from flowtide import tracing
@@ -23,7 +24,7 @@ from flowtide.logs import CommandLog, LogKey, LogSpool, current_log
 from flowtide.runtime.outcome import Outcome, crashed
 from flowtide.runtime.pipeline import StepRunner
 
-__all__ = ["outcome_events", "progress_event", "run_command", "started_event"]
+__all__ = ["outcome_events", "progress_event", "run_chunk", "run_command", "started_event"]
 
 
 def run_command(
@@ -109,6 +110,76 @@ def run_command(
             loop_index=command.loop_index,
         )
     return events
+
+
+def run_chunk(
+    runner: StepRunner,
+    command: Command,
+    base: Mapping[str, Any],
+    parts: Mapping[str, Any],
+    items: Sequence[tuple[int, Any]],
+    *,
+    post: Callable[[list[Event]], None],
+    every: float,
+    next_id: Callable[[], int],
+    worker_id: str,
+    iterator: str | None,
+    size: int | None,
+    env: Mapping[str, str],
+    credentials: Any = None,
+    cancelled: Callable[[], bool] | None = None,
+    traceparent: str | None = None,
+    logs: LogSpool | None = None,
+    secrets: Callable[[], Iterable[str]] | None = None,
+    on_started: Callable[[list[Event]], None] | None = None,
+) -> list[Event]:
+    """Run a chunk of loop iterations (`items`: (index, element) pairs, in order) one
+    after another, each as its own command would run (`run_command`: its own `call.*` and
+    `command.completed`, whose `loop_index` says which; `command.started` for the first
+    only). What finished goes to `post` every `every` seconds (0: after each iteration);
+    the rest is returned. It stops after an iteration that breaks or fails the loop, and
+    before the next one once `cancelled`. An iteration's `ctx` update is seen by the ones
+    after it, as when the engine issues them one by one. `base`: the render context of
+    `parts` (`ExecutionState.context_parts`), rebuilt from them when ctx changes."""
+    from flowtide.engine.state import context_from_parts
+
+    eid = command.execution_id
+    ctx = parts["ctx"]
+    held: list[Event] = []
+    last = time.monotonic()
+    for n, (index, element) in enumerate(items):
+        if n and cancelled is not None and cancelled():
+            break
+        events = run_command(
+            runner,
+            replace(command, loop_index=index),
+            base,
+            ctx,
+            next_id=next_id,
+            worker_id=worker_id,
+            iterator=iterator,
+            element=element,
+            size=size,
+            credentials=credentials,
+            cancelled=cancelled,
+            traceparent=traceparent,
+            logs=logs,
+            secrets=secrets,
+            on_started=on_started if n == 0 else None,
+            started=n == 0,
+        )
+        held.extend(events)
+        end = ev.payload_of(events[-1], ev.COMMAND_COMPLETED)
+        if end.get("action") in ("break", "fail"):
+            break
+        if end.get("ctx"):
+            ctx = {**ctx, **end["ctx"]}
+            base = context_from_parts(runner.playbook, eid, {**parts, "ctx": ctx}, env)
+        now = time.monotonic()
+        if now - last >= every and n + 1 < len(items):
+            post(held)
+            held, last = [], now
+    return held
 
 
 def _outcome(

@@ -37,7 +37,7 @@ from flowtide.playbook.template import visible_env
 from flowtide.redaction import remember
 from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
-from flowtide.runtime.command import run_command
+from flowtide.runtime.command import run_chunk, run_command
 from flowtide.runtime.deadlines import arm_deadlines
 from flowtide.runtime.notifying import LocalNotifier
 from flowtide.runtime.pipeline import StepRunner
@@ -81,8 +81,11 @@ class LocalRuntime:
         template_env: Mapping[str, str] | None = None,
         locks: RunLocks | None = None,
         on_finished: Callable[[ExecutionState], None] | None = None,
+        batching: bool = True,
     ) -> None:
         self.store = store
+        #: Whether loops issue several iterations per command (`flowtide.engine.chunks`).
+        self.batching = batching
         # Called with each execution's final state once it is written (e.g. to keep the
         # UI's summary of it); an error there is logged, never raised.
         self.on_finished = on_finished
@@ -373,6 +376,7 @@ class LocalRuntime:
         self, playbook: Playbook, execution_id: int, state: ExecutionState | None = None
     ) -> _Execution:
         state = state or ExecutionState(playbook, execution_id, self.template_env)
+        state.batching = self.batching
         runner = StepRunner(
             playbook,
             credentials=self.credentials,
@@ -488,7 +492,47 @@ class LocalRuntime:
             iterator = loop.iterator
             element = loop.collection[command.loop_index]
             size = None if loop.cursor else loop.size  # a cursor's collection grows
+            record = state.commands.get(command.command_id)
+            if record is not None and record.pending is not None:
+                items = [(i, loop.collection[i]) for i in sorted(record.pending)]
+                parts = state.context_parts()
+                self._pool.submit(
+                    self._work_chunk, execution, command, base, parts, items, iterator, size
+                )
+                return
         self._pool.submit(self._work, execution, command, base, ctx, iterator, element, size)
+
+    def _work_chunk(
+        self,
+        execution: _Execution,
+        command: Command,
+        base: Mapping[str, Any],
+        parts: Mapping[str, Any],
+        items: list[tuple[int, Any]],
+        iterator: str,
+        size: int | None,
+    ) -> None:
+        """Worker thread: run a chunk of loop iterations, posting each as it finishes."""
+        rest = run_chunk(
+            execution.runner,
+            command,
+            base,
+            parts,
+            items,
+            post=self._post_threadsafe,
+            every=0.0,
+            next_id=self.ids.next_id,
+            worker_id=threading.current_thread().name,
+            iterator=iterator,
+            size=size,
+            env=self.template_env,
+            cancelled=execution.cancelled.is_set,
+            traceparent=execution.state.traceparent,
+            logs=self.logs,
+            secrets=lambda: execution.state.secrets,
+            on_started=self._post_threadsafe,
+        )
+        self._post_threadsafe(rest)
 
     def _work(
         self,

@@ -8,20 +8,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from flowtide import tracing
-from flowtide.engine import events as ev
 from flowtide.engine.events import Event
 from flowtide.engine.state import context_from_parts
 from flowtide.ids import Snowflake
 from flowtide.logs import LogSpool
 from flowtide.playbook.loader import parse_playbook
-from flowtide.runtime.command import run_command
+from flowtide.runtime.command import run_chunk, run_command
 from flowtide.runtime.pipeline import StepRunner
 from flowtide.tools.registry import cancel_running
 from flowtide.tools.subplaybook import child_result
@@ -197,14 +195,14 @@ class CommandRunner:
     ) -> list[Event]:
         command = claimed.command
         runner = self.runner(share)
-        parts = share.context
-        base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
-        ctx = parts["ctx"]
         credentials = CommandCredentials(
             self.client, self.worker_id, command.execution_id, command.command_id
         )
         if claimed.chunk is not None:
             return self._run_chunk(claimed, share, runner, credentials, on_started, report)
+        parts = share.context
+        base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
+        ctx = parts["ctx"]
         return run_command(
             runner,
             command,
@@ -232,57 +230,31 @@ class CommandRunner:
         on_started: Callable[[list[Event]], None] | None,
         report: Callable[[list[Event]], None] | None,
     ) -> list[Event]:
-        """Run a chunk's iterations one after another, each as its own command would run
-        (its own `call.*` and `command.completed` events, `loop_index` its own); what
-        finished goes to `report` every `CHUNK_REPORT_EVERY` seconds, the rest is
-        returned. It stops after an iteration that breaks or fails the loop, and before
-        the next one once the execution is cancelled. An iteration's `ctx` update is seen
-        by the iterations after it, as when the server issues them one by one."""
+        """Run a chunk of loop iterations (`run_chunk`): what finished goes to `report`
+        every `CHUNK_REPORT_EVERY` seconds, so a worker that dies mid-chunk loses only
+        what it ran since."""
         command = claimed.command
         eid = command.execution_id
         parts = share.context
-        env = self.template_env
-        base = context_from_parts(runner.playbook, eid, parts, env)
-        ctx = parts["ctx"]
-
-        def cancelled() -> bool:
-            return self.cancelled(eid)
-
-        held: list[Event] = []
-        last = time.monotonic()
-        items = claimed.chunk or []
-        for n, (index, element) in enumerate(items):
-            if n and cancelled():
-                break
-            events = run_command(
-                runner,
-                replace(command, loop_index=index),
-                base,
-                ctx,
-                next_id=self.ids.next_id,
-                worker_id=self.worker_id,
-                iterator=claimed.iterator,
-                element=element,
-                size=claimed.size,
-                credentials=credentials,
-                cancelled=cancelled,
-                traceparent=share.traceparent,
-                logs=self.logs,
-                on_started=on_started if n == 0 else None,
-                started=n == 0,
-            )
-            held.extend(events)
-            end = ev.payload_of(events[-1], ev.COMMAND_COMPLETED)
-            if end.get("action") in ("break", "fail"):
-                break
-            if end.get("ctx"):
-                ctx = {**ctx, **end["ctx"]}
-                base = context_from_parts(runner.playbook, eid, {**parts, "ctx": ctx}, env)
-            now = time.monotonic()
-            if report is not None and now - last >= CHUNK_REPORT_EVERY and n + 1 < len(items):
-                report(held)
-                held, last = [], now
-        return held
+        return run_chunk(
+            runner,
+            command,
+            context_from_parts(runner.playbook, eid, parts, self.template_env),
+            parts,
+            claimed.chunk or [],
+            post=report if report is not None else (lambda events: None),
+            every=CHUNK_REPORT_EVERY if report is not None else float("inf"),
+            next_id=self.ids.next_id,
+            worker_id=self.worker_id,
+            iterator=claimed.iterator,
+            size=claimed.size,
+            env=self.template_env,
+            credentials=credentials,
+            cancelled=lambda: self.cancelled(eid),
+            traceparent=share.traceparent,
+            logs=self.logs,
+            on_started=on_started,
+        )
 
     def run_child(
         self,

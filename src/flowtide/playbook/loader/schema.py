@@ -323,7 +323,7 @@ LOOP_SPEC = _table(
     Key(
         "batch",
         "int",
-        "iterations per command on the distributed runtime (default: sized from their"
+        "iterations per command, run one after another (default: sized from their"
         " durations; 1: one each)",
     ),
     Key("frame", "mapping", "a cursor loop's claim size: `{max_rows, process}`"),

@@ -83,8 +83,8 @@ class Loop:
     partitions: int | None = None
     results_max: int = 10_000
     rate: Any = None
-    # `spec.batch`: iterations per command on the distributed runtime (None: sized from
-    # the iterations' observed durations; 1: one command per iteration).
+    # `spec.batch`: iterations per command, a chunk (None: sized from the iterations'
+    # observed durations, flowtide.engine.chunks; 1: one command per iteration).
     batch: int | None = None
 
 

@@ -4,6 +4,7 @@
         [--concurrency 8 128] [--max-in-flight 16 256] [--repeat 3] [--latency-runs 200]
         [--json] [--quick]
     .venv/bin/python bench/distributed.py --isolation [--iterations 2000] [--repeat 3]
+    .venv/bin/python bench/distributed.py --rss 100000
 
 One dev stack (`flowtide.dev.stack.DevStack`: PostgreSQL from initdb, nats-server,
 `flowtide server`, --workers `flowtide worker`s, all on loopback) is started in a fresh
@@ -420,6 +421,17 @@ class Bench:
             parts["postgres"].append(pg)
         return parts
 
+    def rss_mb(self) -> dict[str, float]:
+        """Resident memory (MiB) of the server and of each worker."""
+        import psutil
+
+        out: dict[str, float] = {}
+        for name, pid in self.stack.config.pids.items():
+            if name == "server" or name.startswith("worker-"):
+                with _ignore_gone():
+                    out[name] = psutil.Process(pid).memory_info().rss / 2**20
+        return out
+
     def cpu(self) -> dict[str, float]:
         """Cumulative CPU seconds of each part, children included (PostgreSQL backends)."""
         import psutil
@@ -835,6 +847,55 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     return report
 
 
+def run_rss(args: argparse.Namespace, log: Log) -> dict[str, Any]:
+    """--rss N: one loop of N iterations at the default setting, the RSS of the server
+    and of each worker sampled every second: flat after warm-up, or growing with the
+    loop? Compares the highest RSS of each process in the run's last quarter with its
+    highest in the first quarter (after a warm-up loop of 2,000)."""
+    n = args.rss
+    report: dict[str, Any] = {"machine": machine(), "iterations": n}
+    home = Path(tempfile.mkdtemp(prefix="flowtide-bench-rss-", dir="/tmp"))
+    home.chmod(0o755)
+    bench = Bench(home, args.workers, log)
+    samples: list[tuple[float, dict[str, float]]] = []
+    try:
+        bench.up(DEFAULT_CONCURRENCY)
+        measure_loop(bench, 2000, DEFAULT_MAX_IN_FLIGHT)  # warm-up
+        eid, t0 = bench.execute(loop_playbook(n, DEFAULT_MAX_IN_FLIGHT))
+        while True:
+            samples.append((time.time() - t0, bench.rss_mb()))
+            status = str(bench.api.get(f"/api/executions/{eid}/status").json()["status"])
+            if status in TERMINAL:
+                break
+            time.sleep(1.0)
+        if status != "completed":
+            raise AssertionError(f"loop {eid} {status}")
+        doc = bench.api.get(f"/api/executions/{eid}").json()
+        check_loop_doc(doc, n)
+        events = bench.events(eid)
+    finally:
+        bench.down()
+        shutil.rmtree(home, ignore_errors=True)
+    wall = samples[-1][0]
+    quarter = max(1, len(samples) // 4)
+    first, last = samples[:quarter], samples[-quarter:]
+    report["wall_s"] = wall
+    report["events_per_iteration"] = len(events) / n
+    report["rss_mb"] = {}
+    log(
+        f"{n:,} iterations in {wall:.1f} s ({n / wall:,.0f} it/s), "
+        f"{len(events) / n:.2f} events per iteration; RSS, MiB (highest in the first "
+        "quarter -> the last quarter of the run):"
+    )
+    for name in samples[0][1]:
+        early = max(s[name] for _, s in first if name in s)
+        late = max(s[name] for _, s in last if name in s)
+        report["rss_mb"][name] = {"first_quarter": early, "last_quarter": late}
+        log(f"  {name:10s} {early:7.1f} -> {late:7.1f}  ({late - early:+.1f})")
+    report["samples"] = samples
+    return report
+
+
 def run_isolation(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     """--isolation: the loop on workers whose python steps run in-process ("thread")
     against child processes ("process", the worker's default), interleaved: each repeat
@@ -953,10 +1014,12 @@ def summarize(report: dict[str, Any], args: argparse.Namespace, log: Log) -> Non
         )
         log(
             "      CPU per iteration (median of runs): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in cpu_ms.items())
-            + f"; total {total:.1f} ms, so at most {1000.0 * (report['machine']['cpus'] or 1) / total:,.0f}"
+            + ", ".join(f"{k} {v:.2f}" for k, v in cpu_ms.items())
+            + f"; total {total:.2f} ms, so at most {1000.0 * (report['machine']['cpus'] or 1) / total:,.0f}"
             " it/s if every core did nothing else"
         )
+        row["events_per_iteration"] = statistics.median(run["events"] for run in row["runs"]) / n
+        log(f"      events in the log per iteration: {row['events_per_iteration']:.2f}")
     it_ok = best["it_s"]["median"] >= GOAL_IT_S
     log(
         f"  best {best['it_s']['median']:,.0f} it/s   goal >= {GOAL_IT_S:.0f} it/s on "
@@ -1028,6 +1091,14 @@ def main() -> int:
         " (publish, delivery, claim, run, report, lock, step) from the marks the server"
         " and workers record with FLOWTIDE_TRACE (flowtide.trace)",
     )
+    parser.add_argument(
+        "--rss",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: one loop of N iterations at the default setting, the server's and"
+        " the workers' RSS sampled every second (flat after warm-up?)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--child-embedded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1046,7 +1117,9 @@ def main() -> int:
     from flowtide.dev.stack import DevStackError
 
     try:
-        if args.isolation:
+        if args.rss:
+            report = run_rss(args, log)
+        elif args.isolation:
             if args.concurrency == [DEFAULT_CONCURRENCY, 128]:
                 args.concurrency = [DEFAULT_CONCURRENCY]
             if args.max_in_flight == [DEFAULT_MAX_IN_FLIGHT, 256]:

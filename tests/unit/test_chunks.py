@@ -212,6 +212,7 @@ def test_a_chunk_issued_again_runs_only_what_it_had_not_reported() -> None:
     [
         ("{mode: parallel, batch: 0}", "must be an integer >= 1"),
         ("{mode: parallel, batch: many}", "must be an integer >= 1"),
+        ("{mode: parallel, batch: 1001}", "at most 1000 iterations per command"),
         ("{mode: spark, batch: 10}", "applies to 'mode: parallel' and 'sequential'"),
     ],
 )

@@ -58,6 +58,39 @@ def test_a_report_over_the_budget_goes_alone() -> None:
     assert [len(b["reports"]) for b in server.bodies] == [1, 1]
 
 
+def test_a_chunks_report_over_the_budget_goes_in_parts_at_iteration_boundaries() -> None:
+    """A chunk of iterations with large results: parts under the budget, in order, each
+    iteration whole, `take` on the last part only."""
+
+    def iteration(i: int) -> list[dict[str, Any]]:
+        return [
+            {"type": "call.done", "payload": {"result": "z" * 3_000, "i": i}},
+            {"type": "command.completed", "payload": {"loop_index": i}},
+        ]
+
+    async def main() -> _Server:
+        server = _Server()
+        reporter = _Reporter("w1", 60.0, max_bytes=8_000)
+        runner = asyncio.create_task(reporter.run(server))  # type: ignore[arg-type]
+        events = [e for i in range(9) for e in iteration(i)]
+        await reporter.send(5, events, take=True)
+        runner.cancel()
+        return server
+
+    server = asyncio.run(main())
+    reports = [r for b in server.bodies for r in b["reports"]]
+    assert len(reports) >= 4 and all(len(json.dumps(r)) < 8_000 for r in reports)
+    indexes = [
+        e["payload"]["loop_index"]
+        for r in reports
+        for e in r["events"]
+        if "loop_index" in e["payload"]
+    ]
+    assert indexes == list(range(9))
+    assert all(r["events"][-1]["type"] == "command.completed" for r in reports)
+    assert [bool(r.get("take")) for r in reports] == [False] * (len(reports) - 1) + [True]
+
+
 class _ShardDown(_Server):
     """Shard 1 answers 503 until `up` is set; records (shard, execution ids) per request."""
 

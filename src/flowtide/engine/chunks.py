@@ -41,7 +41,7 @@ def chunk_size(state: ExecutionState, step: Step, loop: LoopRecord, next_index: 
         return 1
     fixed = step.loop.batch
     if fixed is not None:
-        return max(1, min(fixed, remaining))
+        return max(1, min(fixed, remaining, MAX_CHUNK))
     if loop.calls == 0:
         return 1  # nothing known yet: the first iterations go one by one
     per_call = max(loop.busy_ms / loop.calls, _FLOOR_MS)

@@ -46,6 +46,20 @@ class _Pending:
         return shard_for(self.execution_id, shards)
 
 
+_ENDS = frozenset({"command.completed", "command.failed"})
+
+
+def _halves(events: list[dict[str, Any]]) -> tuple[list[Any], list[Any]] | None:
+    """`events` of several loop iterations split in two at the iteration boundary nearest
+    the middle (each iteration's events end with its `command.completed`/`failed`); None
+    when they are one iteration's."""
+    cuts = [i + 1 for i, e in enumerate(events[:-1]) if e.get("type") in _ENDS]
+    if not cuts:
+        return None
+    cut = min(cuts, key=lambda i: abs(2 * i - len(events)))
+    return events[:cut], events[cut:]
+
+
 class Reporter:
     """Sends the worker's reports to the server, as many per request as are waiting.
 
@@ -92,8 +106,16 @@ class Reporter:
         stale or invalid, which is logged). Raises RuntimeError when it gave up. `take`:
         the worker runs a next command of the execution in the slot this one frees; the
         one the server handed over, if any, is returned."""
-        done: asyncio.Future[Handed | None] = asyncio.get_running_loop().create_future()
         raw = Report(execution_id, events, take).to_json()
+        if len(raw) > self.max_bytes:
+            # A chunk's iterations with large results: sent in parts, one after the other,
+            # each under the batch size (a request over the server's cap would be refused
+            # whole, and sent again forever by the chunk issued again).
+            halves = _halves(events)
+            if halves is not None:
+                await self.send(execution_id, halves[0], command_id)
+                return await self.send(execution_id, halves[1], command_id, take=take)
+        done: asyncio.Future[Handed | None] = asyncio.get_running_loop().create_future()
         self._waiting.append(
             _Pending(execution_id, raw, done, time.monotonic() + self.patience, command_id)
         )

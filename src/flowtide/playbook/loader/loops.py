@@ -75,6 +75,15 @@ def _parse_loop(c: _Checker, raw: Any, path: NodePath, step: str) -> Loop | None
     results_max = _positive(c, spec, "results_max", path, step, 10_000, zero=True)
     rate = _rate(c, spec, path, step)
     batch = _positive(c, spec, "batch", path, step, None)
+    if batch is not None and batch > MAX_BATCH:
+        c.error(
+            (*path, "spec", "batch"),
+            f"loop 'spec.batch' is at most {MAX_BATCH} iterations per command, got {batch}",
+            step=step,
+            field="loop.spec.batch",
+            expected=f"an integer from 1 to {MAX_BATCH}",
+        )
+        batch = MAX_BATCH
     if "batch" in spec and mode in ("cursor", "spark"):
         c.error(
             (*path, "spec", "batch"),
@@ -157,6 +166,8 @@ def _positive(
 
 
 _CURSOR_KINDS = ("postgres",)
+#: `spec.batch` at most (a command's claim reply lists its iterations' elements).
+MAX_BATCH = 1_000
 
 
 def _parse_cursor(

@@ -6,6 +6,7 @@ worker (tests/unit/driver.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -236,3 +237,34 @@ def test_a_report_naming_no_iteration_of_its_chunk_counts_for_nothing(index: Any
     loop = d.state.loops[("each", 1)]
     assert loop.success == 0 and loop.in_flight == {0, 1, 2, 3, 4}
     assert d.state.commands[chunk.command_id].pending == {0, 1, 2, 3, 4}
+
+
+def test_the_timeline_draws_each_iteration_of_a_chunk(tmp_path: Path) -> None:
+    from flowtide.documents.timeline import execution_timeline
+    from flowtide.store.sqlite import SQLiteStore
+
+    d = driver(12, width=2, extra=", batch: 4")
+    while d.outstanding:
+        finish(d, d.outstanding[0])
+    assert d.state.status == "completed"
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    store.create_execution(
+        d.state.execution_id,
+        playbook_path="t/chunks",
+        playbook_version=None,
+        playbook_file=None,
+        playbook_text=d.playbook.text or "",
+        workload={},
+        created=NOW,
+    )
+    store.append([replace(e, time=NOW + i / 1000) for i, e in enumerate(d.log)])
+    doc = execution_timeline(store, d.playbook, d.state.execution_id, "completed")
+    each = next(s for s in doc["steps"] if s["step"] == "each")
+    assert each["total_commands"] == 12
+    bars = each["commands"]
+    assert bars is not None and [b["loop_index"] for b in bars] == list(range(12))
+    assert all(b["status"] == "completed" and len(b["tries"]) == 1 for b in bars)
+    assert all(b["started"] is not None and b["started"] <= b["ended"] for b in bars)
+    # Each iteration starts where the one before it in its chunk ended, or later.
+    assert bars[1]["started"] >= bars[0]["ended"]
+    store.close()

@@ -9,12 +9,13 @@ commands of the small steps, and only (step, type, time) of the big steps' outco
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Final
 
 from typing_extensions import TypedDict
 
 from flowtide.engine import events as ev
-from flowtide.engine.events import payload_of
+from flowtide.engine.events import Event, payload_of
 from flowtide.playbook.model import Playbook
 from flowtide.store.base import INTERRUPTED, Store
 
@@ -143,10 +144,11 @@ def execution_timeline(
             for bar in lane:
                 if bar["ended"] is None:
                     bar["ended"], bar["status"] = end, closed
+    # Bars per step: one per command, or per iteration of a chunk of loop iterations.
     issued: dict[str, int] = dict.fromkeys(playbook.steps, 0)
-    for step, _, _, _ in store.event_times(execution_id, types=(ev.COMMAND_ISSUED,)):
-        if step in issued:
-            issued[step] += 1
+    for e in store.events(execution_id, types=(ev.COMMAND_ISSUED,)):
+        if e.step in issued and not payload_of(e, ev.COMMAND_ISSUED).get("reissued"):
+            issued[e.step or ""] += int(payload_of(e, ev.COMMAND_ISSUED).get("loop_count") or 1)
     small = [s for s, n in issued.items() if 0 < n <= COMMANDS_SHOWN]
     big = [s for s, n in issued.items() if n > COMMANDS_SHOWN]
     commands = _commands(store, execution_id, small) if small else {}
@@ -175,34 +177,49 @@ def execution_timeline(
     }
 
 
+@dataclass
+class _Chunk:
+    """A command of several loop iterations while its events are read: each iteration
+    becomes a bar of its own, from its first call (or the end of the one before) to its
+    `command.completed`."""
+
+    step: str
+    attempt: int
+    issued: float
+    since: float | None = None
+    tries: list[Try] = field(default_factory=list)
+
+
+def _try(e: Event) -> Try:
+    call = payload_of(e, ev.CALL_DONE)
+    ms = call.get("duration_ms")
+    took = float(ms) / 1000 if isinstance(ms, (int, float)) else 0.0
+    return {
+        "task": call.get("task"),
+        "attempt": int(call.get("attempt") or 1),
+        "started": e.time,
+        "ended": e.time + max(0.0, took),
+        "status": "completed" if e.type == ev.CALL_DONE else "failed",
+    }
+
+
 def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, list[CommandBar]]:
     """Each command of `steps` with its issue, start and end (the latest attempt's
     issue starts a new bar: a command issued again shows as one bar per attempt), and
-    its task calls (`tries`: a task's retries, with the backoff between them)."""
+    its task calls (`tries`: a task's retries, with the backoff between them). A chunk
+    of loop iterations shows one bar per iteration."""
     bars: dict[int, CommandBar] = {}
+    chunks: dict[int, _Chunk] = {}
     out: dict[str, list[CommandBar]] = {s: [] for s in steps}
     for e in store.events(execution_id, types=_COMMAND_TYPES + _CALLS, steps=steps):
         cid = e.command_id
         if cid is None:
             continue
-        if e.type in _CALLS:
-            owner = bars.get(cid)
-            if owner is not None:
-                call = payload_of(e, ev.CALL_DONE)
-                ms = call.get("duration_ms")
-                took = float(ms) / 1000 if isinstance(ms, (int, float)) else 0.0
-                owner["tries"].append(
-                    {
-                        "task": call.get("task"),
-                        "attempt": int(call.get("attempt") or 1),
-                        "started": e.time,
-                        "ended": e.time + max(0.0, took),
-                        "status": "completed" if e.type == ev.CALL_DONE else "failed",
-                    }
-                )
-            continue
         if e.type == ev.COMMAND_ISSUED:
             issued = payload_of(e, ev.COMMAND_ISSUED)
+            if int(issued.get("loop_count") or 1) > 1:
+                chunks[cid] = _Chunk(e.step or "", int(issued.get("attempt") or 1), e.time)
+                continue
             bar: CommandBar = {
                 "command_id": str(cid),
                 "attempt": int(issued.get("attempt") or 1),
@@ -216,19 +233,49 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
             bars[cid] = bar
             out.setdefault(e.step or "", []).append(bar)
             continue
+        chunk = chunks.get(cid)
+        if chunk is not None:
+            _chunk_event(chunk, cid, e, out)
+            continue
         found = bars.get(cid)
         if found is None:
             continue
-        bar = found
-        if e.type == ev.COMMAND_STARTED:
-            bar["started"], bar["status"] = e.time, "running"
-        elif bar["ended"] is None:
+        if e.type in _CALLS:
+            found["tries"].append(_try(e))
+        elif e.type == ev.COMMAND_STARTED:
+            found["started"], found["status"] = e.time, "running"
+        elif found["ended"] is None:
             ok = (
                 e.type == ev.COMMAND_COMPLETED
                 and payload_of(e, ev.COMMAND_COMPLETED).get("status", "ok") == "ok"
             )
-            bar["ended"], bar["status"] = e.time, "completed" if ok else "failed"
+            found["ended"], found["status"] = e.time, "completed" if ok else "failed"
     return out
+
+
+def _chunk_event(chunk: _Chunk, cid: int, e: Event, out: dict[str, list[CommandBar]]) -> None:
+    """One event of a chunk's command: an iteration's bar once its end is read."""
+    if e.type in _CALLS:
+        chunk.tries.append(_try(e))
+    elif e.type == ev.COMMAND_STARTED:
+        chunk.since = e.time
+    else:
+        done = payload_of(e, ev.COMMAND_COMPLETED)
+        ok = e.type == ev.COMMAND_COMPLETED and done.get("status", "ok") == "ok"
+        started = chunk.tries[0]["started"] if chunk.tries else chunk.since
+        out.setdefault(chunk.step, []).append(
+            {
+                "command_id": str(cid),
+                "attempt": chunk.attempt,
+                "loop_index": done.get("loop_index"),
+                "issued": chunk.issued,
+                "started": started,
+                "ended": e.time,
+                "status": "completed" if ok else "failed",
+                "tries": chunk.tries,
+            }
+        )
+        chunk.since, chunk.tries = e.time, []
 
 
 def _density(

@@ -17,20 +17,27 @@ def test_parallel_loop_of_1000_keeps_index_order(ft: Flowtide) -> None:
     assert result["results"] == [{"index": i, "value": i * 7 + 3} for i in range(1000)]
     assert doc["result"] == result
 
-    # max_in_flight is honoured: never more than 16 iterations issued and unfinished
+    # max_in_flight is honoured: never more than 16 commands issued and unfinished (a
+    # chunk of iterations is one command, its iterations run one after another; it is
+    # finished once each of them completed)
     events = ft.events(doc["execution_id"])
     in_flight = peak = 0
-    issued = set()
+    issued: list[int] = []
+    left: dict[str, int] = {}
     for event in events:
         if event["step"] != "start":
             continue
         if event["type"] == "command.issued":
             in_flight += 1
             peak = max(peak, in_flight)
-            issued.add(event["payload"]["loop_index"])
+            first, count = event["payload"]["loop_index"], event["payload"].get("loop_count", 1)
+            issued.extend(range(first, first + count))
+            left[event["command_id"]] = count
         elif event["type"] in ("command.completed", "command.failed"):
-            in_flight -= 1
-    assert issued == set(range(1000))
+            left[event["command_id"]] -= 1
+            if not left[event["command_id"]]:
+                in_flight -= 1
+    assert sorted(issued) == list(range(1000))
     assert in_flight == 0
     assert 1 < peak <= 16
 

@@ -73,7 +73,8 @@ workflow:
     tool: {kind: python, code: "result = {'numbers': list(range(600))}"}
     next: [each]
   - step: each
-    loop: {in: "{{ start.numbers }}", iterator: item, spec: {mode: sequential}}
+    # One command per iteration (batch: 1): a log of 600 iterations' every event.
+    loop: {in: "{{ start.numbers }}", iterator: item, spec: {mode: sequential, batch: 1}}
     tool: {kind: python, input: {i: "{{ item }}"}, code: "result = {'i': i}"}
     next: [end]
   - step: end

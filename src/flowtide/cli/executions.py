@@ -207,6 +207,9 @@ def _print_event(e: Event) -> None:
         extra = f" error={e.error.get('kind')}: {str(e.error.get('message'))[:100]}"
     elif e.type in (ev.LOOP_ITEM, ev.COMMAND_ISSUED) and "loop_index" in payload:
         extra = f" index={payload.get('loop_index')}"
+        count = payload.get("loop_count")
+        if isinstance(count, int) and count > 1 and isinstance(payload["loop_index"], int):
+            extra += f"..{payload['loop_index'] + count - 1}"  # a chunk of iterations
     elif e.type == ev.LOOP_ITEM:
         extra = f" index={ev.payload_of(e, ev.LOOP_ITEM).get('index')}"
     elif e.type == ev.COMMAND_PROGRESS:

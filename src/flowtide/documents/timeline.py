@@ -8,6 +8,7 @@ commands of the small steps, and only (step, type, time) of the big steps' outco
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Final
@@ -190,15 +191,19 @@ class _Chunk:
     tries: list[Try] = field(default_factory=list)
 
 
+#: A call drawn this long at most (ms); a worker's `duration_ms` may be any JSON number.
+_LONGEST_MS: Final = 7 * 86_400_000
+
+
 def _try(e: Event) -> Try:
     call = payload_of(e, ev.CALL_DONE)
-    ms = call.get("duration_ms")
-    took = float(ms) / 1000 if isinstance(ms, (int, float)) else 0.0
+    ms, attempt = call.get("duration_ms"), call.get("attempt")
+    ok = isinstance(ms, int | float) and not isinstance(ms, bool) and 0 <= ms < math.inf
     return {
         "task": call.get("task"),
-        "attempt": int(call.get("attempt") or 1),
+        "attempt": attempt if type(attempt) is int and 1 <= attempt < 2**53 else 1,
         "started": e.time,
-        "ended": e.time + max(0.0, took),
+        "ended": e.time + (min(ms, _LONGEST_MS) / 1000 if ok else 0.0),
         "status": "completed" if e.type == ev.CALL_DONE else "failed",
     }
 

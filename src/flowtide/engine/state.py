@@ -360,7 +360,7 @@ class ExecutionState:
                     "message": "cursor claim failed",
                 }
             return
-        if payload.get("ctx"):
+        if payload.get("ctx") and isinstance(payload["ctx"], dict):
             self.ctx = {**self.ctx, **payload["ctx"]}
             self._touch()
         if cmd.loop_instance is not None and cmd.loop_index is not None:
@@ -452,14 +452,15 @@ class ExecutionState:
             return
         rec.attempts += 1
         payload = payload_of(event, ev.CALL_DONE)
-        if int(payload.get("attempt") or 1) > 1:
+        # A worker's word: a number it sends may be anything JSON holds (10**400 too).
+        attempt = payload.get("attempt")
+        if isinstance(attempt, int | float) and not isinstance(attempt, bool) and attempt > 1:
             rec.retries += 1
         loop = self.loop_of(event.step or "")
-        if loop is not None and not loop.finished:
-            took = payload.get("duration_ms")
-            if isinstance(took, int | float) and not isinstance(took, bool) and took >= 0:
-                loop.busy_ms += float(took)
-                loop.calls += 1
+        took = _duration(payload.get("duration_ms"))
+        if loop is not None and not loop.finished and took is not None:
+            loop.busy_ms += took
+            loop.calls += 1
 
     def _on_loop_done(self, event: Event) -> None:
         step = event.step or ""
@@ -572,6 +573,8 @@ def context_from_parts(
 #: A count or rate a worker reports, at most (more is no count of items).
 _MAX_COUNT = 2**53
 _MAX_RATE = 1e12
+#: A tool call's reported duration (ms), at most (a week; the sum of many stays finite).
+_MAX_CALL_MS = 7 * 86_400_000
 
 
 def _count(value: Any) -> int:
@@ -581,6 +584,16 @@ def _count(value: Any) -> int:
     if isinstance(value, float) and not math.isfinite(value):
         return 0
     return int(min(max(value, 0), _MAX_COUNT))
+
+
+def _duration(value: Any) -> float | None:
+    """A reported call duration (ms): a number from 0, at most `_MAX_CALL_MS` (None for
+    anything else: a negative, NaN, infinity, a boolean, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return None
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    return float(min(value, _MAX_CALL_MS))
 
 
 def _rate(value: Any) -> float:

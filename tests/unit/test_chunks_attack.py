@@ -1,0 +1,162 @@
+"""Chunks of loop iterations against a worker that is malicious or buggy: what it reports
+about the commands it holds (odd durations, attempts and ctx values; a report split in
+parts while the chunk's last iterations are reported) must neither crash the engine's
+apply nor the documents built from the log, nor lose iterations that ran."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowtide.engine import events as ev
+from flowtide.engine.chunks import chunk_size
+from flowtide.engine.state import fold
+from flowtide.worker._reports import Reporter
+
+from .driver import NOW
+from .test_chunks import call, driver, finish, report
+from .test_reporter import _Server
+
+ODD_NUMBERS = [10**400, float("inf"), float("nan"), -1, True, "5", None, [3], 1e308]
+ODD_IDS = ["10**400", "inf", "nan", "-1", "True", "str", "None", "list", "1e308"]
+
+
+@pytest.mark.parametrize("took", ODD_NUMBERS, ids=ODD_IDS)
+def test_a_call_with_an_odd_duration_neither_crashes_the_apply_nor_the_size(took: Any) -> None:
+    d = driver(100, width=2)
+    first = d.outstanding[0]
+    d.post(call(d, first, took))
+    d.post(call(d, first, took))  # twice: a sum of two huge ones stays finite too
+    loop = d.state.loops[("each", 1)]
+    assert math.isfinite(loop.busy_ms) and loop.busy_ms >= 0
+    assert loop.calls in (0, 2)
+    assert chunk_size(d.state, d.playbook.steps["each"], loop, 2) >= 1
+    # The log folds to the same state.
+    again = fold(d.playbook, d.state.execution_id, d.log).loops[("each", 1)]
+    assert (again.busy_ms, again.calls) == (loop.busy_ms, loop.calls)
+
+
+@pytest.mark.parametrize("attempt", ["x", float("inf"), float("nan"), [1], None, 2], ids=repr)
+def test_a_call_with_an_odd_attempt_does_not_crash_the_apply(attempt: Any) -> None:
+    d = driver(10, width=1)
+    event = call(d, d.outstanding[0], 1.0)
+    assert event.payload is not None
+    event.payload["attempt"] = attempt
+    d.post(event)
+    rec = d.state.steps["each"]
+    assert rec.attempts == 1 and rec.retries == (1 if attempt in (2, float("inf")) else 0)
+
+
+@pytest.mark.parametrize("ctx", [[1, 2], "ab", 5], ids=repr)
+def test_a_chunk_report_with_a_ctx_that_is_no_mapping_counts_without_it(ctx: Any) -> None:
+    d = driver(10, width=1, extra=", batch: 5")
+    [chunk] = d.outstanding
+    report(d, chunk, 0, ctx=ctx)
+    loop = d.state.loops[("each", 1)]
+    assert loop.success == 1 and d.state.ctx == {}
+    assert d.state.commands[chunk.command_id].pending == {1, 2, 3, 4}
+    for index in range(1, 5):
+        report(d, chunk, index)
+    assert chunk.command_id not in d.state.commands and chunk.command_id not in loop.commands
+    assert loop.success == 5 and loop.next_index == 10  # the next chunk went out
+
+
+def test_a_chunk_whose_last_iteration_fails_the_loop_leaves_nothing_in_flight() -> None:
+    d = driver(10, width=2, extra=", batch: 5")
+    a, _b = d.outstanding
+    for index in range(4):
+        report(d, a, index)
+    error = {"kind": "error", "message": "boom"}
+    report(d, a, 4, type=ev.COMMAND_FAILED, action="fail", status="error", error=error)
+    loop = d.state.loops[("each", 1)]
+    assert a.command_id not in d.state.commands and a.command_id not in loop.commands
+    assert d.state.status == "failed"
+    assert fold(d.playbook, d.state.execution_id, d.log).commands == d.state.commands
+
+
+def test_the_timeline_survives_odd_durations_and_attempts_in_the_log(tmp_path: Path) -> None:
+    from flowtide.documents.timeline import execution_timeline
+    from flowtide.store.sqlite import SQLiteStore
+
+    d = driver(4, width=1, extra=", batch: 4")
+    [chunk] = d.outstanding
+    odd = [10**400, -5, "x", True]
+    for index, took in enumerate(odd):
+        event = call(d, chunk, 1.0)
+        assert event.payload is not None
+        event.payload["duration_ms"] = took
+        event.payload["attempt"] = ["x", "2", None, 10**400][index]
+        d.post(event)
+        report(d, chunk, index)
+    d.outstanding.remove(chunk)
+    d.run()  # the step after the loop
+    assert d.state.status == "completed"
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    store.create_execution(
+        d.state.execution_id,
+        playbook_path="t/chunks",
+        playbook_version=None,
+        playbook_file=None,
+        playbook_text=d.playbook.text or "",
+        workload={},
+        created=NOW,
+    )
+    store.append([replace(e, time=NOW + i / 1000) for i, e in enumerate(d.log)])
+    doc = execution_timeline(store, d.playbook, d.state.execution_id, "completed")
+    store.close()
+    json.dumps(doc, allow_nan=False)  # a JSON document (no Infinity)
+    each = next(s for s in doc["steps"] if s["step"] == "each")
+    bars = each["commands"]
+    assert bars is not None and [b["loop_index"] for b in bars] == [0, 1, 2, 3]
+    for bar in bars:
+        [t] = bar["tries"]
+        assert t["started"] <= t["ended"] and t["attempt"] >= 1
+
+
+def test_a_report_split_in_parts_keeps_its_place_before_the_chunks_next_report() -> None:
+    """A chunk's report of the iterations it finished so far, over the budget, goes in
+    parts; the chunk's final report (queued meanwhile, its last iteration breaking the
+    loop) must not overtake the parts: the server drops what a chunk reports after an
+    iteration that broke its loop, so the iterations of a late part would be lost."""
+
+    def iteration(i: int, size: int, action: str = "continue") -> list[dict[str, Any]]:
+        return [
+            {"type": "call.done", "payload": {"result": "z" * size, "i": i}},
+            {"type": "command.completed", "payload": {"loop_index": i, "action": action}},
+        ]
+
+    async def main() -> _Server:
+        server = _Server()
+        reporter = Reporter("w1", 60.0, max_bytes=8_000)
+        runner = asyncio.create_task(reporter.run(server))  # type: ignore[arg-type]
+        events = [e for i in range(6) for e in iteration(i, 3_000)]
+        part = asyncio.create_task(reporter.send(5, events, 9))
+        await asyncio.sleep(0)  # the part is queued first (as the worker sends them)
+        await reporter.send(5, iteration(6, 10, "break"), 9, take=True)
+        await part
+        runner.cancel()
+        return server
+
+    server = asyncio.run(main())
+    indexes = [
+        e["payload"]["loop_index"]
+        for b in server.bodies
+        for r in b["reports"]
+        for e in r["events"]
+        if "loop_index" in e["payload"]
+    ]
+    assert indexes == list(range(7))
+
+
+def test_fast_chunks_with_huge_reported_durations_still_finish() -> None:
+    d = driver(50, width=2)
+    while d.outstanding:
+        finish(d, d.outstanding[0], ms=10**400)  # type: ignore[arg-type]
+    assert d.state.status == "completed"
+    assert d.state.steps["each"].result["stats"]["success"] == 50

@@ -106,21 +106,30 @@ class Reporter:
         stale or invalid, which is logged). Raises RuntimeError when it gave up. `take`:
         the worker runs a next command of the execution in the slot this one frees; the
         one the server handed over, if any, is returned."""
-        raw = Report(execution_id, events, take).to_json()
-        if len(raw) > self.max_bytes:
-            # A chunk's iterations with large results: sent in parts, one after the other,
-            # each under the batch size (a request over the server's cap would be refused
-            # whole, and sent again forever by the chunk issued again).
-            halves = _halves(events)
-            if halves is not None:
-                await self.send(execution_id, halves[0], command_id)
-                return await self.send(execution_id, halves[1], command_id, take=take)
-        done: asyncio.Future[Handed | None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(
-            _Pending(execution_id, raw, done, time.monotonic() + self.patience, command_id)
-        )
+        loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[Handed | None]] = []
+        for raw in self._parts(execution_id, events, take):
+            done: asyncio.Future[Handed | None] = loop.create_future()
+            self._waiting.append(
+                _Pending(execution_id, raw, done, time.monotonic() + self.patience, command_id)
+            )
+            waits.append(done)
         self._wake.set()
-        return await done
+        return (await asyncio.gather(*waits))[-1]
+
+    def _parts(self, execution_id: int, events: list[dict[str, Any]], take: bool) -> list[bytes]:
+        """The report as JSON text: one, or for a chunk's iterations with large results
+        several parts, each under the batch size (a request over the server's cap would be
+        refused whole, and sent again forever by the chunk issued again), `take` on the
+        last. The parts are queued together, in order: a report queued after them (the
+        chunk's next, maybe an iteration that breaks the loop, after which the server
+        drops what the chunk reports) never goes before one of them."""
+        raw = Report(execution_id, events, take).to_json()
+        halves = _halves(events) if len(raw) > self.max_bytes else None
+        if halves is None:
+            return [raw]
+        first, second = halves
+        return [*self._parts(execution_id, first, False), *self._parts(execution_id, second, take)]
 
     def _shard(self, p: _Pending) -> int | None:
         return p.shard(self.shards) if self.shards > 1 else None

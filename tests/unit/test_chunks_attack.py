@@ -160,3 +160,67 @@ def test_fast_chunks_with_huge_reported_durations_still_finish() -> None:
         finish(d, d.outstanding[0], ms=10**400)  # type: ignore[arg-type]
     assert d.state.status == "completed"
     assert d.state.steps["each"].result["stats"]["success"] == 50
+
+
+class _Stale(_Server):
+    """Answers every report of execution 5 as stale (409), the others taken."""
+
+    async def post_json(self, path: str, data: bytes, shard: int | None = None) -> Any:
+        from flowtide.worker._api import Reply
+
+        doc = json.loads(data)
+        self.bodies.append(doc)
+        results = [{"code": 409 if int(r["execution_id"]) == 5 else 200} for r in doc["reports"]]
+        return Reply(200, json.dumps({"results": results}).encode())
+
+
+def test_a_report_answered_stale_tells_its_sender() -> None:
+    stale: list[int] = []
+
+    async def main() -> None:
+        reporter = Reporter("w1", 60.0)
+        runner = asyncio.create_task(reporter.run(_Stale()))  # type: ignore[arg-type]
+        events = [{"type": "command.completed", "payload": {"loop_index": 0}}]
+        await reporter.send(5, events, 9, on_stale=lambda: stale.append(5))
+        await reporter.send(6, events, 10, on_stale=lambda: stale.append(6))
+        runner.cancel()
+
+    asyncio.run(main())
+    assert stale == [5]
+
+
+def test_a_chunk_runs_no_further_iteration_once_the_server_no_longer_takes_it() -> None:
+    """A chunk issued again (its lease ran out while its worker still ran it), or whose
+    execution ended: its first worker stops at the next iteration instead of running the
+    rest of its up to 1000 iterations beside the worker it was issued to again."""
+    from flowtide.engine.events import Command
+    from flowtide.runtime.command import run_chunk
+    from flowtide.runtime.pipeline import StepRunner
+
+    d = driver(10, width=1, extra=", batch: 5")
+    [chunk] = d.outstanding
+    posted: list[list[Any]] = []
+    ids = iter(range(5_000, 6_000))
+    parts = d.state.context_parts()
+    rest = run_chunk(
+        StepRunner(d.playbook),
+        Command(chunk.command_id, 7, "each", loop_instance=1, loop_index=0),
+        d.state.context(),
+        parts,
+        [(i, i) for i in range(5)],
+        post=posted.append,
+        every=0.0,
+        next_id=lambda: next(ids),
+        worker_id="w",
+        iterator="x",
+        size=10,
+        env={},
+        stopped=lambda: len(posted) >= 2,  # answered stale after the second part
+    )
+    ran = [
+        e.payload["loop_index"]
+        for part in [*posted, rest]
+        for e in part
+        if e.type == ev.COMMAND_COMPLETED and e.payload is not None
+    ]
+    assert ran == [0, 1]

@@ -132,15 +132,18 @@ def run_chunk(
     logs: LogSpool | None = None,
     secrets: Callable[[], Iterable[str]] | None = None,
     on_started: Callable[[list[Event]], None] | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> list[Event]:
     """Run a chunk of loop iterations (`items`: (index, element) pairs, in order) one
     after another, each as its own command would run (`run_command`: its own `call.*` and
     `command.completed`, whose `loop_index` says which; `command.started` for the first
     only). What finished goes to `post` every `every` seconds (0: after each iteration);
     the rest is returned. It stops after an iteration that breaks or fails the loop, and
-    before the next one once `cancelled`. An iteration's `ctx` update is seen by the ones
-    after it, as when the engine issues them one by one. `base`: the render context of
-    `parts` (`ExecutionState.context_parts`), rebuilt from them when ctx changes."""
+    before the next one once `cancelled` or `stopped` (the server no longer takes the
+    chunk's reports: it was issued again, or its execution ended). An iteration's `ctx`
+    update is seen by the ones after it, as when the engine issues them one by one.
+    `base`: the render context of `parts` (`ExecutionState.context_parts`), rebuilt from
+    them when ctx changes."""
     from flowtide.engine.state import context_from_parts
 
     eid = command.execution_id
@@ -148,7 +151,7 @@ def run_chunk(
     held: list[Event] = []
     last = time.monotonic()
     for n, (index, element) in enumerate(items):
-        if n and cancelled is not None and cancelled():
+        if n and ((cancelled is not None and cancelled()) or (stopped is not None and stopped())):
             break
         events = run_command(
             runner,

@@ -174,14 +174,16 @@ class CommandRunner:
         share: ExecutionShare,
         on_started: Callable[[list[Event]], None] | None = None,
         report: Callable[[list[Event]], None] | None = None,
+        stopped: Callable[[], bool] | None = None,
     ) -> list[Event]:
         """Run `claimed` in this thread; its events. `on_started`: given `command.started`
         as the command starts (then it is not among the events returned); `report`: given
-        events to send while it runs (`run_command`)."""
+        events to send while it runs (`run_command`); `stopped`: a chunk runs no further
+        iteration once it says so (`run_chunk`)."""
         with self._in_threads_lock:
             self.in_threads += 1
         try:
-            return self._run(claimed, share, on_started, report)
+            return self._run(claimed, share, on_started, report, stopped)
         finally:
             with self._in_threads_lock:
                 self.in_threads -= 1
@@ -192,6 +194,7 @@ class CommandRunner:
         share: ExecutionShare,
         on_started: Callable[[list[Event]], None] | None,
         report: Callable[[list[Event]], None] | None = None,
+        stopped: Callable[[], bool] | None = None,
     ) -> list[Event]:
         command = claimed.command
         runner = self.runner(share)
@@ -199,7 +202,7 @@ class CommandRunner:
             self.client, self.worker_id, command.execution_id, command.command_id
         )
         if claimed.chunk is not None:
-            return self._run_chunk(claimed, share, runner, credentials, on_started, report)
+            return self._run_chunk(claimed, share, runner, credentials, on_started, report, stopped)
         parts = share.context
         base = context_from_parts(runner.playbook, command.execution_id, parts, self.template_env)
         ctx = parts["ctx"]
@@ -229,6 +232,7 @@ class CommandRunner:
         credentials: CommandCredentials,
         on_started: Callable[[list[Event]], None] | None,
         report: Callable[[list[Event]], None] | None,
+        stopped: Callable[[], bool] | None = None,
     ) -> list[Event]:
         """Run a chunk of loop iterations (`run_chunk`): what finished goes to `report`
         every `CHUNK_REPORT_EVERY` seconds, so a worker that dies mid-chunk loses only
@@ -254,6 +258,7 @@ class CommandRunner:
             traceparent=share.traceparent,
             logs=self.logs,
             on_started=on_started,
+            stopped=stopped,
         )
 
     def run_child(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ class _Pending:
     give_up: float
     #: The command reported (for the trace; 0 when not given).
     command_id: int = 0
+    #: Called when the server answers the report as stale (409).
+    on_stale: Callable[[], None] | None = None
 
     def shard(self, shards: int) -> int:
         return shard_for(self.execution_id, shards)
@@ -101,17 +104,21 @@ class Reporter:
         command_id: int = 0,
         *,
         take: bool = False,
+        on_stale: Callable[[], None] | None = None,
     ) -> Handed | None:
         """Queue one command's report; returns when the server took it (or refused it as
         stale or invalid, which is logged). Raises RuntimeError when it gave up. `take`:
         the worker runs a next command of the execution in the slot this one frees; the
-        one the server handed over, if any, is returned."""
+        one the server handed over, if any, is returned. `on_stale`: called when the
+        server answers (a part of) the report as stale."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[Handed | None]] = []
         for raw in self._parts(execution_id, events, take):
             done: asyncio.Future[Handed | None] = loop.create_future()
             self._waiting.append(
-                _Pending(execution_id, raw, done, time.monotonic() + self.patience, command_id)
+                _Pending(
+                    execution_id, raw, done, time.monotonic() + self.patience, command_id, on_stale
+                )
             )
             waits.append(done)
         self._wake.set()
@@ -227,6 +234,8 @@ class Reporter:
                 # Stale: the command was issued again meanwhile (its lease ran out); the
                 # newer attempt's report counts. Routine after a pause, not a problem.
                 log.debug("report for execution %s stale: %s", p.execution_id, result.to_dict())
+                if p.on_stale is not None:
+                    p.on_stale()
             elif result.code >= 400:
                 log.warning("report for execution %s refused: %s", p.execution_id, result.to_dict())
             claimed = result.claimed

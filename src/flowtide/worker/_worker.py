@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,12 +65,15 @@ class _Start:
     """A command's `command.started`, made in its thread as it starts, and whether it was
     reported on its own (`Worker._report_started`)."""
 
-    __slots__ = ("events", "finished", "sent")
+    __slots__ = ("events", "finished", "sent", "stale")
 
     def __init__(self) -> None:
         self.events: list[Any] = []
         self.finished = False
         self.sent = False
+        #: The server answered a report of the command as stale (a chunk: issued again,
+        #: closed, or its execution ended): it runs no further iteration.
+        self.stale = threading.Event()
 
 
 class Worker:
@@ -446,7 +450,9 @@ class Worker:
                     send(command.execution_id, command.command_id, start, events), loop
                 )
 
-        return self._commands.run(claimed, share, start.events.extend, report)
+        return self._commands.run(
+            claimed, share, start.events.extend, report, stopped=start.stale.is_set
+        )
 
     async def _report_progress(
         self, execution_id: int, command_id: int, start: _Start, events: list[Any]
@@ -478,7 +484,12 @@ class Worker:
             start.sent = True
             events = [*start.events, *events]
         try:
-            await self._reports.send(execution_id, [e.to_dict() for e in events], command_id)
+            await self._reports.send(
+                execution_id,
+                [e.to_dict() for e in events],
+                command_id,
+                on_stale=start.stale.set,
+            )
         except Exception as exc:  # noqa: BLE001 - its lease runs out: issued again
             log.warning("command %s: iterations not reported: %s", command_id, exc)
 

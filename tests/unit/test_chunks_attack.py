@@ -224,3 +224,76 @@ def test_a_chunk_runs_no_further_iteration_once_the_server_no_longer_takes_it() 
         if e.type == ev.COMMAND_COMPLETED and e.payload is not None
     ]
     assert ran == [0, 1]
+
+
+def _state_of(state: Any) -> dict[str, Any]:
+    """What a fold must give back: the observable state, the chunks' pending sets and
+    each loop's own bookkeeping."""
+    from .driver import snapshot
+
+    doc = snapshot(state)
+    doc["chunks"] = {
+        cid: (r.attempt, r.count, None if r.pending is None else sorted(r.pending))
+        for cid, r in state.commands.items()
+    }
+    doc["bookkeeping"] = {
+        key: (sorted(loop.in_flight), sorted(loop.commands), loop.next_index, loop.calls)
+        for key, loop in state.loops.items()
+    }
+    return doc
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_mix_of_reports_folds_to_the_same_state_and_keeps_the_books(seed: int) -> None:
+    """Out of order, repeated and forged loop indexes, odd durations and ctx values,
+    breaks, fails and chunks issued again, at random: the log folds to the state the
+    events built one by one, and each loop's commands and iterations in flight are
+    exactly those of its open commands."""
+    import random
+
+    from flowtide.server.leases import reissue_events
+
+    rng = random.Random(seed)
+    d = driver(rng.randint(2, 40), width=rng.randint(1, 4), extra=rng.choice(["", ", batch: 3"]))
+    for _ in range(300):
+        if d.state.terminal or not d.state.commands:
+            break
+        cid = rng.choice(sorted(d.state.commands))
+        rec = d.state.commands[cid]
+        command = replace(next(c for c in d.issued if c.command_id == cid), attempt=rec.attempt)
+        roll = rng.random()
+        if roll < 0.05:
+            for event in reissue_events([(cid, NOW)], d.state, d.new_id, NOW):
+                d.post(event)
+        elif roll < 0.3:
+            d.post(call(d, command, rng.choice([0.1, 3.0, 10**400, float("nan"), -1])))
+        elif rec.loop_index is None:
+            d.post(d.completion(command, {}))
+        else:
+            choices = sorted(rec.pending) if rec.pending else [rec.loop_index]
+            forged = [-1, 10**30, True, 3.0, "2", 0, 5]
+            index = rng.choice(choices if rng.random() < 0.8 else forged)
+            action = rng.choices(["continue", "break", "fail"], [0.9, 0.05, 0.05])[0]
+            answer: dict[str, Any] = {"action": action, "result": str(index)}
+            if rng.random() < 0.2:
+                answer["ctx"] = rng.choice([{"k": seed}, [1], "s"])
+            if action == "fail":
+                answer.update(type=ev.COMMAND_FAILED, status="error")
+            event = d.completion(replace(command, loop_index=0), answer)
+            assert event.payload is not None
+            event.payload["loop_index"] = index
+            d.post(event)
+    assert _state_of(fold(d.playbook, d.state.execution_id, d.log)) == _state_of(d.state)
+    if d.state.terminal:
+        return
+    for (step, instance), loop in d.state.loops.items():
+        open_ = {
+            cid: r
+            for cid, r in d.state.commands.items()
+            if (r.step, r.loop_instance) == (step, instance) and not r.cursor
+        }
+        assert loop.commands == set(open_)
+        in_flight: set[int] = set()
+        for r in open_.values():
+            in_flight |= r.pending if r.pending is not None else {r.loop_index or 0}
+        assert loop.in_flight == in_flight

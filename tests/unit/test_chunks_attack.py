@@ -297,3 +297,21 @@ def test_any_mix_of_reports_folds_to_the_same_state_and_keeps_the_books(seed: in
         for r in open_.values():
             in_flight |= r.pending if r.pending is not None else {r.loop_index or 0}
         assert loop.in_flight == in_flight
+
+
+def test_a_cursor_loop_is_never_chunked_however_fast_its_iterations() -> None:
+    from .driver import Driver
+    from .test_chunks import Batching
+    from .test_cursor_loop import Queue, cursor_playbook, worker
+
+    queue = Queue(40, 8)
+    d = Driver(cursor_playbook(max_in_flight=4, max_rows=8), respond=worker(queue))
+    d.state = Batching(d.playbook, d.state.execution_id)
+    d.start()
+    while d.outstanding and not d.state.terminal:
+        command = d.outstanding[0]
+        d.post(call(d, command, 0.001))
+        d.answer(command)
+    assert d.state.status == "completed"
+    issued = [e.payload or {} for e in d.log if e.type == ev.COMMAND_ISSUED]
+    assert len(issued) > 40 and not any("loop_count" in p for p in issued)

@@ -8,7 +8,6 @@ commands of the small steps, and only (step, type, time) of the big steps' outco
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Final
@@ -17,6 +16,7 @@ from typing_extensions import TypedDict
 
 from flowtide.engine import events as ev
 from flowtide.engine.events import Event, payload_of
+from flowtide.engine.reported import reported_count, reported_duration
 from flowtide.playbook.model import Playbook
 from flowtide.store.base import INTERRUPTED, Store
 
@@ -191,19 +191,15 @@ class _Chunk:
     tries: list[Try] = field(default_factory=list)
 
 
-#: A call drawn this long at most (ms); a worker's `duration_ms` may be any JSON number.
-_LONGEST_MS: Final = 7 * 86_400_000
-
-
 def _try(e: Event) -> Try:
     call = payload_of(e, ev.CALL_DONE)
-    ms, attempt = call.get("duration_ms"), call.get("attempt")
-    ok = isinstance(ms, int | float) and not isinstance(ms, bool) and 0 <= ms < math.inf
+    # A worker's word: any JSON value (10**400 too).
+    ms = reported_duration(call.get("duration_ms"))
     return {
         "task": call.get("task"),
-        "attempt": attempt if type(attempt) is int and 1 <= attempt < 2**53 else 1,
+        "attempt": max(1, reported_count(call.get("attempt"))),
         "started": e.time,
-        "ended": e.time + (min(ms, _LONGEST_MS) / 1000 if ok else 0.0),
+        "ended": e.time + (ms or 0.0) / 1000,
         "status": "completed" if e.type == ev.CALL_DONE else "failed",
     }
 

@@ -7,7 +7,6 @@ execution and the state re-folded from its log are the same.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from flowtide.engine import events as ev
 from flowtide.engine.context import NO_ENV, SparkLoopView, base_context, result_view
 from flowtide.engine.events import Command, Event, payload_of
+from flowtide.engine.reported import reported_count, reported_duration, reported_rate
 from flowtide.playbook.model import Playbook
 
 
@@ -435,15 +435,15 @@ class ExecutionState:
             return
         # A worker's word: whole numbers, done within total, failed within done, a
         # finite rate (the documents built from it are JSON; a reader trusts them).
-        total = _count(payload.get("total"))
-        done = min(_count(payload.get("done")), total)
+        total = reported_count(payload.get("total"))
+        done = min(reported_count(payload.get("done")), total)
         items: dict[str, Any] = {
             "done": done,
             "total": total,
-            "per_second": _rate(payload.get("per_second")),
+            "per_second": reported_rate(payload.get("per_second")),
         }
         if "failed" in payload:
-            items["failed"] = min(_count(payload.get("failed")), done)
+            items["failed"] = min(reported_count(payload.get("failed")), done)
         rec.items = items
 
     def _on_call(self, event: Event) -> None:
@@ -457,7 +457,7 @@ class ExecutionState:
         if isinstance(attempt, int | float) and not isinstance(attempt, bool) and attempt > 1:
             rec.retries += 1
         loop = self.loop_of(event.step or "")
-        took = _duration(payload.get("duration_ms"))
+        took = reported_duration(payload.get("duration_ms"))
         if loop is not None and not loop.finished and took is not None:
             loop.busy_ms += took
             loop.calls += 1
@@ -568,41 +568,6 @@ def context_from_parts(
     return base_context(
         execution_id, parts["workload"], list(playbook.steps), results, parts["ctx"], env
     )
-
-
-#: A count or rate a worker reports, at most (more is no count of items).
-_MAX_COUNT = 2**53
-_MAX_RATE = 1e12
-#: A tool call's reported duration (ms), at most (a week; the sum of many stays finite).
-_MAX_CALL_MS = 7 * 86_400_000
-
-
-def _count(value: Any) -> int:
-    """A reported count: a whole number from 0 to `_MAX_COUNT` (anything else is 0)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0
-    if isinstance(value, float) and not math.isfinite(value):
-        return 0
-    return int(min(max(value, 0), _MAX_COUNT))
-
-
-def _duration(value: Any) -> float | None:
-    """A reported call duration (ms): a number from 0, at most `_MAX_CALL_MS` (None for
-    anything else: a negative, NaN, infinity, a boolean, not a number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        return None
-    if isinstance(value, float) and math.isinf(value):
-        return None
-    return float(min(value, _MAX_CALL_MS))
-
-
-def _rate(value: Any) -> float:
-    """A reported rate (items/s): finite, from 0 to `_MAX_RATE` (anything else is 0)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    if isinstance(value, float) and not math.isfinite(value):
-        return 0.0
-    return float(min(max(value, 0.0), _MAX_RATE))
 
 
 _APPLY = {

@@ -26,7 +26,6 @@ from flowtide.engine import events as ev
 from flowtide.engine.events import Command, Event
 from flowtide.engine.start import start_execution
 from flowtide.engine.state import ExecutionState, fold
-from flowtide.errors import FlowtideError, NotFoundError, TemplateError, ToolError
 from flowtide.home import find_home
 from flowtide.ids import Snowflake
 from flowtide.logfiles import FileSpool
@@ -37,18 +36,17 @@ from flowtide.playbook.template import visible_env
 from flowtide.redaction import remember
 from flowtide.runlock import RunLocks
 from flowtide.runtime.advance import Advance, Advancer
+from flowtide.runtime.children import ChildPlaybooks
 from flowtide.runtime.command import run_chunk, run_command
 from flowtide.runtime.deadlines import arm_deadlines
 from flowtide.runtime.notifying import LocalNotifier
 from flowtide.runtime.pipeline import StepRunner
-from flowtide.runtime.playbooks import playbook_file
 from flowtide.runtime.spans import execution_ended
 from flowtide.runtime.threads import WorkerPool
 from flowtide.settings import LimitsSection, current
 from flowtide.store.base import ExecutionUpdate, Store
 from flowtide.store.triggers import Firing
 from flowtide.tools.registry import cancel_running, warm_tools
-from flowtide.tools.subplaybook import child_result
 
 Listener = Callable[[list[Event], Mapping[int, ExecutionState]], None]
 
@@ -65,7 +63,7 @@ class _Execution:
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
 
-class LocalRuntime:
+class LocalRuntime(ChildPlaybooks):
     """Runs playbooks in this process. Use as `async with LocalRuntime(...) as rt:`."""
 
     def __init__(
@@ -563,88 +561,3 @@ class LocalRuntime:
             report=self._post_threadsafe,
         )
         self._post_threadsafe(events)
-
-    # -- sub-playbooks -----------------------------------------------------------------
-
-    def resolve_playbook(
-        self, path: str, base_dir: Path | None = None, version: int | None = None
-    ) -> tuple[Playbook, int | None]:
-        """Find a playbook by catalog path: the catalog first, then files near the parent.
-
-        Raises:
-            NotFoundError: no catalog entry and no file with that metadata.path.
-        """
-        try:
-            row = self.store.get_playbook(path, version)
-            return parse_playbook(row.text, row.source_file), row.version
-        except NotFoundError:
-            pass
-        found = playbook_file(path, base_dir)
-        if found is not None:
-            return found, None
-        raise NotFoundError(
-            f"no playbook with path '{path}' in the catalog"
-            + (f" or under {base_dir}" if base_dir else "")
-            + "; register it with `flowtide catalog register FILE`"
-        )
-
-    def _run_child_blocking(
-        self,
-        *,
-        path: str,
-        workload: dict[str, Any],
-        return_step: str | None,
-        parent_execution_id: int,
-        base_dir: Path,
-    ) -> Any:
-        assert self._loop is not None
-        # The command running in this thread is the child's parent span.
-        under = tracing.current()
-        future = asyncio.run_coroutine_threadsafe(
-            self._run_child(path, workload, return_step, parent_execution_id, base_dir, under),
-            self._loop,
-        )
-        return future.result()
-
-    async def _run_child(
-        self,
-        path: str,
-        workload: dict[str, Any],
-        return_step: str | None,
-        parent_execution_id: int,
-        base_dir: Path,
-        traceparent: str | None = None,
-    ) -> Any:
-        try:
-            playbook, version = self.resolve_playbook(path, base_dir)
-        except NotFoundError as exc:
-            raise ToolError(str(exc), kind="not_found") from exc
-        parent = self._executions.get(parent_execution_id)
-        if parent is not None and parent.cancelled.is_set():
-            raise ToolError(
-                f"sub-playbook '{path}': parent execution {parent_execution_id} is cancelled",
-                kind="cancelled",
-            )
-        try:
-            child_id = await self.start(
-                playbook,
-                workload=workload,
-                catalog_version=version,
-                parent_execution_id=parent_execution_id,
-                traceparent=traceparent,
-            )
-        except (TemplateError, FlowtideError) as exc:
-            raise ToolError(f"sub-playbook '{path}': {exc}", kind="playbook_error") from exc
-        if parent is not None and parent.cancelled.is_set():
-            # The parent was cancelled while this child was being started.
-            await self.cancel(child_id, f"parent execution {parent_execution_id} cancelled")
-        state = await self.wait(child_id)
-        return child_result(
-            path,
-            child_id,
-            state.status,
-            state.error,
-            {name: rec.result for name, rec in state.steps.items()},
-            state.result(),
-            return_step,
-        )

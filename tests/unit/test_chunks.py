@@ -268,3 +268,58 @@ def test_the_timeline_draws_each_iteration_of_a_chunk(tmp_path: Path) -> None:
     # Each iteration starts where the one before it in its chunk ended, or later.
     assert bars[1]["started"] >= bars[0]["ended"]
     store.close()
+
+
+def test_embedded_chunks_run_in_order_and_each_call_is_timed_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """The embedded runtime runs a chunk's iterations one after another in one thread;
+    each `call.done` carries the time its call started (it carried its end), so an
+    iteration's call lies between the chunk's start and the iteration's completion."""
+    import asyncio
+
+    from flowtide.runtime.local import LocalRuntime
+    from flowtide.store.sqlite import SQLiteStore
+
+    text = LOOP.replace("tool: {kind: noop}\n    next: [after]", SLEEPY) % (
+        8,
+        "parallel",
+        2,
+        ", batch: 4",
+    )
+
+    async def go() -> list[Event]:
+        store = SQLiteStore(tmp_path / "flowtide.db")
+        async with LocalRuntime(store, data_dir=tmp_path / "data") as rt:
+            eid = await rt.start(parse_playbook(text))
+            state = await rt.wait(eid, timeout=60)
+            assert state.status == "completed", state.error
+            assert state.steps["each"].result["results"] == list(range(8))
+            return store.events(eid)
+
+    events = [e for e in asyncio.run(go()) if e.step == "each"]
+    issued = [e for e in events if e.type == ev.COMMAND_ISSUED]
+    assert [(e.payload or {}).get("loop_count") for e in issued] == [4, 4]
+    for chunk in issued:
+        mine = [e for e in events if e.command_id == chunk.command_id]
+        started = next(e.time for e in mine if e.type == ev.COMMAND_STARTED)
+        calls = [e for e in mine if e.type == ev.CALL_DONE]
+        ends = [e for e in mine if e.type == ev.COMMAND_COMPLETED]
+        assert [(e.payload or {}).get("loop_index") for e in ends] == sorted(
+            (e.payload or {}).get("loop_index") for e in ends
+        )
+        for call_event, end in zip(calls, ends, strict=True):
+            took = (call_event.payload or {})["duration_ms"] / 1000
+            assert took >= 0.02
+            assert started - 0.001 <= call_event.time <= end.time - took + 0.005
+            started = end.time
+
+
+SLEEPY = """tool:
+      kind: python
+      input: {x: "{{ x }}"}
+      code: |
+        import time
+        time.sleep(0.02)
+        result = x
+    next: [after]"""

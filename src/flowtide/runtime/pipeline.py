@@ -397,7 +397,7 @@ class StepRunner:
         tctx = self._tool_context(
             execution_id, step, task.name, scope, secrets, cancelled, index, attempt, credentials
         )
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), time.time()
         error: dict[str, Any] | None = None
         result: Any = None
         text: str | None = None
@@ -442,7 +442,7 @@ class StepRunner:
                 attempt,
                 status == "ok",
                 duration_ms,
-                time.time(),
+                began,
                 error,
                 out_text[:STDOUT_LIMIT] or None,
                 dict(tctx.call_meta) if tctx.call_meta else {},
@@ -558,7 +558,7 @@ class StepRunner:
         tctx = self._tool_context(
             execution_id, step, cursor.name, scope, secrets, cancelled, credentials=credentials
         )
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), time.time()
         error: dict[str, Any] | None = None
         result: Any = None
         try:
@@ -575,7 +575,7 @@ class StepRunner:
             error = error_dict(exc)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         remember(secrets)
-        call = Call(cursor.name, 1, error is None, duration_ms, time.time(), error)
+        call = Call(cursor.name, 1, error is None, duration_ms, began, error)
         if error is not None:
             return Outcome(
                 "error",

@@ -654,18 +654,31 @@ def latency_lines(label: str, key: str, s: dict[str, Any], log: Log) -> dict[str
     return {f"claim {key}: p50 <= 5 ms": p50_ok, f"claim {key}: p99 <= 50 ms": p99_ok}
 
 
+class _GoalTable:
+    """Goals checked one by one: each a line of the printed table and a verdict."""
+
+    def __init__(self, *, value_format: str, goal_format: str) -> None:
+        self.goals: dict[str, bool] = {}
+        self.lines: list[str] = []
+        self.value_format, self.goal_format = value_format, goal_format
+
+    def check(self, label: str, value: float, goal: float, unit: str, at_least: bool) -> None:
+        ok = value >= goal if at_least else value <= goal
+        self.goals[label] = ok
+        sign = ">=" if at_least else "<="
+        shown = format(value, self.value_format)
+        self.lines.append(
+            f"  {label:46s} {shown:>8s} {unit:5s} goal {sign} "
+            f"{format(goal, self.goal_format)}  {_mark(ok)}"
+        )
+
+
 def round_trip_goals(
     report: dict[str, Any], default: dict[str, Any] | None, best: dict[str, Any], log: Log
 ) -> dict[str, bool]:
     """Issue 18's goals: loops as fast as the settings they are written with allow."""
-    goals: dict[str, bool] = {}
-    lines: list[str] = []
-
-    def check(label: str, value: float, goal: float, unit: str, at_least: bool) -> None:
-        ok = value >= goal if at_least else value <= goal
-        goals[label] = ok
-        sign = ">=" if at_least else "<="
-        lines.append(f"  {label:46s} {value:8,.1f} {unit:5s} goal {sign} {goal:,.0f}  {_mark(ok)}")
+    table = _GoalTable(value_format=",.1f", goal_format=",.0f")
+    goals, lines, check = table.goals, table.lines, table.check
 
     if default is not None:
         check(
@@ -709,14 +722,8 @@ def chunk_goals(
     report: dict[str, Any], default: dict[str, Any] | None, log: Log
 ) -> dict[str, bool]:
     """Issue 34's goals: iterations in chunks, at half the embedded speed or better."""
-    goals: dict[str, bool] = {}
-    lines: list[str] = []
-
-    def check(label: str, value: float, goal: float, unit: str, at_least: bool) -> None:
-        ok = value >= goal if at_least else value <= goal
-        goals[label] = ok
-        sign = ">=" if at_least else "<="
-        lines.append(f"  {label:46s} {value:8,.2f} {unit:5s} goal {sign} {goal:,.2f}  {_mark(ok)}")
+    table = _GoalTable(value_format=",.2f", goal_format=",.2f")
+    goals, lines, check = table.goals, table.lines, table.check
 
     if default is not None:
         ratio = default.get("distributed_over_embedded")

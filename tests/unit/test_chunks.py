@@ -72,6 +72,24 @@ def call(d: Driver, command: Command, ms: float) -> Event:
     )
 
 
+def stored(d: Driver, tmp_path: Path) -> Any:
+    """A SQLite store holding `d`'s log, its events a millisecond apart in log order."""
+    from flowtide.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "flowtide.db")
+    store.create_execution(
+        d.state.execution_id,
+        playbook_path="t/chunks",
+        playbook_version=None,
+        playbook_file=None,
+        playbook_text=d.playbook.text or "",
+        workload={},
+        created=NOW,
+    )
+    store.append([replace(e, time=NOW + i / 1000) for i, e in enumerate(d.log)])
+    return store
+
+
 def report(d: Driver, command: Command, index: int, **answer: Any) -> list[Event]:
     """One iteration of a chunk reported (its own `command.completed`)."""
     answer.setdefault("result", {"x": index})
@@ -241,23 +259,12 @@ def test_a_report_naming_no_iteration_of_its_chunk_counts_for_nothing(index: Any
 
 def test_the_timeline_draws_each_iteration_of_a_chunk(tmp_path: Path) -> None:
     from flowtide.documents.timeline import execution_timeline
-    from flowtide.store.sqlite import SQLiteStore
 
     d = driver(12, width=2, extra=", batch: 4")
     while d.outstanding:
         finish(d, d.outstanding[0])
     assert d.state.status == "completed"
-    store = SQLiteStore(tmp_path / "flowtide.db")
-    store.create_execution(
-        d.state.execution_id,
-        playbook_path="t/chunks",
-        playbook_version=None,
-        playbook_file=None,
-        playbook_text=d.playbook.text or "",
-        workload={},
-        created=NOW,
-    )
-    store.append([replace(e, time=NOW + i / 1000) for i, e in enumerate(d.log)])
+    store = stored(d, tmp_path)
     doc = execution_timeline(store, d.playbook, d.state.execution_id, "completed")
     each = next(s for s in doc["steps"] if s["step"] == "each")
     assert each["total_commands"] == 12

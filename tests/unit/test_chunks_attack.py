@@ -20,7 +20,7 @@ from flowtide.engine.state import fold
 from flowtide.worker._reports import Reporter
 
 from .driver import NOW
-from .test_chunks import call, driver, finish, report
+from .test_chunks import call, driver, finish, report, stored
 from .test_reporter import _Server
 
 ODD_NUMBERS = [10**400, float("inf"), float("nan"), -1, True, "5", None, [3], 1e308]
@@ -82,7 +82,6 @@ def test_a_chunk_whose_last_iteration_fails_the_loop_leaves_nothing_in_flight() 
 
 def test_the_timeline_survives_odd_durations_and_attempts_in_the_log(tmp_path: Path) -> None:
     from flowtide.documents.timeline import execution_timeline
-    from flowtide.store.sqlite import SQLiteStore
 
     d = driver(4, width=1, extra=", batch: 4")
     [chunk] = d.outstanding
@@ -97,17 +96,7 @@ def test_the_timeline_survives_odd_durations_and_attempts_in_the_log(tmp_path: P
     d.outstanding.remove(chunk)
     d.run()  # the step after the loop
     assert d.state.status == "completed"
-    store = SQLiteStore(tmp_path / "flowtide.db")
-    store.create_execution(
-        d.state.execution_id,
-        playbook_path="t/chunks",
-        playbook_version=None,
-        playbook_file=None,
-        playbook_text=d.playbook.text or "",
-        workload={},
-        created=NOW,
-    )
-    store.append([replace(e, time=NOW + i / 1000) for i, e in enumerate(d.log)])
+    store = stored(d, tmp_path)
     doc = execution_timeline(store, d.playbook, d.state.execution_id, "completed")
     store.close()
     json.dumps(doc, allow_nan=False)  # a JSON document (no Infinity)

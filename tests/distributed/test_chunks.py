@@ -9,9 +9,8 @@ import signal
 import time
 from typing import Any
 
-import httpx
-
 from .stack import Stack
+from .test_faults import _events, _wait
 
 LOOP = """
 apiVersion: noetl.io/v2
@@ -31,30 +30,6 @@ workflow:
         time.sleep(%s)
         result = {"index": i, "sq": i * i}
 """
-
-
-def _events(client: httpx.Client, eid: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    after = None
-    while True:
-        params: dict[str, Any] = {"limit": 1000}
-        if after is not None:
-            params["after"] = after
-        page = client.get(f"/api/executions/{eid}/events", params=params).json()
-        if not page:
-            return out
-        out.extend(page)
-        after = page[-1]["event_id"]
-
-
-def _wait(client: httpx.Client, eid: str, timeout: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc: dict[str, Any] = client.get(f"/api/executions/{eid}").json()
-        if doc["status"] != "running":
-            return doc
-        time.sleep(0.05)
-    raise AssertionError(f"{eid} did not finish")
 
 
 def _exact(doc: dict[str, Any], events: list[dict[str, Any]], n: int) -> None:

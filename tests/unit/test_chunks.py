@@ -330,3 +330,39 @@ SLEEPY = """tool:
         time.sleep(0.02)
         result = x
     next: [after]"""
+
+
+def test_the_timeline_shows_the_iteration_a_chunk_runs_and_closes_it_with_the_run(
+    tmp_path: Path,
+) -> None:
+    from flowtide.documents.timeline import execution_timeline
+
+    d = driver(8, width=1, extra=", batch: 4")
+    [chunk] = d.outstanding
+    started = Event(
+        event_id=d.new_id(),
+        execution_id=d.state.execution_id,
+        type=ev.COMMAND_STARTED,
+        step="each",
+        status="running",
+        payload={"attempt": 1, "loop_instance": 1, "loop_index": 0},
+        command_id=chunk.command_id,
+        time=NOW,
+    )
+    d.post(started)
+    for index in (0, 1):
+        d.post(call(d, chunk, 1.0))
+        report(d, chunk, index)
+    store = stored(d, tmp_path)
+    for status, shown in (("running", "running"), ("cancelled", "cancelled")):
+        doc = execution_timeline(store, d.playbook, d.state.execution_id, status)
+        bars = next(s for s in doc["steps"] if s["step"] == "each")["commands"]
+        assert bars is not None
+        assert [(b["loop_index"], b["status"]) for b in bars] == [
+            (0, "completed"),
+            (1, "completed"),
+            (2, shown),
+        ]
+        assert bars[2]["started"] == bars[1]["ended"]
+        assert (bars[2]["ended"] is None) == (status == "running")
+    store.close()

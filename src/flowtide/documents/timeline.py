@@ -182,13 +182,18 @@ def execution_timeline(
 class _Chunk:
     """A command of several loop iterations while its events are read: each iteration
     becomes a bar of its own, from its first call (or the end of the one before) to its
-    `command.completed`."""
+    `command.completed`; the one it runs (or waits to run) when the events end is a bar
+    without an end."""
 
     step: str
     attempt: int
     issued: float
+    #: Its iterations not ended yet (kept when it is issued again).
+    left: set[int]
     since: float | None = None
     tries: list[Try] = field(default_factory=list)
+    #: An iteration broke or failed the loop: it runs no more of them.
+    stopped: bool = False
 
 
 def _try(e: Event) -> Try:
@@ -218,8 +223,12 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
             continue
         if e.type == ev.COMMAND_ISSUED:
             issued = payload_of(e, ev.COMMAND_ISSUED)
-            if int(issued.get("loop_count") or 1) > 1:
-                chunks[cid] = _Chunk(e.step or "", int(issued.get("attempt") or 1), e.time)
+            count = int(issued.get("loop_count") or 1)
+            if count > 1:
+                first = int(issued.get("loop_index") or 0)
+                before = chunks.get(cid)
+                left = before.left if before is not None else set(range(first, first + count))
+                chunks[cid] = _Chunk(e.step or "", int(issued.get("attempt") or 1), e.time, left)
                 continue
             bar: CommandBar = {
                 "command_id": str(cid),
@@ -251,6 +260,20 @@ def _commands(store: Store, execution_id: int, steps: list[str]) -> dict[str, li
                 and payload_of(e, ev.COMMAND_COMPLETED).get("status", "ok") == "ok"
             )
             found["ended"], found["status"] = e.time, "completed" if ok else "failed"
+    for cid, chunk in chunks.items():
+        if chunk.left and not chunk.stopped:
+            out.setdefault(chunk.step, []).append(
+                {
+                    "command_id": str(cid),
+                    "attempt": chunk.attempt,
+                    "loop_index": min(chunk.left),
+                    "issued": chunk.issued,
+                    "started": chunk.since,
+                    "ended": None,
+                    "status": "issued" if chunk.since is None else "running",
+                    "tries": chunk.tries,
+                }
+            )
     return out
 
 
@@ -277,6 +300,11 @@ def _chunk_event(chunk: _Chunk, cid: int, e: Event, out: dict[str, list[CommandB
             }
         )
         chunk.since, chunk.tries = e.time, []
+        index = done.get("loop_index")
+        if isinstance(index, int):
+            chunk.left.discard(index)
+        if done.get("action") in ("break", "fail"):
+            chunk.stopped = True
 
 
 def _density(

@@ -9,12 +9,20 @@ directory, and is stopped (and its files removed by the caller's tmp dir) afterw
 
 `start_secured` runs it as the dev stack does: with flowtide's NATS users (`server`,
 `worker-<pool>`) and their subject permissions, each user's credentials in `users`.
+
+`NatsCluster.start(tmp, 3)` runs a JetStream cluster of three such servers (routes on
+loopback, each node tagged `az<i>`), ready once its nodes chose a metadata leader:
+
+    with NatsCluster.start(tmp_path, 3) as cluster:
+        kv = await connect(cluster.url, "bucket", replicas=3)
+        cluster.kill(0); cluster.restart(0)
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Self
 
 from flowtide.dev.nats import (
+    ClusterNode,
     NatsUser,
     flowtide_users,
     nats_server_binary,
@@ -31,7 +40,7 @@ from flowtide.dev.nats import (
     write_nats_config,
 )
 
-__all__ = ["NatsServer", "nats_server_binary"]
+__all__ = ["NatsCluster", "NatsServer", "nats_server_binary"]
 
 
 def _free_port() -> int:
@@ -144,6 +153,109 @@ class NatsServer:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"nats-server did not restart:\n{self.log_text()[-3000:]}")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+#: What a node logs once the cluster has a JetStream metadata leader (itself or another).
+_META_LEADER = ("new metadata leader", "Self is new JetStream cluster metadata leader")
+
+
+@dataclass
+class NatsCluster:
+    """A JetStream cluster of nats-server nodes on loopback (full mesh of routes,
+    flowtide's users and permissions on every node with `secured`)."""
+
+    nodes: list[NatsServer]
+    users: dict[str, NatsUser] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (what flowtide's --nats takes)."""
+        return ",".join(node.url for node in self.nodes)
+
+    @classmethod
+    def start(
+        cls,
+        root: Path,
+        size: int = 3,
+        *,
+        secured: bool = False,
+        pools: tuple[str, ...] = ("default",),
+        kv_bucket: str = "flowtide_state",
+        timeout: float = 30.0,
+    ) -> NatsCluster:
+        """Start `size` nodes (named n0, n1, ..., tagged az0, az1, ...) under `root` and
+        wait until they elected a metadata leader.
+
+        Raises:
+            RuntimeError: a node did not start, or no leader in time (logs included).
+        """
+        route_ports = tuple(_free_port() for _ in range(size))
+        users = {u.name: u for u in flowtide_users(new_passwords(pools), pools, kv_bucket)}
+        route_password = secrets.token_urlsafe(18)
+        nodes: list[NatsServer] = []
+        cluster = cls(nodes=nodes, users=users if secured else {})
+        try:
+            for i in range(size):
+                node_root = root / f"n{i}"
+                node_root.mkdir(parents=True, exist_ok=True)
+                config = node_root / "nats.conf"
+                node = ClusterNode(
+                    cluster="flowtide-test",
+                    server_name=f"n{i}",
+                    route_port=route_ports[i],
+                    route_ports=route_ports,
+                    route_password=route_password,
+                    tags=(f"az{i}",),
+                )
+                write_nats_config(config, list(users.values()) if secured else [], cluster=node)
+                nodes.append(NatsServer.start(node_root, "-c", str(config), timeout=timeout))
+            cluster.wait_for_leader(timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def wait_for_leader(self, timeout: float = 30.0) -> None:
+        """Wait until a running node logged that the cluster has a metadata leader."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(
+                any(mark in node.log_text() for mark in _META_LEADER)
+                for node in self.nodes
+                if node.proc.poll() is None
+            ):
+                return
+            time.sleep(0.05)
+        logs = "\n".join(f"--- {n.root.name}\n{n.log_text()[-1500:]}" for n in self.nodes)
+        raise RuntimeError(f"the nats cluster elected no metadata leader:\n{logs}")
+
+    def kill(self, index: int) -> None:
+        """`kill -9` of node `index`."""
+        self.nodes[index].proc.kill()
+        self.nodes[index].proc.wait()
+
+    def pause(self, index: int) -> None:
+        """SIGSTOP node `index` (it holds its sockets and answers nothing)."""
+        self.nodes[index].proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, index: int) -> None:
+        self.nodes[index].proc.send_signal(signal.SIGCONT)
+
+    def restart(self, index: int, timeout: float = 30.0) -> None:
+        """Start node `index` again on its port and store (after kill, or stopping it)."""
+        self.nodes[index].restart(timeout)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)  # a paused node cannot stop
+            node.stop()
 
     def __enter__(self) -> Self:
         return self

@@ -30,6 +30,12 @@ BEFORE: dict[str, Any] = {
     "FLOWTIDE_NATS": None,
     "FLOWTIDE_KV": "memory://",
     "FLOWTIDE_KV_BUCKET": "flowtide_state",
+    "FLOWTIDE_NATS_REPLICAS": 1,
+    "FLOWTIDE_NATS_PLACEMENT_CLUSTER": None,
+    "FLOWTIDE_NATS_PLACEMENT_TAGS": None,
+    "FLOWTIDE_NATS_STORAGE": "file",
+    "FLOWTIDE_NATS_COMMANDS_MAX_BYTES": -1,
+    "FLOWTIDE_NATS_LOGS_MAX_BYTES": 256 * 1024 * 1024,
     "FLOWTIDE_LEASE": 30.0,
     "FLOWTIDE_INSECURE_NO_AUTH": False,
     "FLOWTIDE_MAX_BODY": 16 * 1024 * 1024,
@@ -129,14 +135,23 @@ def test_each_variable_is_declared_once_under_its_old_name() -> None:
     assert names.count("FLOWTIDE_MAX_RESULT_BYTES") == 1
 
 
+#: A value each setting with a pattern takes (any text is refused by the others).
+_PATTERNED = {"nats_storage": "memory"}
+
+
 def _sample(section: Any, field: str) -> tuple[str, Any]:
     info = section.model_fields[field]
     low = render._bound(info, "ge")
+    high = render._bound(info, "le")
     kinds = {info.annotation, *get_args(info.annotation)}
+    if field in _PATTERNED:
+        return _PATTERNED[field], _PATTERNED[field]
     if bool in kinds:
         return "1", True
     if int in kinds:
         value = max(7, int(low or 0) + 7)
+        if high is not None:
+            value = min(value, int(high))
         return str(value), value
     if float in kinds:
         return "2.5", 2.5

@@ -63,6 +63,8 @@ def _progress(line: str) -> None:
 
 
 def _print_status(stack: DevStack, components: list[Component], as_json: bool) -> None:
+    from flowtide.dev.natsnodes import stream_report
+
     shards = stack.shard_status(components)
     if as_json:
         doc = {
@@ -70,6 +72,7 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
             "server": stack.server_url,
             "servers": [s["server"]["url"] for s in shards["shards"]],
             "nats": stack.nats_url,
+            "nats_streams": stream_report(stack) if stack.config.nats_nodes > 1 else [],
             "components": [c.to_dict() for c in components],
             **shards,
         }
@@ -82,6 +85,8 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
         typer.echo(f"{c.name:<{width}}  {c.state:<9}  {pid:<10}  {where}")
     for shard in shards["shards"]:
         typer.echo(_health_line(shard["shard"], shard["health"]))
+    if stack.config.nats_nodes > 1:
+        _print_streams(stack)
     if shards["count"] > 1:
 
         def up(part: dict[str, object]) -> str:
@@ -98,6 +103,35 @@ def _print_status(stack: DevStack, components: list[Component], as_json: bool) -
                 f"shard {shard['shard']}:  postgres 127.0.0.1:{pg['port']} {up(pg)},"
                 f"  server {server['url']} {up(server)}"
             )
+
+
+def _print_streams(stack: DevStack) -> None:
+    """Each stream's leader and replicas, as `dev status` prints them for a cluster."""
+    from flowtide.dev.natsnodes import stream_report
+
+    report = stream_report(stack)
+    if not report:
+        typer.echo("NATS streams:  unknown (no node answers)")
+        return
+    for doc in report:
+        if "error" in doc:
+            typer.echo(f"NATS stream {doc['stream']}:  {doc['error']}")
+            continue
+        peers = []
+        for peer in doc["peers"]:
+            if peer["leader"]:
+                peers.append(f"{peer['name']} leader")
+            elif peer.get("offline") or not peer["current"]:
+                peers.append(
+                    f"{peer['name']} BEHIND by {peer['lag']} (seen {peer['active_seconds']} s ago)"
+                )
+            else:
+                peers.append(f"{peer['name']} current")
+        leader = "" if doc["leader"] else "NO LEADER (electing)  "
+        typer.echo(
+            f"NATS stream {doc['stream']}:  R{doc['replicas']}, {leader}{', '.join(peers)};"
+            f" {doc['messages']} messages"
+        )
 
 
 def _health_line(shard: int, health: dict[str, float] | None) -> str:
@@ -142,7 +176,22 @@ def dev_up(
         ),
     ] = None,
     nats_port: Annotated[
-        int | None, typer.Option("--nats-port", help="nats-server's port (default 4222).")
+        int | None,
+        typer.Option(
+            "--nats-port",
+            help="nats-server's port (default 4222); a cluster's first node's, the others"
+            " on the ports after it.",
+        ),
+    ] = None,
+    nats_cluster: Annotated[
+        int | None,
+        typer.Option(
+            "--nats-cluster",
+            help="NATS as a JetStream cluster of 3 (or 5) nats-servers on loopback, routed"
+            " to each other over TLS, the server's streams and bucket at 3 replicas: any one"
+            " node may die. 1: a single nats-server (the default). Remembered; changing it"
+            " needs `flowtide dev down` first.",
+        ),
     ] = None,
     pg_port: Annotated[
         int | None,
@@ -204,6 +253,7 @@ def dev_up(
             workers=workers,
             server_port=port,
             nats_port=nats_port,
+            nats_cluster=nats_cluster,
             pg_port=pg_port,
             concurrency=concurrency,
             lease=lease,

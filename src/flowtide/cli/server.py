@@ -96,6 +96,24 @@ def server_cmd(
     ] = 1,
     kv: KvOpt = default("server.kv"),
     kv_bucket: KvBucketOpt = default("server.kv_bucket"),
+    nats_replicas: Annotated[int, setting("server.nats_replicas", "--nats-replicas")] = default(
+        "server.nats_replicas"
+    ),
+    nats_placement_cluster: Annotated[
+        str | None, setting("server.nats_placement_cluster", "--nats-placement-cluster")
+    ] = default("server.nats_placement_cluster"),
+    nats_placement_tags: Annotated[
+        str | None, setting("server.nats_placement_tags", "--nats-placement-tags")
+    ] = default("server.nats_placement_tags"),
+    nats_storage: Annotated[str, setting("server.nats_storage", "--nats-storage")] = default(
+        "server.nats_storage"
+    ),
+    nats_commands_max_bytes: Annotated[
+        int, setting("server.nats_commands_max_bytes", "--nats-commands-max-bytes")
+    ] = default("server.nats_commands_max_bytes"),
+    nats_logs_max_bytes: Annotated[
+        int, setting("server.nats_logs_max_bytes", "--nats-logs-max-bytes")
+    ] = default("server.nats_logs_max_bytes"),
     # --lease, --insecure-no-auth and --public-metrics are flags only (env=False), as
     # they always were: the variables carry them to the server's processes.
     lease: Annotated[float, setting("server.lease", "--lease", env=False)] = default(
@@ -228,6 +246,12 @@ def server_cmd(
             nats=nats_url,
             kv=kv,
             kv_bucket=kv_bucket,
+            nats_replicas=nats_replicas,
+            nats_placement_cluster=nats_placement_cluster,
+            nats_placement_tags=nats_placement_tags,
+            nats_storage=nats_storage,
+            nats_commands_max_bytes=nats_commands_max_bytes,
+            nats_logs_max_bytes=nats_logs_max_bytes,
             lease=lease,
             max_body=max_body,
             insecure_no_auth=insecure_no_auth,

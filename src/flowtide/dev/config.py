@@ -46,6 +46,13 @@ class StackConfig:
     #: or free ones where those are taken.
     shard_pg_ports: list[int] = field(default_factory=list)
     shard_server_ports: list[int] = field(default_factory=list)
+    #: nats-server nodes: 1, or a JetStream cluster of 3 or 5 (`--nats-cluster`); with
+    #: more than one, each node's client port (the first is nats_port) and route port,
+    #: and the password the nodes' routes log in with (flowtide.dev.natsnodes).
+    nats_nodes: int = 1
+    nats_node_ports: list[int] = field(default_factory=list)
+    nats_route_ports: list[int] = field(default_factory=list)
+    nats_route_password: str = ""
     pids: dict[str, int] = field(default_factory=dict)
     #: The stack's processes run with the stack's folder as their home (FLOWTIDE_HOME):
     #: everything they write (the workers' data, result files, the master key sealing

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtide.dev.config import StackConfig
+from flowtide.dev.natsnodes import NatsNode, nats_nodes
 from flowtide.dev.postgres import LocalPostgres
 from flowtide.dev.tls import LocalCA
 
@@ -125,8 +126,12 @@ class StackLayout:
 
     @property
     def nats_url(self) -> str:
-        scheme = "tls" if self.config.tls else "nats"
-        return f"{scheme}://127.0.0.1:{self.config.nats_port}"
+        """Every nats-server node's URL, comma-separated (what --nats and --kv take)."""
+        return ",".join(node.url(self.config.tls) for node in self.nats_nodes())
+
+    def nats_nodes(self) -> list[NatsNode]:
+        """The nats-server nodes: `nats`, or `nats-0` ... in a cluster."""
+        return nats_nodes(self.dir, self.config)
 
     @property
     def db_url(self) -> str:
@@ -176,10 +181,6 @@ class StackLayout:
             (folder / "data" / "PG_VERSION").is_file()
             for folder in [self.dir / "pg", *self.dir.glob("pg-*")]
         )
-
-    @property
-    def nats_config_path(self) -> Path:
-        return self.dir / "nats.conf"
 
     @property
     def tokens_path(self) -> Path:

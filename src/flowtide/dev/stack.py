@@ -6,7 +6,8 @@
       nats.conf       nats-server's users and their subject permissions (mode 0600)
       pg/             PostgreSQL cluster (initdb/pg_ctl), data kept across down/up
       pg-0/, pg-1/    with --shards N > 1: one PostgreSQL cluster per shard
-      nats/           nats-server's JetStream store
+      nats/           nats-server's JetStream store (nats-0/, nats-1/, ... and
+                      nats-<i>.conf for a cluster: --nats-cluster 3)
       logs/           nats.log, server.log (server-0.log, ... with shards), worker-0.log, ...
       tokens.json     the admin's and the workers' tokens (mode 0600); tls/ the local CA
       data/           what the workers write (results stored by reference, files)
@@ -44,6 +45,10 @@ flowtide server, which alone publishes commands, manages the stream and its cons
 uses the KV bucket; `worker-<pool>` for the workers of a pool, which may only pull from
 and ack on their pool's consumer. Their passwords are generated on first `up` too and
 reach each process as FLOWTIDE_NATS_USER/FLOWTIDE_NATS_PASSWORD in its environment.
+
+With `--nats-cluster 3` (or 5) NATS runs as a JetStream cluster on loopback
+(flowtide.dev.natsnodes: `nats-0`, `nats-1`, ..., routes over TLS between them), and the
+server keeps its streams and bucket at 3 replicas: any one node may die.
 """
 
 from __future__ import annotations
@@ -65,11 +70,10 @@ from flowtide.dev.nats import (
     SERVER_USER,
     NatsUser,
     flowtide_users,
-    nats_server_binary,
     new_passwords,
     worker_user_name,
-    write_nats_config,
 )
+from flowtide.dev.natsnodes import CLUSTER_SIZES, assign_nats_ports, stack_replicas, up_nats
 from flowtide.dev.postgres import PostgresSetupError
 from flowtide.dev.processes import DevStackError, Processes, need_port
 from flowtide.dev.status import Component, worker_state
@@ -135,6 +139,7 @@ class DevStack(StackLayout):
         workers: int | None = None,
         server_port: int | None = None,
         nats_port: int | None = None,
+        nats_cluster: int | None = None,
         pg_port: int | None = None,
         concurrency: int | None = None,
         lease: float | None = None,
@@ -173,7 +178,22 @@ class DevStack(StackLayout):
             )
         pg_running = [p.name for p in self.pg_parts() if p.pg.is_running()]
         servers_running = [s.name for s in self.servers() if self.procs.alive(s.name)]
-        nats_running = ["nats"] if self.procs.alive("nats") else []
+        nats_running = [n.name for n in self.nats_nodes() if self.procs.alive(n.name)]
+        if nats_cluster is not None and nats_cluster != c.nats_nodes:
+            if nats_cluster not in CLUSTER_SIZES:
+                raise DevStackError(
+                    f"--nats-cluster {nats_cluster}: 1 (one nats-server), 3 or 5 (a JetStream"
+                    " cluster needs a majority of its nodes up: an odd count)"
+                )
+            if nats_running:
+                raise DevStackError(
+                    f"{', '.join(nats_running)} running as {c.nats_nodes} node"
+                    f"{'s' if c.nats_nodes > 1 else ''}; `flowtide dev down` first to change"
+                    " the NATS cluster's size (the new nodes start with empty stores: the"
+                    " commands queued in NATS are issued again when their runs are re-driven)"
+                )
+            c.nats_nodes = nats_cluster
+            c.nats_node_ports, c.nats_route_ports = [], []
         if tls is not None and tls != c.tls:
             # TLS is all or nothing: every part serves it with the stack's CA.
             running = pg_running + nats_running + servers_running
@@ -199,6 +219,7 @@ class DevStack(StackLayout):
                 if attr == "pg_port":
                     c.shard_pg_ports = []
         assign_shard_ports(self.config)
+        assign_nats_ports(self.config)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         if os.geteuid() == 0:
@@ -214,7 +235,7 @@ class DevStack(StackLayout):
             self.ca.ensure()
         self._up_postgres(progress, timeout)
         ensure_tokens(self, progress)
-        self._up_nats(progress, timeout)
+        up_nats(self, progress, timeout)
         self._up_servers(progress, timeout)
         self._up_workers(progress, timeout)
         self._save()
@@ -287,46 +308,6 @@ class DevStack(StackLayout):
         if errors:
             raise errors[0]
 
-    def _up_nats(self, progress: Progress, timeout: float) -> None:
-        if self.procs.alive("nats"):
-            progress(f"nats: already running (pid {self.config.pids['nats']})")
-            return
-        need_port(self.config.nats_port, "nats-server", "--nats-port")
-        try:
-            binary = nats_server_binary()
-        except FileNotFoundError as exc:
-            raise DevStackError(f"nats: {exc}") from None
-        log = self.procs.log("nats")
-        log.write_text("")
-        write_nats_config(
-            self.nats_config_path,
-            list(self.nats_users().values()),
-            tls=self.ca.cert("server") if self.config.tls else None,
-        )
-        argv = [
-            binary,
-            "--config",
-            str(self.nats_config_path),
-            "--jetstream",
-            "--addr",
-            "127.0.0.1",
-            "--port",
-            str(self.config.nats_port),
-            "--store_dir",
-            str(self.dir / "nats"),
-            "--server_name",
-            "flowtide-dev",
-            "--log",
-            str(log),
-        ]
-        self.procs.spawn("nats", argv)
-
-        def ready() -> bool:
-            return "Server is ready" in log.read_text(errors="replace")
-
-        self.procs.wait("nats", ready, timeout)
-        progress(f"nats: started on {self.nats_url}")
-
     def _up_servers(self, progress: Progress, timeout: float) -> None:
         """One `flowtide server` per shard: those not running started together, then
         waited for (each until its /readyz answers 200)."""
@@ -363,6 +344,8 @@ class DevStack(StackLayout):
             str(server.port),
             "--lease",
             str(self.config.lease),
+            "--nats-replicas",
+            str(stack_replicas(self.config)),
         ]
         if self.config.shards > 1:
             # The databases come through the environment (they hold the password).
@@ -475,8 +458,9 @@ class DevStack(StackLayout):
         for name in servers:
             if self.procs.stop(name, force_after=force):
                 progress(f"{name}: stopped")
-        if self.procs.stop("nats"):
-            progress("nats: stopped")
+        for node in self.nats_nodes():
+            if self.procs.stop(node.name):
+                progress(f"{node.name}: stopped")
         # The shards' servers first, the cluster database's last.
         for part in reversed(self.pg_parts()):
             if part.pg.is_running():

@@ -64,21 +64,24 @@ def components(layout: StackLayout, procs: Processes) -> list[Component]:
                 pg_role(part).strip(" ()") if shards > 1 else "",
             )
         )
-    nats_state = "stopped"
-    if procs.alive("nats"):
-        nats_state = "running" if tcp_ok(layout.config.nats_port) else "unhealthy"
-    out.append(
-        Component(
-            "nats",
-            nats_state,
-            procs.pid("nats"),
-            layout.nats_url,
-            str(procs.log("nats")),
-            f"users {', '.join(sorted(layout.config.nats_passwords))}"
-            if layout.config.nats_passwords
-            else "",
+    users = ", ".join(sorted(layout.config.nats_passwords))
+    for node in layout.nats_nodes():
+        nats_state = "stopped"
+        if procs.alive(node.name):
+            nats_state = "running" if tcp_ok(node.port) else "unhealthy"
+        detail = f"users {users}" if users else ""
+        if node.route_port is not None:
+            detail = f"routes on 127.0.0.1:{node.route_port}" + (f", {detail}" if detail else "")
+        out.append(
+            Component(
+                node.name,
+                nats_state,
+                procs.pid(node.name),
+                node.url(layout.config.tls),
+                str(procs.log(node.name)),
+                detail,
+            )
         )
-    )
     answering = []
     for server in layout.servers():
         state = "stopped"

@@ -46,7 +46,8 @@ class LocalCA:
         return self.folder / "ca.pem"
 
     def cert(self, name: str) -> tuple[Path, Path]:
-        """(certificate, key) of `name` (server, admin, worker, peer)."""
+        """(certificate, key) of `name` (server, admin, worker, peer, route: the
+        certificate nats-server cluster nodes show each other, as server and as client)."""
         return self.folder / f"{name}.pem", self.folder / f"{name}-key.pem"
 
     def ensure(self) -> None:
@@ -69,6 +70,7 @@ class LocalCA:
             ("admin", False),
             ("worker", False),
             ("peer", False),
+            ("route", True),
         ):
             cert_path, key_path = self.cert(name)
             if renewed or not self._fresh(cert_path) or not key_path.is_file():
@@ -133,7 +135,9 @@ class LocalCA:
 
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        usage = [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+        if name == "route":  # a node dials the others with it: a client too
+            usage.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"flowtide {name}")]))
@@ -143,7 +147,7 @@ class LocalCA:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + _LIFETIME)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
             )

@@ -56,7 +56,7 @@ async def register_worker(
         # The pool's consumer is made here, not by the worker: a worker's NATS user
         # may only pull from it (flowtide.subjects).
         try:
-            await ensure_consumer(runtime.nc.jetstream(), body.pool)
+            await ensure_consumer(runtime.nc.jetstream(), body.pool, runtime.settings.nats_layout)
         except Exception as exc:  # noqa: BLE001 - nats-py's errors, told as a 503
             raise RequestError(
                 503,

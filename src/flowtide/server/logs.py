@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from flowtide.logfiles import LiveLog
+from flowtide.server.jetstream import StreamLayout, ensure_stream
 from flowtide.wire import LOG_PREFIX, LOG_STREAM, log_filter
 
 __all__ = ["ensure_log_stream", "own_rings", "read_rings"]
@@ -38,27 +39,21 @@ SHARE_SECONDS: Final = 0.2
 _shared: dict[tuple[int, str, int, frozenset[int]], tuple[float, asyncio.Future[Any]]] = {}
 
 
-async def ensure_log_stream(js: Any) -> None:
-    """Create the log stream if it is missing."""
-    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-    from nats.js.errors import NotFoundError
+async def ensure_log_stream(js: Any, layout: StreamLayout | None = None) -> None:
+    """Create the log stream, or bring it to `layout` (flowtide.server.jetstream)."""
+    from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
+    layout = layout or StreamLayout()
     config = StreamConfig(
         name=LOG_STREAM,
         subjects=[f"{LOG_PREFIX}.>"],
         retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
         max_msgs_per_subject=PER_COMMAND,
         max_age=MAX_AGE,
-        max_bytes=MAX_BYTES,
         max_msg_size=MAX_MSG,
         discard=DiscardPolicy.OLD,
     )
-    try:
-        await js.stream_info(LOG_STREAM)
-    except NotFoundError:
-        with contextlib.suppress(Exception):  # another server created it meanwhile
-            await js.add_stream(config)
+    await ensure_stream(js, layout.shape(config, layout.logs_max_bytes))
 
 
 def own_rings(rings: dict[int, LiveLog], running: Mapping[int, Any]) -> dict[int, LiveLog]:

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from flowtide import trace
+from flowtide.server.jetstream import StreamLayout, ensure_stream, with_retries
 from flowtide.server.logs import ensure_log_stream
 from flowtide.store import pg
 from flowtide.store.pg.outbox import OutboxRow
@@ -28,7 +29,14 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-__all__ = ["OUTBOX_HOLD", "STREAM", "OutboxRelay", "OutboxRow", "ensure_consumer", "ensure_stream"]
+__all__ = [
+    "OUTBOX_HOLD",
+    "STREAM",
+    "OutboxRelay",
+    "OutboxRow",
+    "ensure_command_stream",
+    "ensure_consumer",
+]
 
 log = logging.getLogger("flowtide.server.outbox")
 
@@ -54,28 +62,25 @@ def _outcome(sent: Any) -> Any:
     return sent.exception() or sent.result()
 
 
-async def ensure_stream(js: JetStreamContext) -> None:
-    """Create the command stream (work-queue retention: a message is gone once acked;
-    one durable consumer per pool with non-overlapping subject filters)."""
-    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-    from nats.js.errors import NotFoundError
+async def ensure_command_stream(js: JetStreamContext, layout: StreamLayout | None = None) -> None:
+    """Create the command stream, or bring it to `layout` (work-queue retention: a
+    message is gone once acked; one durable consumer per pool with non-overlapping
+    subject filters)."""
+    from nats.js.api import RetentionPolicy, StreamConfig
 
+    layout = layout or StreamLayout()
     config = StreamConfig(
         name=STREAM,
         subjects=_SUBJECTS,
         retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE,
         duplicate_window=120.0,
     )
-    try:
-        await js.stream_info(STREAM)
-    except NotFoundError:
-        with contextlib.suppress(Exception):  # another server created it meanwhile
-            await js.add_stream(config)
-        await js.stream_info(STREAM)
+    await ensure_stream(js, layout.shape(config, layout.commands_max_bytes))
 
 
-async def ensure_consumer(js: JetStreamContext, pool: str) -> str:
+async def ensure_consumer(
+    js: JetStreamContext, pool: str, layout: StreamLayout | None = None
+) -> str:
     """Create `pool`'s durable pull consumer (and the stream) if missing; its name.
 
     The server does this when a worker of the pool registers: workers hold no right to
@@ -84,10 +89,10 @@ async def ensure_consumer(js: JetStreamContext, pool: str) -> str:
     from nats.js.api import AckPolicy, ConsumerConfig
     from nats.js.errors import NotFoundError
 
-    await ensure_stream(js)
+    await ensure_command_stream(js, layout)
     durable = pool_consumer(pool)
     try:
-        await js.consumer_info(STREAM, durable)
+        await with_retries(lambda: js.consumer_info(STREAM, durable), f"consumer {durable}")
         return durable
     except NotFoundError:
         pass
@@ -101,8 +106,8 @@ async def ensure_consumer(js: JetStreamContext, pool: str) -> str:
         max_waiting=512,
     )
     with contextlib.suppress(Exception):  # another server created it meanwhile
-        await js.add_consumer(STREAM, config=config)
-    await js.consumer_info(STREAM, durable)
+        await with_retries(lambda: js.add_consumer(STREAM, config=config), f"add {durable}")
+    await with_retries(lambda: js.consumer_info(STREAM, durable), f"consumer {durable}")
     return durable
 
 
@@ -146,8 +151,16 @@ class OutboxRelay:
     backstop for rows other processes left behind."""
 
     def __init__(
-        self, store: PostgresStore, nc: Client, *, poll: float = 0.5, duplicate: bool | None = None
+        self,
+        store: PostgresStore,
+        nc: Client,
+        *,
+        poll: float = 0.5,
+        duplicate: bool | None = None,
+        layout: StreamLayout | None = None,
     ) -> None:
+        #: How the command and log streams are laid out in JetStream (replicas...).
+        self.layout = layout or StreamLayout()
         if duplicate is None:
             from flowtide.settings import FaultsSection, read
 
@@ -258,8 +271,9 @@ class OutboxRelay:
         return [_outcome(f) for f in sent]
 
     async def start(self) -> None:
-        await ensure_stream(self.js)
-        await ensure_log_stream(self.js)  # what running steps print (flowtide.server.logs)
+        await ensure_command_stream(self.js, self.layout)
+        # What running steps print (flowtide.server.logs).
+        await ensure_log_stream(self.js, self.layout)
         self._task = asyncio.create_task(self._run(), name="flowtide-outbox")
 
     async def stop(self) -> None:

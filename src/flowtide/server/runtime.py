@@ -142,7 +142,15 @@ class Runtime:
         self.open_executions = metrics.OpenExecutionsReader(self.store, s.stalled_after)
         self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
         self.auth = await asyncio.to_thread(self._authenticator)
-        self.kv = await connect(s.kv, s.kv_bucket, ttl=3600, nats_auth=s.nats_auth)
+        layout = s.nats_layout
+        self.kv = await connect(
+            s.kv,
+            s.kv_bucket,
+            ttl=3600,
+            replicas=layout.replicas,
+            storage="memory" if layout.storage == "memory" else "file",
+            nats_auth=s.nats_auth,
+        )
         self.coordinator = Coordinator(
             self.store,
             ids=default_generator(),
@@ -158,7 +166,7 @@ class Runtime:
             from flowtide.natsauth import connect_nats
 
             self.nc = await connect_nats(s.nats, s.nats_auth, name="flowtide-server")
-            self.relay = OutboxRelay(self.store, self.nc)
+            self.relay = OutboxRelay(self.store, self.nc, layout=layout)
             self.coordinator.on_outbox = self.relay.poke
             self.coordinator.publish = self.relay.publish
             await self.relay.start()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from flowtide.auth.oidc import JwtSettings, parse_role_map
 from flowtide.errors import SettingsError
 from flowtide.natsauth import NatsAuth
+from flowtide.server.jetstream import StreamLayout
 from flowtide.web.access import DEFAULT_MAX_BODY
 
 __all__ = ["DEFAULT_STATE_CACHE_MB", "ServerSettings", "state_cache_bytes"]
@@ -74,6 +75,9 @@ class ServerSettings:
     #: The estimated bytes of executions' states this process keeps in memory
     #: (FLOWTIDE_STATE_CACHE_MB; flowtide.server.statecache).
     state_cache_bytes: int = DEFAULT_STATE_CACHE_MB * 1024 * 1024
+    #: Replicas, placement, storage and sizes of the streams and the bucket the server
+    #: keeps in JetStream (FLOWTIDE_NATS_REPLICAS...; flowtide.server.jetstream).
+    nats_layout: StreamLayout = field(default_factory=StreamLayout)
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -130,4 +134,5 @@ class ServerSettings:
             shard_index=tree.shard_index,
             advertise_url=tree.advertise_url,
             state_cache_bytes=tree.state_cache_mb * 1024 * 1024,
+            nats_layout=StreamLayout.from_tree(tree),
         )

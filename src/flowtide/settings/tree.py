@@ -106,6 +106,38 @@ class ServerSection(BaseSettings):
         " that points at it; look inside with `flowtide kv`).",
     )
     kv_bucket: str = setting("flowtide_state", "Bucket for loop state (created if missing).")
+    nats_replicas: int = setting(
+        1,
+        "JetStream replicas of what the server creates on NATS (the command stream, the log"
+        " stream, the loop-state bucket): 1, 3 or 5; more than 1 needs a NATS cluster of at"
+        " least as many nodes. A changed value is applied to existing ones at start.",
+        ge=1,
+        le=5,
+    )
+    nats_placement_cluster: str | None = setting(
+        None,
+        "Put them in this NATS cluster (its `cluster.name`) [default: where JetStream chooses].",
+    )
+    nats_placement_tags: str | None = setting(
+        None, "Put them on NATS nodes having all these tags (`server_tags`), comma-separated."
+    )
+    nats_storage: str = setting(
+        "file",
+        "JetStream storage of the command stream and the loop-state bucket: file or memory"
+        " (memory: lost when every replica's node restarts). Fixed once they exist.",
+        pattern="^(file|memory)$",
+    )
+    nats_commands_max_bytes: int = setting(
+        -1,
+        "Largest size of the command stream in bytes (-1: no limit); when full, the outbox"
+        " keeps the commands until there is room.",
+        ge=-1,
+    )
+    nats_logs_max_bytes: int = setting(
+        256 * MIB,
+        "Largest size of the log stream (the steps' live output) in bytes; the oldest go first.",
+        ge=1024 * 1024,
+    )
     lease: float = setting(30.0, "Seconds a claimed command survives without a heartbeat.", ge=1)
     insecure_no_auth: Flag = setting(
         False,

@@ -26,6 +26,9 @@ and a `total` step adding the loop's results up. Once a random number of iterati
     duplicate-commands    every command published to NATS twice, the whole run (the
                           server restarted with FLOWTIDE_FAULT_DUPLICATE_COMMANDS=1)
 
+and, on a stack of its own whose NATS is a cluster of three (bench/faults_nats.py):
+kill-nats-leader, kill-nats-follower, stop-nats-leader, nats-rolling-restart.
+
 Per trial: completed (the execution's status), exact (the loop's results are exactly
 range(k), each once, and `total` says n = k and the right sum), duplicated (iterations
 with more than one result in the loop's result or more than one `command.completed`
@@ -64,6 +67,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from faults_nats import CLUSTER_FAULTS
+from faults_nats import choose as choose_node
+from faults_nats import strike as strike_cluster
 
 Log = Callable[[str], None]
 
@@ -77,9 +83,12 @@ FAULTS = (
     "shard-pg-stop",
     "stop-worker",
     "duplicate-commands",
+    *CLUSTER_FAULTS,
 )
 #: The faults that need a stack of 2 shards.
 SHARDED = {"shard-pg-stop"}
+#: The faults that need NATS as a cluster of 3.
+CLUSTERED = set(CLUSTER_FAULTS)
 DUPLICATE_ENV = "FLOWTIDE_FAULT_DUPLICATE_COMMANDS"
 
 PLAYBOOK = """
@@ -320,11 +329,14 @@ class DrillError(RuntimeError):
 class Drill:
     """One dev stack and the faults it can suffer."""
 
-    def __init__(self, args: argparse.Namespace, shards: int, log: Log) -> None:
+    def __init__(
+        self, args: argparse.Namespace, shards: int, log: Log, nats_cluster: int = 1
+    ) -> None:
         from flowtide.dev.stack import DevStack
 
         self.args = args
         self.shards = shards
+        self.nats_cluster = nats_cluster
         self.log = log
         self.home = Path(tempfile.mkdtemp(prefix=f"flowtide-faults-{shards}-"))
         # As root, PostgreSQL runs as another account, which must traverse this directory.
@@ -342,6 +354,7 @@ class Drill:
             ports = dict(zip(("server_port", "nats_port", "pg_port"), _ports(3), strict=True))
         self.stack.up(
             shards=self.shards if first else None,
+            nats_cluster=self.nats_cluster if first else None,
             workers=self.args.workers,
             concurrency=self.args.concurrency,
             lease=self.args.lease,
@@ -441,9 +454,20 @@ class Drill:
 
     # -- the faults ----------------------------------------------------------------------
 
-    def strike(self, fault: str, eid: str, rng: random.Random, out: Trial, watch: Watch) -> float:
-        """Inflict `fault` and undo it; the monotonic time it ended."""
+    def strike(
+        self,
+        fault: str,
+        eid: str,
+        rng: random.Random,
+        out: Trial,
+        watch: Watch,
+        node: tuple[str, str] = ("", ""),
+    ) -> float:
+        """Inflict `fault` and undo it; the monotonic time it ended. `node`: the NATS
+        node a cluster's fault strikes (bench/faults_nats.py `choose`)."""
         stack = self.stack
+        if fault in CLUSTERED:
+            return strike_cluster(self, fault, node, out)
         if fault in ("kill-worker", "stop-worker"):
             name = f"worker-{rng.randrange(self.args.workers)}"
             out.held = watch.held_by(f"dev-{name}")
@@ -492,6 +516,7 @@ class Drill:
         t0 = time.monotonic()
         doubled = fault == "duplicate-commands"
         first_seq = self.published() if doubled else 0
+        node = choose_node(self, fault, rng) if fault in CLUSTERED else ("", "")
         before = self.counters()
         out.execution_id = eid = self.execute(PLAYBOOK.format(k=args.k, pause=args.pause))
         watch = Watch(self.clients, eid).start()
@@ -502,7 +527,7 @@ class Drill:
                 if not watch.wait_count(target, args.timeout):
                     out.detail = f"{watch.count} of {target} iterations before the fault"
                 out.struck_at = watch.count
-                end = self.strike(fault, eid, rng, out, watch)
+                end = self.strike(fault, eid, rng, out, watch, node)
             doc = None
             deadline = end + args.timeout
             while time.monotonic() < deadline:
@@ -624,16 +649,20 @@ def run(args: argparse.Namespace, faults: list[str], log: Log) -> dict[str, Any]
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"faults": {}}
     groups = [
-        (args.shards, [f for f in faults if f not in SHARDED]),
-        (max(2, args.shards), [f for f in faults if f in SHARDED]),
+        (args.shards, 1, [f for f in faults if f not in SHARDED | CLUSTERED]),
+        (max(2, args.shards), 1, [f for f in faults if f in SHARDED]),
+        (args.shards, 3, [f for f in faults if f in CLUSTERED]),
     ]
-    for shards, todo in groups:
+    for shards, nats_nodes, todo in groups:
         if not todo:
             continue
-        drill = Drill(args, shards, log)
+        drill = Drill(args, shards, log, nats_cluster=nats_nodes)
         try:
             took = drill.up()
-            log(f"stack of {shards} shard(s) up in {took:.1f} s ({drill.home})")
+            log(
+                f"stack of {shards} shard(s), {nats_nodes} nats-server(s) up in {took:.1f} s"
+                f" ({drill.home})"
+            )
             runs = []
             for n in range(1, 4):
                 t = drill.trial("none", n, rng)
@@ -677,6 +706,7 @@ def run(args: argparse.Namespace, faults: list[str], log: Log) -> dict[str, Any]
                         drill.restart_servers()
                 report["faults"][fault] = {
                     "shards": shards,
+                    "nats_nodes": nats_nodes,
                     "summary": summarize(trials),
                     "trials": [asdict(t) for t in trials],
                 }
@@ -706,6 +736,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="stuck after, s")
     parser.add_argument("--nats-stop", type=float, default=5.0, help="SIGSTOP of nats, s")
     parser.add_argument("--shard-outage", type=float, default=30.0, help="shard PostgreSQL down, s")
+    parser.add_argument(
+        "--nats-cluster-stop",
+        type=float,
+        default=12.0,
+        help="SIGSTOP of a cluster's stream leader, s (default 12: past its election timeout)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -751,6 +787,7 @@ def main() -> int:
             "timeout",
             "nats_stop",
             "shard_outage",
+            "nats_cluster_stop",
             "seed",
             "shards",
         )

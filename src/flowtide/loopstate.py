@@ -12,14 +12,58 @@ bucket TTL is the backstop for executions that never end.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
-from typing import Any
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, Final, TypeVar
 
-from flowtide.kv import CREATE_MANY_MAX, KeyExistsError, KeyValue, KVError, encode_key_token
+from flowtide.kv import (
+    CREATE_MANY_MAX,
+    CreateManyError,
+    KeyExistsError,
+    KeyValue,
+    KVError,
+    KVUnavailableError,
+    encode_key_token,
+)
 
 DEFAULT_BUCKET = "flowtide_state"
 DEFAULT_TTL = 3600.0
+#: Seconds a loop-state write is repeated while the KV is unavailable (a JetStream
+#: leader election takes 4-10 s after a node dies).
+UNAVAILABLE_BUDGET: Final = 30.0
+
+log = logging.getLogger("flowtide.loopstate")
+T = TypeVar("T")
+
+
+def _unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, KVUnavailableError):
+        return True
+    return isinstance(exc, CreateManyError) and all(
+        isinstance(e, KVUnavailableError) for e in exc.errors.values()
+    )
+
+
+async def retrying(call: Callable[[], Awaitable[T]], budget: float = UNAVAILABLE_BUDGET) -> T:
+    """`await call()`, again while the KV is unavailable (`KVUnavailableError`, or a
+    `create_many` whose every failure is one), at most `budget` seconds; then, and for
+    any other error, raised."""
+    deadline = time.monotonic() + budget
+    pause = 0.1
+    while True:
+        try:
+            return await call()
+        except KVError as exc:
+            if not _unavailable(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.info("loop state: %s; trying again", exc)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 def loop_prefix(execution_id: int, step: str, instance: int) -> str:
@@ -35,9 +79,11 @@ class LoopState:
     ) -> None:
         """Record the loop's shape once (a second start of the same instance is a no-op)."""
         try:
-            await self.kv.create(
-                f"{loop_prefix(execution_id, step, instance)}.meta",
-                json.dumps(meta, separators=(",", ":")).encode(),
+            await retrying(
+                lambda: self.kv.create(
+                    f"{loop_prefix(execution_id, step, instance)}.meta",
+                    json.dumps(meta, separators=(",", ":")).encode(),
+                )
             )
         except KeyExistsError:
             pass
@@ -63,12 +109,12 @@ class LoopState:
         key = f"{loop_prefix(execution_id, step, instance)}.r.{index}"
         value = status if command_id is None else f"{status}:{command_id}"
         try:
-            await self.kv.create(key, value.encode())
+            await retrying(lambda: self.kv.create(key, value.encode()))
         except KeyExistsError:
             if command_id is None:
                 return False
             try:
-                entry = await self.kv.get(key)
+                entry = await retrying(lambda: self.kv.get(key))
             except KVError:
                 return False
             return entry.value.decode(errors="replace").endswith(f":{command_id}")
@@ -102,7 +148,8 @@ class LoopState:
                 (status if command_id is None else f"{status}:{command_id}").encode()
                 for _, status, command_id in chunk
             ]
-            revisions = await self.kv.create_many(list(zip(keys, values, strict=True)))
+            pairs = list(zip(keys, values, strict=True))
+            revisions = await retrying(partial(self.kv.create_many, pairs))
             # Existing keys whose item names a command: counted if that command wrote them.
             check = [
                 i
@@ -111,8 +158,9 @@ class LoopState:
             ]
             stored: dict[str, bytes] = {}
             if check:
+                wanted = list(dict.fromkeys(keys[i] for i in check))
                 try:
-                    found = await self.kv.get_last_many(list(dict.fromkeys(keys[i] for i in check)))
+                    found = await retrying(partial(self.kv.get_last_many, wanted))
                 except KVError:
                     found = {}
                 stored = {key: entry.value for key, entry in found.items()}
@@ -127,11 +175,19 @@ class LoopState:
         return out
 
     async def claim_done(self, execution_id: int, step: str, instance: int) -> bool:
-        """Claim the loop's completion. True for exactly one caller."""
+        """Claim the loop's completion. True for exactly one caller (and for that caller
+        when its claim was written by an attempt whose answer was lost: the claim holds a
+        token of this call)."""
+        key = f"{loop_prefix(execution_id, step, instance)}.done"
+        token = secrets.token_hex(8).encode()
         try:
-            await self.kv.create(f"{loop_prefix(execution_id, step, instance)}.done", b"1")
+            await retrying(lambda: self.kv.create(key, token))
         except KeyExistsError:
-            return False
+            try:
+                entry = await retrying(lambda: self.kv.get(key))
+            except KVError:
+                return False
+            return entry.value == token
         return True
 
     async def finished_count(self, execution_id: int, step: str, instance: int) -> int:

@@ -1,7 +1,7 @@
 """The fault matrix (bench/faults.py) once per fault, at CI sizes (`--quick`: 40
-iterations, a 5 s shard outage, a 3 s nats-server stop): every run completes with
-exactly its results, none twice, none stuck, and under duplicate-commands the stream
-really took each command twice."""
+iterations, a 5 s shard outage, a 3 s nats-server stop, a cluster's stream leader
+stopped 12 s): every run completes with exactly its results, none twice, none stuck,
+and under duplicate-commands the stream really took each command twice."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ ONE_SHARD = [
     "pg-restart-immediate",
     "stop-worker",
     "duplicate-commands",
+]
+#: NATS as a cluster of three (bench/faults_nats.py).
+NATS_CLUSTER = [
+    "kill-nats-leader",
+    "kill-nats-follower",
+    "stop-nats-leader",
+    "nats-rolling-restart",
 ]
 
 
@@ -86,3 +93,15 @@ def test_a_shards_postgresql_stopped_loses_and_duplicates_nothing(tmp_path: Path
     trial = report["faults"]["shard-pg-stop"]["trials"][0]
     # The outage (5 s at CI sizes) held the run up: the fault was real.
     assert trial["delay"] is not None and trial["delay"] > 3, trial
+
+
+@pytest.mark.timeout(300)
+def test_a_nats_clusters_node_failures_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    report = _matrix(tmp_path, NATS_CLUSTER, timeout=290)
+    for fault in NATS_CLUSTER:
+        trial = report["faults"][fault]["trials"][0]
+        assert report["faults"][fault]["nats_nodes"] == 3, fault
+        # The node struck is named: the drill found the stream leaders through JetStream.
+        assert trial["detail"].startswith(("killed nats-", "stopped nats-", "each node")), trial
+    stopped = report["faults"]["stop-nats-leader"]["trials"][0]
+    assert "stopped nats-" in stopped["detail"] and "for 12 s" in stopped["detail"], stopped

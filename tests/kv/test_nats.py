@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from flowtide.kv import (
     KeyNotFoundError,
     KeyValue,
     KVError,
+    KVUnavailableError,
     Operation,
     ValueTooLargeError,
     WrongRevisionError,
@@ -959,7 +961,7 @@ async def test_handle_and_watcher_survive_a_server_restart(tmp_path: Path) -> No
             await watch_until(watcher, after)
 
             server.stop()
-            with pytest.raises(KVError, match="no reply from NATS") as info:
+            with pytest.raises(KVUnavailableError, match="no reply from NATS|dropped") as info:
                 await kv.put("down", b"3")
             assert not isinstance(info.value, BucketNotFoundError)
             server.restart()
@@ -969,6 +971,35 @@ async def test_handle_and_watcher_survive_a_server_restart(tmp_path: Path) -> No
         # written after the reconnect: a timeout never says a write did not happen.
         assert set(await kv.keys()) - {"down"} == {"before", "after", "back"}
         await kv.destroy()
+    finally:
+        await kv.close()
+        server.stop()
+
+
+async def test_a_request_in_flight_when_the_connection_drops_fails_at_once(
+    tmp_path: Path,
+) -> None:
+    """A reply the dead node held never comes: the request ends when the connection
+    drops (KVUnavailableError, which says the write may have happened), not at its
+    timeout, and the handle works again once a server is back."""
+    server = NatsServer.start(tmp_path)
+    kv = await open_nats(server.url, BucketConfig(bucket=bucket_name()), timeout=30.0)
+    try:
+        await kv.put("before", b"1")
+        server.proc.send_signal(signal.SIGSTOP)  # it holds the request, answering nothing
+        put = asyncio.ensure_future(kv.put("during", b"2"))
+        await asyncio.sleep(0.3)
+        assert not put.done()
+        started = time.monotonic()
+        server.proc.kill()  # the socket drops
+        server.proc.wait()
+        with pytest.raises(KVUnavailableError, match="dropped before the reply") as info:
+            await put
+        assert time.monotonic() - started < 5.0, "waited for the 30 s timeout"
+        assert "may or may not have been applied" in str(info.value)
+        server.restart()
+        await until_ok(lambda: kv.put("after", b"3"))
+        assert (await kv.get("before")).value == b"1"
     finally:
         await kv.close()
         server.stop()

@@ -46,3 +46,18 @@ def test_nothing_to_ask_for_is_not_a_deferred_top_up() -> None:
     puller.credit, puller._asked_at = 8, time.monotonic()  # asked just now
     assert _ask(puller, 8) is False and _ask(puller, 8, top_up=True) is False
     assert nc.asked == []
+
+
+def test_what_was_asked_on_a_lost_connection_is_asked_again_on_the_new_one() -> None:
+    # The pull requests lived on the old connection: the node that held them may have
+    # died (a NATS cluster), so their credit must not hold the next ones back until they
+    # would have expired.
+    nc = _Nats()
+    nc.stats = {"reconnects": 0}  # type: ignore[attr-defined]
+    puller = Puller(nc, "S", "C", asyncio.Event())
+    assert _ask(puller, 8) is False and nc.asked == [8]
+    assert _ask(puller, 8) is False and nc.asked == [8]  # all 8 still asked for
+    nc.stats["reconnects"] = 1  # type: ignore[attr-defined]
+    assert _ask(puller, 8) is False and nc.asked == [8, 8]
+    assert puller.credit == 8
+    assert _ask(puller, 8) is False and nc.asked == [8, 8]  # once per reconnect

@@ -101,7 +101,7 @@ class Processes:
             return False
         except PermissionError:
             return False
-        marker = "nats-server" if name == "nats" else "flowtide.cli"
+        marker = "nats-server" if name == "nats" or name.startswith("nats-") else "flowtide.cli"
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if marker.encode() not in cmdline:

@@ -32,6 +32,7 @@ from flowtide.kv.base import (
     decode_key_token,
     encode_key_token,
 )
+from flowtide.kv.errors import KVUnavailableError
 
 if TYPE_CHECKING:
     from flowtide.natsauth import NatsAuth
@@ -45,6 +46,7 @@ __all__ = [
     "Entry",
     "InvalidKeyError",
     "KVError",
+    "KVUnavailableError",
     "KeyExistsError",
     "KeyNotFoundError",
     "KeyValue",

@@ -14,6 +14,7 @@ __all__ = [
     "KVUnavailable",
     "InvalidKeyError",
     "KVError",
+    "KVUnavailableError",
     "KeyExistsError",
     "KeyNotFoundError",
     "ValueTooLargeError",
@@ -29,6 +30,13 @@ class KVError(FlowtideError):
         self.bucket = bucket
         self.key = key
         super().__init__(message)
+
+
+class KVUnavailableError(KVError):
+    """The server did not answer in time or cannot serve the request right now: the
+    connection is being re-established, or a JetStream cluster is electing the bucket's
+    leader (a few seconds after a node dies). A write may or may not have been applied;
+    asking again later is how to find out (`create` then says KeyExistsError)."""
 
 
 class BucketNotFoundError(KVError):

@@ -99,7 +99,7 @@ class Runtime:
 
     async def start(self) -> None:
         from flowtide.kv import connect
-        from flowtide.loopstate import LoopState
+        from flowtide.loopstate import LoopState, retrying
         from flowtide.store.postgres import PostgresStore
 
         s = self.settings
@@ -143,13 +143,18 @@ class Runtime:
         self.workers = WorkerRegistry(self.store, worker_timeout=s.worker_timeout)
         self.auth = await asyncio.to_thread(self._authenticator)
         layout = s.nats_layout
-        self.kv = await connect(
-            s.kv,
-            s.kv_bucket,
-            ttl=3600,
-            replicas=layout.replicas,
-            storage="memory" if layout.storage == "memory" else "file",
-            nats_auth=s.nats_auth,
+        # A NATS cluster that has just started (or lost a node) may take seconds to give
+        # the bucket a leader: waited for, within a minute.
+        self.kv = await retrying(
+            lambda: connect(
+                s.kv,
+                s.kv_bucket,
+                ttl=3600,
+                replicas=layout.replicas,
+                storage="memory" if layout.storage == "memory" else "file",
+                nats_auth=s.nats_auth,
+            ),
+            budget=60.0,
         )
         self.coordinator = Coordinator(
             self.store,

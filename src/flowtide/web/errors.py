@@ -19,9 +19,11 @@ from flowtide.errors import (
     ClaimConflict,
     ExecutionFinished,
     FlowtideError,
+    NatsError,
     NotFoundError,
     StoreError,
 )
+from flowtide.kv.errors import KVError
 from flowtide.redaction import known, mask_text
 from flowtide.web.openapi import documented_methods
 from flowtide.web.problems import RequestError, error_response
@@ -53,6 +55,7 @@ def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
         ClaimConflict        409, with `holder`
         ExecutionFinished    409, with `execution_status`
         StoreError           503 (the database is unavailable)
+        KVError, NatsError   503 (loop state or NATS unavailable: a node down, an election)
         other FlowtideError  422
         anything else        500
     """
@@ -70,6 +73,10 @@ def problem(exc: BaseException) -> tuple[int, str, dict[str, Any]]:
         if _where and not str(exc).startswith("shard "):
             return 503, f"{_where}store unavailable: {exc}", {}
         return 503, f"store unavailable: {exc}", {}
+    if isinstance(exc, KVError):
+        return 503, f"loop state unavailable: {exc}", {}
+    if isinstance(exc, NatsError):
+        return 503, str(exc), {}
     if isinstance(exc, FlowtideError):
         return 422, str(exc), {}
     return 500, f"{type(exc).__name__}: {exc}", {}

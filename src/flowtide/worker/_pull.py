@@ -28,7 +28,9 @@ class Puller:
     `credit` counts the messages asked for and not delivered: a request that expires
     ends with a 408 status saying how many of its batch it did not deliver. The credit
     of requests lost otherwise (a reconnect, a 409) is dropped once every request asked
-    for must have expired.
+    for must have expired, or at once when the connection was re-established (the
+    requests lived on the old one: in a NATS cluster, the node that held them may have
+    died, and its consumer's next leader never heard of them).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class Puller:
         self.expires = expires
         self.credit = 0
         self._asked_at = 0.0
+        self._reconnects = self._reconnects_now()
         self._inbox = nc.new_inbox()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._sub: Any = None
@@ -60,6 +63,10 @@ class Puller:
         now = time.monotonic()
         if self.credit and now - self._asked_at > self.expires + 2.0:
             self.credit = 0  # every request asked for has expired by now
+        reconnects = self._reconnects_now()
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self.credit = 0  # asked for on a connection that is gone
         want = free - self.credit
         if want <= 0:
             return False
@@ -71,6 +78,10 @@ class Puller:
         self.credit += want
         self._asked_at = now
         return False
+
+    def _reconnects_now(self) -> int:
+        stats = getattr(self.nc, "stats", None)
+        return int(stats.get("reconnects", 0)) if isinstance(stats, dict) else 0
 
     async def take(self, timeout: float) -> list[Any]:
         """The messages that arrived (at least one, or none after `timeout` seconds)."""

@@ -27,6 +27,7 @@ from flowtide.kv.base import (
     prepare_creates,
     validate_key,
 )
+from flowtide.kv.errors import KVUnavailableError
 from flowtide.kv.nats.connection import _acquire
 from flowtide.kv.nats.pipeline import request_pipelined
 from flowtide.kv.nats.protocol import (
@@ -49,6 +50,8 @@ from flowtide.kv.nats.watcher import NatsWatcher
 from flowtide.natsauth import NatsAuth
 
 _CREATE_ATTEMPTS: Final = 10
+#: JetStream's "temporarily unavailable" (no leader yet): not applied, may be sent again.
+_UNAVAILABLE: Final = frozenset({10008})
 # create_many: acks outstanding at a time on the connection (and leader reads at a time).
 _PIPELINE_WINDOW: Final = 256
 
@@ -144,7 +147,8 @@ class NatsKeyValue(_BucketReads):
         if api.err_code == _ERR_MESSAGE_TOO_LARGE:
             max_size = self._info.max_value_size or self._conn.client.max_payload
             raise ValueTooLargeError(self.bucket, key, size=len(value), max_size=max_size)
-        raise KVError(
+        kind = KVUnavailableError if api.err_code in _UNAVAILABLE else KVError
+        raise kind(
             f"JetStream refused the write to {key!r} in bucket {self.bucket!r}: {api}",
             bucket=self.bucket,
             key=key,

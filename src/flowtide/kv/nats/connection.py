@@ -27,7 +27,8 @@ from nats.aio.msg import Msg
 
 from flowtide.errors import NatsError
 from flowtide.kv.base import KVError
-from flowtide.kv.nats.protocol import _ApiError, _NoResponders, _status, _TooLarge
+from flowtide.kv.errors import KVUnavailableError
+from flowtide.kv.nats.protocol import _ApiError, _Lost, _NoResponders, _status, _TooLarge
 from flowtide.natsauth import (
     NatsAuth,
     bounded_connect,
@@ -271,6 +272,15 @@ class _Connection:
     async def _on_disconnected(self) -> None:
         if self._connected_once and not self.closed:
             _log.info("NATS connection to %s lost; reconnecting", self.shown)
+        # What waits for a reply stops waiting now rather than at its timeout: a reply
+        # the node that died held never comes (KVUnavailableError: its caller may try
+        # again on the next connection, to another node of a cluster).
+        for future in self._mux_single.values():
+            if not future.done():
+                future.set_exception(_Lost())
+        for waiter in self._mux_waiters.values():
+            if not waiter.done.done():
+                waiter.done.set_exception(_Lost())
 
     async def _on_reconnected(self) -> None:
         _log.info("NATS connection to %s re-established", self.shown)
@@ -338,11 +348,15 @@ class _Connection:
             if refusal is not None:
                 return KVError(f"NATS at {self.shown} refused the request: {refusal}")
             state = " (disconnected, reconnecting)" if self.nc and self.nc.is_reconnecting else ""
-            return KVError(f"no reply from NATS at {self.shown} within {timeout:g} s{state}")
+            return KVUnavailableError(
+                f"no reply from NATS at {self.shown} within {timeout:g} s{state}"
+            )
         if isinstance(exc, nats.errors.ConnectionClosedError):
             return KVError(f"the NATS connection to {self.shown} is closed")
         if isinstance(exc, nats.errors.OutboundBufferLimitError):
-            return KVError(f"NATS at {self.shown} is unreachable and the send buffer is full")
+            return KVUnavailableError(
+                f"NATS at {self.shown} is unreachable and the send buffer is full"
+            )
         return KVError(f"NATS request to {self.shown} failed: {self.scrub(str(exc) or repr(exc))}")
 
     async def request(
@@ -353,15 +367,37 @@ class _Connection:
         timeout: float,
         headers: dict[str, str] | None = None,
     ) -> Msg:
-        nc = self.client
+        # On the connection's own reply inbox (not nats-py's request), so that a lost
+        # connection ends the wait at once (_on_disconnected).
+        prefix = await self._mux()
+        token, future = self.expect_reply()
         try:
-            return await nc.request(subject, payload, timeout=timeout, headers=headers)
-        except nats.errors.NoRespondersError:
-            raise _NoResponders(subject) from None
-        except nats.errors.MaxPayloadError:
-            raise _TooLarge(subject) from None
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise self.transport_error(exc, timeout, subject) from exc
+            try:
+                await self.client.publish(subject, payload, reply=prefix + token, headers=headers)
+            except nats.errors.MaxPayloadError:
+                raise _TooLarge(subject) from None
+            except (nats.errors.Error, OSError) as exc:
+                raise self.transport_error(exc, timeout, subject) from exc
+            await asyncio.wait((future,), timeout=timeout)
+            if not future.done():
+                raise self.transport_error(TimeoutError(), timeout, subject)
+            try:
+                msg = future.result()
+            except _Lost:
+                raise self.lost(subject) from None
+        finally:
+            self.forget_reply(token)
+        if _status(msg) == "503":
+            raise _NoResponders(subject)
+        return msg
+
+    def lost(self, subject: str | None = None) -> KVUnavailableError:
+        """The error of a request whose connection dropped before its reply came."""
+        where = f" ({subject})" if subject else ""
+        return KVUnavailableError(
+            f"the NATS connection to {self.shown} dropped before the reply{where}; the"
+            " request may or may not have been applied"
+        )
 
     async def api(self, subject: str, body: dict[str, Any] | None, *, timeout: float) -> Any:
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
@@ -473,6 +509,8 @@ class _Connection:
                 raise self.transport_error(TimeoutError(), timeout, subject)
             seen = now
             await asyncio.wait((done,), timeout=timeout)
+        if not done.cancelled() and isinstance(done.exception(), _Lost):
+            raise self.lost(subject)
 
 
 @dataclass(slots=True)

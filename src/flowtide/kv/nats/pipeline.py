@@ -16,8 +16,9 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from flowtide.kv.base import KVError
+from flowtide.kv.errors import KVUnavailableError
 from flowtide.kv.nats.connection import _Connection
-from flowtide.kv.nats.protocol import _NoResponders, _status, _TooLarge
+from flowtide.kv.nats.protocol import _Lost, _NoResponders, _status, _TooLarge
 
 Request = tuple[str, bytes, dict[str, str] | None]
 
@@ -55,6 +56,8 @@ async def request_pipelined(
             error = conn.transport_error(TimeoutError(), timeout, subject)
             out[index] = error
             stalled = stalled or error
+        elif isinstance(future.exception(), _Lost):
+            out[index] = conn.lost(subject)
         else:
             msg = future.result()
             out[index] = _NoResponders(subject) if _status(msg) == "503" else msg
@@ -64,7 +67,8 @@ async def request_pipelined(
             while len(waiting) >= window and stalled is None:
                 await settle()
             if stalled is not None:
-                out[index] = KVError(f"not sent after an earlier write failed: {stalled.message}")
+                kind = KVUnavailableError if isinstance(stalled, KVUnavailableError) else KVError
+                out[index] = kind(f"not sent after an earlier write failed: {stalled.message}")
                 continue
             token, future = conn.expect_reply()
             try:

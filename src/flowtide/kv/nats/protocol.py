@@ -160,6 +160,12 @@ class _TooLarge(Exception):
     """The message exceeds the server's max_payload."""
 
 
+class _Lost(Exception):
+    """The connection dropped while the request waited for its reply: the reply may
+    never come (the node that had it died), so the wait ends at once; the request may or
+    may not have been applied."""
+
+
 class _WrongLast(Exception):
     def __init__(self, current: int | None) -> None:
         self.current = current

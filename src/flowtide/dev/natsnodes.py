@@ -163,8 +163,9 @@ def up_nats(stack: DevStack, progress: Progress, timeout: float) -> None:
         ]
         stack.procs.spawn(node.name, argv)
     for node in todo:
+        log = stack.procs.log(node.name)
 
-        def ready(log: Path = stack.procs.log(node.name)) -> bool:
+        def ready(log: Path = log) -> bool:
             return "Server is ready" in _text(log)
 
         stack.procs.wait(node.name, ready, timeout)

@@ -125,8 +125,7 @@ def validate_extended(config: BucketConfig) -> None:
     marker = config.limit_marker_ttl
     if marker is not None and not (_positive(marker) and marker >= MIN_LIMIT_MARKER_TTL):
         raise KVError(
-            f"limit_marker_ttl must be at least {MIN_LIMIT_MARKER_TTL:g} s or None, "
-            f"got {marker!r}",
+            f"limit_marker_ttl must be at least {MIN_LIMIT_MARKER_TTL:g} s or None, got {marker!r}",
             bucket=b,
         )
     if isinstance(config.sources, str):

@@ -36,7 +36,7 @@ class _Msg:
     """One stored message; `mono` is the monotonic time it was written, `deadline` the
     monotonic time a per-value TTL removes it (None: the bucket's ttl applies)."""
 
-    __slots__ = ("key", "value", "revision", "created", "mono", "operation", "deadline", "marker")
+    __slots__ = ("key", "value", "revision", "created", "mono", "operation", "deadline")
 
     def __init__(
         self,
@@ -47,7 +47,6 @@ class _Msg:
         mono: float,
         operation: Operation,
         deadline: float | None = None,
-        marker: bool = False,
     ) -> None:
         self.key = key
         self.value = value
@@ -56,8 +55,6 @@ class _Msg:
         self.mono = mono
         self.operation = operation
         self.deadline = deadline
-        # Placed by expiry (a limit marker), not by a writer.
-        self.marker = marker
 
 
 class _Bucket:
@@ -85,7 +82,7 @@ class _Bucket:
 
     def expire(self) -> None:
         """Drop what the bucket's ttl and per-value TTLs removed by now, oldest first;
-        with limit markers, a key whose last message expired gets a PURGE marker that
+        with limit markers, a key whose last value expired gets a PURGE marker that
         lives `limit_marker_ttl` (as JetStream's subject delete markers)."""
         now = time.monotonic()
         ttl = self.config.ttl
@@ -118,10 +115,9 @@ class _Bucket:
             return
         del self.by_key[msg.key]
         marker_ttl = self.config.limit_marker_ttl
-        if marker_ttl is not None and not msg.marker:
-            self.append(
-                msg.key, b"", Operation.PURGE, ttl=marker_ttl, marker=True, now=at, check=False
-            )
+        # A value expired: a marker says so (an expired marker leaves nothing).
+        if marker_ttl is not None and msg.operation is Operation.PUT:
+            self.append(msg.key, b"", Operation.PURGE, ttl=marker_ttl, now=at, check=False)
 
     def _forget(self, msg: _Msg) -> None:
         self.count -= 1
@@ -138,7 +134,6 @@ class _Bucket:
         operation: Operation,
         *,
         ttl: float | None = None,
-        marker: bool = False,
         now: float | None = None,
         check: bool = True,
     ) -> _Msg:
@@ -151,7 +146,7 @@ class _Bucket:
         self.seq += 1
         mono = time.monotonic() if now is None else now
         deadline = mono + ttl if ttl is not None else None
-        msg = _Msg(key, value, self.seq, time.time(), mono, operation, deadline, marker)
+        msg = _Msg(key, value, self.seq, time.time(), mono, operation, deadline)
         msgs = self.by_key.setdefault(key, [])
         if operation is Operation.PURGE:
             for old in msgs:

@@ -1,12 +1,13 @@
 """`flowtide kv ls|get|history|watch|del|status`: inside the key-value bucket that holds
-loop state, like `nats kv`."""
+loop state, like `nats kv`; `kv add|edit` (in `cli.kv_admin`) create a bucket and change
+its settings."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -73,10 +74,6 @@ def _kv_command(
 ) -> None:
     """Run `await body(kv)` on an open handle and turn KV errors into exit codes:
     2 for bad input (URL, key, filter, no such key or bucket), 1 for a failure."""
-    import asyncio
-
-    from flowtide.kv import KeyNotFoundError, KVError
-
     _require_shared_kv(url)
 
     async def main() -> None:
@@ -90,6 +87,18 @@ def _kv_command(
             await body(kv)
         finally:
             await close_kv(kv)
+
+    _run_kv(url, main, interrupt_ok=interrupt_ok)
+
+
+def _run_kv(
+    url: str, main: Callable[[], Coroutine[Any, Any, None]], *, interrupt_ok: bool = False
+) -> None:
+    """`asyncio.run(main())`, its KV errors turned into exit codes (2: bad input, 1: a
+    failure) and messages without the URL's password."""
+    import asyncio
+
+    from flowtide.kv import KeyNotFoundError, KVError
 
     try:
         asyncio.run(main())
@@ -410,32 +419,72 @@ def kv_status(
 ) -> None:
     """Show the bucket's size and configuration.
 
-    Values, history, TTL, bytes, storage, replicas, compression and the
-    backing store.
+    Values, history, TTL, sizes and limits, storage, replicas, compression,
+    placement, republish, mirror origin, sources, per-value TTL (limit markers)
+    and the backing store.
     """
 
     async def body(kv: Any) -> None:
-        import dataclasses
-
-        status = await kv.status()
-        if as_json:
-            print_json(dataclasses.asdict(status))
-            return
-        ttl = "none (values never expire)" if status.ttl is None else f"{status.ttl:g} s"
-        max_size = "unlimited" if status.max_value_size is None else f"{status.max_value_size} B"
-        rows = [
-            ("bucket", status.bucket),
-            ("values", status.values),
-            ("history", status.history),
-            ("ttl", ttl),
-            ("max value size", max_size),
-            ("bytes", status.bytes),
-            ("storage", status.storage),
-            ("replicas", status.replicas),
-            ("compression", "s2" if status.compression else "none"),
-            ("backing store", status.backing_store),
-            ("url", redact_url(url)),
-        ]
-        sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
+        print_status(await kv.status(), url, as_json=as_json)
 
     _kv_command(url, bucket, body, nats_creds=nats_creds)
+
+
+def _seconds(value: float | None, unset: str) -> str:
+    return unset if value is None else f"{value:g} s"
+
+
+def print_status(status: Any, url: str, *, as_json: bool) -> None:
+    """A bucket's `Status` as `kv status` prints it (JSON: every field)."""
+    import dataclasses
+
+    if as_json:
+        print_json(dataclasses.asdict(status))
+        return
+    placement = status.placement
+    where = (
+        "any server"
+        if placement is None
+        else " ".join(
+            ([f"cluster {placement.cluster}"] if placement.cluster else [])
+            + [f"tag {t}" for t in placement.tags]
+        )
+    )
+    rp = status.republish
+    republish = (
+        "none"
+        if rp is None
+        else f"keys {rp.source} -> {rp.destination}"
+        + (" (headers only)" if rp.headers_only else "")
+    )
+    max_size = "unlimited" if status.max_value_size is None else f"{status.max_value_size} B"
+    max_bytes = "unlimited" if status.max_bytes is None else f"{status.max_bytes} B"
+    markers = (
+        "off (create --ttl refused)"
+        if status.limit_marker_ttl is None
+        else f"on, markers kept {status.limit_marker_ttl:g} s"
+    )
+    rows = [
+        ("bucket", status.bucket),
+        ("values", status.values),
+        ("history", status.history),
+        ("ttl", _seconds(status.ttl, "none (values never expire)")),
+        ("per-value ttl", markers),
+        ("max value size", max_size),
+        ("max bytes", max_bytes),
+        ("bytes", status.bytes),
+        ("storage", status.storage),
+        ("replicas", status.replicas),
+        ("compression", "s2" if status.compression else "none"),
+        ("placement", where),
+        ("republish", republish),
+        ("mirror of", status.mirror or "-"),
+        ("sources", ", ".join(status.sources) or "-"),
+        ("backing store", status.backing_store),
+        ("url", redact_url(url)),
+    ]
+    sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
+
+
+# `kv add` and `kv edit` register themselves on kv_app.
+from flowtide.cli import kv_admin as _kv_admin  # noqa: E402, F401

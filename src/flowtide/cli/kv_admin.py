@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from flowtide.cli.backends import close_kv, open_kv
-from flowtide.cli.kv import (
+from flowtide.cli.kv_common import (
     KvUrlOpt,
     _require_shared_kv,
     _run_kv,

@@ -28,8 +28,10 @@ kv_app = typer.Typer(
     help=(
         "Look inside the key-value bucket that holds loop state, like `nats kv`. Keys are "
         "exec.<execution_id>.loop.<step>.<instance>.meta | r.<index> | done, and an "
-        "execution's keys are removed when it ends. Needs a store other processes can see: "
-        "--url nats://HOST:PORT (or FLOWTIDE_KV)."
+        "execution's keys are removed when it ends. `kv add` and `kv edit` create a bucket "
+        "and change its settings (size limit, placement, republish, mirror, sources, "
+        "per-value TTL). Needs a store other processes can see: --url nats://HOST:PORT "
+        "(or FLOWTIDE_KV)."
     ),
     no_args_is_help=True,
 )

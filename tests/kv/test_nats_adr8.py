@@ -1,7 +1,8 @@
 """ADR-8 topologies and stream settings on a real nats-server: placement, republish,
 mirrors (read replicas), sourced buckets, and what a settings change does to the
-stream. What both adapters share (max_bytes, per-value TTL, apply) is in the
-conformance suite."""
+stream; placement and a mirror across the nodes of a 3-node cluster (`NatsCluster`:
+nodes n0..n2 tagged az0..az2). What both adapters share (max_bytes, per-value TTL,
+apply) is in the conformance suite."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from flowtide.kv import (
     connect,
 )
 
-from .natsserver import NatsServer
+from .natsserver import NatsCluster, NatsServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats]
 
@@ -78,13 +79,14 @@ async def stream_config(server: NatsServer, bucket: str) -> dict[str, Any]:
     return dict(json.loads(reply.data)["config"])
 
 
-async def eventually(check: Any, within: float = 5.0) -> Any:
-    """Await `check()` until it returns without AssertionError or KeyNotFoundError."""
+async def eventually(check: Any, within: float = 5.0, retry: tuple[type, ...] = ()) -> Any:
+    """Await `check()` until it returns without AssertionError, KeyNotFoundError (or an
+    exception of `retry`)."""
     deadline = time.monotonic() + within
     while True:
         try:
             return await check()
-        except (AssertionError, KeyNotFoundError):
+        except (AssertionError, KeyNotFoundError, *retry):
             if time.monotonic() > deadline:
                 raise
         await anyio.sleep(0.05)
@@ -276,3 +278,102 @@ async def test_apply_refuses_to_turn_a_bucket_into_a_mirror(
     await bound.put("k", b"v")
     opened.remove(bound)
     await bound.close()
+
+
+# ------------------------------------------------------------------ on a cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster.start(tmp_path_factory.mktemp("cluster")) as nodes:
+        yield nodes
+
+
+async def stream_info(url: str, bucket: str) -> dict[str, Any]:
+    nc = await nats.connect(servers=url.split(","))
+    try:
+        reply = await nc.request(f"$JS.API.STREAM.INFO.KV_{bucket}", b"", timeout=10)
+    finally:
+        await nc.close()
+    return dict(json.loads(reply.data))
+
+
+async def test_placement_puts_the_stream_on_the_tagged_node(cluster: NatsCluster) -> None:
+    handles: list[KeyValue] = []
+    try:
+        for tag, node in (("az1", "n1"), ("az2", "n2")):
+            kv = await connect(
+                cluster.url,
+                name(),
+                placement=Placement(cluster="flowtide-test", tags=(tag,)),
+            )
+            handles.append(kv)
+            info = await stream_info(cluster.url, kv.bucket)
+            assert info["cluster"]["name"] == "flowtide-test"
+            assert info["cluster"]["leader"] == node
+            assert (await kv.status()).placement == Placement("flowtide-test", (tag,))
+            await kv.put("k", b"v")
+            assert (await kv.get("k")).value == b"v"
+        # No node carries the tag: JetStream cannot place it, and says so.
+        with pytest.raises(KVError, match="cannot open bucket"):
+            handles.append(await connect(cluster.url, name(), placement=Placement(tags=("az9",))))
+        # Moved in place to another node (STREAM.UPDATE with the new placement).
+        moved = handles[0]
+        await connect(cluster.url, moved.bucket, placement=Placement(tags=("az0",)), apply=True)
+
+        async def on_n0() -> None:
+            info = await stream_info(cluster.url, moved.bucket)
+            assert info["cluster"].get("leader") == "n0"
+
+        await eventually(on_n0, within=30, retry=(nats.errors.TimeoutError,))
+        assert (await moved.get("k")).value == b"v"
+    finally:
+        for kv in handles:
+            await kv.destroy()
+            await kv.close()
+
+
+async def test_mirror_on_another_node_serves_the_far_site(cluster: NatsCluster) -> None:
+    """The origin on n0, its mirror on n2; a client connected to n2 (the far site) reads
+    through the origin's Direct Get subject, which the mirror answers too: once the
+    origin's node is gone, the far site still reads. (Which copy answers while both are
+    up depends on round-trip times, all alike on loopback: not asserted.)"""
+    near, far = cluster.nodes[0].url, cluster.nodes[2].url
+    origin = await connect(near, name("origin"), placement=Placement(tags=("az0",)), history=2)
+    mirror = await connect(
+        far, name("mirror"), mirror=origin.bucket, placement=Placement(tags=("az2",)), history=2
+    )
+    far_origin = await connect(far, origin.bucket, create=False)
+    try:
+        assert (await stream_info(far, mirror.bucket))["cluster"]["leader"] == "n2"
+        await origin.put("k", b"v1")
+        await origin.put("k", b"v2")
+
+        async def mirrored() -> None:
+            assert await mirror.keys() == ["k"]
+
+        await eventually(mirrored, within=10)
+        with pytest.raises(ReadOnlyBucketError):
+            await mirror.put("k", b"no")
+        # The origin's node goes away: the far site still reads, through either handle.
+        cluster.kill(0)
+        try:
+            # A request already routed to the dead node is lost (5 s timeout): retried.
+            entry = await eventually(lambda: far_origin.get("k"), within=20, retry=(KVError,))
+            assert entry.value == b"v2"
+            history = await eventually(lambda: mirror.history("k"), within=20, retry=(KVError,))
+            assert [e.value for e in history] == [b"v1", b"v2"]
+        finally:
+            cluster.restart(0)
+            cluster.wait_for_leader()
+    finally:
+        for kv in (far_origin, mirror, origin):
+            await kv.close()
+        # The origin's node is back (and the cluster may be electing a new metadata
+        # leader): the API answers again after a while.
+        for bucket in (mirror.bucket, origin.bucket):
+            cleanup = await eventually(
+                lambda b=bucket: connect(far, b, create=False), within=30, retry=(KVError,)
+            )
+            await cleanup.destroy()
+            await cleanup.close()

@@ -155,8 +155,10 @@ async def test_mirror_is_a_read_only_replica(
     await origin.put("a", b"1")
     await origin.put("a", b"2")
     await origin.put("b", b"x")
-    mirror = await open_kv(nats_server, opened, mirror=origin.bucket, history=3)
-    assert (await mirror.status()).mirror == origin.bucket
+    mirror = await open_kv(nats_server, opened, mirror=origin.bucket)
+    status = await mirror.status()
+    # At least the origin's history, whichever copy answers a read.
+    assert (status.mirror, status.history) == (origin.bucket, 3)
 
     async def caught_up() -> None:
         # keys reads the mirror's own stream (an ordered consumer on it).
@@ -369,11 +371,5 @@ async def test_mirror_on_another_node_serves_the_far_site(cluster: NatsCluster) 
     finally:
         for kv in (far_origin, mirror, origin):
             await kv.close()
-        # The origin's node is back (and the cluster may be electing a new metadata
-        # leader): the API answers again after a while.
-        for bucket in (mirror.bucket, origin.bucket):
-            cleanup = await eventually(
-                lambda b=bucket: connect(far, b, create=False), within=30, retry=(KVError,)
-            )
-            await cleanup.destroy()
-            await cleanup.close()
+        # The buckets (unique names) stay: the cluster may still be electing a new
+        # metadata leader after the restart, and it goes away with the module.

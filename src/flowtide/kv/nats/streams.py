@@ -7,7 +7,7 @@ settings in place (`$JS.API.STREAM.UPDATE`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from flowtide.kv.base import (
@@ -300,6 +300,10 @@ async def _bind_bucket(
                         "mirror of it could not serve its reads",
                         bucket=bucket,
                     ) from None
+                # Reads of the origin may be answered by the mirror: it keeps at least
+                # the origin's history per key, so history() does not depend on which.
+                origin_history = int(origin["config"].get("max_msgs_per_subject") or 1)
+                config = replace(config, history=max(config.history, origin_history))
             try:
                 reply = await conn.api(
                     f"$JS.API.STREAM.CREATE.{stream}", _stream_config(config), timeout=timeout

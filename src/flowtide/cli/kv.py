@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import typer
 
-from flowtide.cli import kv_admin as _kv_admin  # noqa: F401  (registers kv add, kv edit)
 from flowtide.cli.backends import close_kv, open_kv
 from flowtide.cli.kv_common import (
     KvBucketNameOpt,
@@ -357,3 +356,7 @@ def kv_status(
         print_status(await kv.status(), url, as_json=as_json)
 
     _kv_command(url, bucket, body, nats_creds=nats_creds)
+
+
+# After the commands above, so that `flowtide kv --help` lists add and edit last.
+from flowtide.cli import kv_admin as _kv_admin  # noqa: E402, F401  (registers kv add, kv edit)

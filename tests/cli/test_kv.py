@@ -618,3 +618,82 @@ def test_scrub_hides_the_password_however_it_is_quoted() -> None:
     scrubbed = scrub_url(text, url)
     assert "p%40ssword" not in scrubbed and "p@ssword" not in scrubbed
     assert "'nats://flow:***@h:4222'" in scrubbed
+
+
+# ------------------------------------------------------------------------ add / edit
+
+
+@pytest.mark.nats
+def test_add_creates_a_bucket_with_its_settings(ft: Flowtide, nats: NatsServer) -> None:
+    doc = ft.json(
+        "kv", "add", "orders", "--url", nats.url, "--history", "5", "--ttl", "60",
+        "--max-bytes", "100000", "--max-value-size", "1024", "--compression",
+        "--placement-tag", "site:a", "--republish", "new.>", "out.orders.>",
+        "--limit-marker-ttl", "2",
+    )  # fmt: skip
+    assert (doc["bucket"], doc["history"], doc["ttl"], doc["max_bytes"]) == (
+        "orders",
+        5,
+        60,
+        100000,
+    )
+    assert (doc["max_value_size"], doc["compression"], doc["limit_marker_ttl"]) == (1024, True, 2)
+    assert doc["placement"] == {"cluster": None, "tags": ["site:a"]}
+    assert doc["republish"] == {
+        "destination": "out.orders.>",
+        "source": "new.>",
+        "headers_only": False,
+    }
+    assert (doc["mirror"], doc["sources"]) == (None, [])
+    text = ft.ok("kv", "status", "--url", nats.url, "--bucket", "orders").stdout
+    assert "max bytes:      100000 B" in text
+    assert "per-value ttl:  on, markers kept 2 s" in text
+    assert "republish:      keys new.> -> out.orders.>" in text
+    assert "placement:      tag site:a" in text
+
+    # It exists now: add refuses, and points at edit.
+    proc = ft("kv", "add", "orders", "--url", nats.url)
+    assert proc.returncode == 2 and "kv edit orders" in proc.stderr
+
+
+@pytest.mark.nats
+def test_add_mirror_and_sourced_buckets(ft: Flowtide, nats: NatsServer) -> None:
+    put(nats.url, ("a", b"1"))
+    mirror = ft.json("kv", "add", "replica", "--url", nats.url, "--mirror", BUCKET)
+    assert mirror["mirror"] == BUCKET
+    ft.ok("kv", "add", "other", "--url", nats.url)
+    both = ft.json("kv", "add", "all", "--url", nats.url, "--source", BUCKET, "--source", "other")
+    assert both["sources"] == [BUCKET, "other"]
+    text = ft.ok("kv", "status", "--url", nats.url, "--bucket", "replica").stdout
+    assert f"mirror of:      {BUCKET}" in text
+    proc = ft("kv", "add", "bad", "--url", nats.url, "--mirror", "nowhere")
+    assert proc.returncode != 0 and "no bucket 'nowhere'" in proc.stderr
+
+
+@pytest.mark.nats
+def test_edit_changes_only_the_given_settings(ft: Flowtide, nats: NatsServer) -> None:
+    ft.ok("kv", "add", "cfg", "--url", nats.url, "--history", "3", "--ttl", "60")
+    doc = ft.json("kv", "edit", "cfg", "--url", nats.url, "--max-bytes", "5000", "--history", "7")
+    assert (doc["history"], doc["ttl"], doc["max_bytes"]) == (7, 60, 5000)
+    doc = ft.json("kv", "edit", "cfg", "--url", nats.url, "--ttl", "0", "--max-bytes", "0")
+    assert (doc["history"], doc["ttl"], doc["max_bytes"]) == (7, None, None)
+    text = ft.ok("kv", "edit", "cfg", "--url", nats.url, "--per-value-ttl", "3").stdout
+    assert "per-value ttl:  on, markers kept 3 s" in text
+
+    # What JetStream cannot change in place is refused with what to do instead.
+    proc = ft("kv", "edit", "cfg", "--url", nats.url, "--storage", "memory")
+    assert proc.returncode == 2
+    assert "cannot move a stream to memory storage" in proc.stderr
+    assert "create a new bucket" in proc.stderr
+    proc = ft("kv", "edit", "cfg", "--url", nats.url)
+    assert proc.returncode == 2 and "nothing to change" in proc.stderr
+    proc = ft("kv", "edit", "missing", "--url", nats.url, "--history", "2")
+    assert proc.returncode == 2 and "bucket 'missing' not found" in proc.stderr
+    proc = ft("kv", "edit", "cfg", "--url", nats.url, "--republish-headers-only")
+    assert proc.returncode == 2 and "--republish KEYS SUBJECT" in proc.stderr
+
+
+def test_add_and_edit_refuse_memory(ft: Flowtide) -> None:
+    for command in ("add", "edit"):
+        proc = ft("kv", command, "b", "--url", "memory://", "--history", "2")
+        assert proc.returncode == 2 and "inside one process" in proc.stderr

@@ -21,6 +21,7 @@ import pytest
 
 from flowtide.kv import (
     CREATE_MANY_MAX,
+    BucketFullError,
     BucketNotFoundError,
     Entry,
     InvalidKeyError,
@@ -133,6 +134,8 @@ class KVConformance:
     ttl: float = 0.3
     ttl_slack: float = 0.3
     supports_point_in_time: bool = True
+    # A per-value TTL is at least 1 s; expiry may lag that much more (polled, not slept).
+    value_ttl_slack: float = 3.0
     # Only ever waited for what must come: a long bound costs nothing when all is well,
     # and 2 s was exceeded on a 2-core CI machine under load (test_watch_marker_only_once).
     watch_timeout: float = 10.0
@@ -1054,3 +1057,139 @@ class KVConformance:
         fresh = await self.open_kv(kv.bucket)
         assert await fresh.keys() == []
         assert await fresh.put("k", b"again") == 1
+
+    # ------------------------------------------ ADR-8 settings: size limit, per-value TTL
+
+    async def until_missing(self, kv: KeyValue, key: str, within: float) -> float:
+        """Poll `kv.history(key)` until the key has no stored message; seconds waited."""
+        start = time.monotonic()
+        while True:
+            try:
+                await kv.history(key)
+            except KeyNotFoundError:
+                return time.monotonic() - start
+            assert time.monotonic() - start < within, f"{key!r} still stored after {within} s"
+            await anyio.sleep(0.05)
+
+    async def test_max_bytes_refuses_writes_into_a_full_bucket(self) -> None:
+        kv = await self.open_kv(max_bytes=400, history=2)
+        assert (await kv.status()).max_bytes == 400
+        value = b"v" * 50
+        stored: list[str] = []
+        with pytest.raises(BucketFullError) as info:
+            for i in range(20):
+                await kv.put(f"k{i}", value)
+                stored.append(f"k{i}")
+        assert stored, "not even one value fitted"
+        full = info.value
+        assert (full.bucket, full.max_bytes) == (kv.bucket, 400)
+        assert kv.bucket in str(full) and "400" in str(full)
+        # Nothing of the refused write is stored, and every kind of write is refused.
+        assert await kv.keys() == sorted(stored)
+        first = (await kv.get(stored[0])).revision
+        for call in (
+            lambda: kv.create("new", value),
+            lambda: kv.update(stored[0], value, first),
+            lambda: kv.put(stored[0], value),
+        ):
+            with pytest.raises(BucketFullError):
+                await call()
+        assert (await kv.get(stored[0])).revision == first
+        # Room made, writes go through again.
+        await kv.purge_all(">")
+        await kv.put("again", value)
+        assert await kv.keys() == ["again"]
+
+    async def test_invalid_extended_config(self) -> None:
+        for config in (
+            {"max_bytes": 0},
+            {"limit_marker_ttl": 0.5},
+            {"sources": "one_bucket"},
+        ):
+            with pytest.raises(KVError):
+                await self.open_kv(**config)
+
+    async def test_per_value_ttl_expires_only_that_value(self) -> None:
+        kv = await self.open_kv(limit_marker_ttl=1, history=3)
+        assert (await kv.status()).limit_marker_ttl == 1
+        async with kv.watch("short", updates_only=True) as watcher:
+            assert await self.next_item(watcher) is None
+            await kv.create("short", b"s", ttl=1)
+            await kv.create("long", b"l")
+            assert (await kv.get("short")).value == b"s"
+            await self.until_missing_value(kv, "short", within=1 + self.value_ttl_slack)
+            assert (await self.next_entry(watcher)).operation is Operation.PUT
+            # ADR-48: the expiry leaves a limit marker, delivered to watchers as a PURGE,
+            # which itself expires after limit_marker_ttl.
+            marker = await self.next_entry(watcher)
+            assert (marker.key, marker.operation) == ("short", Operation.PURGE)
+        await self.until_missing(kv, "short", within=1 + self.value_ttl_slack)
+        assert (await kv.get("long")).value == b"l"
+        assert await kv.keys() == ["long"]
+        # The key expired: create takes it again.
+        await kv.create("short", b"again")
+        assert (await kv.get("short")).value == b"again"
+
+    async def until_missing_value(self, kv: KeyValue, key: str, within: float) -> None:
+        start = time.monotonic()
+        while True:
+            try:
+                await kv.get(key)
+            except KeyNotFoundError:
+                return
+            assert time.monotonic() - start < within, f"{key!r} still alive after {within} s"
+            await anyio.sleep(0.05)
+
+    async def test_purge_marker_with_ttl_leaves_no_trace(self) -> None:
+        kv = await self.open_kv(limit_marker_ttl=1)
+        await kv.put("k", b"v")
+        await kv.purge("k", ttl=1)
+        assert [e.operation for e in await kv.history("k")] == [Operation.PURGE]
+        await self.until_missing(kv, "k", within=1 + self.value_ttl_slack)
+
+    async def test_per_value_ttl_refused_without_limit_markers(self) -> None:
+        kv = await self.open_kv()
+        assert (await kv.status()).limit_marker_ttl is None
+        for call in (lambda: kv.create("k", b"v", ttl=5), lambda: kv.purge("k", ttl=5)):
+            with pytest.raises(KVError) as info:
+                await call()
+            assert "limit_marker_ttl" in str(info.value) and kv.bucket in str(info.value)
+        with pytest.raises(KeyNotFoundError):
+            await kv.history("k")  # nothing written
+        marked = await self.open_kv(limit_marker_ttl=1)
+        with pytest.raises(KVError, match="at least 1 s"):
+            await marked.create("k", b"v", ttl=0.5)
+
+    async def test_apply_changes_only_the_settings_passed(self) -> None:
+        kv = await self.open_kv(history=2, ttl=60.0)
+        await kv.put("k", b"1")
+        # Binding with other settings but without apply changes nothing.
+        await self.open_kv(kv.bucket, history=5, max_bytes=10_000)
+        status = await kv.status()
+        assert (status.history, status.ttl, status.max_bytes) == (2, 60.0, None)
+        # apply=True changes what was passed, and only that.
+        await self.open_kv(kv.bucket, history=5, max_bytes=10_000, apply=True)
+        status = await kv.status()
+        assert (status.history, status.ttl, status.max_bytes) == (5, 60.0, 10_000)
+        await self.open_kv(kv.bucket, ttl=None, max_value_size=100, apply=True)
+        status = await kv.status()
+        assert (status.history, status.ttl, status.max_value_size) == (5, None, 100)
+        assert (await kv.get("k")).value == b"1"
+
+    async def test_apply_turns_on_per_value_ttl(self) -> None:
+        kv = await self.open_kv()
+        await self.open_kv(kv.bucket, limit_marker_ttl=2, apply=True)
+        fresh = await self.open_kv(kv.bucket)
+        assert (await fresh.status()).limit_marker_ttl == 2
+        await fresh.create("k", b"v", ttl=60)
+        # ... and refuses to turn it off (ADR-48).
+        with pytest.raises(KVError, match="cannot be turned off"):
+            await self.open_kv(kv.bucket, limit_marker_ttl=None, apply=True)
+
+    async def test_apply_refuses_a_storage_change(self) -> None:
+        kv = await self.open_kv(storage="file")
+        with pytest.raises(KVError) as info:
+            await self.open_kv(kv.bucket, storage="memory", apply=True)
+        message = str(info.value)
+        assert kv.bucket in message and "storage" in message and "new bucket" in message
+        assert (await kv.status()).storage == "file"

@@ -10,10 +10,13 @@ import anyio
 import pytest
 
 from flowtide.kv import (
+    BucketFullError,
     BucketNotFoundError,
     InvalidKeyError,
     KeyValue,
     KVError,
+    Placement,
+    Republish,
     connect,
     decode_key_token,
     encode_key_token,
@@ -39,6 +42,29 @@ class TestMemoryKV(KVConformance):
         status = await kv.status()
         assert (status.storage, status.replicas, status.compression) == ("memory", 3, True)
         assert status.backing_store == "memory"
+
+    async def test_status_reports_placement_and_republish(self) -> None:
+        placement = Placement("east", ("ssd",))
+        republish = Republish("out.>", headers_only=True)
+        kv = await self.open_kv(placement=placement, republish=republish)
+        status = await kv.status()
+        assert (status.placement, status.republish) == (placement, republish)
+
+    async def test_mirrors_and_sources_need_nats(self) -> None:
+        origin = await self.open_kv()
+        for config in ({"mirror": origin.bucket}, {"sources": [origin.bucket]}):
+            with pytest.raises(KVError, match="need nats://"):
+                await self.open_kv(**config)
+
+    async def test_max_bytes_counts_keys_and_values(self) -> None:
+        kv = await self.open_kv(max_bytes=10)
+        await kv.put("ab", b"1234")  # 6 bytes
+        await kv.put("c", b"123")  # 10 bytes: exactly full
+        with pytest.raises(BucketFullError):
+            await kv.delete("c")  # a marker counts its key too
+        await kv.purge_all("ab")
+        await kv.delete("c")
+        assert (await kv.status()).bytes == 1
 
     async def test_existing_bucket_keeps_its_config(self) -> None:
         kv = await self.open_kv(history=3)

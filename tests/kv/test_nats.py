@@ -85,7 +85,8 @@ class TestNatsKVWithoutDirectGet(TestNatsKV):
     create_key_value makes them: reads go through the stream leader and consumers."""
 
     async def make_kv(self, bucket: str, **config: Any) -> KeyValue:
-        if config.get("create") is False:  # bind only: nothing to pre-create
+        if config.get("create") is False or config.get("apply"):
+            # Bind only, or change an existing bucket: nothing to pre-create.
             return await connect(self.url, bucket, **config)
         # Validates exactly as connect() does, so the error tests still see KV errors.
         stream = adapter._stream_config(BucketConfig(bucket=bucket, **config))

@@ -93,20 +93,29 @@ async def open_kv(
     ttl: float | None = 3600.0,
     create: bool = True,
     nats_creds: Path | None = None,
+    settings: dict[str, Any] | None = None,
+    apply: bool = False,
 ) -> Any:
     """Connect to bucket `bucket` at `url` (created with `ttl` if missing, when `create`),
     with the NATS credentials of --nats-creds or FLOWTIDE_NATS_USER/PASSWORD.
 
+    `settings` (connect's keyword arguments: history, max_bytes, ...) replace `ttl`
+    when given; with `apply` they are changed on an existing bucket (`kv edit`).
+
     Raises:
+        BucketNotFoundError: `create` is False and there is no such bucket.
         KVUnavailable: bad URL or bucket name, server unreachable or refusing.
     """
-    from flowtide.kv import KVError, connect
+    from flowtide.kv import BucketNotFoundError, KVError, connect
     from flowtide.natsauth import NatsAuth
 
     shown = redact_url(url)
     auth = NatsAuth.from_env(creds=str(nats_creds) if nats_creds else None)
     try:
-        return await connect(url, bucket, ttl=ttl, create=create, nats_auth=auth)
+        config = settings if settings is not None else {"ttl": ttl}
+        return await connect(url, bucket, create=create, apply=apply, nats_auth=auth, **config)
+    except BucketNotFoundError:
+        raise  # create=False: the caller says which bucket is missing
     except KVError as exc:
         reason = auth.scrub(exc.message, url)
     except Exception as exc:  # a driver's error the adapter let through

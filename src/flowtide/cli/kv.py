@@ -1,10 +1,10 @@
 """`flowtide kv ls|get|history|watch|del|status`: inside the key-value bucket that holds
-loop state, like `nats kv`."""
+loop state, like `nats kv`; `kv add|edit` (in `cli.kv_admin`) create a bucket and change
+its settings."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,54 +13,17 @@ from typing import Annotated, Any
 import typer
 
 from flowtide.cli.backends import close_kv, open_kv
-from flowtide.cli.options import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_INVALID,
-    EXIT_OK,
-    JsonOpt,
-    NatsCredsOpt,
-    err,
-    print_json,
-    setting,
+from flowtide.cli.kv_common import (
+    KvBucketNameOpt,
+    KvUrlOpt,
+    _require_shared_kv,
+    _run_kv,
+    kv_app,
+    print_status,
 )
-from flowtide.errors import exit_code
-from flowtide.kv.errors import KVUnavailable
-from flowtide.urls import redact_url, scrub_url
+from flowtide.cli.options import EXIT_INVALID, JsonOpt, NatsCredsOpt, err, print_json
 
-kv_app = typer.Typer(
-    help=(
-        "Look inside the key-value bucket that holds loop state, like `nats kv`. Keys are "
-        "exec.<execution_id>.loop.<step>.<instance>.meta | r.<index> | done, and an "
-        "execution's keys are removed when it ends. Needs a store other processes can see: "
-        "--url nats://HOST:PORT (or FLOWTIDE_KV)."
-    ),
-    no_args_is_help=True,
-)
-KvUrlOpt = Annotated[
-    str,
-    setting(
-        "server.kv",
-        "--url",
-        help=(
-            "The KV server, nats://[USER:PASS@]HOST:PORT. memory:// lives inside one process, "
-            "so there is nothing to see in it from here."
-        ),
-    ),
-]
-KvBucketNameOpt = Annotated[str, setting("server.kv_bucket", "--bucket", help="Bucket to look at.")]
-
-
-def _require_shared_kv(url: str) -> None:
-    """Exit 2 for memory://: each process has its own, so another process's state is
-    never in it."""
-    if url.partition("://")[0].lower() == "memory":
-        err(
-            f"error: {url} is a store inside one process: `flowtide kv` cannot see what a run "
-            "keeps there. Run with --kv nats://HOST:PORT and pass the same URL here "
-            "(--url nats://HOST:PORT, or FLOWTIDE_KV)."
-        )
-        raise typer.Exit(EXIT_INVALID)
+__all__ = ["kv_app"]
 
 
 def _kv_command(
@@ -73,10 +36,6 @@ def _kv_command(
 ) -> None:
     """Run `await body(kv)` on an open handle and turn KV errors into exit codes:
     2 for bad input (URL, key, filter, no such key or bucket), 1 for a failure."""
-    import asyncio
-
-    from flowtide.kv import KeyNotFoundError, KVError
-
     _require_shared_kv(url)
 
     async def main() -> None:
@@ -91,29 +50,7 @@ def _kv_command(
         finally:
             await close_kv(kv)
 
-    try:
-        asyncio.run(main())
-    except typer.Exit:
-        raise
-    except KeyboardInterrupt:
-        raise typer.Exit(EXIT_OK if interrupt_ok else EXIT_INTERRUPTED) from None
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, and keep Python from reporting
-        # the failed flush of stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(EXIT_OK) from None
-    except KVUnavailable as exc:
-        err(f"error: {exc}")
-        raise typer.Exit(exit_code(exc)) from None
-    except KVError as exc:
-        hint = ""
-        if isinstance(exc, KeyNotFoundError) and exc.operation is not None:
-            hint = f"; `flowtide kv history {exc.key}` shows what it held"
-        err(f"error: {scrub_url(exc.message, url)}{hint}")
-        raise typer.Exit(exit_code(exc)) from None
-    except Exception as exc:  # never a traceback, and never the URL's password
-        err(f"error: {scrub_url(f'{type(exc).__name__}: {exc}', url)}")
-        raise typer.Exit(EXIT_FAILED) from None
+    _run_kv(url, main, interrupt_ok=interrupt_ok)
 
 
 def _kv_time(created: float, *, iso: bool = False) -> str:
@@ -410,32 +347,16 @@ def kv_status(
 ) -> None:
     """Show the bucket's size and configuration.
 
-    Values, history, TTL, bytes, storage, replicas, compression and the
-    backing store.
+    Values, history, TTL, sizes and limits, storage, replicas, compression,
+    placement, republish, mirror origin, sources, per-value TTL (limit markers)
+    and the backing store.
     """
 
     async def body(kv: Any) -> None:
-        import dataclasses
-
-        status = await kv.status()
-        if as_json:
-            print_json(dataclasses.asdict(status))
-            return
-        ttl = "none (values never expire)" if status.ttl is None else f"{status.ttl:g} s"
-        max_size = "unlimited" if status.max_value_size is None else f"{status.max_value_size} B"
-        rows = [
-            ("bucket", status.bucket),
-            ("values", status.values),
-            ("history", status.history),
-            ("ttl", ttl),
-            ("max value size", max_size),
-            ("bytes", status.bytes),
-            ("storage", status.storage),
-            ("replicas", status.replicas),
-            ("compression", "s2" if status.compression else "none"),
-            ("backing store", status.backing_store),
-            ("url", redact_url(url)),
-        ]
-        sys.stdout.write("".join(f"{name + ':':<16}{value}\n" for name, value in rows))
+        print_status(await kv.status(), url, as_json=as_json)
 
     _kv_command(url, bucket, body, nats_creds=nats_creds)
+
+
+# After the commands above, so that `flowtide kv --help` lists add and edit last.
+from flowtide.cli import kv_admin as _kv_admin  # noqa: E402, F401  (registers kv add, kv edit)

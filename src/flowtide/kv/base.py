@@ -30,12 +30,14 @@ from typing import Any, Final, Protocol, Self
 
 from flowtide.kv.entries import Entry, Operation, Status, StorageType
 from flowtide.kv.errors import (
+    BucketFullError,
     BucketNotFoundError,
     CreateManyError,
     InvalidKeyError,
     KeyExistsError,
     KeyNotFoundError,
     KVError,
+    ReadOnlyBucketError,
     ValueTooLargeError,
     WrongRevisionError,
 )
@@ -47,11 +49,13 @@ from flowtide.kv.keys import (
     validate_filter,
     validate_key,
 )
+from flowtide.kv.options import Placement, Republish, validate_extended
 
 __all__ = [
     "CREATE_MANY_MAX",
     "MAX_HISTORY",
     "BucketConfig",
+    "BucketFullError",
     "BucketNotFoundError",
     "CreateManyError",
     "EndOfWatch",
@@ -64,7 +68,10 @@ __all__ = [
     "KeyValue",
     "KeyWatcher",
     "Operation",
+    "Placement",
     "QueueWatcher",
+    "ReadOnlyBucketError",
+    "Republish",
     "Status",
     "StorageType",
     "ValueTooLargeError",
@@ -142,7 +149,9 @@ class BucketConfig:
 
     `ttl` is in seconds (None: values never expire); `max_value_size` in bytes (None: no
     limit). `storage`, `replicas` and `compression` shape a JetStream stream; adapters
-    without such a notion keep them only to report them in `status()`.
+    without such a notion keep them only to report them in `status()`. `max_bytes`,
+    `placement`, `republish`, `mirror`, `sources` and `limit_marker_ttl` are described
+    in `flowtide.kv.options`, which validates them.
     """
 
     bucket: str
@@ -152,6 +161,12 @@ class BucketConfig:
     storage: StorageType = "file"
     replicas: int = 1
     compression: bool = False
+    max_bytes: int | None = None
+    placement: Placement | None = None
+    republish: Republish | None = None
+    mirror: str | None = None
+    sources: tuple[str, ...] = ()
+    limit_marker_ttl: float | None = None
 
     def __post_init__(self) -> None:
         validate_bucket_name(self.bucket)
@@ -170,6 +185,7 @@ class BucketConfig:
         # JetStream allows R1..R5 streams.
         if not isinstance(self.replicas, int) or not 1 <= self.replicas <= 5:
             raise KVError(f"replicas must be 1..5, got {self.replicas!r}", bucket=b)
+        validate_extended(self)
 
 
 class KeyWatcher(Protocol):
@@ -237,23 +253,31 @@ class KeyValue(Protocol):
         Raises:
             InvalidKeyError: the key is invalid.
             ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketFullError: the bucket holds `max_bytes` already.
+            ReadOnlyBucketError: the bucket is a mirror.
             BucketNotFoundError: the bucket was destroyed.
         """
         ...
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, ttl: float | None = None) -> int:
         """Write `value` only if `key` does not exist or its newest message is a
         delete or purge marker.
 
         Args:
             key: a valid key.
             value: the bytes to store.
+            ttl: seconds this value lives (at least 1), whatever the bucket's ttl; only
+                on a bucket with `limit_marker_ttl` (ADR-48: only create takes a TTL,
+                so an older revision never comes back when a newer one expires).
         Returns:
             The new revision.
         Raises:
             KeyExistsError: the key exists (`revision` is its current revision).
+            KVError: `ttl` given on a bucket without limit markers, or under 1 s.
             InvalidKeyError: the key is invalid.
             ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketFullError: the bucket holds `max_bytes` already.
+            ReadOnlyBucketError: the bucket is a mirror.
             BucketNotFoundError: the bucket was destroyed.
         """
         ...
@@ -301,6 +325,8 @@ class KeyValue(Protocol):
             WrongRevisionError: the key is at another revision (`current`).
             InvalidKeyError: the key is invalid.
             ValueTooLargeError: `value` exceeds the bucket's max_value_size.
+            BucketFullError: the bucket holds `max_bytes` already.
+            ReadOnlyBucketError: the bucket is a mirror.
             BucketNotFoundError: the bucket was destroyed.
         """
         ...
@@ -320,11 +346,13 @@ class KeyValue(Protocol):
         """
         ...
 
-    async def purge(self, key: str) -> None:
+    async def purge(self, key: str, ttl: float | None = None) -> None:
         """Remove every message of `key`, leaving one PURGE marker.
 
         Args:
             key: a valid key.
+            ttl: seconds the PURGE marker lives (at least 1), after which the key
+                leaves no trace; only on a bucket with `limit_marker_ttl`.
         Raises:
             InvalidKeyError: the key is invalid.
             BucketNotFoundError: the bucket was destroyed.

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from flowtide.kv.options import Placement, Republish
 
 __all__ = ["Entry", "Operation", "Status", "StorageType"]
 
@@ -39,6 +42,10 @@ class Status:
 
     `values` counts every stored message (history and delete/purge markers included);
     `bytes` is what the adapter stores for them (memory: key + value lengths).
+    `max_bytes` is the bucket size limit (None: none); `placement`, `republish`,
+    `mirror` (the origin bucket of a read-only mirror), `sources` (buckets this one
+    aggregates) and `limit_marker_ttl` (per-value TTL on, markers kept that long) as
+    configured (`flowtide.kv.options`).
     """
 
     bucket: str
@@ -51,3 +58,9 @@ class Status:
     compression: bool
     bytes: int
     backing_store: str
+    max_bytes: int | None = None
+    placement: Placement | None = None
+    republish: Republish | None = None
+    mirror: str | None = None
+    sources: tuple[str, ...] = ()
+    limit_marker_ttl: float | None = None

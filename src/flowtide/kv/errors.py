@@ -9,6 +9,7 @@ from flowtide.errors import FlowtideError
 from flowtide.kv.entries import Operation
 
 __all__ = [
+    "BucketFullError",
     "BucketNotFoundError",
     "CreateManyError",
     "KVUnavailable",
@@ -17,6 +18,7 @@ __all__ = [
     "KVUnavailableError",
     "KeyExistsError",
     "KeyNotFoundError",
+    "ReadOnlyBucketError",
     "ValueTooLargeError",
     "WrongRevisionError",
 ]
@@ -135,6 +137,37 @@ class ValueTooLargeError(KVError):
         self.max_size = max_size
         super().__init__(
             f"value for key {key!r} is {size} bytes, bucket {bucket!r} allows {max_size}",
+            bucket=bucket,
+            key=key,
+        )
+
+
+class BucketFullError(KVError):
+    """The bucket holds `max_bytes` already: the write was refused (JetStream's discard
+    policy "new"; nothing older is dropped to make room)."""
+
+    def __init__(self, bucket: str, key: str | None, *, max_bytes: int | None) -> None:
+        self.max_bytes = max_bytes
+        limit = f"its limit of {max_bytes} bytes" if max_bytes else "its byte limit"
+        super().__init__(
+            f"bucket {bucket!r} is full ({limit}): write to {key!r} refused; delete or "
+            "purge keys, or raise max_bytes (`flowtide kv edit BUCKET --max-bytes N`)",
+            bucket=bucket,
+            key=key,
+        )
+
+
+class ReadOnlyBucketError(KVError):
+    """A write to a mirror bucket: a mirror is a read replica of `origin`, and writes go
+    to the origin bucket (ADR-8)."""
+
+    refused = True
+
+    def __init__(self, bucket: str, key: str | None, *, origin: str) -> None:
+        self.origin = origin
+        super().__init__(
+            f"bucket {bucket!r} is a read-only mirror of {origin!r}: write to {key!r} "
+            f"refused; write to bucket {origin!r} instead (the mirror follows it)",
             bucket=bucket,
             key=key,
         )

@@ -13,7 +13,15 @@ and the registration for live updates happen under the same lock (no gap, no dup
 
 TTL expiry is lazy: every operation first drops the messages older than the TTL (by the
 monotonic clock), oldest revision first. As on JetStream, expiry does not notify
-watchers.
+watchers, except with limit markers (`limit_marker_ttl`): a key whose last message
+expired gets a PURGE marker, which watchers see when the next operation on the bucket
+notices the expiry. A value created with its own TTL expires at that TTL only.
+
+The other settings: `max_bytes` is enforced (counting key and value lengths, see
+`memory_state.message_size`); `storage`, `replicas`, `compression`, `placement` and
+`republish` are only reported by `status()`; mirrors and sourced buckets need NATS
+(KVError). `connect(..., apply=True)` changes the settings passed explicitly
+(`_Bucket.reconfigure`).
 """
 
 from __future__ import annotations
@@ -21,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -31,7 +38,9 @@ from typing import Final
 from flowtide.kv.base import (
     END_OF_WATCH,
     BucketConfig,
+    BucketFullError,
     BucketNotFoundError,
+    CreateManyError,
     EndOfWatch,
     Entry,
     KeyExistsError,
@@ -47,118 +56,10 @@ from flowtide.kv.base import (
     prepare_creates,
     validate_key,
 )
+from flowtide.kv.memory_state import _Bucket
+from flowtide.kv.options import check_value_ttl
 
 __all__ = ["MemoryKeyValue", "MemoryWatcher", "open_memory"]
-
-
-class _Msg:
-    """One stored message; `mono` is the monotonic time used for TTL expiry."""
-
-    __slots__ = ("key", "value", "revision", "created", "mono", "operation")
-
-    def __init__(
-        self,
-        key: str,
-        value: bytes,
-        revision: int,
-        created: float,
-        mono: float,
-        operation: Operation,
-    ) -> None:
-        self.key = key
-        self.value = value
-        self.revision = revision
-        self.created = created
-        self.mono = mono
-        self.operation = operation
-
-
-class _Bucket:
-    """The shared state of one bucket. Every attribute is guarded by `lock`."""
-
-    def __init__(self, config: BucketConfig) -> None:
-        self.config = config
-        self.name = config.bucket
-        self.lock = threading.Lock()
-        self.seq = 0
-        # Per key, its stored messages in revision order (at most `history` of them).
-        self.by_key: dict[str, list[_Msg]] = {}
-        # Messages in revision order for TTL expiry; may hold messages already dropped
-        # by a purge or the history limit, which expiry then skips.
-        self.expiry: deque[_Msg] = deque()
-        self.count = 0
-        self.nbytes = 0
-        self.destroyed = False
-        # Weak, so a watcher its owner dropped without stop() does not stay registered.
-        self.watchers: weakref.WeakSet[MemoryWatcher] = weakref.WeakSet()
-
-    # All methods below expect `lock` to be held.
-
-    def expire(self) -> None:
-        ttl = self.config.ttl
-        if ttl is None:
-            return
-        cutoff = time.monotonic() - ttl
-        expiry = self.expiry
-        while expiry and expiry[0].mono <= cutoff:
-            msg = expiry.popleft()
-            msgs = self.by_key.get(msg.key)
-            # Older messages of the key expired before this one, so if it is still
-            # stored it is the key's first.
-            if msgs and msgs[0] is msg:
-                del msgs[0]
-                self._forget(msg)
-                if not msgs:
-                    del self.by_key[msg.key]
-
-    def _forget(self, msg: _Msg) -> None:
-        self.count -= 1
-        self.nbytes -= len(msg.key) + len(msg.value)
-
-    def current_revision(self, key: str) -> int:
-        msgs = self.by_key.get(key)
-        return msgs[-1].revision if msgs else 0
-
-    def append(self, key: str, value: bytes, operation: Operation) -> _Msg:
-        self.seq += 1
-        msg = _Msg(key, value, self.seq, time.time(), time.monotonic(), operation)
-        msgs = self.by_key.setdefault(key, [])
-        if operation is Operation.PURGE:
-            for old in msgs:
-                self._forget(old)
-            msgs.clear()
-        msgs.append(msg)
-        self.count += 1
-        self.nbytes += len(key) + len(value)
-        if len(msgs) > self.config.history:
-            self._forget(msgs.pop(0))
-        if self.config.ttl is not None:
-            self.expiry.append(msg)
-        self._notify(msg)
-        return msg
-
-    def _notify(self, msg: _Msg) -> None:
-        if not self.watchers:
-            return
-        entry = Entry(self.name, msg.key, msg.value, msg.revision, msg.created, 0, msg.operation)
-        for watcher in list(self.watchers):
-            watcher._offer(entry)
-
-    def entry(self, msg: _Msg, msgs: list[_Msg], index: int) -> Entry:
-        return Entry(
-            self.name,
-            msg.key,
-            msg.value,
-            msg.revision,
-            msg.created,
-            len(msgs) - index - 1,
-            msg.operation,
-        )
-
-    def matching(self, keys: KeyFilter) -> list[tuple[str, list[_Msg]]]:
-        if keys.literal_only:
-            return [(k, self.by_key[k]) for k in keys.literals if k in self.by_key]
-        return [(k, msgs) for k, msgs in self.by_key.items() if keys.matches(k)]
 
 
 _REGISTRY: dict[str, _Bucket] = {}
@@ -166,26 +67,45 @@ _REGISTRY: dict[str, _Bucket] = {}
 _REGISTRY_LOCK: Final = threading.Lock()
 
 
-def open_memory(url: str, config: BucketConfig, *, create: bool = True) -> MemoryKeyValue:
+def open_memory(
+    url: str,
+    config: BucketConfig,
+    *,
+    create: bool = True,
+    apply: frozenset[str] | None = None,
+) -> MemoryKeyValue:
     """Open (creating it if needed, unless `create` is False: then a missing bucket is
     BucketNotFoundError) the in-process bucket `config.bucket`.
 
-    An existing bucket is bound as it is: its configuration was fixed when it was
-    created, as when binding to an existing JetStream bucket.
+    An existing bucket is bound as it is, unless `apply` names settings: those of
+    `config` that differ are changed (see `connect`).
 
     Args:
         url: the `memory://` URL (kept for repr only; all memory URLs share one registry).
         config: the validated bucket configuration.
+        apply: the settings to change on an existing bucket (those the caller passed).
     Returns:
         A new handle on the bucket.
+    Raises:
+        KVError: a mirror or sourced bucket is asked for (NATS only), or a change
+            cannot be applied.
     """
     with _REGISTRY_LOCK:
         state = _REGISTRY.get(config.bucket)
         if state is None:
             if not create:
                 raise BucketNotFoundError(config.bucket)
+            if config.mirror is not None or config.sources:
+                raise KVError(
+                    "memory:// buckets live inside one process: mirrors and sourced buckets "
+                    "copy between NATS servers and need nats://",
+                    bucket=config.bucket,
+                )
             state = _Bucket(config)
             _REGISTRY[config.bucket] = state
+        elif apply:
+            with state.lock:
+                state.reconfigure(config, apply)
     return MemoryKeyValue(state, url)
 
 
@@ -250,17 +170,18 @@ class MemoryKeyValue:
         with self._state.lock:
             return self._check().append(key, data, Operation.PUT).revision
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, ttl: float | None = None) -> int:
         """See `KeyValue.create`."""
         validate_key(key, bucket=self.bucket)
         data = as_bytes(value)
         self._check_size(key, data)
         with self._state.lock:
             state = self._check()
+            check_value_ttl(state.name, key, ttl, state.config.limit_marker_ttl)
             msgs = state.by_key.get(key)
             if msgs and msgs[-1].operation is Operation.PUT:
                 raise KeyExistsError(state.name, key, revision=msgs[-1].revision)
-            return state.append(key, data, Operation.PUT).revision
+            return state.append(key, data, Operation.PUT, ttl=ttl).revision
 
     async def create_many(self, items: Sequence[tuple[str, bytes]]) -> list[int | None]:
         """See `KeyValue.create_many`. All items under one hold of the bucket lock, so
@@ -269,9 +190,10 @@ class MemoryKeyValue:
             items, bucket=self.bucket, max_value_size=self._state.config.max_value_size
         )
         out: list[int | None] = []
+        errors: dict[int, KVError] = {}
         with self._state.lock:
             state = self._check()
-            for item in wanted:
+            for i, item in enumerate(wanted):
                 if item is None:
                     out.append(None)
                     continue
@@ -279,8 +201,14 @@ class MemoryKeyValue:
                 msgs = state.by_key.get(key)
                 if msgs and msgs[-1].operation is Operation.PUT:
                     out.append(None)
-                else:
+                    continue
+                try:
                     out.append(state.append(key, data, Operation.PUT).revision)
+                except BucketFullError as exc:
+                    out.append(None)
+                    errors[i] = exc
+        if errors:
+            raise CreateManyError(self.bucket, out, errors, len(wanted)) from errors[min(errors)]
         return out
 
     async def update(self, key: str, value: bytes, last: int) -> int:
@@ -306,11 +234,13 @@ class MemoryKeyValue:
                     raise WrongRevisionError(state.name, key, expected=last, current=current)
             state.append(key, b"", Operation.DEL)
 
-    async def purge(self, key: str) -> None:
+    async def purge(self, key: str, ttl: float | None = None) -> None:
         """See `KeyValue.purge`."""
         validate_key(key, bucket=self.bucket)
         with self._state.lock:
-            self._check().append(key, b"", Operation.PURGE)
+            state = self._check()
+            check_value_ttl(state.name, key, ttl, state.config.limit_marker_ttl)
+            state.append(key, b"", Operation.PURGE, ttl=ttl)
 
     async def purge_all(self, filter: str | Sequence[str]) -> int:
         """See `KeyValue.purge_all`; returns exactly how many messages were removed."""
@@ -407,6 +337,12 @@ class MemoryKeyValue:
                 compression=cfg.compression,
                 bytes=state.nbytes,
                 backing_store="memory",
+                max_bytes=cfg.max_bytes,
+                placement=cfg.placement,
+                republish=cfg.republish,
+                mirror=cfg.mirror,
+                sources=cfg.sources,
+                limit_marker_ttl=cfg.limit_marker_ttl,
             )
 
     async def destroy(self) -> None:
@@ -422,6 +358,7 @@ class MemoryKeyValue:
                 del _REGISTRY[state.name]
             state.by_key.clear()
             state.expiry.clear()
+            state.timed.clear()
             state.count = state.nbytes = 0
             watchers = list(state.watchers)
             state.watchers.clear()

@@ -25,6 +25,18 @@ onto JetStream:
   stream leader's newest message of the key: a PUT means it exists, a marker means send
   it again expecting the marker's revision).
 - purge_all is one `$JS.API.STREAM.PURGE.KV_<bucket>` request per filter.
+- Settings beyond the basics (`flowtide.kv.options`): `max_bytes` is the stream's
+  (discard new; a refused write, error 10077, is BucketFullError), `placement` and
+  `republish` the stream's (republish `src` is `$KV.<bucket>.<filter>`). A mirror is the
+  stream `KV_<name>` with `mirror: KV_<origin>`, `mirror_direct` and no subjects; its
+  handle refuses writes (ReadOnlyBucketError), reads through the origin's Direct Get
+  subject (answered by the origin and its mirrors) and watches its own stream under
+  `$KV.<origin>.`. A sourced bucket's stream sources `KV_<origin>` with the subject
+  transform `$KV.<origin>.>` -> `$KV.<bucket>.>`. `limit_marker_ttl` sets
+  `allow_msg_ttl` and `subject_delete_marker_ttl` (checked against the server's API
+  level first); create and purge with a TTL send `Nats-TTL`. `connect(apply=True)`
+  changes the settings passed with `$JS.API.STREAM.UPDATE` on the stream's current
+  configuration.
 
 Connections: one NATS connection per (URL, event loop), shared by every handle opened
 from that loop and closed with the last of them (or when the loop shuts down). A handle
@@ -72,7 +84,7 @@ Modules, each importing only those listed before it:
 - `connection`: the pooled NATS connection per (URL, credentials, event loop), requests
   and the multi-message reply inbox.
 - `pipeline`: pipelined publishes with their replies gathered (create_many).
-- `streams`: bucket <-> stream configuration, binding a bucket.
+- `streams`: bucket <-> stream configuration, binding a bucket, changing its settings.
 - `consumers`: what a handle shares with its watchers: state checks, stream API requests,
   ordered push consumers and snapshot scans.
 - `watcher`: `NatsWatcher`.

@@ -14,12 +14,14 @@ from nats.aio.msg import Msg
 
 from flowtide.kv.base import (
     BucketConfig,
+    BucketFullError,
     BucketNotFoundError,
     CreateManyError,
     KeyExistsError,
     KeyFilter,
     KVError,
     Operation,
+    ReadOnlyBucketError,
     Status,
     ValueTooLargeError,
     WrongRevisionError,
@@ -31,10 +33,13 @@ from flowtide.kv.errors import KVUnavailableError
 from flowtide.kv.nats.connection import _acquire
 from flowtide.kv.nats.pipeline import request_pipelined
 from flowtide.kv.nats.protocol import (
+    _ERR_MAX_BYTES,
     _ERR_MESSAGE_TOO_LARGE,
+    _ERR_MSG_TTL_DISABLED,
     _HDR_EXPECTED_LAST,
     _HDR_OPERATION,
     _HDR_ROLLUP,
+    _HDR_TTL,
     _WRONG_LAST_RE,
     _WRONG_LAST_SEQUENCE,
     DEFAULT_TIMEOUT,
@@ -47,6 +52,7 @@ from flowtide.kv.nats.protocol import (
 from flowtide.kv.nats.reads import _BucketReads
 from flowtide.kv.nats.streams import _bind_bucket, _bucket_info
 from flowtide.kv.nats.watcher import NatsWatcher
+from flowtide.kv.options import check_value_ttl
 from flowtide.natsauth import NatsAuth
 
 _CREATE_ATTEMPTS: Final = 10
@@ -62,17 +68,21 @@ async def open_nats(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     create: bool = True,
+    apply: frozenset[str] | None = None,
     auth: NatsAuth | None = None,
 ) -> NatsKeyValue:
     """Open bucket `config.bucket` on the NATS server at `url`, creating it if missing
     (unless `create` is False: then a missing bucket is BucketNotFoundError).
 
-    An existing bucket is bound as it is (its configuration was fixed at creation).
+    An existing bucket is bound as it is, unless `apply` names settings: those of
+    `config` that differ are changed with `$JS.API.STREAM.UPDATE` (see `connect`).
 
     Args:
         url: `nats://`, `tls://`, `ws://` or `wss://` URL, optionally `user:password@`
             (or `token@`); several servers separated by commas.
-        config: the validated bucket configuration, used only to create the bucket.
+        config: the validated bucket configuration, used to create the bucket (and to
+            change the settings `apply` names).
+        apply: the settings to change on an existing bucket (those the caller passed).
         timeout: seconds to wait for each server reply.
         auth: credentials for a URL without them (user/password or a .creds file).
     Returns:
@@ -84,7 +94,7 @@ async def open_nats(
     """
     conn = await _acquire(url, auth if auth is not None else NatsAuth())
     try:
-        info = await _bind_bucket(conn, config, timeout, create)
+        info = await _bind_bucket(conn, config, timeout, create, apply)
     except BaseException:
         await conn.release()
         raise
@@ -103,6 +113,15 @@ class NatsKeyValue(_BucketReads):
         return f"NatsKeyValue(bucket={self._info.bucket!r}, url={self._conn.shown!r})"
 
     # -- plumbing
+
+    def _check_writable(self, key: str | None) -> None:
+        if self._info.mirror is not None:
+            raise ReadOnlyBucketError(self.bucket, key, origin=self._info.mirror)
+
+    @staticmethod
+    def _ttl_header(ttl: float | None) -> dict[str, str]:
+        # Go duration in milliseconds: JetStream reads whole seconds or a duration.
+        return {} if ttl is None else {_HDR_TTL: f"{round(ttl * 1000)}ms"}
 
     def _check_size(self, key: str, value: bytes) -> None:
         limit = self._info.max_value_size
@@ -144,6 +163,10 @@ class NatsKeyValue(_BucketReads):
             # 10071 carries the subject's last sequence; 10164 (clustered) does not.
             m = _WRONG_LAST_RE.search(api.description)
             raise _WrongLast(int(m.group(1)) if m else None)
+        if api.err_code == _ERR_MAX_BYTES:
+            raise BucketFullError(self.bucket, key, max_bytes=self._info.max_bytes)
+        if api.err_code == _ERR_MSG_TTL_DISABLED:
+            check_value_ttl(self.bucket, key, 1.0, None)
         if api.err_code == _ERR_MESSAGE_TOO_LARGE:
             max_size = self._info.max_value_size or self._conn.client.max_payload
             raise ValueTooLargeError(self.bucket, key, size=len(value), max_size=max_size)
@@ -163,20 +186,24 @@ class NatsKeyValue(_BucketReads):
         data = as_bytes(value)
         self._check_size(key, data)
         self._check()
+        self._check_writable(key)
         return await self._publish(key, data, None)
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, ttl: float | None = None) -> int:
         """See `KeyValue.create`. A write expecting last subject sequence 0, or the
         revision of the key's newest message when that is a marker; KVError when the key
-        kept changing under ten attempts in a row."""
+        kept changing under ten attempts in a row. `ttl` is sent as `Nats-TTL`."""
         validate_key(key, bucket=self.bucket)
         data = as_bytes(value)
         self._check_size(key, data)
         self._check()
+        self._check_writable(key)
+        check_value_ttl(self.bucket, key, ttl, self._info.limit_marker_ttl)
+        extra = self._ttl_header(ttl)
         last = 0
         for _ in range(_CREATE_ATTEMPTS):
             try:
-                return await self._publish(key, data, {_HDR_EXPECTED_LAST: str(last)})
+                return await self._publish(key, data, {**extra, _HDR_EXPECTED_LAST: str(last)})
             except _WrongLast:
                 # ADR-8: a key whose newest message is a marker may be re-created, with
                 # the marker's revision as the expected last one.
@@ -205,6 +232,7 @@ class NatsKeyValue(_BucketReads):
             items, bucket=self.bucket, max_value_size=self._info.max_value_size
         )
         self._check()
+        self._check_writable(None)
         pairs = {i: item for i, item in enumerate(wanted) if item is not None}
         results: list[int | None] = [None] * len(wanted)
         errors: dict[int, KVError] = {}
@@ -293,6 +321,7 @@ class NatsKeyValue(_BucketReads):
         data = as_bytes(value)
         self._check_size(key, data)
         self._check()
+        self._check_writable(key)
         return await self._conditional(key, data, None, last)
 
     async def _conditional(
@@ -323,17 +352,22 @@ class NatsKeyValue(_BucketReads):
         """See `KeyValue.delete`."""
         validate_key(key, bucket=self.bucket)
         self._check()
+        self._check_writable(key)
         headers = {_HDR_OPERATION: "DEL"}
         if last is None:
             await self._publish(key, b"", headers)
         else:
             await self._conditional(key, b"", headers, last)
 
-    async def purge(self, key: str) -> None:
-        """See `KeyValue.purge`. A PURGE marker with `Nats-Rollup: sub`."""
+    async def purge(self, key: str, ttl: float | None = None) -> None:
+        """See `KeyValue.purge`. A PURGE marker with `Nats-Rollup: sub` (and `Nats-TTL`
+        for `ttl`)."""
         validate_key(key, bucket=self.bucket)
         self._check()
-        await self._publish(key, b"", {_HDR_OPERATION: "PURGE", _HDR_ROLLUP: "sub"})
+        self._check_writable(key)
+        check_value_ttl(self.bucket, key, ttl, self._info.limit_marker_ttl)
+        headers = {_HDR_OPERATION: "PURGE", _HDR_ROLLUP: "sub", **self._ttl_header(ttl)}
+        await self._publish(key, b"", headers)
 
     async def purge_all(self, filter: str | Sequence[str]) -> int:
         """See `KeyValue.purge_all`. One `$JS.API.STREAM.PURGE` request per filter
@@ -341,6 +375,7 @@ class NatsKeyValue(_BucketReads):
         returns how many messages the server removed."""
         wanted = KeyFilter(filter, bucket=self.bucket)
         self._check()
+        self._check_writable(None)
         removed = 0
         for pattern in _reduce(wanted.filters):
             reply = await self._stream_api(
@@ -388,6 +423,12 @@ class NatsKeyValue(_BucketReads):
             compression=info.compression,
             bytes=int(state.get("bytes") or 0),
             backing_store="JetStream",
+            max_bytes=info.max_bytes,
+            placement=info.placement,
+            republish=info.republish,
+            mirror=info.mirror,
+            sources=info.sources,
+            limit_marker_ttl=info.limit_marker_ttl,
         )
 
     async def destroy(self) -> None:

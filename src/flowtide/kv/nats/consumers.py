@@ -52,6 +52,8 @@ class _BoundBucket:
         self._timeout = timeout
         self._prefix = info.prefix
         self._stream = info.stream
+        # Reads use this stream's Direct Get subject (a mirror's origin, see _BucketInfo).
+        self._direct_stream = info.direct_stream or info.stream
         self._closed = False
         self._destroyed = False
         self._watchers: weakref.WeakSet[_Watch] = weakref.WeakSet()

@@ -48,7 +48,7 @@ class _BucketReads(_BoundBucket):
     async def _direct_many(self, what: str, body: dict[str, Any]) -> tuple[list[Msg], Msg]:
         try:
             return await self._conn.request_many(
-                f"$JS.API.DIRECT.GET.{self._stream}", body, timeout=self._timeout
+                f"$JS.API.DIRECT.GET.{self._direct_stream}", body, timeout=self._timeout
             )
         except _NoResponders:
             raise await self._missing_or(what) from None
@@ -147,7 +147,7 @@ class _BucketReads(_BoundBucket):
         if revision is None:
             try:
                 msg = await self._conn.request(
-                    f"$JS.API.DIRECT.GET.{self._stream}.{subject}", timeout=self._timeout
+                    f"$JS.API.DIRECT.GET.{self._direct_stream}.{subject}", timeout=self._timeout
                 )
             except _NoResponders:
                 raise await self._missing_or(f"get {key!r}") from None

@@ -67,6 +67,13 @@ ENV_CA: Final = "FLOWTIDE_NATS_CA"
 _CONNECT_TIMEOUT: Final = 2.0
 _CONNECT_ATTEMPTS: Final = 2
 _RECONNECT_WAIT: Final = 0.5
+#: Seconds between the client's pings, and the pings unanswered before the connection
+#: counts as dead: a node that froze (SIGSTOP, a VM paused) keeps its sockets open, and
+#: nats-py's defaults (2 min x 2) would keep a process on it that long; with these it
+#: goes to another node of a cluster after 6 to 8 s. NATS_PING_INTERVAL and
+#: NATS_MAX_PINGS are shared with the KV adapter (flowtide.kv.nats.connection).
+NATS_PING_INTERVAL: Final = 2
+NATS_MAX_PINGS: Final = 3
 _RETRY_WAIT: Final = 1.0
 
 
@@ -346,6 +353,8 @@ async def connect_nats(
         "connect_timeout": _CONNECT_TIMEOUT,
         "reconnect_time_wait": _RECONNECT_WAIT,
         "max_reconnect_attempts": _CONNECT_ATTEMPTS,
+        "ping_interval": NATS_PING_INTERVAL,
+        "max_outstanding_pings": NATS_MAX_PINGS,
         "error_cb": on_error,
         "reconnected_cb": on_reconnected,
         "disconnected_cb": on_disconnected,

@@ -132,6 +132,8 @@ class KVConformance:
 
     # Capability flags and timing knobs an adapter may override.
     ttl: float = 0.3
+    #: The replicas `make_kv` gives a bucket unless told (3 on a cluster).
+    replicas: int = 1
     ttl_slack: float = 0.3
     supports_point_in_time: bool = True
     # A per-value TTL is at least 1 s; expiry may lag that much more (polled, not slept).
@@ -1002,7 +1004,7 @@ class KVConformance:
         assert status.ttl == pytest.approx(60.0)
         assert status.max_value_size == 1024
         assert status.storage == "memory"
-        assert status.replicas == 1
+        assert status.replicas == self.replicas
         assert status.compression is False
         await kv.put("a", b"1")
         await kv.put("a", b"2")
@@ -1018,7 +1020,11 @@ class KVConformance:
         kv = await self.open_kv()
         status = await kv.status()
         assert (status.history, status.ttl, status.max_value_size) == (1, None, None)
-        assert (status.storage, status.replicas, status.compression) == ("file", 1, False)
+        assert (status.storage, status.replicas, status.compression) == (
+            "file",
+            self.replicas,
+            False,
+        )
 
     async def test_handles_share_a_bucket(self) -> None:
         kv1 = await self.open_kv()

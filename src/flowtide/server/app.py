@@ -15,10 +15,13 @@ variables, so `uvicorn --workers N` processes share it).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
+from typing import Final
 
 from fastapi import Depends, FastAPI
 
+from flowtide.errors import FlowtideError
 from flowtide.server import (
     api_commands,
     api_credentials,
@@ -68,13 +71,34 @@ _ROUTERS = (
 )
 
 
+#: How a server process that cannot start exits (`flowtide server`'s invalid-input code).
+EXIT_CODE_REFUSED: Final = 2
+
+
+def _no_exit_trace(record: logging.LogRecord) -> bool:
+    """uvicorn's log without the trace of a start refused on purpose (said in one line):
+    Starlette hands uvicorn the failed start's trace as the text of its message."""
+    if record.exc_info and record.exc_info[0] is SystemExit:
+        return False
+    text = str(record.msg)
+    return not (text.startswith("Traceback") and f"SystemExit: {EXIT_CODE_REFUSED}" in text)
+
+
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI application; `settings` default to FLOWTIDE_* environment variables."""
     runtime = Runtime(settings or ServerSettings.from_env())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await runtime.start()
+        try:
+            await runtime.start()
+        except FlowtideError as exc:
+            # A refusal with its reason (NATS, settings, databases): one line, no trace.
+            logging.getLogger("flowtide.server").error("cannot start: %s", exc)
+            with contextlib.suppress(Exception):
+                await runtime.stop()
+            logging.getLogger("uvicorn.error").addFilter(_no_exit_trace)
+            raise SystemExit(EXIT_CODE_REFUSED) from None
         try:
             if runtime.settings.scheduler:
                 async with (

@@ -78,6 +78,14 @@ class StreamLayout:
 
         return Placement(cluster=self.placement_cluster, tags=list(self.placement_tags) or None)
 
+    def kv_placement(self) -> Any:
+        """The KV port's Placement for the loop-state bucket, or None."""
+        if self.placement_cluster is None and not self.placement_tags:
+            return None
+        from flowtide.kv import Placement
+
+        return Placement(cluster=self.placement_cluster, tags=self.placement_tags)
+
     def shape(self, config: StreamConfig, max_bytes: int) -> StreamConfig:
         """`config` with this layout's replicas, placement, storage and `max_bytes`."""
         from nats.js.api import StorageType

@@ -98,7 +98,8 @@ class Runtime:
         self._reload = asyncio.Event()
 
     async def start(self) -> None:
-        from flowtide.kv import connect
+        from flowtide.errors import NatsError
+        from flowtide.kv import KVError, connect
         from flowtide.loopstate import LoopState, retrying
         from flowtide.store.postgres import PostgresStore
 
@@ -145,17 +146,34 @@ class Runtime:
         layout = s.nats_layout
         # A NATS cluster that has just started (or lost a node) may take seconds to give
         # the bucket a leader: waited for, within a minute.
-        self.kv = await retrying(
-            lambda: connect(
-                s.kv,
-                s.kv_bucket,
-                ttl=3600,
-                replicas=layout.replicas,
-                storage="memory" if layout.storage == "memory" else "file",
-                nats_auth=s.nats_auth,
-            ),
-            budget=60.0,
-        )
+        try:
+            self.kv = await retrying(
+                lambda: connect(
+                    s.kv,
+                    s.kv_bucket,
+                    ttl=3600,
+                    replicas=layout.replicas,
+                    storage="memory" if layout.storage == "memory" else "file",
+                    placement=layout.kv_placement(),
+                    # A bucket made with other settings is brought to these (storage refused).
+                    apply=True,
+                    nats_auth=s.nats_auth,
+                ),
+                budget=60.0,
+            )
+        except KVError as exc:
+            if "not clustered" in exc.message:
+                raise NatsError(
+                    f"{exc.message}: set FLOWTIDE_NATS_REPLICAS=1 (--nats-replicas 1) or run"
+                    " a NATS cluster (`flowtide dev up --nats-cluster 3`)"
+                ) from None
+            if "storage" in exc.message:
+                raise NatsError(
+                    f"{exc.message}. For the loop-state bucket: keep FLOWTIDE_NATS_STORAGE"
+                    " (--nats-storage) as it was, or remove the bucket while no run is in"
+                    f" flight (`nats kv rm {s.kv_bucket}`) and start the server again"
+                ) from None
+            raise
         self.coordinator = Coordinator(
             self.store,
             ids=default_generator(),

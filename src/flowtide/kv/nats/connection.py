@@ -30,6 +30,8 @@ from flowtide.kv.base import KVError
 from flowtide.kv.errors import KVUnavailableError
 from flowtide.kv.nats.protocol import _ApiError, _Lost, _NoResponders, _status, _TooLarge
 from flowtide.natsauth import (
+    NATS_MAX_PINGS,
+    NATS_PING_INTERVAL,
     NatsAuth,
     bounded_connect,
     close_quietly,
@@ -196,6 +198,9 @@ class _Connection:
             "connect_timeout": _CONNECT_TIMEOUT,
             "reconnect_time_wait": _RECONNECT_WAIT,
             "max_reconnect_attempts": _CONNECT_ATTEMPTS,
+            # A frozen node is left after 6-8 s (flowtide.natsauth.NATS_PING_INTERVAL).
+            "ping_interval": NATS_PING_INTERVAL,
+            "max_outstanding_pings": NATS_MAX_PINGS,
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnected,
             "reconnected_cb": self._on_reconnected,

@@ -22,6 +22,9 @@ from flowtide.kv.nats.connection import _Connection
 from flowtide.kv.nats.protocol import _ERR_STREAM_NAME_IN_USE, _ERR_STREAM_NOT_FOUND, _ApiError
 from flowtide.kv.options import SETTINGS, check_changes
 
+#: "replicas > 1 not supported in non-clustered mode".
+_ERR_NOT_CLUSTERED: Final = 10074
+
 # Room for the headers of the largest conditional write or marker (~90 bytes).
 _HEADER_ALLOWANCE: Final = 128
 _META_MAX_VALUE: Final = "flowtide.max_value_size"
@@ -314,8 +317,14 @@ async def _bind_bucket(
                     raise
                 reply = await conn.api(f"$JS.API.STREAM.INFO.{stream}", None, timeout=timeout)
     except _ApiError as exc:
+        hint = ""
+        if exc.err_code == _ERR_NOT_CLUSTERED:
+            hint = (
+                f"; {config.replicas} replicas need a NATS cluster of at least"
+                f" {config.replicas} nodes, and this NATS server is not clustered"
+            )
         raise KVError(
-            f"cannot open bucket {bucket!r} at {conn.shown}: {exc}", bucket=bucket
+            f"cannot open bucket {bucket!r} at {conn.shown}: {exc}{hint}", bucket=bucket
         ) from None
     except KVError as exc:
         exc.bucket = bucket

@@ -1,0 +1,87 @@
+"""The KV port on an R3 bucket of a real 3-node JetStream cluster: the whole conformance
+suite, and what only a cluster brings (a frozen node is left for another, a write
+outlives its leader's death)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flowtide.kv import KeyValue, connect
+from flowtide.kv.nats import open_nats
+
+# The suite's asserts live outside a test_*.py file; have pytest rewrite them too.
+pytest.register_assert_rewrite(f"{__package__}.conformance")
+
+from .conformance import KVConformance  # noqa: E402
+from .natsserver import NatsCluster  # noqa: E402
+
+pytestmark = [pytest.mark.anyio, pytest.mark.nats]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster.start(tmp_path_factory.mktemp("cluster"), 3) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class TestClusterKV(KVConformance):
+    """Every behaviour of the port, on buckets kept by three replicas."""
+
+    __test__ = True
+
+    # As on one node (tests/kv/test_nats.py): file streams expire ~0.25 s late.
+    ttl = 2.5
+    ttl_slack = 0.75
+    replicas = 3
+
+    @pytest.fixture(autouse=True)
+    def _cluster_url(self, cluster: NatsCluster) -> None:
+        self.url = cluster.url
+
+    async def make_kv(self, bucket: str, **config: Any) -> KeyValue:
+        if not config.get("apply") and config.get("create") is not False:
+            config.setdefault("replicas", 3)
+        return await connect(self.url, bucket, **config)
+
+
+async def test_a_frozen_node_is_left_for_another(cluster: NatsCluster) -> None:
+    """A node that froze keeps its sockets open; the handle connected to it stops
+    waiting for it after its unanswered pings (6-8 s) and works on through another."""
+    first = cluster.nodes[0]
+    # Connected to node 0 alone: the others are learnt from it (cluster gossip).
+    kv = await open_nats(first.url, _config(), timeout=3.0)
+    try:
+        await kv.put("before", b"1")
+        cluster.pause(0)
+        started = time.monotonic()
+        try:
+            revision = None
+            while revision is None and time.monotonic() - started < 30:
+                try:
+                    revision = await kv.put("during", b"2")
+                except Exception:  # noqa: BLE001 - the wait this test measures
+                    time.sleep(0.2)
+            took = time.monotonic() - started
+        finally:
+            cluster.resume(0)
+        assert revision is not None, "no write through another node within 30 s"
+        assert took < 20, took
+        assert (await kv.get("before")).value == b"1"
+    finally:
+        await kv.close()
+
+
+def _config() -> Any:
+    from flowtide.kv.base import BucketConfig
+
+    return BucketConfig(bucket=f"frozen_{uuid.uuid4().hex[:8]}", replicas=3)

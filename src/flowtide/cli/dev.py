@@ -351,7 +351,8 @@ def dev_logs(
         str,
         typer.Argument(
             help="server, nats, postgres or worker-N; with shards also server-K and"
-            " postgres-K (`server` is shard 0's, `postgres` the cluster database's)."
+            " postgres-K (`server` is shard 0's, `postgres` the cluster database's); with"
+            " --nats-cluster, nats-0, nats-1, ..."
         ),
     ] = "server",
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="How many lines.")] = 50,

@@ -306,10 +306,42 @@ async def test_election_hands_leadership_over(buckets: Buckets) -> None:
     run1.cancel()  # the leader stops: its term is released on the way out
     await asyncio.gather(run1, return_exceptions=True)
     await asyncio.wait_for(leading.wait(), 5)
-    assert second.leading and not first.leading
+    assert second.leading and not first.leading and first.lease is None
     assert [h for h, _ in led] == ["e1", "e2"] and led[0][1] < led[1][1]
     run2.cancel()
     await asyncio.gather(run2, return_exceptions=True)
+
+
+async def test_a_stalled_leader_is_stopped_before_the_next_one_leads(buckets: Buckets) -> None:
+    events: list[tuple[str, str, float]] = []
+    started = {"e1": asyncio.Event(), "e2": asyncio.Event()}
+
+    async def lead(lease: Lease) -> None:
+        events.append((lease.holder, "leads", time.monotonic()))
+        started[lease.holder].set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            events.append((lease.holder, "stops", time.monotonic()))
+
+    link = Partitionable(await buckets.open())
+    first = Election(cast(KeyValue, link), "leader", ttl=0.6, holder="e1")
+    second = Election(await buckets.open(), "leader", ttl=0.6, holder="e2")
+    run1 = asyncio.create_task(first.run(lead))
+    await asyncio.wait_for(started["e1"].wait(), 5)
+    run2 = asyncio.create_task(second.run(lead))
+    link.cut = True
+    await asyncio.wait_for(started["e2"].wait(), 5)
+    assert [(h, what) for h, what, _ in events] == [
+        ("e1", "leads"),
+        ("e1", "stops"),
+        ("e2", "leads"),
+    ]
+    assert events[1][2] < events[2][2]
+    assert first.terms_won == 1 and not first.leading and second.leading
+    for task in (run1, run2):
+        task.cancel()
+    await asyncio.gather(run1, run2, return_exceptions=True)
 
 
 # ------------------------------------------------------- a killed holder (NATS)

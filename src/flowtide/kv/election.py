@@ -5,6 +5,7 @@ See `flowtide.kv.lock` for how a lease works and what it guarantees.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -69,12 +70,13 @@ class Election:
     async def run(self, lead: Callable[[Lease], Awaitable[None]]) -> NoReturn:
         """Campaign forever; while leading, run `lead(lease)`, cancelled when the term is
         lost. A `lead` that returns ends its term (released) and campaigns again."""
-        async for lease in self.terms():
-            try:
-                async with lease:
-                    await lead(lease)
-            except LeaseLostError as exc:
-                _log.warning(
-                    "election %r: term (token %d) lost: %s", lease.key, exc.token, exc.reason
-                )
+        async with contextlib.aclosing(self.terms()) as terms:
+            async for lease in terms:
+                try:
+                    async with lease:
+                        await lead(lease)
+                except LeaseLostError as exc:
+                    _log.warning(
+                        "election %r: term (token %d) lost: %s", lease.key, exc.token, exc.reason
+                    )
         raise AssertionError("unreachable")  # pragma: no cover

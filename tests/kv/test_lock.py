@@ -109,6 +109,17 @@ class Partitionable:
         self._healed.set()
 
 
+async def cancel(*tasks: asyncio.Task[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# The stalled holders (ttl 0.6 s) trust their lease for half its ttl: the margin (0.3 s)
+# covers a loaded machine's delay between the deadline and the body's cancellation.
+SAFETY = 0.5
+
+
 # --------------------------------------------------------------------- pure logic
 
 
@@ -156,6 +167,10 @@ async def test_acquire_and_release(buckets: Buckets) -> None:
     lock = KVLock(kv, "jobs.gc", ttl=2, holder="one")
     lease = await lock.acquire(timeout=5)
     assert lease.held and await lease.check()
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError, match="within 0 s"):
+        await KVLock(kv, "jobs.gc", ttl=2, holder="two").acquire(timeout=0)
+    assert time.monotonic() - started < 1.0
     info = await lock.current()
     assert info is not None and (info.holder, info.token, info.ttl) == ("one", lease.token, 2.0)
     assert await lease.release() is True
@@ -200,7 +215,7 @@ async def test_renewals_keep_the_lease_past_several_ttls(buckets: Buckets) -> No
 
 async def test_stalled_holder_loses_before_it_is_taken_over(buckets: Buckets) -> None:
     link = Partitionable(await buckets.open())
-    holder = KVLock(cast(KeyValue, link), "k", ttl=0.6, holder="stalled")
+    holder = KVLock(cast(KeyValue, link), "k", holder="stalled", ttl=0.6, safety=SAFETY)
     contender = KVLock(await buckets.open(), "k", ttl=0.6, holder="contender")
     entered = asyncio.Event()
     body_ended: list[float] = []
@@ -216,13 +231,16 @@ async def test_stalled_holder_loses_before_it_is_taken_over(buckets: Buckets) ->
                 body_ended.append(time.monotonic())
 
     task = asyncio.create_task(hold())
-    await asyncio.wait_for(entered.wait(), 5)
-    old = holding[0]
-    link.cut = True  # renewals hang from now on
-    started = time.monotonic()
-    successor = await contender.acquire(timeout=5)
-    with pytest.raises(LeaseLostError, match="no renewal succeeded"):
-        await asyncio.wait_for(task, 5)
+    try:
+        await asyncio.wait_for(entered.wait(), 5)
+        old = holding[0]
+        link.cut = True  # renewals hang from now on
+        started = time.monotonic()
+        successor = await contender.acquire(timeout=5)
+        with pytest.raises(LeaseLostError, match="no renewal succeeded"):
+            await asyncio.wait_for(task, 5)
+    finally:
+        await cancel(task)
     assert old.lost_at is not None and old.lost_at < successor.acquired_at
     assert body_ended[0] < successor.acquired_at
     assert successor.acquired_at - started >= 0.6  # waited a full ttl unchanged
@@ -238,7 +256,7 @@ async def test_stalled_holder_loses_before_it_is_taken_over(buckets: Buckets) ->
 
 async def test_stale_release_never_deletes_the_successors_lock(buckets: Buckets) -> None:
     link = Partitionable(await buckets.open())
-    old = await KVLock(cast(KeyValue, link), "k", ttl=0.5, holder="old").acquire()
+    old = await KVLock(cast(KeyValue, link), "k", holder="old", ttl=0.6, safety=SAFETY).acquire()
     link.cut = True
     successor = await KVLock(await buckets.open(), "k", ttl=5, holder="new").acquire(timeout=5)
     assert old.lost.is_set()
@@ -297,19 +315,20 @@ async def test_election_hands_leadership_over(buckets: Buckets) -> None:
     first = Election(await buckets.open(), "leader", ttl=0.6, holder="e1")
     second = Election(await buckets.open(), "leader", ttl=0.6, holder="e2")
     run1 = asyncio.create_task(first.run(lead))
-    await asyncio.wait_for(leading.wait(), 5)
-    run2 = asyncio.create_task(second.run(lead))
-    await asyncio.sleep(0.3)
-    assert first.leading and not second.leading
-    assert (await second.leader()).holder == "e1"  # type: ignore[union-attr]
-    leading.clear()
-    run1.cancel()  # the leader stops: its term is released on the way out
-    await asyncio.gather(run1, return_exceptions=True)
-    await asyncio.wait_for(leading.wait(), 5)
-    assert second.leading and not first.leading and first.lease is None
-    assert [h for h, _ in led] == ["e1", "e2"] and led[0][1] < led[1][1]
-    run2.cancel()
-    await asyncio.gather(run2, return_exceptions=True)
+    run2: asyncio.Task[Any] | None = None
+    try:
+        await asyncio.wait_for(leading.wait(), 5)
+        run2 = asyncio.create_task(second.run(lead))
+        await asyncio.sleep(0.3)
+        assert first.leading and not second.leading
+        assert (await second.leader()).holder == "e1"  # type: ignore[union-attr]
+        leading.clear()
+        await cancel(run1)  # the leader stops: its term is released on the way out
+        await asyncio.wait_for(leading.wait(), 5)
+        assert second.leading and not first.leading and first.lease is None
+        assert [h for h, _ in led] == ["e1", "e2"] and led[0][1] < led[1][1]
+    finally:
+        await cancel(run1, *([run2] if run2 else []))
 
 
 async def test_a_stalled_leader_is_stopped_before_the_next_one_leads(buckets: Buckets) -> None:
@@ -325,23 +344,25 @@ async def test_a_stalled_leader_is_stopped_before_the_next_one_leads(buckets: Bu
             events.append((lease.holder, "stops", time.monotonic()))
 
     link = Partitionable(await buckets.open())
-    first = Election(cast(KeyValue, link), "leader", ttl=0.6, holder="e1")
+    first = Election(cast(KeyValue, link), "leader", holder="e1", ttl=0.6, safety=SAFETY)
     second = Election(await buckets.open(), "leader", ttl=0.6, holder="e2")
     run1 = asyncio.create_task(first.run(lead))
-    await asyncio.wait_for(started["e1"].wait(), 5)
-    run2 = asyncio.create_task(second.run(lead))
-    link.cut = True
-    await asyncio.wait_for(started["e2"].wait(), 5)
-    assert [(h, what) for h, what, _ in events] == [
-        ("e1", "leads"),
-        ("e1", "stops"),
-        ("e2", "leads"),
-    ]
-    assert events[1][2] < events[2][2]
-    assert first.terms_won == 1 and not first.leading and second.leading
-    for task in (run1, run2):
-        task.cancel()
-    await asyncio.gather(run1, run2, return_exceptions=True)
+    run2: asyncio.Task[Any] | None = None
+    try:
+        await asyncio.wait_for(started["e1"].wait(), 5)
+        run2 = asyncio.create_task(second.run(lead))
+        link.cut = True
+        await asyncio.wait_for(started["e2"].wait(), 5)
+        assert [(h, what) for h, what, _ in events] == [
+            ("e1", "leads"),
+            ("e1", "stops"),
+            ("e2", "leads"),
+        ]
+        assert events[1][2] < events[2][2]
+        assert first.terms_won == 1 and second.terms_won == 1
+        assert second.leading and not first.leading
+    finally:
+        await cancel(run1, *([run2] if run2 else []))
 
 
 # ------------------------------------------------------- a killed holder (NATS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import NoReturn
 
 from flowtide.kv.base import KeyValue
@@ -54,7 +54,7 @@ class Election:
         """Who leads as the key says now (None: nobody)."""
         return await self.lock.current()
 
-    async def terms(self) -> AsyncIterator[Lease]:
+    async def terms(self) -> AsyncGenerator[Lease, None]:
         """Yield a lease each time this process becomes leader; the term ends when its
         lease is lost or when the caller asks for the next one (then it is released)."""
         while True:

@@ -280,13 +280,32 @@ class KVLock:
         """Wait until the lock is ours and return the lease (renewed in the background
         until `release`).
 
+        A call cancelled while its write is in flight may leave the key written with
+        nobody renewing it: contenders take it over after `ttl`.
+
         Args:
-            timeout: seconds to wait at most; None waits as long as it takes.
+            timeout: seconds to wait at most (0: one try); None waits as long as it
+                takes.
         Raises:
             LockTimeoutError: not acquired within `timeout`.
             KVError: the bucket failed (closed, destroyed, unreachable).
         """
         start = self.clock()
+        task = asyncio.current_task()
+        base = task.cancelling() if task is not None else 0
+
+        def cancelled() -> bool:
+            # nats-py waits for a reply with asyncio.wait_for, which on Python 3.11 can
+            # swallow a cancellation that arrives with the reply: honour it here.
+            return task is not None and task.cancelling() > base
+
+        async def won(revision: int, sent: float) -> Lease:
+            lease = Lease(self, lease_id, revision, sent)
+            if cancelled():
+                await lease.release()
+                raise asyncio.CancelledError
+            return lease
+
         give_up = None if timeout is None else start + max(0.0, timeout)
         lease_id = secrets.token_hex(8)
         value = self._value(lease_id, None, 0)
@@ -298,13 +317,13 @@ class KVLock:
         waker = asyncio.create_task(_wake_on_change(watcher, changed))
         try:
             while True:
+                if cancelled():
+                    raise asyncio.CancelledError
                 changed.clear()
                 sent = self.clock()
                 try:
-                    revision = await self.kv.create(self.key, value)
-                    return Lease(self, lease_id, revision, sent)
+                    return await won(await self.kv.create(self.key, value), sent)
                 except KeyExistsError as exc:
-                    now = self.clock()
                     current = exc.revision
                 if current != seen.revision:
                     try:
@@ -315,7 +334,7 @@ class KVLock:
                     holder = str(data.get("holder")) if data else None
                     seen.observe(entry.revision, _declared_ttl(data, self.ttl), self.clock())
                 now = self.clock()
-                if now >= seen.expires:
+                if now >= seen.expires and not cancelled():
                     sent = now
                     try:
                         revision = await self.kv.update(self.key, value, seen.revision)
@@ -324,21 +343,30 @@ class KVLock:
                     _log.warning(
                         "lock %r: took over from %r, which stopped renewing", self.key, holder
                     )
-                    return Lease(self, lease_id, revision, sent)
+                    return await won(revision, sent)
                 wait = seen.expires - now
                 if give_up is not None:
                     if now >= give_up:
                         raise LockTimeoutError(self.kv.bucket, self.key, timeout or 0.0, holder)
                     wait = min(wait, give_up - now)
                 # The watch wakes us on any change; the timeout is the take-over time.
+                # asyncio.timeout, not wait_for: on 3.11 wait_for may swallow a cancel.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), max(wait, 0.0))
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await changed.wait()
         finally:
-            waker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waker
+            await _stop(waker)
             with contextlib.suppress(KVError):
                 await watcher.stop()
+
+
+async def _stop(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait for it to end. A cancellation of the caller meanwhile
+    propagates (suppressing CancelledError around `await task` would swallow it)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is not None:
+        _log.debug("lock: background task ended with %r", task.exception())
 
 
 async def _wake_on_change(watcher: KeyWatcher, changed: asyncio.Event) -> None:
@@ -355,7 +383,11 @@ class _Hold:
 
     async def __aenter__(self) -> Lease:
         self._lease = await self._lock.acquire(self._timeout)
-        return await self._lease.__aenter__()
+        try:
+            return await self._lease.__aenter__()
+        except BaseException:
+            await self._lease.release()
+            raise
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -439,9 +471,7 @@ class Lease:
         if self._released:
             return False
         self._released = True
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await _stop(self._task)
         self._lose("released")
         kv = self._lock.kv
         try:
@@ -485,6 +515,9 @@ class Lease:
         await self.release()
         if ours and not outside and (et is None or issubclass(et, asyncio.CancelledError)):
             raise LeaseLostError(self) from e
+        if et is None and body is not None and body.cancelling() > self._body_cancels:
+            # A cancellation the bucket's client swallowed while releasing (see acquire).
+            raise asyncio.CancelledError
 
     # ------------------------------------------------------------------ internals
 
@@ -527,7 +560,7 @@ class Lease:
         lock = self._lock
         interval = lock.ttl / 3
         next_at = sent + interval
-        while True:
+        while not (self._released or self.lost.is_set()):
             await asyncio.sleep(max(0.0, next_at - lock.clock()))
             sent = lock.clock()
             if sent >= self._deadline:
@@ -535,9 +568,8 @@ class Lease:
                 return
             value = lock._value(self._id, self.token, self.renewals + 1)
             try:
-                revision = await asyncio.wait_for(
-                    lock.kv.update(self.key, value, self.revision), self._deadline - sent
-                )
+                async with asyncio.timeout(self._deadline - sent):
+                    revision = await lock.kv.update(self.key, value, self.revision)
             except WrongRevisionError as exc:
                 try:
                     entry = await lock.kv.get(self.key)

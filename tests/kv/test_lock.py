@@ -5,6 +5,7 @@ pure logic of the contender's wait with a fake clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from flowtide.kv import (
 )
 from flowtide.kv.lock import MAX_HOLDER_LENGTH, _declared_ttl, _Observation
 
-from .natsserver import NatsServer
+from .natsserver import NatsCluster, NatsServer
 
 pytestmark = pytest.mark.anyio
 
@@ -278,10 +279,10 @@ async def test_a_purged_key_loses_the_lease_and_is_created_again(buckets: Bucket
     await again.release()
 
 
-async def test_contending_holders_never_overlap_and_tokens_grow(buckets: Buckets) -> None:
-    tasks, rounds = 6, 3
+async def contend(handles: list[KeyValue], rounds: int) -> None:
+    """One task per handle, each acquiring, holding a few ms and releasing `rounds`
+    times; asserts no two holding intervals overlap and tokens grow in their order."""
     intervals: list[tuple[float, float, int]] = []
-    handles = [await buckets.open() for _ in range(tasks)]
     rng = random.Random(7)
 
     async def worker(i: int) -> None:
@@ -295,12 +296,16 @@ async def test_contending_holders_never_overlap_and_tokens_grow(buckets: Buckets
             intervals.append((start, end, lease.token))
             await lease.release()
 
-    await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(tasks))), 60)
+    await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(len(handles)))), 60)
     intervals.sort()
-    assert len(intervals) == tasks * rounds
+    assert len(intervals) == len(handles) * rounds
     for (_, end, token), (start, _, next_token) in zip(intervals, intervals[1:], strict=False):
         assert end < start, "two holders overlapped"
         assert token < next_token
+
+
+async def test_contending_holders_never_overlap_and_tokens_grow(buckets: Buckets) -> None:
+    await contend([await buckets.open() for _ in range(6)], rounds=3)
 
 
 async def test_election_hands_leadership_over(buckets: Buckets) -> None:
@@ -412,3 +417,29 @@ async def test_a_killed_holder_is_taken_over_after_its_ttl(
             proc.stdout.close()
         await kv.destroy()
         await kv.close()
+
+
+# ------------------------------------------------------- an R3 bucket on a cluster
+
+
+@pytest.mark.nats
+async def test_contention_on_an_r3_bucket_across_cluster_nodes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Contenders connected to different nodes of a 3-node cluster: every compare-and-set
+    goes through the stream leader, so exclusion and growing tokens hold as on one node."""
+    bucket = f"lock_{uuid.uuid4().hex[:12]}"
+    with NatsCluster.start(tmp_path_factory.mktemp("lock-cluster")) as cluster:
+        handles: list[KeyValue] = []
+        try:
+            for i in range(6):
+                node = cluster.nodes[i % len(cluster.nodes)]
+                handles.append(await connect(node.url, bucket, replicas=3))
+            assert (await handles[0].status()).replicas == 3
+            await contend(handles, rounds=2)
+        finally:
+            if handles:
+                with contextlib.suppress(KVError):
+                    await handles[0].destroy()
+            for kv in handles:
+                await kv.close()

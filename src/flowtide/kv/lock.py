@@ -37,15 +37,16 @@ any moment, provided (1) the clocks of holder and contenders run at nearly the s
 *rate* (a monotonic clock that drifts less than `1 - safety` over one `ttl`; their
 wall-clock times never matter), (2) a holder's process is not paused for longer than
 that margin between checking `held` and acting on it (GC pauses, a suspended VM), and
-(3) the bucket's revisions are linearizable (a single nats-server, or an R3 bucket whose
-writes go through the stream leader). It is a lease, not consensus across partitions: a
+(3) the bucket's revisions are linearizable and acknowledged writes are not lost (a
+single nats-server, or an R3 bucket, whose writes go through the stream leader; a server
+that loses an acknowledged write, as JetStream can on a crash without `sync_interval:
+always`, may hand the same token out twice). It is a lease, not consensus across partitions: a
 holder cut off from the server keeps its lease until its deadline, and a pause past
 the deadline makes a stale holder act late. Hence the fencing token: a resource the
 lock protects must remember the largest token it has accepted and refuse a write with
-a smaller one, which makes a late, stale holder harmless. `Lease.held` is a local
-check (no I/O); `await lease.check()` reads the key once. Destroying and re-creating the
-bucket restarts its revisions, and with them the tokens. A bucket TTL must be longer
-than the lease `ttl`.
+a smaller one, which makes a late, stale holder harmless. Destroying and re-creating
+the bucket restarts its revisions, and with them the tokens. A bucket TTL must be
+longer than the lease `ttl`.
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ async def test_a_purged_key_loses_the_lease_and_is_created_again(buckets: Bucket
     kv = await buckets.open()
     lease = await KVLock(kv, "k", ttl=0.6, holder="a").acquire()
     await kv.purge("k")
-    await asyncio.wait_for(lease.wait_lost(), 2)
+    await asyncio.wait_for(lease.lost.wait(), 2)
     assert lease.lost_reason is not None and "deleted" in lease.lost_reason
     again = await KVLock(kv, "k", ttl=0.6, holder="b").acquire(timeout=0.3)
     assert again.token > lease.revision

@@ -69,7 +69,8 @@ class Election:
 
     async def run(self, lead: Callable[[Lease], Awaitable[None]]) -> NoReturn:
         """Campaign forever; while leading, run `lead(lease)`, cancelled when the term is
-        lost. A `lead` that returns ends its term (released) and campaigns again."""
+        lost. A `lead` that returns ends its term (released) and campaigns again; one
+        that raises ends `run` with its error (the term released)."""
         async with contextlib.aclosing(self.terms()) as terms:
             async for lease in terms:
                 try:

@@ -457,10 +457,6 @@ class Lease:
             return False
         return self.held
 
-    async def wait_lost(self) -> None:
-        """Return when the lease ends."""
-        await self.lost.wait()
-
     async def release(self) -> bool:
         """Stop renewing and delete the key if it still holds this lease (a delete
         expecting the revision this lease wrote last). Idempotent; never raises for

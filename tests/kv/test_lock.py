@@ -370,6 +370,29 @@ async def test_a_stalled_leader_is_stopped_before_the_next_one_leads(buckets: Bu
         await cancel(run1, *([run2] if run2 else []))
 
 
+async def test_a_campaign_survives_a_failing_bucket(buckets: Buckets) -> None:
+    link = Partitionable(await buckets.open())
+    failures = 0
+    create = link._kv.create
+
+    async def flaky_create(key: str, value: bytes) -> int:
+        nonlocal failures
+        if failures < 2:
+            failures += 1
+            raise KVError("unreachable (test)")
+        return await create(key, value)
+
+    link.create = flaky_create  # type: ignore[method-assign]
+    election = Election(cast(KeyValue, link), "leader", ttl=0.1, holder="e")
+    terms = election.terms()
+    try:
+        lease = await asyncio.wait_for(anext(terms), 5)
+        assert failures == 2 and election.leading and lease.held
+    finally:
+        await terms.aclose()
+    assert not lease.held and await election.leader() is None
+
+
 # ------------------------------------------------------- a killed holder (NATS)
 
 _HOLDER = """

@@ -5,6 +5,7 @@ See `flowtide.kv.lock` for how a lease works and what it guarantees.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -12,6 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import NoReturn
 
 from flowtide.kv.base import KeyValue
+from flowtide.kv.errors import KVError
 from flowtide.kv.lock import DEFAULT_SAFETY, Clock, KVLock, Lease, LeaseLostError, LockInfo
 
 __all__ = ["Election"]
@@ -56,9 +58,24 @@ class Election:
 
     async def terms(self) -> AsyncGenerator[Lease, None]:
         """Yield a lease each time this process becomes leader; the term ends when its
-        lease is lost or when the caller asks for the next one (then it is released)."""
+        lease is lost or when the caller asks for the next one (then it is released).
+
+        A failure of the bucket while campaigning (unreachable, timed out) is logged and
+        the campaign tried again after `min(ttl, 5)` seconds; an error that refuses the
+        request itself (the bucket does not exist, the key is invalid) is raised. Cancel
+        the campaign before closing the bucket's handle."""
         while True:
-            lease = await self.lock.acquire()
+            try:
+                lease = await self.lock.acquire()
+            except KVError as exc:
+                if exc.refused:
+                    raise
+                pause = min(self.lock.ttl, 5.0)
+                _log.warning(
+                    "election %r: campaign failed (%s); again in %g s", self.lock.key, exc, pause
+                )
+                await asyncio.sleep(pause)
+                continue
             self.lease = lease
             self.terms_won += 1
             try:

@@ -445,6 +445,19 @@ async def test_a_killed_holder_is_taken_over_after_its_ttl(
 # ------------------------------------------------------- an R3 bucket on a cluster
 
 
+async def open_when_ready(url: str, bucket: str) -> KeyValue:
+    """A handle on an R3 bucket, retried while a fresh cluster's JetStream API does not
+    answer yet (a loaded machine: seconds after the metadata leader is chosen)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await connect(url, bucket, replicas=3)
+        except KVError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 @pytest.mark.nats
 async def test_contention_on_an_r3_bucket_across_cluster_nodes(
     tmp_path_factory: pytest.TempPathFactory,
@@ -457,7 +470,7 @@ async def test_contention_on_an_r3_bucket_across_cluster_nodes(
         try:
             for i in range(6):
                 node = cluster.nodes[i % len(cluster.nodes)]
-                handles.append(await connect(node.url, bucket, replicas=3))
+                handles.append(await open_when_ready(node.url, bucket))
             assert (await handles[0].status()).replicas == 3
             await contend(handles, rounds=2)
         finally:

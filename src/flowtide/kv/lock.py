@@ -296,7 +296,7 @@ class KVLock:
         base = task.cancelling() if task is not None else 0
 
         def cancelled() -> bool:
-            # nats-py waits for a reply with asyncio.wait_for, which on Python 3.11 can
+            # A client that waits for a reply with asyncio.wait_for can, on Python 3.11,
             # swallow a cancellation that arrives with the reply: honour it here.
             return task is not None and task.cancelling() > base
 

@@ -3,7 +3,8 @@
     kv = await connect("memory://", "flowtide_state", history=1, ttl=3600)
     rev = await kv.create("exec.1.loop.fetch.0.done", b"1")
 
-See `flowtide.kv.base` for the semantics every adapter follows.
+See `flowtide.kv.base` for the semantics every adapter follows, `flowtide.kv.lock` for
+leases with fencing tokens on one key (`KVLock`, `Election`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from flowtide.kv.base import (
     decode_key_token,
     encode_key_token,
 )
+from flowtide.kv.election import Election
 from flowtide.kv.errors import KVUnavailableError
+from flowtide.kv.lock import KVLock, Lease, LeaseLostError, LockError, LockInfo, LockTimeoutError
 from flowtide.kv.options import UNSET, Unset
 
 if TYPE_CHECKING:
@@ -51,14 +54,21 @@ __all__ = [
     "BucketFullError",
     "BucketNotFoundError",
     "CreateManyError",
+    "Election",
     "Entry",
     "InvalidKeyError",
     "KVError",
+    "KVLock",
     "KVUnavailableError",
     "KeyExistsError",
     "KeyNotFoundError",
     "KeyValue",
     "KeyWatcher",
+    "Lease",
+    "LeaseLostError",
+    "LockError",
+    "LockInfo",
+    "LockTimeoutError",
     "Operation",
     "Placement",
     "ReadOnlyBucketError",

@@ -207,7 +207,15 @@ class Runtime:
         if s.retention is not None:
             self.tasks.append(
                 asyncio.create_task(
-                    RetentionWatch(self.store, s.retention).run(), name="flowtide-retention"
+                    RetentionWatch(
+                        self.store,
+                        s.retention,
+                        # One server of the shard per round when they share a bucket.
+                        kv=None if s.kv.startswith("memory:") else self.kv,
+                        shard=shard.index,
+                        holder=holder_name("server"),
+                    ).run(),
+                    name="flowtide-retention",
                 )
             )
         if s.stalled_after > 0:

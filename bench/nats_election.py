@@ -1,11 +1,11 @@
 """What a KV client sees while a JetStream cluster elects a bucket's new leader.
 
-    .venv/bin/python bench/nats_election.py [--trials 10] [--freeze 12] [--json]
+    .venv/bin/python bench/nats_election.py [--trials 10] [--freeze 12] [--timeout 5] [--json]
 
 A real cluster of three nats-servers on loopback (tests/kv/natsserver.NatsCluster) and an
 R3 bucket; one writer puts a key in a loop, as the server records loop iterations: each
 put through `flowtide.loopstate.retrying` (repeated while KVUnavailableError), the
-handle's request timeout 5 s (the server's). Per trial, the node leading the bucket is
+handle's request timeout --timeout s (5: the server's). Per trial, the node leading the bucket is
 struck while the writer runs, then brought back and the cluster waited for:
 
     kill     kill -9 of the leader (restarted after the measurement)
@@ -45,9 +45,11 @@ async def leader_of(kv: Any, bucket: str) -> str:
     return str(reply["cluster"]["leader"])
 
 
-async def trial(cluster: NatsCluster, kind: str, number: int, freeze: float) -> dict[str, Any]:
+async def trial(
+    cluster: NatsCluster, kind: str, number: int, freeze: float, timeout: float
+) -> dict[str, Any]:
     bucket = f"election_{kind}_{number}"
-    kv = await open_nats(cluster.url, BucketConfig(bucket=bucket, replicas=3), timeout=5.0)
+    kv = await open_nats(cluster.url, BucketConfig(bucket=bucket, replicas=3), timeout=timeout)
     unavailable = 0
     failed = 0
     stamps: list[float] = []
@@ -119,6 +121,9 @@ def main() -> int:
     )
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--freeze", type=float, default=12.0)
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="the handle's request timeout (the server's: 5)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = sys.stderr if args.json else sys.stdout
@@ -131,7 +136,7 @@ def main() -> int:
     with NatsCluster.start(Path(tempfile.mkdtemp(prefix="flowtide-election-")), 3) as cluster:
         for kind in ("kill", "freeze"):
             for n in range(1, args.trials + 1):
-                r = asyncio.run(trial(cluster, kind, n, args.freeze))
+                r = asyncio.run(trial(cluster, kind, n, args.freeze, args.timeout))
                 results.append(r)
                 print(
                     f"  {kind} {n}: {r['leader']} -> {r['new_leader']}, window {r['window']} s,"

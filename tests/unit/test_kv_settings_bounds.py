@@ -97,3 +97,14 @@ def test_memory_refuses_them_too() -> None:
 
     with pytest.raises(KVError, match="ttl must be at most"):
         asyncio.run(connect("memory://", "bounds", ttl=1e300))
+
+
+def test_keys_and_filters_have_a_length_limit() -> None:
+    from flowtide.kv import InvalidKeyError
+    from flowtide.kv.keys import MAX_KEY_LENGTH, validate_filter, validate_key
+
+    assert validate_key("k" * MAX_KEY_LENGTH)
+    with pytest.raises(InvalidKeyError, match="at most"):
+        validate_key("k" * (MAX_KEY_LENGTH + 1))
+    with pytest.raises(InvalidKeyError, match="at most"):
+        validate_filter("k" * MAX_KEY_LENGTH + ".>")

@@ -171,3 +171,18 @@ def test_retries_wait_out_an_election_and_stop_at_the_budget(
     with pytest.raises(nats.js.errors.BadRequestError):
         asyncio.run(with_retries(refused, "x"))
     assert calls[0] == 1
+
+
+@pytest.mark.parametrize(
+    "env", ["FLOWTIDE_NATS_LOGS_MAX_BYTES", "FLOWTIDE_NATS_COMMANDS_MAX_BYTES"]
+)
+def test_a_size_jetstream_cannot_hold_is_refused_by_name(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It reached STREAM.CREATE as it was, and came back as a Go JSON error at start.
+    from flowtide.errors import SettingsError
+    from flowtide.settings import ServerSection, read
+
+    monkeypatch.setenv(env, str(2**64))
+    with pytest.raises(SettingsError, match=env):
+        read(ServerSection, {})

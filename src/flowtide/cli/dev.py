@@ -48,6 +48,19 @@ HomeOpt = Annotated[
 ]
 
 
+def home_hint(stack_home: Path, cwd: Path | None = None) -> tuple[str, str]:
+    """How other commands find the stack's home: on their own when a command run here
+    without --home finds it, else with `--home` (what to add to a command line)."""
+    from flowtide.home import discovered_home
+
+    if discovered_home(cwd).absolute() == stack_home.absolute():
+        return "commands run from this directory find it on their own", ""
+    return (
+        f"other commands find it with --home {stack_home} or FLOWTIDE_HOME={stack_home}",
+        f" --home {stack_home}",
+    )
+
+
 def _stack(home: Path | None) -> DevStack:
     from flowtide.dev.stack import DevStack, DevStackError
 
@@ -270,6 +283,7 @@ def dev_up(
     _print_status(stack, components, as_json)
     if not as_json:
         admin = stack.tokens().get("admin", "")
+        finds, home_flag = home_hint(stack.home)
         others = [s.url for s in stack.servers()[1:]]
         shard_lines = (
             f"other shards' servers: {', '.join(others)}\n"
@@ -283,10 +297,9 @@ def dev_up(
             + "\n"
             + shard_lines
             + f"admin token:           export FLOWTIDE_TOKEN={admin}\n"
-            "                       (commands run from this directory find it on their"
-            f" own: it is kept in {stack.tokens_path}, mode 0600)\n"
+            f"                       ({finds}: it is kept in {stack.tokens_path}, mode 0600)\n"
             f"run a playbook on it:  flowtide run examples/quickstart.yaml "
-            f"--server {stack.server_url}\n"
+            f"--server {stack.server_url}{home_flag}\n"
             + (
                 f"TLS:                   the stack's CA is {stack.ca.ca}; clients here use"
                 " it (and the admin's client certificate) on their own;\n"

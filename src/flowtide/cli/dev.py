@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -130,21 +130,29 @@ def _print_streams(stack: DevStack) -> None:
         if "error" in doc:
             typer.echo(f"NATS stream {doc['stream']}:  {doc['error']}")
             continue
-        peers = []
-        for peer in doc["peers"]:
-            if peer["leader"]:
-                peers.append(f"{peer['name']} leader")
-            elif peer.get("offline") or not peer["current"]:
-                peers.append(
-                    f"{peer['name']} BEHIND by {peer['lag']} (seen {peer['active_seconds']} s ago)"
-                )
-            else:
-                peers.append(f"{peer['name']} current")
+        peers = [peer_text(peer, stack.procs.alive(peer["name"])) for peer in doc["peers"]]
         leader = "" if doc["leader"] else "NO LEADER (electing)  "
+        count = doc["messages"]
         typer.echo(
             f"NATS stream {doc['stream']}:  R{doc['replicas']}, {leader}{', '.join(peers)};"
-            f" {doc['messages']} messages"
+            f" {count} message{'' if count == 1 else 's'}"
         )
+
+
+def peer_text(peer: dict[str, Any], running: bool) -> str:
+    """One replica of a stream as `dev status` prints it (`running`: its node's process
+    is alive). A stopped node's replica said "BEHIND by 0" until JetStream marked it
+    offline."""
+    name = peer["name"]
+    if peer["leader"]:
+        return f"{name} leader"
+    seen = f"seen {peer['active_seconds']} s ago"
+    if peer.get("offline") or not running:
+        return f"{name} OFFLINE ({'stopped, ' if not running else ''}{seen})"
+    if not peer["current"]:
+        lag = peer["lag"]
+        return f"{name} {'BEHIND by ' + str(lag) if lag else 'NOT CURRENT'} ({seen})"
+    return f"{name} current"
 
 
 def _health_line(shard: int, health: dict[str, float] | None) -> str:

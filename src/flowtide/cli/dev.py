@@ -309,8 +309,9 @@ def dev_up(
             f"run a playbook on it:  flowtide run examples/quickstart.yaml "
             f"--server {stack.server_url}{home_flag}\n"
             + (
-                f"TLS:                   the stack's CA is {stack.ca.ca}; clients here use"
-                " it (and the admin's client certificate) on their own;\n"
+                f"TLS:                   the stack's CA is {stack.ca.ca}; clients"
+                f" {'given' + home_flag if home_flag else 'here'} use it (and the admin's"
+                " client certificate) on their own;\n"
                 "                       nats-server and PostgreSQL take TLS only (for NATS"
                 f" clients: export FLOWTIDE_NATS_CA={stack.ca.ca})\n"
                 if stack.config.tls

@@ -46,6 +46,12 @@ def find_home(explicit: str | Path | None = None, cwd: Path | None = None) -> Pa
         return Path(explicit)
     if _chosen is not None:
         return _chosen
+    return discovered_home(cwd)
+
+
+def discovered_home(cwd: Path | None = None) -> Path:
+    """The home a command run in `cwd` without --home finds: FLOWTIDE_HOME, else the
+    nearest `.flowtide` of this user's in `cwd` or above, else `user_home()`."""
     env = os.environ.get("FLOWTIDE_HOME", "").strip()
     if env:
         return Path(env)

@@ -689,6 +689,19 @@ def test_edit_changes_only_the_given_settings(ft: Flowtide, nats: NatsServer) ->
     assert proc.returncode == 2 and "nothing to change" in proc.stderr
     proc = ft("kv", "edit", "missing", "--url", nats.url, "--history", "2")
     assert proc.returncode == 2 and "bucket 'missing' not found" in proc.stderr
+    assert "`flowtide kv add missing ...` creates it" in proc.stderr
+    # Values JetStream cannot hold, a republish into NATS's own subjects, a source that
+    # is no bucket: refused by name, without a Go JSON error or a traceback.
+    for args, named in (
+        (("--ttl", "1e300"), "ttl must be at most"),
+        (("--max-bytes", "99999999999999999999"), "max_bytes must be 1.."),
+        (("--max-value-size", "99999999999"), "max_value_size must be 1.."),
+        (("--republish", ">", "$KV.other.>"), "republish destination '$KV.other.>'"),
+        (("--source", "nosuchbucket"), "no bucket 'nosuchbucket'"),
+    ):
+        proc = ft("kv", "edit", "cfg", "--url", nats.url, *args)
+        assert proc.returncode == 2 and named in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and "json:" not in proc.stderr
     proc = ft("kv", "edit", "cfg", "--url", nats.url, "--republish-headers-only")
     assert proc.returncode == 2 and "--republish KEYS SUBJECT" in proc.stderr
 

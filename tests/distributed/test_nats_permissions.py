@@ -419,3 +419,55 @@ def test_creds_file_for_jwt_accounts(tmp_path: Path) -> None:
         assert refused.returncode == 2 and "authorization violation" in refused.stderr
         seed = stranger.read_text().split("BEGIN USER NKEY SEED-----\n")[1].split("\n")[0]
         assert seed not in refused.stderr
+
+
+async def test_worker_user_cannot_reach_republished_mirrored_or_locked_state(
+    secured: NatsServer,
+) -> None:
+    # The KV settings added for clusters (republish, mirrors, apply=True) and the
+    # retention lease (KVLock on duty.retention.<shard> in the loop-state bucket) open no
+    # way in for a worker: its user still may publish only to its consumer and its logs,
+    # and subscribe only to its own inbox.
+    from flowtide.kv import KVLock, Republish
+
+    server_auth = secured.users["server"].auth()
+    kv = await connect(
+        secured.url, BUCKET, republish=Republish("kvout.>"), apply=True, nats_auth=server_auth
+    )
+    mirror_name = f"{BUCKET}_mirror"
+    mirror = await connect(secured.url, mirror_name, mirror=BUCKET, nats_auth=server_auth)
+    lock = KVLock(kv, "duty.retention.0", ttl=30, holder="server-0")
+    try:
+        lease = await lock.acquire(timeout=5)
+        async with _worker(secured) as worker:
+            # Live values: the republish subject, the bucket's own subjects.
+            for subject in ("kvout.>", f"$KV.{BUCKET}.>", f"$KV.{mirror_name}.>"):
+                await worker.nc.subscribe(subject)
+                await worker.refused("subscription", subject)
+            # Take or renew the lease, or write through the republish subject.
+            for subject in (f"$KV.{BUCKET}.duty.retention.0", "kvout.duty.retention.0"):
+                await worker.nc.publish(subject, b'{"holder": "worker"}')
+                await worker.refused("publish", subject)
+            # Read the mirror; change or create streams.
+            for subject in (
+                f"$JS.API.DIRECT.GET.KV_{mirror_name}.$KV.{BUCKET}.duty.retention.0",
+                f"$JS.API.STREAM.MSG.GET.KV_{mirror_name}",
+                f"$JS.API.STREAM.UPDATE.KV_{BUCKET}",
+                f"$JS.API.STREAM.UPDATE.{STREAM}",
+                "$JS.API.STREAM.CREATE.KV_forged",
+            ):
+                # (A request without waiting out its timeout: the refusal is what counts.)
+                await worker.nc.publish(subject, b"{}", reply=worker.nc.new_inbox())
+                await worker.refused("publish", subject)
+        assert lease.held and await lease.check()
+        info = await lock.current()
+        assert info is not None and info.holder == "server-0" and info.token == lease.token
+        await lease.release()
+    finally:
+        await mirror.destroy()
+        await mirror.close()
+        await kv.close()
+        plain = await connect(
+            secured.url, BUCKET, republish=None, apply=True, nats_auth=server_auth
+        )
+        await plain.close()

@@ -1207,3 +1207,23 @@ async def test_replicated_bucket_create_many_races(
     finally:
         await kv2.close()
         await _drop(kv1)
+
+
+async def test_a_key_too_long_for_nats_is_refused_and_the_handle_lives_on(
+    kv: NatsKeyValue,
+) -> None:
+    # nats-server closes a connection whose protocol line passes 4096 bytes: a put of a
+    # 5,000-character key closed the handle for good ("the NATS connection ... is
+    # closed" for every later call), and a lock or watch on such a key did the same.
+    from flowtide.kv import InvalidKeyError, KVLock
+    from flowtide.kv.keys import MAX_KEY_LENGTH
+
+    longest = "k" * MAX_KEY_LENGTH
+    await kv.put(longest, b"fits")
+    with pytest.raises(InvalidKeyError, match=f"at most {MAX_KEY_LENGTH} characters"):
+        await kv.put("k" * 5000, b"v")
+    with pytest.raises(InvalidKeyError, match="at most"):
+        await KVLock(kv, "k" * 5000, ttl=10, holder="h").acquire(timeout=1)
+    with pytest.raises(InvalidKeyError, match="at most"):
+        await kv.keys("k" * 5000 + ".>")
+    assert (await kv.get(longest)).value == b"fits"

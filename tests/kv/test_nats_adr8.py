@@ -17,6 +17,7 @@ import nats
 import pytest
 
 from flowtide.kv import (
+    BucketNotFoundError,
     KeyNotFoundError,
     KeyValue,
     KVError,
@@ -239,6 +240,51 @@ async def test_mirror_needs_its_origin(nats_server: NatsServer, opened: list[Key
         await open_kv(nats_server, opened, mirror=missing)
     with pytest.raises(KVError, match="mirror copies exactly one bucket"):
         await open_kv(nats_server, opened, mirror=missing, sources=[name()])
+
+
+async def test_sources_need_their_origins(nats_server: NatsServer, opened: list[KeyValue]) -> None:
+    # JetStream accepts a source that names no stream (it sources nothing until one
+    # appears): a mistyped name made an aggregate that stayed empty, silently.
+    east = await open_kv(nats_server, opened)
+    missing = name("missing")
+    aggregate = name()
+    with pytest.raises(KVError, match=f"cannot source '{missing}': no bucket '{missing}'"):
+        await open_kv(nats_server, opened, aggregate, sources=[east.bucket, missing])
+    with pytest.raises(BucketNotFoundError):
+        await connect(nats_server.url, aggregate, create=False)
+    kv = await open_kv(nats_server, opened, aggregate, sources=[east.bucket])
+    with pytest.raises(KVError, match=f"no bucket '{missing}'"):
+        await open_kv(nats_server, opened, aggregate, sources=[missing], apply=True)
+    assert (await kv.status()).sources == (east.bucket,)
+
+
+async def test_two_buckets_cannot_republish_into_each_other(
+    nats_server: NatsServer, opened: list[KeyValue]
+) -> None:
+    # nats-server refuses a republish into the bucket's own subjects, not into another
+    # bucket's: a into $KV.b.> and b into $KV.a.> turned one write into hundreds.
+    a = await open_kv(nats_server, opened)
+    with pytest.raises(KVError, match="not allowed"):
+        await open_kv(nats_server, opened, republish=Republish(f"$KV.{a.bucket}.>"))
+    with pytest.raises(KVError, match="not allowed"):
+        await open_kv(nats_server, opened, a.bucket, republish=Republish("$KV.x.>"), apply=True)
+    assert "republish" not in await stream_config(nats_server, a.bucket)
+    # A bucket another tool set up so still opens, and shows what it has.
+    config = await stream_config(nats_server, a.bucket)
+    config["republish"] = {"src": f"$KV.{a.bucket}.>", "dest": "$KV.elsewhere.>"}
+    config["placement"] = {"tags": ["a tag"]}
+    nc = await nats.connect(nats_server.url)
+    try:
+        reply = await nc.request(
+            f"$JS.API.STREAM.UPDATE.KV_{a.bucket}", json.dumps(config).encode(), timeout=5
+        )
+        assert "error" not in json.loads(reply.data), reply.data
+    finally:
+        await nc.close()
+    again = await open_kv(nats_server, opened, a.bucket)
+    status = await again.status()
+    assert status.republish is not None and status.republish.destination == "$KV.elsewhere.>"
+    assert status.placement is not None and status.placement.tags == ("a tag",)
 
 
 async def test_sourced_bucket_aggregates_two_origins(

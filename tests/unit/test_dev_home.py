@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from flowtide.dev.stack import DevStack
 
 
@@ -42,3 +44,23 @@ def test_an_older_stack_keeps_its_master_key(tmp_path: Path) -> None:
     (tmp_path / "master.key").write_text("rotated by the user\n")
     DevStack(tmp_path)._own_home(lines.append)
     assert copied.read_text() == "the key its credentials are sealed with\n" and len(lines) == 1
+
+
+def test_dev_up_says_how_commands_find_a_home_given_by_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `dev up --home /tmp/h` said "commands run from this directory find it on their
+    # own", and the `flowtide run ... --server` it printed then failed: no CA, no token.
+    from flowtide.cli.dev import home_hint
+
+    monkeypatch.delenv("FLOWTIDE_HOME", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    elsewhere = tmp_path / "h"
+    finds, flag = home_hint(elsewhere, cwd=tmp_path)
+    assert flag == f" --home {elsewhere}" and f"--home {elsewhere}" in finds
+    project = tmp_path / "proj"
+    (project / ".flowtide").mkdir(parents=True, mode=0o700)
+    finds, flag = home_hint(project / ".flowtide", cwd=project)
+    assert flag == "" and "on their own" in finds
+    monkeypatch.setenv("FLOWTIDE_HOME", str(elsewhere))
+    assert home_hint(elsewhere, cwd=tmp_path)[1] == ""

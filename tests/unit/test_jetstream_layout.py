@@ -49,6 +49,47 @@ def test_the_layout_shapes_a_stream_and_reads_the_settings() -> None:
     assert StreamLayout().placement() is None
 
 
+@pytest.mark.parametrize(
+    ("tags", "cluster", "named"),
+    [
+        ("ssd, a b", None, "FLOWTIDE_NATS_PLACEMENT_TAGS: 'a b' is not one word"),
+        ("ssd;az1 x", None, "FLOWTIDE_NATS_PLACEMENT_TAGS"),
+        ("ssd,az\x01", None, "FLOWTIDE_NATS_PLACEMENT_TAGS"),
+        (None, "east west", "FLOWTIDE_NATS_PLACEMENT_CLUSTER: 'east west'"),
+    ],
+)
+def test_odd_placement_settings_are_refused_by_name(
+    tags: str | None, cluster: str | None, named: str
+) -> None:
+    # A tag with a space went to the streams as it was, and the loop-state bucket then
+    # refused it with a KVError naming no setting.
+    from flowtide.errors import SettingsError
+
+    tree = SimpleNamespace(
+        nats_replicas=1,
+        nats_placement_cluster=cluster,
+        nats_placement_tags=tags,
+        nats_storage="file",
+        nats_commands_max_bytes=-1,
+        nats_logs_max_bytes=1 << 20,
+    )
+    with pytest.raises(SettingsError, match=named):
+        StreamLayout.from_tree(tree)
+
+
+def test_blank_placement_settings_mean_none() -> None:
+    tree = SimpleNamespace(
+        nats_replicas=1,
+        nats_placement_cluster="  ",
+        nats_placement_tags=" , ,",
+        nats_storage="file",
+        nats_commands_max_bytes=-1,
+        nats_logs_max_bytes=1 << 20,
+    )
+    layout = StreamLayout.from_tree(tree)
+    assert layout.placement() is None and layout.kv_placement() is None
+
+
 def test_an_existing_stream_gets_what_changed_and_nothing_else() -> None:
     current = _stream()
     wanted = StreamLayout(replicas=3, placement_tags=("az1",)).shape(_stream(), 4096)
@@ -130,3 +171,18 @@ def test_retries_wait_out_an_election_and_stop_at_the_budget(
     with pytest.raises(nats.js.errors.BadRequestError):
         asyncio.run(with_retries(refused, "x"))
     assert calls[0] == 1
+
+
+@pytest.mark.parametrize(
+    "env", ["FLOWTIDE_NATS_LOGS_MAX_BYTES", "FLOWTIDE_NATS_COMMANDS_MAX_BYTES"]
+)
+def test_a_size_jetstream_cannot_hold_is_refused_by_name(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It reached STREAM.CREATE as it was, and came back as a Go JSON error at start.
+    from flowtide.errors import SettingsError
+    from flowtide.settings import ServerSection, read
+
+    monkeypatch.setenv(env, str(2**64))
+    with pytest.raises(SettingsError, match=env):
+        read(ServerSection, {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -46,6 +46,19 @@ HomeOpt = Annotated[
         callback=choose_home,
     ),
 ]
+
+
+def home_hint(stack_home: Path, cwd: Path | None = None) -> tuple[str, str]:
+    """How other commands find the stack's home: on their own when a command run here
+    without --home finds it, else with `--home` (what to add to a command line)."""
+    from flowtide.home import discovered_home
+
+    if discovered_home(cwd).absolute() == stack_home.absolute():
+        return "commands run from this directory find it on their own", ""
+    return (
+        f"other commands find it with --home {stack_home} or FLOWTIDE_HOME={stack_home}",
+        f" --home {stack_home}",
+    )
 
 
 def _stack(home: Path | None) -> DevStack:
@@ -117,21 +130,29 @@ def _print_streams(stack: DevStack) -> None:
         if "error" in doc:
             typer.echo(f"NATS stream {doc['stream']}:  {doc['error']}")
             continue
-        peers = []
-        for peer in doc["peers"]:
-            if peer["leader"]:
-                peers.append(f"{peer['name']} leader")
-            elif peer.get("offline") or not peer["current"]:
-                peers.append(
-                    f"{peer['name']} BEHIND by {peer['lag']} (seen {peer['active_seconds']} s ago)"
-                )
-            else:
-                peers.append(f"{peer['name']} current")
+        peers = [peer_text(peer, stack.procs.alive(peer["name"])) for peer in doc["peers"]]
         leader = "" if doc["leader"] else "NO LEADER (electing)  "
+        count = doc["messages"]
         typer.echo(
             f"NATS stream {doc['stream']}:  R{doc['replicas']}, {leader}{', '.join(peers)};"
-            f" {doc['messages']} messages"
+            f" {count} message{'' if count == 1 else 's'}"
         )
+
+
+def peer_text(peer: dict[str, Any], running: bool) -> str:
+    """One replica of a stream as `dev status` prints it (`running`: its node's process
+    is alive). A stopped node's replica said "BEHIND by 0" until JetStream marked it
+    offline."""
+    name = peer["name"]
+    if peer["leader"]:
+        return f"{name} leader"
+    seen = f"seen {peer['active_seconds']} s ago"
+    if peer.get("offline") or not running:
+        return f"{name} OFFLINE ({'stopped, ' if not running else ''}{seen})"
+    if not peer["current"]:
+        lag = peer["lag"]
+        return f"{name} {'BEHIND by ' + str(lag) if lag else 'NOT CURRENT'} ({seen})"
+    return f"{name} current"
 
 
 def _health_line(shard: int, health: dict[str, float] | None) -> str:
@@ -270,6 +291,7 @@ def dev_up(
     _print_status(stack, components, as_json)
     if not as_json:
         admin = stack.tokens().get("admin", "")
+        finds, home_flag = home_hint(stack.home)
         others = [s.url for s in stack.servers()[1:]]
         shard_lines = (
             f"other shards' servers: {', '.join(others)}\n"
@@ -283,13 +305,13 @@ def dev_up(
             + "\n"
             + shard_lines
             + f"admin token:           export FLOWTIDE_TOKEN={admin}\n"
-            "                       (commands run from this directory find it on their"
-            f" own: it is kept in {stack.tokens_path}, mode 0600)\n"
+            f"                       ({finds}: it is kept in {stack.tokens_path}, mode 0600)\n"
             f"run a playbook on it:  flowtide run examples/quickstart.yaml "
-            f"--server {stack.server_url}\n"
+            f"--server {stack.server_url}{home_flag}\n"
             + (
-                f"TLS:                   the stack's CA is {stack.ca.ca}; clients here use"
-                " it (and the admin's client certificate) on their own;\n"
+                f"TLS:                   the stack's CA is {stack.ca.ca}; clients"
+                f" {'given' + home_flag if home_flag else 'here'} use it (and the admin's"
+                " client certificate) on their own;\n"
                 "                       nats-server and PostgreSQL take TLS only (for NATS"
                 f" clients: export FLOWTIDE_NATS_CA={stack.ca.ca})\n"
                 if stack.config.tls

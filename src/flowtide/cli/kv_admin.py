@@ -143,7 +143,7 @@ def _settings(
 ) -> dict[str, Any]:
     """connect's keyword arguments for the options given (those not given are left
     out, so `edit` leaves them as they are). 0 means "no limit" for the limits."""
-    from flowtide.kv import Placement, Republish
+    from flowtide.kv import KVError, Placement, Republish
 
     out: dict[str, Any] = {}
     if history is not None:
@@ -163,17 +163,23 @@ def _settings(
         out["replicas"] = replicas
     if compression is not None:
         out["compression"] = compression
-    if placement_cluster or placement_tags:
-        out["placement"] = Placement(placement_cluster, tuple(placement_tags or ()))
-    elif no_placement:
-        out["placement"] = None
-    if republish and all(republish):
-        out["republish"] = Republish(republish[1], source=republish[0], headers_only=headers_only)
-    elif headers_only:
-        err("error: --republish-headers-only goes with --republish KEYS SUBJECT")
-        raise typer.Exit(EXIT_INVALID)
-    elif no_republish:
-        out["republish"] = None
+    try:
+        if placement_cluster or placement_tags:
+            out["placement"] = Placement(placement_cluster, tuple(placement_tags or ()))
+        elif no_placement:
+            out["placement"] = None
+        if republish and all(republish):
+            out["republish"] = Republish(
+                republish[1], source=republish[0], headers_only=headers_only
+            )
+        elif headers_only:
+            err("error: --republish-headers-only goes with --republish KEYS SUBJECT")
+            raise typer.Exit(EXIT_INVALID)
+        elif no_republish:
+            out["republish"] = None
+    except KVError as exc:  # a placement or republish that is no valid setting
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
     if mirror is not None:
         out["mirror"] = mirror
     if sources:
@@ -317,9 +323,18 @@ def kv_edit(
         if not settings:
             err("error: nothing to change: give the settings to change (see --help)")
             raise typer.Exit(EXIT_INVALID)
-        kv = await open_kv(
-            url, bucket, create=False, settings=settings, apply=True, nats_creds=nats_creds
-        )
+        from flowtide.kv import BucketNotFoundError
+
+        try:
+            kv = await open_kv(
+                url, bucket, create=False, settings=settings, apply=True, nats_creds=nats_creds
+            )
+        except BucketNotFoundError:
+            err(
+                f"error: bucket {bucket!r} not found at {url}; `flowtide kv add {bucket} ...`"
+                " creates it"
+            )
+            raise typer.Exit(EXIT_INVALID) from None
         try:
             print_status(await kv.status(), url, as_json=as_json)
         finally:

@@ -266,6 +266,9 @@ def server_cmd(
             jwt_roles=",".join(f"{k}={v}" for k, v in role_map.items()),
             jwt_pool_claim=jwt_pool_claim,
         )
+        from flowtide.server.jetstream import StreamLayout
+
+        StreamLayout.from_tree(tree)  # its refusals as one line here, not per process
     except SettingsError as exc:
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None

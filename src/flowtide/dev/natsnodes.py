@@ -84,10 +84,16 @@ def stack_replicas(config: StackConfig) -> int:
     return min(config.nats_nodes, 3)
 
 
+#: A node's route port is its client port plus this (4222 -> 6222, NATS's usual pair).
+ROUTE_PORT_OFFSET: Final = 2000
+
+
 def assign_nats_ports(config: StackConfig) -> None:
     """With more than one node, the client and route ports not chosen yet: the client
-    ports after nats_port and the route ports from 6222 on, or free ones where those are
-    taken (kept in stack.json); and the route password."""
+    ports after nats_port, and the route ports ROUTE_PORT_OFFSET above them (6222 on for
+    the default 4222), or free ones where those are taken (kept in stack.json); and the
+    route password. A new nats_port moves the route ports with the client ports, so
+    `--nats-port` is the way out of a taken route port too."""
     from flowtide.dev.config import _pick_ports
 
     c = config
@@ -97,9 +103,10 @@ def assign_nats_ports(config: StackConfig) -> None:
     taken = {c.server_port, c.pg_port, *c.shard_pg_ports, *c.shard_server_ports}
     if len(c.nats_node_ports) != c.nats_nodes or c.nats_node_ports[0] != c.nats_port:
         c.nats_node_ports = [c.nats_port, *_pick_ports(c.nats_port + 1, c.nats_nodes - 1, taken)]
+        c.nats_route_ports = []
     taken |= set(c.nats_node_ports)
     if len(c.nats_route_ports) != c.nats_nodes:
-        c.nats_route_ports = _pick_ports(6222, c.nats_nodes, taken)
+        c.nats_route_ports = _pick_ports(c.nats_port + ROUTE_PORT_OFFSET, c.nats_nodes, taken)
     if not c.nats_route_password:
         c.nats_route_password = secrets.token_urlsafe(24)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flowtide.errors import FlowtideError
 
-__all__ = ["DevStackError", "Processes", "need_port", "port_free", "tcp_ok"]
+__all__ = ["DevStackError", "Processes", "nats_ok", "need_port", "port_free"]
 
 
 class DevStackError(FlowtideError, RuntimeError):
@@ -183,11 +183,30 @@ def need_port(port: int, what: str, flag: str) -> None:
         )
 
 
-def tcp_ok(port: int) -> bool:
+def nats_ok(port: int, ca: Path | None) -> bool:
+    """Whether the nats-server on `port` answers: it sends its INFO line and, with `ca`
+    (a server taking TLS only), completes a TLS handshake with a certificate of that CA.
+    A bare TCP connect closed at once is logged by nats-server as a TLS handshake
+    error, one [ERR] line per `dev status` in each node's log."""
+    import ssl
+
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.settimeout(1)
+            head = b""
+            while not head.endswith(b"\r\n") and len(head) < 65536:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                head += chunk
+            if not head.startswith(b"INFO "):
+                return False
+            if ca is None:
+                return True
+            context = ssl.create_default_context(cafile=str(ca))
+            with context.wrap_socket(sock, server_hostname="127.0.0.1"):
+                return True
+    except (OSError, ssl.SSLError):
         return False
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from flowtide.dev.layout import StackLayout, pg_role, server_role
-from flowtide.dev.processes import Processes, tcp_ok
+from flowtide.dev.processes import Processes, nats_ok
 
 __all__ = [
     "Component",
@@ -65,10 +65,11 @@ def components(layout: StackLayout, procs: Processes) -> list[Component]:
             )
         )
     users = ", ".join(sorted(layout.config.nats_passwords))
+    ca = layout.ca.ca if layout.config.tls else None
     for node in layout.nats_nodes():
         nats_state = "stopped"
         if procs.alive(node.name):
-            nats_state = "running" if tcp_ok(node.port) else "unhealthy"
+            nats_state = "running" if nats_ok(node.port, ca) else "unhealthy"
         detail = f"users {users}" if users else ""
         if node.route_port is not None:
             detail = f"routes on 127.0.0.1:{node.route_port}" + (f", {detail}" if detail else "")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from flowtide.kv.errors import InvalidKeyError
 
 __all__ = [
+    "MAX_KEY_LENGTH",
     "KeyFilter",
     "decode_key_token",
     "encode_key_token",
@@ -21,6 +22,12 @@ __all__ = [
     "validate_filter",
     "validate_key",
 ]
+
+#: The longest key or filter: nats-server closes a connection whose protocol line
+#: (`HPUB $KV.<bucket>.<key> <reply> <sizes>`) passes 4096 bytes, and a handle whose
+#: connection closed that way stays closed. 3072 leaves room for the longest bucket name
+#: JetStream takes (252) and a reply subject.
+MAX_KEY_LENGTH = 3072
 
 _KEY_RE = re.compile(r"[-/_=.a-zA-Z0-9]+")
 _TOKEN_RE = re.compile(r"[-/_=a-zA-Z0-9]+")
@@ -59,6 +66,10 @@ def validate_key(key: str, *, bucket: str | None = None) -> str:
     """
     if not isinstance(key, str) or not key:
         raise InvalidKeyError(str(key), "a key is a non-empty string", bucket=bucket)
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(
+            key[:64] + "...", f"a key has at most {MAX_KEY_LENGTH} characters", bucket=bucket
+        )
     if not _KEY_RE.fullmatch(key):
         raise InvalidKeyError(key, "allowed characters are [-/_=.a-zA-Z0-9]", bucket=bucket)
     if key[0] == "." or key[-1] == ".":
@@ -85,6 +96,13 @@ def validate_filter(pattern: str, *, bucket: str | None = None) -> str:
         raise InvalidKeyError(str(pattern), "a filter is a string", kind="filter", bucket=bucket)
     if pattern == "":
         return ">"
+    if len(pattern) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(
+            pattern[:64] + "...",
+            f"a filter has at most {MAX_KEY_LENGTH} characters",
+            kind="filter",
+            bucket=bucket,
+        )
     tokens = pattern.split(".")
     for i, token in enumerate(tokens):
         if token == "*":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from flowtide.kv.errors import KVError
 from flowtide.kv.keys import validate_bucket_name, validate_filter
@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 
+_T = TypeVar("_T")
+
+
 class Unset(enum.Enum):
     """The type of `UNSET`."""
 
@@ -46,6 +49,38 @@ UNSET: Final = Unset.UNSET
 # JetStream refuses a per-message TTL under one second (error 10165) and ADR-48 asks
 # for a marker TTL of at least one second.
 MIN_LIMIT_MARKER_TTL: Final = 1.0
+#: The largest duration JetStream stores (int64 nanoseconds), in whole seconds.
+MAX_SECONDS: Final = (2**63 - 1) // 1_000_000_000
+#: JetStream keeps a stream's max_bytes in an int64 and max_msg_size in an int32.
+MAX_BYTES: Final = 2**63 - 1
+MAX_VALUE_SIZE: Final = 2**31 - 1
+#: Subjects a bucket may not republish to: NATS's own (`$KV.` another bucket's keys,
+#: where two buckets republishing into each other write in a loop; `$JS.` the JetStream
+#: API; any `$...`), reply inboxes (`_INBOX.`, flowtide's `_WORKER_INBOX.<pool>.`: a
+#: worker would receive the bucket's values; any `_...`), and flowtide's command and log
+#: streams (flowtide.wire COMMAND_PREFIX, LOG_PREFIX), which would take the values as
+#: commands or as a step's output.
+RESERVED_SUBJECTS: Final = ("$KV.>", "$JS.>", "_INBOX.>", "flowtide.commands.>", "flowtide.logs.>")
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both NATS subject patterns (`*`, `>` wildcards)."""
+    ta, tb = a.split("."), b.split(".")
+    for i, x in enumerate(ta):
+        if i >= len(tb):
+            return False
+        y = tb[i]
+        if ">" in (x, y):
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+    return len(ta) == len(tb)
+
+
+def _reserved_subject(subject: str) -> bool:
+    first = subject.split(".")[0]
+    return first[:1] in ("$", "_") or any(subjects_overlap(subject, r) for r in RESERVED_SUBJECTS)
+
 
 #: The settings `connect(..., apply=True)` compares, in the order they are reported.
 SETTINGS: Final = (
@@ -98,8 +133,28 @@ class Republish:
     def __post_init__(self) -> None:
         validate_filter(self.source)
         dest = self.destination
-        if not dest or any(c.isspace() for c in dest) or "" in dest.split("."):
+        if not isinstance(dest, str) or not dest or "" in dest.split("."):
             raise KVError(f"republish destination must be a NATS subject, got {dest!r}")
+        if any(c.isspace() or not c.isprintable() for c in dest):
+            raise KVError(f"republish destination must be a NATS subject, got {dest!r}")
+        if _reserved_subject(dest):
+            raise KVError(
+                f"republish destination {dest!r} is not allowed: it may not reach NATS's "
+                "own subjects ($KV, $JS, $SYS, ...), reply inboxes (_INBOX, ...) or "
+                "flowtide's commands and logs (flowtide.commands, flowtide.logs); choose "
+                "a subject of your own, e.g. 'out.orders.>'. To copy keys into another "
+                "bucket, give that bucket sources instead"
+            )
+
+
+def as_found(cls: type[_T], **fields: Any) -> _T:
+    """A Placement or Republish as an existing stream has it, not validated: a bucket
+    some other tool configured (a tag with a space, a republish to `$KV.`) still opens,
+    and `status()` shows what it has."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def _positive(value: Any) -> bool:
@@ -115,9 +170,26 @@ def validate_extended(config: BucketConfig) -> None:
     """
     b = config.bucket
     if config.max_bytes is not None and not (
-        isinstance(config.max_bytes, int) and config.max_bytes > 0
+        isinstance(config.max_bytes, int) and 0 < config.max_bytes <= MAX_BYTES
     ):
-        raise KVError(f"max_bytes must be positive or None, got {config.max_bytes!r}", bucket=b)
+        raise KVError(
+            f"max_bytes must be 1..{MAX_BYTES} or None, got {config.max_bytes!r}", bucket=b
+        )
+    if config.max_value_size is not None and not (
+        isinstance(config.max_value_size, int) and config.max_value_size <= MAX_VALUE_SIZE
+    ):
+        raise KVError(
+            f"max_value_size must be 1..{MAX_VALUE_SIZE} or None, got {config.max_value_size!r}",
+            bucket=b,
+        )
+    for name in ("ttl", "limit_marker_ttl"):
+        seconds = getattr(config, name)
+        if seconds is not None and _positive(seconds) and not seconds <= MAX_SECONDS:
+            raise KVError(
+                f"{name} must be at most {MAX_SECONDS} s (JetStream keeps durations in "
+                f"nanoseconds, in 64 bits), got {seconds!r}",
+                bucket=b,
+            )
     if config.placement is not None and not isinstance(config.placement, Placement):
         raise KVError("placement must be a flowtide.kv.Placement", bucket=b)
     if config.republish is not None and not isinstance(config.republish, Republish):

@@ -59,11 +59,31 @@ class StreamLayout:
 
     @classmethod
     def from_tree(cls, tree: Any) -> StreamLayout:
-        """The layout a ServerSection (flowtide.settings) describes."""
+        """The layout a ServerSection (flowtide.settings) describes.
+
+        Raises:
+            SettingsError: a placement tag or the cluster's name is not one word.
+        """
+        from flowtide.errors import SettingsError
+
         tags = tuple(t.strip() for t in (tree.nats_placement_tags or "").split(",") if t.strip())
+        cluster = (tree.nats_placement_cluster or "").strip() or None
+        for env, words in (
+            ("FLOWTIDE_NATS_PLACEMENT_TAGS", tags),
+            ("FLOWTIDE_NATS_PLACEMENT_CLUSTER", (cluster,) if cluster else ()),
+        ):
+            for word in words:
+                if any(c.isspace() or not c.isprintable() for c in word):
+                    raise SettingsError(
+                        f"{env}: {word!r} is not one word (a NATS server tag or cluster"
+                        " name has no spaces or control characters; tags are"
+                        " comma-separated: ssd,az1)",
+                        env=env,
+                        value=word,
+                    )
         return cls(
             replicas=tree.nats_replicas,
-            placement_cluster=tree.nats_placement_cluster or None,
+            placement_cluster=cluster,
             placement_tags=tags,
             storage=tree.nats_storage,
             commands_max_bytes=tree.nats_commands_max_bytes,

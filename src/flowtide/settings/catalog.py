@@ -105,14 +105,14 @@ CATALOG: dict[str, Entry] = {
         -1,
         "Largest size of the command stream in bytes (-1: no limit); when full, the outbox keeps the commands until there is room.",
         -1,
-        None,
+        9223372036854775807,
     ),
     "server.nats_logs_max_bytes": Entry(
         "FLOWTIDE_NATS_LOGS_MAX_BYTES",
         268435456,
         "Largest size of the log stream (the steps' live output) in bytes; the oldest go first.",
         1048576,
-        None,
+        9223372036854775807,
     ),
     "server.lease": Entry(
         "FLOWTIDE_LEASE",

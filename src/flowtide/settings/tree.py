@@ -132,11 +132,13 @@ class ServerSection(BaseSettings):
         "Largest size of the command stream in bytes (-1: no limit); when full, the outbox"
         " keeps the commands until there is room.",
         ge=-1,
+        le=2**63 - 1,
     )
     nats_logs_max_bytes: int = setting(
         256 * MIB,
         "Largest size of the log stream (the steps' live output) in bytes; the oldest go first.",
         ge=1024 * 1024,
+        le=2**63 - 1,
     )
     lease: float = setting(30.0, "Seconds a claimed command survives without a heartbeat.", ge=1)
     insecure_no_auth: Flag = setting(

@@ -20,7 +20,7 @@ from flowtide.kv.base import (
 )
 from flowtide.kv.nats.connection import _Connection
 from flowtide.kv.nats.protocol import _ERR_STREAM_NAME_IN_USE, _ERR_STREAM_NOT_FOUND, _ApiError
-from flowtide.kv.options import SETTINGS, check_changes
+from flowtide.kv.options import SETTINGS, as_found, check_changes
 
 #: "replicas > 1 not supported in non-clustered mode".
 _ERR_NOT_CLUSTERED: Final = 10074
@@ -175,7 +175,11 @@ def _bucket_info(bucket: str, config: dict[str, Any]) -> _BucketInfo:
     max_bytes = int(config.get("max_bytes") or -1)
     raw_placement = config.get("placement") or {}
     placement = (
-        Placement(raw_placement.get("cluster") or None, tuple(raw_placement.get("tags") or ()))
+        as_found(
+            Placement,
+            cluster=raw_placement.get("cluster") or None,
+            tags=tuple(raw_placement.get("tags") or ()),
+        )
         if raw_placement.get("cluster") or raw_placement.get("tags")
         else None
     )
@@ -183,7 +187,8 @@ def _bucket_info(bucket: str, config: dict[str, Any]) -> _BucketInfo:
     republish: Republish | None = None
     if raw_rp.get("dest"):
         src = str(raw_rp.get("src") or ">")
-        republish = Republish(
+        republish = as_found(
+            Republish,
             destination=str(raw_rp["dest"]),
             source=src[len(prefix) :] if src.startswith(prefix) else src,
             headers_only=bool(raw_rp.get("headers_only")),
@@ -229,6 +234,22 @@ async def _require_msg_ttl(conn: _Connection, bucket: str, timeout: float) -> No
         )
 
 
+async def _require_sources(conn: _Connection, config: BucketConfig, timeout: float) -> None:
+    """KVError naming the first of `config.sources` that is no bucket: JetStream would
+    accept it and source nothing until such a bucket appears."""
+    for name in config.sources:
+        try:
+            await conn.api(f"$JS.API.STREAM.INFO.KV_{name}", None, timeout=timeout)
+        except _ApiError as exc:
+            if exc.err_code != _ERR_STREAM_NOT_FOUND:
+                raise
+            raise KVError(
+                f"bucket {config.bucket!r} cannot source {name!r}: no bucket {name!r} at "
+                f"{conn.shown}; create it first (`flowtide kv add {name}`) or fix the name",
+                bucket=config.bucket,
+            ) from None
+
+
 async def _apply(
     conn: _Connection,
     config: BucketConfig,
@@ -257,6 +278,8 @@ async def _apply(
         )
     if "limit_marker_ttl" in changes:
         await _require_msg_ttl(conn, bucket, timeout)
+    if "sources" in changes:
+        await _require_sources(conn, config, timeout)
     stream = dict(current)
     _set_fields(stream, config, frozenset(changes))
     return dict(await conn.api(f"$JS.API.STREAM.UPDATE.KV_{bucket}", stream, timeout=timeout))
@@ -283,6 +306,7 @@ async def _bind_bucket(
                 raise BucketNotFoundError(bucket) from None
             if config.limit_marker_ttl is not None:
                 await _require_msg_ttl(conn, bucket, timeout)
+            await _require_sources(conn, config, timeout)
             if config.mirror is not None:
                 # ADR-8: a read replica needs Direct Get on its origin.
                 try:

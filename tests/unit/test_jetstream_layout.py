@@ -186,3 +186,28 @@ def test_a_size_jetstream_cannot_hold_is_refused_by_name(
     monkeypatch.setenv(env, str(2**64))
     with pytest.raises(SettingsError, match=env):
         read(ServerSection, {})
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "said"),
+    [
+        ("FLOWTIDE_NATS_STORAGE", "disk", "FLOWTIDE_NATS_STORAGE='disk': must be file or memory"),
+        ("FLOWTIDE_NATS_PLACEMENT_TAGS", "a b", "FLOWTIDE_NATS_PLACEMENT_TAGS: 'a b' is not one"),
+    ],
+)
+def test_a_bad_nats_setting_is_told_before_the_database_is_tried(
+    env: str, value: str, said: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from flowtide.cli import app
+
+    # Nothing listens on port 1: had the server tried the database or NATS first, the
+    # error would be theirs.
+    result = CliRunner().invoke(
+        app,
+        ["server", "--db", "postgresql://x@127.0.0.1:1/none", "--nats", "nats://127.0.0.1:1"],
+        env={env: value},
+    )
+    assert result.exit_code == 2, result.output
+    assert said in result.output, result.output

@@ -206,6 +206,8 @@ def test_the_servers_settings_come_from_the_tree(clean_env: pytest.MonkeyPatch) 
         ("FLOWTIDE_MAX_BODY", "lots", "expected a number (a whole one)"),
         ("FLOWTIDE_MAX_BODY", "100", "greater than or equal to 1024"),
         ("FLOWTIDE_STATE_CACHE_MB", "0", "greater than or equal to 1"),
+        ("FLOWTIDE_NATS_STORAGE", "disk", "must be file or memory"),
+        ("FLOWTIDE_NATS_REPLICAS", "7", "less than or equal to 5"),
         ("FLOWTIDE_LEASE", "soon", "expected a number"),
         ("FLOWTIDE_SHARD_INDEX", "-1", "greater than or equal to 0"),
         # A switch is 1 or 0: "yes" was silently off before; now it is refused.

@@ -200,37 +200,10 @@ def server_cmd(
     if (tls_cert is None) != (tls_key is None) or (client_ca is not None and tls_cert is None):
         err("error: --tls-cert and --tls-key go together, and --client-ca needs both")
         raise typer.Exit(EXIT_INVALID)
-    # Where this server's databases are (flowtide.topology), decided here so that a
-    # contradiction is one line, not a traceback from every process: what the settings
-    # alone say first, what the cluster database's shard map says after the NATS check.
-    from flowtide import topology
-
-    try:
-        if shards or not (db or cluster_db):
-            topo = topology.from_settings(db=db, shards=shards, cluster_db=cluster_db)
-            topo.served_shard(shard_index)
-            _check_advertised(topo, host, advertise_url)
-    except FlowtideError as exc:
-        err(f"error: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
-    nats_auth = _nats_auth(nats_creds)
-    # Refused NATS credentials stop the server here with one line, rather than as a
-    # traceback from each of its processes' start-up.
-    _check_nats(nats_url, nats_auth)
-    try:
-        from flowtide.server.vault import server_home
-
-        # The shard map's credentials open with the master key the server processes use.
-        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db, home=server_home())
-        shard = topo.served_shard(shard_index)
-        _check_advertised(topo, host, advertise_url)
-    except FlowtideError as exc:
-        err(f"error: {exc}")
-        invalid = isinstance(exc, topology.TopologyError)
-        raise typer.Exit(EXIT_INVALID if invalid else EXIT_FAILED) from None
     scheme = "https" if tls_cert else "http"
     # The server's processes read the tree from their environment (ServerSettings.from_env):
-    # the flags go there as the tree's variables.
+    # the flags go there as the tree's variables. Read first: a bad setting is one line
+    # even when the databases or NATS cannot be reached.
     from flowtide.errors import SettingsError
     from flowtide.settings import ServerSection, read, to_env
 
@@ -272,6 +245,34 @@ def server_cmd(
     except SettingsError as exc:
         err(f"error: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    # Where this server's databases are (flowtide.topology), decided here so that a
+    # contradiction is one line, not a traceback from every process: what the settings
+    # alone say first, what the cluster database's shard map says after the NATS check.
+    from flowtide import topology
+
+    try:
+        if shards or not (db or cluster_db):
+            topo = topology.from_settings(db=db, shards=shards, cluster_db=cluster_db)
+            topo.served_shard(shard_index)
+            _check_advertised(topo, host, advertise_url)
+    except FlowtideError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    nats_auth = _nats_auth(nats_creds)
+    # Refused NATS credentials stop the server here with one line, rather than as a
+    # traceback from each of its processes' start-up.
+    _check_nats(nats_url, nats_auth)
+    try:
+        from flowtide.server.vault import server_home
+
+        # The shard map's credentials open with the master key the server processes use.
+        topo = topology.load(db=db, shards=shards, cluster_db=cluster_db, home=server_home())
+        shard = topo.served_shard(shard_index)
+        _check_advertised(topo, host, advertise_url)
+    except FlowtideError as exc:
+        err(f"error: {exc}")
+        invalid = isinstance(exc, topology.TopologyError)
+        raise typer.Exit(EXIT_INVALID if invalid else EXIT_FAILED) from None
     # TLS stays with this process (uvicorn's options), not its children's environment.
     env = to_env(tree, only=set(ServerSection.model_fields) - {"tls_cert", "tls_key", "client_ca"})
     if not cluster_db:

@@ -8,6 +8,7 @@ it read; `reset` forgets it (tests that change the environment).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -61,6 +62,9 @@ def _error(
     value = first.get("input")
     shown = value if isinstance(value, str) else given.get(env, value)
     reason = _REASONS.get(str(first.get("type")))
+    choices = re.fullmatch(r"\^\(([\w|]+)\)\$", str((first.get("ctx") or {}).get("pattern", "")))
+    if first.get("type") == "string_pattern_mismatch" and choices:
+        reason = "must be " + " or ".join(choices.group(1).split("|"))
     if reason is None:
         reason = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         reason = reason.replace("Input should be", "must be")

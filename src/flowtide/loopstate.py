@@ -25,6 +25,7 @@ from flowtide.kv import (
     CREATE_MANY_MAX,
     CreateManyError,
     KeyExistsError,
+    KeyNotFoundError,
     KeyValue,
     KVError,
     KVUnavailableError,
@@ -36,6 +37,9 @@ DEFAULT_TTL = 3600.0
 #: Seconds a loop-state write is repeated while the KV is unavailable (a JetStream
 #: leader election takes 4-10 s after a node dies).
 UNAVAILABLE_BUDGET: Final = 30.0
+#: Seconds a key a `create` found existing is read again while a replica says it is not
+#: there (`_existing`).
+STALE_READ_BUDGET: Final = 2.0
 
 log = logging.getLogger("flowtide.loopstate")
 T = TypeVar("T")
@@ -113,11 +117,8 @@ class LoopState:
         except KeyExistsError:
             if command_id is None:
                 return False
-            try:
-                entry = await retrying(lambda: self.kv.get(key))
-            except KVError:
-                return False
-            return entry.value.decode(errors="replace").endswith(f":{command_id}")
+            stored = await self._existing(key)
+            return stored is not None and stored.endswith(f":{command_id}".encode())
         return True
 
     async def record_many(
@@ -164,6 +165,11 @@ class LoopState:
                 except KVError:
                     found = {}
                 stored = {key: entry.value for key, entry in found.items()}
+                for key in wanted:
+                    if key not in stored:  # read from a replica behind: ask again
+                        again = await self._existing(key)
+                        if again is not None:
+                            stored[key] = again
             for i, (rev, (_, _, command_id)) in enumerate(zip(revisions, chunk, strict=True)):
                 if rev is not None:
                     out.append(True)
@@ -183,12 +189,24 @@ class LoopState:
         try:
             await retrying(lambda: self.kv.create(key, token))
         except KeyExistsError:
-            try:
-                entry = await retrying(lambda: self.kv.get(key))
-            except KVError:
-                return False
-            return entry.value == token
+            return await self._existing(key) == token
         return True
+
+    async def _existing(self, key: str) -> bytes | None:
+        """The value of `key`, which a `create` just found: None when it cannot be read.
+        On a replicated bucket a read may be answered by a replica that has not applied
+        the write yet (JetStream lets each replica answer a Direct Get), so not found is
+        asked again for up to `STALE_READ_BUDGET` seconds."""
+        deadline = time.monotonic() + STALE_READ_BUDGET
+        while True:
+            try:
+                return (await retrying(lambda: self.kv.get(key))).value
+            except KeyNotFoundError:
+                if time.monotonic() >= deadline:
+                    return None
+            except KVError:
+                return None
+            await asyncio.sleep(0.05)
 
     async def finished_count(self, execution_id: int, step: str, instance: int) -> int:
         return len(await self.kv.keys(f"{loop_prefix(execution_id, step, instance)}.r.*"))

@@ -131,6 +131,19 @@ class NatsServer:
         except FileNotFoundError:
             return ""
 
+    def freeze(self, timeout: float = 5.0) -> None:
+        """SIGSTOP the server and wait until it is stopped (state T): on a busy machine
+        a signal takes effect when the kernel gets to it, and a request sent meanwhile
+        would still be answered."""
+        self.proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
+                return
+            time.sleep(0.01)
+        raise RuntimeError(f"nats-server {self.proc.pid} did not stop within {timeout} s")
+
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s). Safe to call twice."""
         if self.proc.poll() is None:
@@ -241,8 +254,9 @@ class NatsCluster:
         self.nodes[index].proc.wait()
 
     def pause(self, index: int) -> None:
-        """SIGSTOP node `index` (it holds its sockets and answers nothing)."""
-        self.nodes[index].proc.send_signal(signal.SIGSTOP)
+        """SIGSTOP node `index` (it holds its sockets and answers nothing); returns once
+        the kernel says it is stopped."""
+        self.nodes[index].freeze()
 
     def resume(self, index: int) -> None:
         self.nodes[index].proc.send_signal(signal.SIGCONT)

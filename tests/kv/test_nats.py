@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -987,7 +986,7 @@ async def test_a_request_in_flight_when_the_connection_drops_fails_at_once(
     kv = await open_nats(server.url, BucketConfig(bucket=bucket_name()), timeout=30.0)
     try:
         await kv.put("before", b"1")
-        server.proc.send_signal(signal.SIGSTOP)  # it holds the request, answering nothing
+        server.freeze()  # it holds the request, answering nothing
         put = asyncio.ensure_future(kv.put("during", b"2"))
         await asyncio.sleep(0.3)
         assert not put.done()

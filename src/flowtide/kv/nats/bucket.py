@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -56,6 +57,8 @@ from flowtide.kv.options import check_value_ttl
 from flowtide.natsauth import NatsAuth
 
 _CREATE_ATTEMPTS: Final = 10
+#: Seconds a write nobody answered is sent again while its bucket exists (_publish).
+_NO_RESPONDER_WAIT: Final = 2.0
 #: JetStream's "temporarily unavailable" (no leader yet): not applied, may be sent again.
 _UNAVAILABLE: Final = frozenset({10008})
 # create_many: acks outstanding at a time on the connection (and leader reads at a time).
@@ -133,17 +136,27 @@ class NatsKeyValue(_BucketReads):
         return ValueTooLargeError(self.bucket, key, size=len(value), max_size=limit)
 
     async def _publish(self, key: str, value: bytes, headers: dict[str, str] | None) -> int:
-        try:
-            msg = await self._conn.request(
-                self._prefix + key, value, timeout=self._timeout, headers=headers
-            )
-        except _NoResponders:
-            raise await self._missing_or(f"write to {key!r}") from None
-        except _TooLarge:
-            raise self._too_large(key, value) from None
-        except KVError as exc:
-            exc.bucket = self.bucket
-            raise
+        # No responders: the write reached nobody (safe to send again). A bucket that
+        # exists gets it for a moment after its creation (its subjects reach every node
+        # of a cluster a little later) or while it elects a leader: sent again for up
+        # to _NO_RESPONDER_WAIT seconds; a bucket that is gone says so at once.
+        deadline = time.monotonic() + _NO_RESPONDER_WAIT
+        while True:
+            try:
+                msg = await self._conn.request(
+                    self._prefix + key, value, timeout=self._timeout, headers=headers
+                )
+                break
+            except _NoResponders:
+                missing = await self._missing_or(f"write to {key!r}")
+                if not isinstance(missing, KVUnavailableError) or time.monotonic() > deadline:
+                    raise missing from None
+            except _TooLarge:
+                raise self._too_large(key, value) from None
+            except KVError as exc:
+                exc.bucket = self.bucket
+                raise
+            await asyncio.sleep(0.1)
         return self._ack(key, value, msg)
 
     def _ack(self, key: str, value: bytes, msg: Msg) -> int:

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from flowtide.kv.base import BucketNotFoundError, Entry, KVError, Operation
+from flowtide.kv.errors import KVUnavailableError
 from flowtide.kv.nats.connection import _Connection, _Watch
 from flowtide.kv.nats.protocol import (
     _ERR_STREAM_NOT_FOUND,
@@ -91,8 +92,11 @@ class _BoundBucket:
             if exc.err_code == _ERR_STREAM_NOT_FOUND:
                 return BucketNotFoundError(self.bucket)
             return KVError(f"{what} in bucket {self.bucket!r} failed: {exc}", bucket=self.bucket)
-        return KVError(
-            f"{what}: no JetStream responder for bucket {self.bucket!r}", bucket=self.bucket
+        # The stream exists and nobody answered: just created, or electing a leader.
+        return KVUnavailableError(
+            f"{what}: no JetStream responder for bucket {self.bucket!r} (it exists: just"
+            " created, or electing a leader)",
+            bucket=self.bucket,
         )
 
     async def _stream_api(

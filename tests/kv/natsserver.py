@@ -20,6 +20,7 @@ loopback, each node tagged `az<i>`), ready once its nodes chose a metadata leade
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import secrets
@@ -29,7 +30,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
+
+import httpx
 
 from flowtide.dev.nats import (
     ClusterNode,
@@ -185,6 +188,8 @@ class NatsCluster:
 
     nodes: list[NatsServer]
     users: dict[str, NatsUser] = field(default_factory=dict)
+    #: Each node's HTTP monitoring port (its own view of every stream: /jsz).
+    monitor_ports: list[int] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -213,6 +218,7 @@ class NatsCluster:
         route_password = secrets.token_urlsafe(18)
         nodes: list[NatsServer] = []
         cluster = cls(nodes=nodes, users=users if secured else {})
+        cluster.monitor_ports = [_free_port() for _ in range(size)]
         try:
             for i in range(size):
                 node_root = root / f"n{i}"
@@ -227,7 +233,10 @@ class NatsCluster:
                     tags=(f"az{i}",),
                 )
                 write_nats_config(config, list(users.values()) if secured else [], cluster=node)
-                nodes.append(NatsServer.start(node_root, "-c", str(config), timeout=timeout))
+                monitor = ("-m", str(cluster.monitor_ports[i]))
+                nodes.append(
+                    NatsServer.start(node_root, "-c", str(config), *monitor, timeout=timeout)
+                )
             cluster.wait_for_leader(timeout)
         except BaseException:
             cluster.stop()
@@ -247,6 +256,33 @@ class NatsCluster:
             time.sleep(0.05)
         logs = "\n".join(f"--- {n.root.name}\n{n.log_text()[-1500:]}" for n in self.nodes)
         raise RuntimeError(f"the nats cluster elected no metadata leader:\n{logs}")
+
+    async def settle(self, stream: str, timeout: float = 10.0) -> None:
+        """Wait until every running node holds the same state of `stream` (messages,
+        bytes, first and last sequence), each as its own monitoring endpoint reports it.
+
+        JetStream answers a write once a majority applied it and lets any replica host a
+        reader's consumer (and answer a Direct Get): right after a write a replica may
+        not have it yet. Tests that read their own writes through such readers settle
+        first. Raises AssertionError when the nodes still differ after `timeout`.
+        """
+        deadline = time.monotonic() + timeout
+        states: list[object] = []
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                states = []
+                for node, port in zip(self.nodes, self.monitor_ports, strict=True):
+                    if node.proc.poll() is not None:
+                        continue
+                    url = f"http://127.0.0.1:{port}/jsz?accounts=true&streams=true"
+                    state = _stream_state((await http.get(url)).json(), stream)
+                    if state is not None:
+                        states.append(state)
+                if len(set(states)) <= 1:
+                    return
+                if time.monotonic() >= deadline:
+                    raise AssertionError(f"replicas of {stream} still differ: {states}")
+                await asyncio.sleep(0.01)
 
     def kill(self, index: int) -> None:
         """`kill -9` of node `index`."""
@@ -276,6 +312,19 @@ class NatsCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stream_state(report: dict[str, Any], stream: str) -> tuple[int, ...] | None:
+    """(messages, bytes, first_seq, last_seq) of `stream` in a node's /jsz report, None
+    when the node holds no replica of it."""
+    for account in report.get("account_details") or []:
+        for detail in account.get("stream_detail") or []:
+            if detail.get("name") == stream:
+                state = detail.get("state") or {}
+                return tuple(
+                    int(state.get(k) or 0) for k in ("messages", "bytes", "first_seq", "last_seq")
+                )
+    return None
 
 
 if __name__ == "__main__":  # manual check: python tests/kv/natsserver.py

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +49,8 @@ workflow:
         deadline = time.time() + 90
         while not os.path.exists(flag) and time.time() < deadline:
             time.sleep(0.05)
+        if not os.path.exists(flag):
+            raise RuntimeError(f"never saw {flag}")
         result = {"echo": seen}
 """
 
@@ -67,12 +71,18 @@ def stack(pg_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         pg_server.drop_database("restart_secret")
 
 
-def test_a_restarted_server_seals_with_the_set_in_the_log(
-    stack: Stack,
-    echo: str,
-    tmp_path: Path,
-) -> None:
-    flag = tmp_path / "go"
+def test_a_restarted_server_seals_with_the_set_in_the_log(stack: Stack, echo: str) -> None:
+    # The python step may run as the steps' own user (nobody): a folder it can read
+    # (tmp_path's parents are 0700; the step then waited out its 90 s, unseen).
+    folder = Path(tempfile.mkdtemp(prefix="flowtide-restart-"))
+    folder.chmod(0o755)
+    try:
+        _run(stack, echo, folder / "go")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(stack: Stack, echo: str, flag: Path) -> None:
     body = {"name": "api_token", "kind": "http", "data": {"type": "bearer", "token": TOKEN}}
     with stack.client(timeout=30) as client:
         assert client.post("/api/credentials", json=body).status_code == 201

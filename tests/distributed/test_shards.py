@@ -364,14 +364,18 @@ def test_a_shard_whose_database_is_down_stops_only_its_own_executions(cluster: C
             topo = zero.get("/api/internal/shards/topology").json()
             assert [(m["shard"], m["healthy"]) for m in topo["map"]] == [(0, True), (1, False)]
             assert topo["map"][1]["error"].startswith("shard 1:"), topo
-            # Shard 0 starts, runs and finishes its executions meanwhile.
+            # Shard 0 starts, runs and finishes its executions meanwhile, each in well
+            # under the pool's 10 s wait (shard 1's steps once held their threads that
+            # long on each report, and shard 0's runs took 10 s instead of 0.2).
             for n in range(3):
+                began = time.monotonic()
                 started = zero.post(
                     "/api/execute", json={"playbook": LOOPED, "payload": {"n": n}}
                 ).json()["execution_id"]
                 doc = _wait(zero, started, timeout=60)
                 assert doc["status"] == "completed", doc
                 assert doc["steps"]["total"]["result"] == {"sum": 60 + 3 * n}
+                assert time.monotonic() - began < 8.0, f"run {n} of shard 0 was held up"
             # Shard 1's executions: a 503 that names the shard, from either server, and
             # at once (a probe connect, not the 10 s wait for a pooled connection).
             for server in (zero, one):

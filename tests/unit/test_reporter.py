@@ -135,3 +135,50 @@ def test_reports_go_per_shard_and_a_shard_that_is_down_holds_back_only_its_own()
         assert {shard_for(i, 2) for i in sent} == {shard}, "one shard per request"
     taken = sorted(int(r["execution_id"]) for b in server.bodies for r in b["reports"])
     assert taken == ids
+
+
+class _ShardHangs(_Server):
+    """Shard 1 answers nothing until `answer` is set (a database the pool waits for, a
+    server that froze); shard 0 answers at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+        self.hanging = 0
+
+    async def post_json(self, path: str, data: bytes, shard: int | None = None) -> _Reply:
+        if shard == 1:
+            self.hanging += 1
+            await self.answer.wait()
+        return await super().post_json(path, data, shard)
+
+
+def test_a_shard_that_answers_slowly_holds_back_only_its_own_reports() -> None:
+    """Shard 1's request hangs: shard 0's reports go and are taken meanwhile (they once
+    waited behind it, the one request the worker had in flight), and shard 1 never has
+    two requests at once."""
+    from flowtide.sharding import shard_for
+
+    ids = list(range(1, 41))
+    on = {k: [i for i in ids if shard_for(i, 2) == k] for k in (0, 1)}
+
+    async def main() -> _ShardHangs:
+        server = _ShardHangs()
+        reporter = _Reporter("w1", 60.0)
+        reporter.shards = 2
+        runner = asyncio.create_task(reporter.run(server))  # type: ignore[arg-type]
+        report = [{"type": "command.completed"}]
+        slow = [asyncio.create_task(reporter.send(i, report)) for i in on[1][:3]]
+        await asyncio.sleep(0.05)
+        slow += [asyncio.create_task(reporter.send(i, report)) for i in on[1][3:]]
+        await asyncio.wait_for(asyncio.gather(*(reporter.send(i, report) for i in on[0])), 2.0)
+        assert not any(t.done() for t in slow)
+        assert server.hanging == 1, "one request of the slow shard in flight"
+        server.answer.set()
+        await asyncio.wait_for(asyncio.gather(*slow), 5.0)
+        runner.cancel()
+        return server
+
+    server = asyncio.run(main())
+    taken = sorted(int(r["execution_id"]) for b in server.bodies for r in b["reports"])
+    assert taken == ids

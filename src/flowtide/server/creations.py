@@ -138,7 +138,7 @@ class Creations:
         prepare: PrepareMany,
     ) -> tuple[list[SubmitResult | FlowtideError], list[_Created]]:
         def prepare_all() -> list[FlowtideError | None]:
-            conn = pool.getconn()
+            conn = self.store.getconn(pool)
             held.append(conn)
             refused = prepare(conn)
             if len(refused) != len(creations):

@@ -265,7 +265,7 @@ class Stepper(GroupCommit, Creations):
         named = reported_commands(parts) if check_workers else []
 
         def load() -> _Loaded:
-            conn = pool.getconn()
+            conn = self.store.getconn(pool)
             held.append(conn)
             if prepare is not None:
                 prepare(conn)

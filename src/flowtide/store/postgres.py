@@ -292,6 +292,28 @@ class PostgresStore(SQLStore, KeychainTables):
             raise StoreError(f"{self.dsn_display}: store is closed")
         return self._pools[part]
 
+    def getconn(self, pool: ConnectionPool, part: str = "shard") -> psycopg.Connection:
+        """A connection of `pool` (what `pool(part)` gave) for a caller that gives it
+        back itself (`pool.putconn`), across awaits; called in a worker thread.
+
+        While the database is known down, a probe first: each call fails at once instead
+        of holding its thread (and the caller's slot) for the pool's 10 s wait, which
+        stalled the steps of every other shard of the server.
+
+        Raises:
+            StoreError: no connection (the database is down, or the pool had none free).
+        """
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if part in self._down:
+            self._probe(part)
+        try:
+            return pool.getconn()
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            self._down[part] = time.monotonic()
+            raise StoreError(f"{self.dsn_display}: {self._scrub(str(exc)).strip()}") from exc
+
     @contextmanager
     def transaction(self, op: str, part: str = "shard") -> Iterator[psycopg.Connection]:
         """One transaction on a pooled connection; commit on success, roll back on error.

@@ -66,9 +66,10 @@ def _halves(events: list[dict[str, Any]]) -> tuple[list[Any], list[Any]] | None:
 class Reporter:
     """Sends the worker's reports to the server, as many per request as are waiting.
 
-    One request is in flight at a time; what finishes meanwhile goes in the next one, so
-    under load a request carries many reports (one transaction per execution on the
-    server) and a lone report leaves at once. A report the server could not take (a
+    One request per shard is in flight at a time; what finishes meanwhile goes in the
+    shard's next one, so under load a request carries many reports (one transaction per
+    execution on the server) and a lone report leaves at once. A shard that answers
+    slowly (its database down, its servers gone) holds back its own reports only. A report the server could not take (a
     restart, a network blip, a 5xx) is sent again for up to `patience` seconds; past
     that its command has been issued again and the report would be stale anyway.
     """
@@ -142,39 +143,65 @@ class Reporter:
         return p.shard(self.shards) if self.shards > 1 else None
 
     async def run(self, client: Api) -> None:
-        # Per shard (None: one shard): when it may be tried again, and the next delay. A
-        # shard whose servers or database are down holds back its own reports only.
+        # Per shard (None: one shard): its request in flight, when it may be tried again,
+        # and the next delay. A shard whose servers or database are down or slow holds
+        # back its own reports only: each shard has its own request in flight.
+        flying: dict[int | None, asyncio.Task[None]] = {}
         retry_at: dict[int | None, float] = {}
         delays: dict[int | None, float] = {}
-        while True:
-            if not self._waiting:
+        try:
+            while True:
+                # Cleared before looking: a wake-up set from here on is not lost.
                 self._wake.clear()
-                await self._wake.wait()
-            now = time.monotonic()
-            ready = [p for p in self._waiting if retry_at.get(self._shard(p), 0.0) <= now]
-            if not ready:
-                self._wake.clear()
-                soonest = min(retry_at[self._shard(p)] for p in self._waiting)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, soonest - now))
-                continue
-            # The oldest ready report's shard; the others' go in the next request.
-            shard = self._shard(ready[0])
-            pick = ready if self.shards <= 1 else [p for p in ready if self._shard(p) == shard]
-            size, n = 0, 0
-            for p in pick[: self.max_batch]:
-                size += len(p.raw)
-                if n and size > self.max_bytes:
-                    break
-                n += 1
-            batch = pick[:n]
-            taken = {id(p) for p in batch}
-            self._waiting = [p for p in self._waiting if id(p) not in taken]
-            problem = await self._post(client, batch, shard)
+                now = time.monotonic()
+                idle = {self._shard(p) for p in self._waiting} - flying.keys()
+                ready_shards = {s for s in idle if retry_at.get(s, 0.0) <= now}
+                if not ready_shards:
+                    later = [retry_at[s] for s in idle if s in retry_at]
+                    timeout = max(0.0, min(later) - now) if later else None
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                    continue
+                # The oldest ready report's shard first; the others' on the next turns.
+                shard = next(s for p in self._waiting if (s := self._shard(p)) in ready_shards)
+                pick = [p for p in self._waiting if self._shard(p) == shard]
+                size, n = 0, 0
+                for p in pick[: self.max_batch]:
+                    size += len(p.raw)
+                    if n and size > self.max_bytes:
+                        break
+                    n += 1
+                batch = pick[:n]
+                taken = {id(p) for p in batch}
+                self._waiting = [p for p in self._waiting if id(p) not in taken]
+                flying[shard] = asyncio.create_task(
+                    self._deliver(client, batch, shard, flying, retry_at, delays)
+                )
+        finally:
+            for task in flying.values():
+                task.cancel()
+
+    async def _deliver(
+        self,
+        client: Api,
+        batch: list[_Pending],
+        shard: int | None,
+        flying: dict[int | None, asyncio.Task[None]],
+        retry_at: dict[int | None, float],
+        delays: dict[int | None, float],
+    ) -> None:
+        """One request of `shard`'s reports; what it could not settle goes back first in
+        the queue, for the shard's next request after a delay."""
+        try:
+            try:
+                problem = await self._post(client, batch, shard)
+            except Exception as exc:  # noqa: BLE001 - the reports are kept, not lost
+                log.exception("sending reports failed")
+                problem = f"{type(exc).__name__}: {exc}"
             if problem is None:
                 retry_at.pop(shard, None)
                 delays.pop(shard, None)
-                continue
+                return
             now = time.monotonic()
             retry = []
             for p in batch:
@@ -199,6 +226,9 @@ class Reporter:
                 )
                 retry_at[shard] = now + delay
                 delays[shard] = min(delay * 2, 5.0)
+        finally:
+            flying.pop(shard, None)
+            self._wake.set()
 
     async def _post(self, client: Api, batch: list[_Pending], shard: int | None) -> str | None:
         """Settle what the server took; the problem when some of it is to be sent again."""

@@ -163,3 +163,31 @@ def posts_api() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+#: The longest test files (CI durations, about 100-400 s each), run first: with
+#: `--dist loadscope` each file goes to one xdist worker whole, in collection order, and
+#: one of these collected last (tests/spark/ sorts late) left the other worker idle for
+#: minutes at the end of the suite.
+_LONGEST_FIRST = (
+    "e2e/test_noetl_fixtures.py",
+    "spark/test_spark_masters.py",
+    "distributed/test_faults_matrix.py",
+    "spark/test_spark_loop.py",
+    "distributed/test_spark_loop.py",
+    "spark/test_spark_steps.py",
+    "distributed/test_dev.py",
+    "distributed/test_schemathesis.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        for i, tail in enumerate(_LONGEST_FIRST):
+            if path.endswith("/tests/" + tail):
+                return i
+        return len(_LONGEST_FIRST)
+
+    # Stable: each file's tests keep their order, and the rest keep theirs.
+    items.sort(key=rank)

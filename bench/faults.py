@@ -21,7 +21,9 @@ ended, the event stream being behind on a loaded machine, is run again, twice at
     pg-restart-fast       pg_ctl stop -m fast, then start (PostgreSQL restarted)
     pg-restart-immediate  pg_ctl stop -m immediate (a crash: WAL replay), then start
     shard-pg-stop         2 shards: the execution's shard's PostgreSQL stopped for
-                          --shard-outage s (30), then started
+                          --shard-outage s (30), then started; meanwhile runs of a
+                          10-iteration loop on the other shard, one after another,
+                          each timed (`others`: they must all complete)
     stop-worker           SIGSTOP one worker for the lease + 3 s, then SIGCONT: its
                           commands are issued again elsewhere, its late reports refused
     duplicate-commands    every command published to NATS twice, the whole run (the
@@ -63,7 +65,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,18 @@ SHARDED = {"shard-pg-stop"}
 #: The faults that need NATS as a cluster of 3.
 CLUSTERED = set(CLUSTER_FAULTS)
 DUPLICATE_ENV = "FLOWTIDE_FAULT_DUPLICATE_COMMANDS"
+
+#: What runs on the other shard while one is down (shard-pg-stop): ten python
+#: iterations, so that reports and claims go through the workers as the fault's do.
+OTHER_PLAYBOOK = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: other_shard, path: bench/other_shard}
+workflow:
+  - step: work
+    loop: {in: "{{ range(10) | list }}", iterator: item}
+    tool: {kind: python, input: {i: "{{ item }}"}, code: "result = {'i': i}"}
+"""
 
 PLAYBOOK = """
 apiVersion: noetl.io/v2
@@ -145,6 +159,9 @@ class Trial:
     #: The loop had finished before the fault struck (a loaded machine's run outpaced
     #: the event stream): not a mid-run fault, so the trial is run again (twice at most).
     late: bool = False
+    #: shard-pg-stop: the seconds of each run started on another shard during the outage
+    #: (-1: it did not complete).
+    others: list[float] = field(default_factory=list)
     seconds: float = 0.0
     #: Commands issued (`command.issued` events) and messages the command stream took
     #: meanwhile. Under duplicate-commands, each published command is there twice, so the
@@ -163,7 +180,16 @@ class Trial:
         doubled = self.fault != "duplicate-commands" or (
             self.published is not None and self.published > 0 and self.published % 2 == 0
         )
-        return self.completed and self.exact and not self.duplicated and not self.stuck and doubled
+        # A shard's outage stops its own runs only: the other shard's all complete.
+        others = all(t >= 0 for t in self.others)
+        return (
+            self.completed
+            and self.exact
+            and not self.duplicated
+            and not self.stuck
+            and doubled
+            and others
+        )
 
 
 # -- watching an execution ----------------------------------------------------------------
@@ -437,6 +463,35 @@ class Drill:
                     raise
                 time.sleep(0.5)
 
+    def other_shard_runs(self, shard: int, until: float) -> list[float]:
+        """Runs of OTHER_PLAYBOOK on `shard`, one after another until `until` (one at
+        least): each one's seconds from its start to its end, or -1 when it did not
+        complete within 60 s. While another shard is down these should take what they
+        take without a fault (they once took 10 s each: the down shard's reports held
+        the servers' threads and the workers' one request)."""
+        took: list[float] = []
+        while not took or time.monotonic() < until:
+            began = time.monotonic()
+            eid = None
+            for client in self.clients:
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    response = client.post(
+                        "/api/execute", json={"playbook": OTHER_PLAYBOOK, "shard": shard}
+                    )
+                    if response.status_code == 201:
+                        eid = str(response.json()["execution_id"])
+                        break
+            doc = None
+            while eid is not None and time.monotonic() - began < 60:
+                doc = self.status(eid)
+                if doc is not None and doc.get("status") != "running":
+                    break
+                time.sleep(0.05)
+            done = doc is not None and doc.get("status") == "completed"
+            took.append(round(time.monotonic() - began, 2) if done else -1.0)
+
+        return took
+
     def status(self, eid: str) -> dict[str, Any] | None:
         for client in self.clients:
             try:
@@ -509,7 +564,9 @@ class Drill:
 
             shard = shard_for(int(eid), self.shards)
             stack.stop_postgres(f"postgres-{shard}", mode="fast")
-            time.sleep(self.args.shard_outage)
+            until = time.monotonic() + self.args.shard_outage
+            out.others = self.other_shard_runs((shard + 1) % self.shards, until)
+            time.sleep(max(0.0, until - time.monotonic()))
             self.up()
             return time.monotonic()
         raise ValueError(f"unknown fault {fault!r}")
@@ -609,6 +666,7 @@ def _p50(values: list[float]) -> float | None:
 def summarize(trials: list[Trial]) -> dict[str, Any]:
     recover = [t.recover for t in trials if t.recover is not None]
     delay = [t.delay for t in trials if t.delay is not None]
+    others = [x for t in trials for x in t.others]
     return {
         "trials": len(trials),
         "ok": sum(t.ok for t in trials),
@@ -623,6 +681,9 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
         "reissued": sum(t.reissued for t in trials),
         "stale": sum(t.stale for t in trials),
         "trial_p50": _p50([t.seconds for t in trials]),
+        # shard-pg-stop: the other shard's runs during the outages (-1: not completed).
+        "others_p50": _p50(others) if others else None,
+        "others_max": max(others) if others else None,
     }
 
 
@@ -707,6 +768,14 @@ def run(args: argparse.Namespace, faults: list[str], log: Log) -> dict[str, Any]
                         )
                         if fault == "duplicate-commands":
                             log(f"    {t.published} messages for {t.issued} commands")
+                        if t.others:
+                            done = sorted(x for x in t.others if x >= 0)
+                            missed = len(t.others) - len(done)
+                            log(
+                                f"    the other shard's runs meanwhile: {len(t.others)},"
+                                f" p50 {_p50(done)} s, max {max(done, default=None)} s"
+                                + (f", {missed} NOT COMPLETED" if missed else "")
+                            )
                         if t.stuck:
                             drill.up()  # whatever the fault left down
                 finally:

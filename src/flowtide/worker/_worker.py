@@ -59,6 +59,9 @@ TOP_UP_WAIT = 0.05
 #: run's page shows the step running); a command done sooner reports it with the rest,
 #: which costs a short loop iteration no request of its own.
 STARTED_AFTER = 1.0
+#: Seconds a finished command's report keeps its slot while the server has not settled
+#: it (normally milliseconds; a report of a shard that is down waits for its database).
+REPORT_HOLDS_SLOT = 2.0
 
 
 class _Start:
@@ -540,6 +543,7 @@ class Worker:
         command_id = claimed.command.command_id
         execution_id = claimed.command.execution_id
         handed: Handed | None = None
+        released = False
         self.held[command_id] = execution_id
         self.running += 1
         start = _Start()
@@ -563,22 +567,38 @@ class Worker:
                 return  # handed back to the server: another worker runs it again
             trace.mark("done", command_id)
             # The slot stays taken until the report is settled: the server may hand the
-            # execution's next command over in the answer, to run in it.
-            handed = await self._reports.send(
-                execution_id,
-                [e.to_dict() for e in events],
-                command_id,
-                take=not (self._stop.is_set() or self._handing_back),
+            # execution's next command over in the answer, to run in it. A report not
+            # settled within REPORT_HOLDS_SLOT seconds (its shard down or slow) frees
+            # the slot and goes on alone: otherwise a shard's outage left every slot
+            # to its finished commands, and no other shard's command ran.
+            sending = asyncio.ensure_future(
+                self._reports.send(
+                    execution_id,
+                    [e.to_dict() for e in events],
+                    command_id,
+                    take=not (self._stop.is_set() or self._handing_back),
+                )
             )
+            try:
+                handed = await asyncio.wait_for(asyncio.shield(sending), REPORT_HOLDS_SLOT)
+            except TimeoutError:
+                released = True
+                self._release()
+                handed = await sending
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
             # Its lease runs out and the reaper issues it again.
             log.warning("command %s of execution %s: %s", command_id, execution_id, exc)
         finally:
             self.held.pop(command_id, None)
-            if handed is None:
+            if handed is None and not released:
                 self._release()
         if handed is not None:
+            if released:
+                # Its slot was freed while the report waited: the handed command takes
+                # one again (at most one more than the concurrency meanwhile, per such
+                # report; its lease is already running).
+                self._taken += 1
             # Claimed for this worker: it runs in the slot this command had.
             task = asyncio.create_task(self._handle(*handed))
             self._tasks.add(task)

@@ -579,12 +579,11 @@ class Worker:
                     take=not (self._stop.is_set() or self._handing_back),
                 )
             )
-            try:
-                handed = await asyncio.wait_for(asyncio.shield(sending), REPORT_HOLDS_SLOT)
-            except TimeoutError:
+            done, _ = await asyncio.wait((sending,), timeout=REPORT_HOLDS_SLOT)
+            if not done:
                 released = True
                 self._release()
-                handed = await sending
+            handed = await sending
             self.completed += 1
         except Exception as exc:  # noqa: BLE001 - one bad command must not stop the worker
             # Its lease runs out and the reaper issues it again.

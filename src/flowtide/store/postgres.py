@@ -297,8 +297,8 @@ class PostgresStore(SQLStore, KeychainTables):
         back itself (`pool.putconn`), across awaits; called in a worker thread.
 
         While the database is known down, a probe first: each call fails at once instead
-        of holding its thread (and the caller's slot) for the pool's 10 s wait, which
-        stalled the steps of every other shard of the server.
+        of holding a thread and a step slot for the pool's 10 s wait, and the worker's
+        request with them (a worker's reports of other shards waited behind it).
 
         Raises:
             StoreError: no connection (the database is down, or the pool had none free).
